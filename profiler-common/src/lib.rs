@@ -1,0 +1,263 @@
+//! The one definition of every type that crosses the kernel/user boundary.
+//!
+//! In: nothing. Out: `#[repr(C)]`, `Copy`, fixed-width types used by
+//! `profiler-ebpf` (which writes them into the ring buffer and maps) and by
+//! `profiler` (which reads them). Flags are integers, not `bool`; padding is
+//! explicit so that both sides agree on every byte.
+//!
+//! The `user` feature implements `aya::Pod` so userspace can use the types as
+//! map keys and values.
+#![no_std]
+
+pub mod python;
+
+/// Frames kept from a kernel stack (`bpf_get_stack`, no `BPF_F_USER_STACK`).
+/// Switch-out paths are ~15–25 frames deep; 48 leaves room for nesting.
+pub const MAX_KSTACK: usize = 48;
+/// Frames kept from a frame-pointer user stack. Deeper stacks are truncated
+/// at the outermost end and counted (`Drop::UstackTruncated`).
+pub const MAX_USTACK: usize = 96;
+
+/// Bytes of user stack copied from the stack pointer up, for unwinding with
+/// `.eh_frame` in userspace (binaries without frame pointers). 16 KiB holds
+/// ~30-60 native frames; deeper stacks are unwound as far as the copy goes.
+pub const USER_STACK_COPY: usize = 16 << 10;
+/// Ring buffer size: 64 MiB holds ~3.5k stack events (~18 KiB each), about
+/// two seconds of a busy 2-core host at 999 Hz, so a reader pausing for a
+/// slow first symbolization loses nothing.
+pub const RINGBUF_BYTES: u32 = 64 << 20;
+/// Executor-thread table: threads of the target that ever entered a wait.
+/// 16k covers thread pools far beyond any event-loop service.
+pub const MAX_THREADS: u32 = 16384;
+
+/// Event discriminants (`EventHeader::kind`).
+pub mod kind {
+    /// A thread entered an event-loop wait syscall (`WaitEvent`).
+    pub const WAIT_ENTER: u32 = 1;
+    /// A thread returned from an event-loop wait syscall (`WaitEvent`).
+    pub const WAIT_EXIT: u32 = 2;
+    /// A busy tracked thread was switched out (`StackEvent`).
+    pub const SWITCH_OUT: u32 = 3;
+    /// A tracked thread switched out while busy was switched back in (`SchedEvent`).
+    pub const SWITCH_IN: u32 = 4;
+    /// A tracked thread switched out while busy was woken (`SchedEvent`, arg = waker tid).
+    pub const WAKEUP: u32 = 5;
+    /// CPU-clock sample of a busy tracked thread (`StackEvent`).
+    pub const SAMPLE: u32 = 6;
+    /// A thread of the target exited (`SchedEvent`, arg = 1 when the whole process is gone).
+    pub const EXIT: u32 = 7;
+}
+
+/// Wait syscalls (x86-64 numbers) that may be an event loop's park point.
+pub mod sysno {
+    pub const READ: u32 = 0;
+    pub const POLL: u32 = 7;
+    pub const SELECT: u32 = 23;
+    pub const EPOLL_WAIT: u32 = 232;
+    pub const PSELECT6: u32 = 270;
+    pub const PPOLL: u32 = 271;
+    pub const EPOLL_PWAIT: u32 = 281;
+    pub const EPOLL_PWAIT2: u32 = 441;
+
+    /// The syscalls that can park an event loop, with their tracepoint names.
+    pub const WAITS: [(u32, &str); 7] = [
+        (EPOLL_WAIT, "epoll_wait"),
+        (EPOLL_PWAIT, "epoll_pwait"),
+        (EPOLL_PWAIT2, "epoll_pwait2"),
+        (POLL, "poll"),
+        (PPOLL, "ppoll"),
+        (SELECT, "select"),
+        (PSELECT6, "pselect6"),
+    ];
+
+    /// True for the epoll family: their first argument is the loop's epoll fd.
+    pub const fn is_epoll(nr: u32) -> bool {
+        matches!(nr, EPOLL_WAIT | EPOLL_PWAIT | EPOLL_PWAIT2)
+    }
+}
+
+/// Per-CPU failure counters: every failed read, full map or dropped event in
+/// the BPF programs increments one of these. Index = discriminant.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drop {
+    /// Ring buffer full: an event was lost.
+    RingbufFull = 0,
+    /// `bpf_get_stack` failed for a kernel stack.
+    KstackFailed = 1,
+    /// `bpf_get_stack` failed for a user stack.
+    UstackFailed = 2,
+    /// The thread table was full: a new thread could not be tracked.
+    ThreadTableFull = 3,
+    /// The user stack filled the whole buffer (possibly truncated).
+    UstackTruncated = 4,
+    /// Reading `pt_regs` to learn the blocking syscall failed.
+    SyscallUnknown = 5,
+    /// Copying the user stack failed (even the smallest window).
+    StackCopyFailed = 8,
+    /// Reading the Python thread state or a frame failed.
+    PyReadFailed = 6,
+    /// The Python frame chain was longer than `python::PY_MAX_FRAMES`.
+    PyTruncated = 7,
+}
+
+impl Drop {
+    pub const COUNT: u32 = 9;
+    pub const ALL: [Drop; Self::COUNT as usize] = [
+        Drop::RingbufFull,
+        Drop::KstackFailed,
+        Drop::UstackFailed,
+        Drop::ThreadTableFull,
+        Drop::UstackTruncated,
+        Drop::SyscallUnknown,
+        Drop::PyReadFailed,
+        Drop::PyTruncated,
+        Drop::StackCopyFailed,
+    ];
+
+    /// Stable snake_case name used in `stalls.json` and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Drop::RingbufFull => "ringbuf_full",
+            Drop::KstackFailed => "kernel_stack_failed",
+            Drop::UstackFailed => "user_stack_failed",
+            Drop::ThreadTableFull => "thread_table_full",
+            Drop::UstackTruncated => "user_stack_truncated",
+            Drop::SyscallUnknown => "syscall_unknown",
+            Drop::PyReadFailed => "python_read_failed",
+            Drop::PyTruncated => "python_stack_truncated",
+            Drop::StackCopyFailed => "user_stack_copy_failed",
+        }
+    }
+}
+
+/// Common prefix of every ring-buffer record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventHeader {
+    /// One of [`kind`].
+    pub kind: u32,
+    /// Thread id (kernel pid) the event is about.
+    pub tid: u32,
+    /// Thread-group id (process id).
+    pub tgid: u32,
+    /// CPU the event was recorded on.
+    pub cpu: u32,
+    /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC.
+    pub ts_ns: u64,
+}
+
+/// Entry into or return from a wait syscall.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitEvent {
+    pub hdr: EventHeader,
+    /// Syscall number (one of [`sysno::WAITS`]).
+    pub nr: u32,
+    /// epoll: the epoll fd; poll/ppoll: the first pollfd's fd; select: nfds.
+    pub fd: i32,
+    /// Return value (exit only).
+    pub ret: i64,
+}
+
+/// Scheduler event about a tracked thread: switch-in, wakeup, exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedEvent {
+    pub hdr: EventHeader,
+    /// Wakeup: tid of the waker (the task current at wakeup, which in interrupt
+    /// context may be unrelated). Exit: 1 when the whole process exited.
+    pub arg: u32,
+    pub _pad: u32,
+}
+
+/// An on-CPU sample or a switch-out, with the stacks at that moment.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct StackEvent {
+    pub hdr: EventHeader,
+    /// Switch-out: `prev_state` from `sched_switch` (0 or `TASK_REPORT_MAX`
+    /// = still runnable, i.e. preempted). Samples: 0.
+    pub state: i64,
+    /// Switch-out: the syscall the thread was in (`orig_ax`), -1 if none or unknown.
+    pub syscall: i64,
+    /// Number of valid entries in `kstack` / `ustack`.
+    pub kstack_len: u32,
+    pub ustack_len: u32,
+    /// Number of valid entries in `py`; `py_status` says why a walk stopped.
+    pub py_len: u32,
+    pub py_status: u32,
+    /// Kernel return addresses, innermost first.
+    pub kstack: [u64; MAX_KSTACK],
+    /// User return addresses, innermost first.
+    pub ustack: [u64; MAX_USTACK],
+    /// Python frames, innermost first.
+    pub py: [python::PyFrame; python::PY_MAX_FRAMES],
+    /// User registers at the moment of the event (from `task_pt_regs`).
+    pub regs: UserRegs,
+    /// Valid bytes in `stack` (0 if the copy failed).
+    pub stack_len: u32,
+    pub _pad2: u32,
+    /// User stack bytes from `regs.sp` upwards.
+    pub stack: [u8; USER_STACK_COPY],
+}
+
+/// The user registers an unwinder starts from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserRegs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// `StackEvent::py_status`: how the Python frame walk ended.
+pub mod py_status {
+    /// No walk: not a Python thread, or Python support off.
+    pub const NONE: u32 = 0;
+    /// Walked to the outermost frame.
+    pub const COMPLETE: u32 = 1;
+    /// Stopped at `python::PY_MAX_FRAMES`: outer frames are missing.
+    pub const TRUNCATED: u32 = 2;
+    /// A read of interpreter memory failed part-way.
+    pub const READ_FAILED: u32 = 3;
+}
+
+/// `sched_switch`'s `prev_state` for a preempted task (`TASK_REPORT_MAX`).
+pub const TASK_REPORT_MAX: i64 = 0x100;
+
+impl StackEvent {
+    /// True when the thread was still runnable at switch-out (preempted or
+    /// yielded): the time until it runs again is run-queue wait.
+    pub const fn runnable(&self) -> bool {
+        self.state == 0 || self.state & TASK_REPORT_MAX != 0
+    }
+}
+
+/// Kernel-side per-thread state (`THREADS` map), written only by BPF.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadState {
+    /// Key of the wait the thread is in now (see [`wait_key`]), 0 when running.
+    pub wait_key: u64,
+    /// Process the thread belongs to.
+    pub tgid: u32,
+    /// 1 when a switch-out was reported and the matching switch-in is pending.
+    pub off_reported: u32,
+}
+
+/// Identity of a wait: syscall class and fd. Userspace publishes the loop's
+/// key per thread in `LOOP_KEYS`; BPF treats a wait with that key (or any
+/// wait, before a key is known) as parked and stays quiet while parked.
+pub const fn wait_key(nr: u32, fd: i32) -> u64 {
+    // Class 1 = epoll family, 2 = poll/select family; fd in the low half.
+    let class: u64 = if sysno::is_epoll(nr) { 1 } else { 2 };
+    (class << 32) | (fd as u32 as u64)
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    unsafe impl aya::Pod for ThreadState {}
+    unsafe impl aya::Pod for EventHeader {}
+}

@@ -1,0 +1,351 @@
+//! stallprof's kernel side: thin probe shims that capture and filter, nothing more.
+//!
+//! In: scheduler tracepoints, wait-syscall tracepoints and a CPU-clock perf
+//! event. Out: typed records (`profiler_common`) in the `EVENTS` ring buffer,
+//! and failure counters in `STATS`.
+//!
+//! Constraints: O(1) work per event except the bounded stack copies; no
+//! decisions beyond "is this a thread of the target, and is it parked?". What
+//! counts as a stall, attribution and symbolization all happen in userspace.
+//! Every failure increments a named counter (`profiler_common::Drop`).
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    EbpfContext, Global,
+    bindings::BPF_F_USER_STACK,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::{bpf_get_current_task_btf, bpf_get_stack, bpf_probe_read_user as read_user_raw, bpf_task_pt_regs},
+    },
+    macros::{map, perf_event, tracepoint},
+    maps::{HashMap, PerCpuArray, RingBuf},
+    programs::{PerfEventContext, TracePointContext},
+};
+use profiler_common::{
+    Drop, EventHeader, MAX_KSTACK, MAX_THREADS, MAX_USTACK, RINGBUF_BYTES, SchedEvent, StackEvent,
+    ThreadState, USER_STACK_COPY, UserRegs, WaitEvent, kind, sysno, wait_key,
+};
+
+/// Process to watch; 0 = every process (daemon mode). Set at load.
+#[unsafe(no_mangle)]
+static TARGET_TGID: Global<u32> = Global::new(0);
+
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
+
+/// Threads of the target seen in a wait syscall: the executor candidates.
+#[map]
+static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(MAX_THREADS, 0);
+
+/// tid -> wait key of the thread's event-loop wait, published by userspace
+/// once it has seen which wait the loop returns to.
+#[map]
+static LOOP_KEYS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_THREADS, 0);
+
+/// Failure counters, indexed by `profiler_common::Drop`.
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Drop::COUNT, 0);
+
+#[inline(always)]
+fn count(what: Drop) {
+    if let Some(p) = STATS.get_ptr_mut(what as u32) {
+        unsafe { *p += 1 };
+    }
+}
+
+#[inline(always)]
+fn is_target(tgid: u32) -> bool {
+    let t = TARGET_TGID.load();
+    t == 0 || t == tgid
+}
+
+#[inline(always)]
+fn header(kind: u32, tid: u32, tgid: u32) -> EventHeader {
+    EventHeader {
+        kind,
+        tid,
+        tgid,
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+    }
+}
+
+/// Parked = inside the loop's own wait (or inside any wait while the loop's
+/// key is not yet known). Parked threads are idle, so we stay quiet.
+#[inline(always)]
+fn parked(tid: u32, st: &ThreadState) -> bool {
+    if st.wait_key == 0 {
+        return false;
+    }
+    match unsafe { LOOP_KEYS.get(&tid) } {
+        Some(k) => *k == st.wait_key,
+        None => true,
+    }
+}
+
+#[inline(always)]
+fn emit<T: 'static>(ev: T) {
+    match EVENTS.reserve::<T>(0) {
+        Some(mut slot) => {
+            slot.write(ev);
+            slot.submit(0);
+        }
+        None => count(Drop::RingbufFull),
+    }
+}
+
+// ---- wait syscalls: park and unpark ------------------------------------
+
+/// `syscalls:sys_enter_{epoll_wait,epoll_pwait,epoll_pwait2,poll,ppoll,select,pselect6}`.
+#[tracepoint]
+pub fn sp_wait_enter(ctx: TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !is_target(tgid) {
+        return 0;
+    }
+    // Common syscall tracepoint layout: __syscall_nr at 8, args from 16.
+    let nr = unsafe { ctx.read_at::<i32>(8) }.unwrap_or(-1) as u32;
+    let arg0 = unsafe { ctx.read_at::<u64>(16) }.unwrap_or(0);
+    let fd = if sysno::is_epoll(nr) {
+        arg0 as i32
+    } else if nr == sysno::POLL || nr == sysno::PPOLL {
+        // struct pollfd { int fd; ... }: the first watched fd names the wait.
+        unsafe { bpf_probe_read_user(arg0 as *const i32) }.unwrap_or(-1)
+    } else {
+        arg0 as i32 // select: nfds
+    };
+    let key = wait_key(nr, fd);
+    match THREADS.get_ptr_mut(&tid) {
+        Some(st) => unsafe { (*st).wait_key = key },
+        None => {
+            let st = ThreadState { wait_key: key, tgid, off_reported: 0 };
+            if THREADS.insert(&tid, &st, 0).is_err() {
+                count(Drop::ThreadTableFull);
+            }
+        }
+    }
+    emit(WaitEvent { hdr: header(kind::WAIT_ENTER, tid, tgid), nr, fd, ret: 0 });
+    0
+}
+
+/// `syscalls:sys_exit_*` for the same wait syscalls.
+#[tracepoint]
+pub fn sp_wait_exit(ctx: TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !is_target(tgid) {
+        return 0;
+    }
+    let Some(st) = THREADS.get_ptr_mut(&tid) else { return 0 };
+    let key = unsafe { (*st).wait_key };
+    unsafe { (*st).wait_key = 0 };
+    let nr = unsafe { ctx.read_at::<i32>(8) }.unwrap_or(-1) as u32;
+    let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(0);
+    emit(WaitEvent { hdr: header(kind::WAIT_EXIT, tid, tgid), nr, fd: key as u32 as i32, ret });
+    0
+}
+
+// ---- scheduler ----------------------------------------------------------
+
+/// Fill the stacks of a reserved `StackEvent` in place (it is too large for
+/// the BPF stack): kernel and frame-pointer user stacks from
+/// `bpf_get_stack`, plus user registers and a copy of the user stack for
+/// unwinding in userspace.
+#[inline(always)]
+fn fill_stacks<C: EbpfContext>(ctx: &C, ev: *mut StackEvent, kernel_expected: bool) {
+    unsafe {
+        let k = bpf_get_stack(ctx.as_ptr(), (*ev).kstack.as_mut_ptr().cast(), (MAX_KSTACK * 8) as u32, 0);
+        (*ev).kstack_len = if k > 0 {
+            (k as u32) / 8
+        } else {
+            // A sample taken in user mode has no kernel stack: not a failure.
+            if kernel_expected {
+                count(Drop::KstackFailed);
+            }
+            0
+        };
+        let u = bpf_get_stack(
+            ctx.as_ptr(),
+            (*ev).ustack.as_mut_ptr().cast(),
+            (MAX_USTACK * 8) as u32,
+            BPF_F_USER_STACK as u64,
+        );
+        (*ev).ustack_len = if u > 0 {
+            (u as u32) / 8
+        } else {
+            count(Drop::UstackFailed);
+            0
+        };
+        if (*ev).ustack_len as usize == MAX_USTACK {
+            count(Drop::UstackTruncated);
+        }
+        (*ev).py_len = 0;
+        (*ev).py_status = 0;
+        copy_user_stack(ev);
+    }
+}
+
+/// Copy the user stack window starting at the user stack pointer. The read
+/// fails as a whole if it runs past the top of the stack mapping, so fall
+/// back to smaller windows (constant sizes keep the verifier happy).
+#[inline(always)]
+unsafe fn copy_user_stack(ev: *mut StackEvent) {
+    unsafe {
+        (*ev).stack_len = 0;
+        let sp = (*ev).regs.sp;
+        if sp == 0 {
+            count(Drop::StackCopyFailed);
+            return;
+        }
+        let dst = (*ev).stack.as_mut_ptr().cast();
+        let src = sp as *const core::ffi::c_void;
+        macro_rules! attempt {
+            ($n:expr) => {
+                if read_user_raw(dst, $n, src) == 0 {
+                    (*ev).stack_len = $n;
+                    return;
+                }
+            };
+        }
+        attempt!(USER_STACK_COPY as u32);
+        attempt!((USER_STACK_COPY / 2) as u32);
+        attempt!((USER_STACK_COPY / 4) as u32);
+        attempt!((USER_STACK_COPY / 8) as u32);
+        attempt!((USER_STACK_COPY / 16) as u32);
+        attempt!((USER_STACK_COPY / 32) as u32);
+        count(Drop::StackCopyFailed);
+    }
+}
+
+/// User registers of the current task (saved at kernel entry) and the
+/// syscall it is in (`orig_ax`, -1 outside a syscall).
+#[inline(always)]
+fn user_regs() -> (UserRegs, i64) {
+    // x86-64 `struct pt_regs` offsets.
+    const BP: usize = 4 * 8;
+    const ORIG_AX: usize = 15 * 8;
+    const IP: usize = 16 * 8;
+    const SP: usize = 19 * 8;
+    unsafe {
+        let task = bpf_get_current_task_btf();
+        let regs = bpf_task_pt_regs(task) as usize;
+        if regs == 0 {
+            count(Drop::SyscallUnknown);
+            return (UserRegs::default(), -1);
+        }
+        let rd = |off: usize| bpf_probe_read_kernel((regs + off) as *const u64).unwrap_or(0);
+        let r = UserRegs { ip: rd(IP), sp: rd(SP), bp: rd(BP) };
+        (r, rd(ORIG_AX) as i64)
+    }
+}
+
+#[inline(always)]
+fn emit_stack_event<C: EbpfContext>(ctx: &C, kind: u32, tid: u32, tgid: u32, state: i64) {
+    let Some(mut slot) = EVENTS.reserve::<StackEvent>(0) else {
+        count(Drop::RingbufFull);
+        return;
+    };
+    let ev = slot.as_mut_ptr();
+    let (regs, orig_ax) = user_regs();
+    unsafe {
+        (*ev).hdr = header(kind, tid, tgid);
+        (*ev).state = state;
+        (*ev).syscall = if kind == kind::SWITCH_OUT { orig_ax } else { -1 };
+        (*ev).regs = regs;
+    }
+    fill_stacks(ctx, ev, kind == kind::SWITCH_OUT);
+    slot.submit(0);
+}
+
+/// `sched:sched_switch`: a busy tracked thread leaving the CPU (with its
+/// stacks and the syscall it blocks in), and its return to the CPU.
+#[tracepoint]
+pub fn sp_sched_switch(ctx: TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, prev) = ((id >> 32) as u32, id as u32);
+    if is_target(tgid)
+        && let Some(st) = THREADS.get_ptr_mut(&prev)
+    {
+        let st = unsafe { &mut *st };
+        if !parked(prev, st) {
+            let state = unsafe { ctx.read_at::<i64>(32) }.unwrap_or(0);
+            emit_stack_event(&ctx, kind::SWITCH_OUT, prev, tgid, state);
+            st.off_reported = 1;
+        }
+    }
+    let next = unsafe { ctx.read_at::<i32>(56) }.unwrap_or(0) as u32;
+    if let Some(st) = THREADS.get_ptr_mut(&next) {
+        let st = unsafe { &mut *st };
+        if st.off_reported != 0 {
+            st.off_reported = 0;
+            emit(SchedEvent { hdr: header(kind::SWITCH_IN, next, st.tgid), arg: 0, _pad: 0 });
+        }
+    }
+    0
+}
+
+/// `sched:sched_wakeup`: when a blocked busy thread became runnable; the rest
+/// of its time off-CPU is run-queue wait.
+#[tracepoint]
+pub fn sp_sched_wakeup(ctx: TracePointContext) -> u32 {
+    let tid = unsafe { ctx.read_at::<i32>(24) }.unwrap_or(0) as u32;
+    if let Some(st) = THREADS.get_ptr_mut(&tid) {
+        let st = unsafe { &*st };
+        if st.off_reported != 0 {
+            let waker = bpf_get_current_pid_tgid() as u32;
+            emit(SchedEvent { hdr: header(kind::WAKEUP, tid, st.tgid), arg: waker, _pad: 0 });
+        }
+    }
+    0
+}
+
+/// `sched:sched_process_exit`: a thread of the target is gone.
+#[tracepoint]
+pub fn sp_exit(ctx: TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !is_target(tgid) {
+        return 0;
+    }
+    let tracked = THREADS.get_ptr_mut(&tid).is_some();
+    let group_dead = unsafe { ctx.read_at::<u8>(32) }.unwrap_or(0) as u32;
+    let _ = THREADS.remove(&tid);
+    let _ = LOOP_KEYS.remove(&tid);
+    // In daemon mode only tracked threads matter; a targeted process always
+    // reports so that the recorder learns the target is gone.
+    if tracked || TARGET_TGID.load() != 0 {
+        emit(SchedEvent { hdr: header(kind::EXIT, tid, tgid), arg: group_dead, _pad: 0 });
+    }
+    0
+}
+
+// ---- sampling -----------------------------------------------------------
+
+/// CPU-clock sample: the stacks of a busy tracked thread that is on-CPU.
+#[perf_event]
+pub fn sp_sample(ctx: PerfEventContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !is_target(tgid) {
+        return 0;
+    }
+    let Some(st) = (unsafe { THREADS.get(&tid) }) else { return 0 };
+    if parked(tid, st) {
+        return 0;
+    }
+    emit_stack_event(&ctx, kind::SAMPLE, tid, tgid, 0);
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,156 @@
+//! Aggregation: symbolized stalls -> weighted stacks and a summary.
+//!
+//! In: [`Recording`]. Out: folded stacks (one weight per distinct stack, in
+//! microseconds of stall time) and [`Summary`] (duration percentiles, time
+//! split, top culprits).
+use std::collections::{BTreeMap, HashMap};
+
+use crate::model::{Frame, FrameKind, PartKind, Recording, StackPart, Stall};
+
+/// Stall time per distinct folded stack, in nanoseconds, sorted by stack.
+pub fn folded_ns(stalls: &[Stall]) -> BTreeMap<String, u64> {
+    let mut acc: BTreeMap<String, u64> = BTreeMap::new();
+    for s in stalls {
+        for p in &s.stacks {
+            let key = p.frames.iter().map(Frame::label).collect::<Vec<_>>().join(";");
+            let key = if key.is_empty() { "[unknown]".to_string() } else { key };
+            *acc.entry(key).or_default() += p.weight_ns;
+        }
+    }
+    acc
+}
+
+/// Folded lines `a;b;c weight_us`, weights rounded to whole microseconds
+/// (stacks under 1 µs are kept as 1 so nothing vanishes).
+pub fn folded_lines(stalls: &[Stall]) -> Vec<String> {
+    folded_ns(stalls)
+        .into_iter()
+        .map(|(k, ns)| format!("{k} {}", ((ns + 500) / 1000).max(1)))
+        .collect()
+}
+
+fn is_system_lib(f: &Frame) -> bool {
+    // Frames with no source location are libraries without debug info:
+    // libc wrappers, the vDSO, the dynamic loader.
+    f.file.is_none() && (f.name.starts_with('[') || f.name.starts_with("__") || f.name.starts_with("clock_"))
+}
+
+/// The frame to blame for a part: the innermost Python frame if any, else
+/// the innermost native frame with source information, else the innermost
+/// native frame that is not a libc/vDSO wrapper.
+pub fn culprit(p: &StackPart) -> Option<&Frame> {
+    let user = || p.frames.iter().rev().filter(|f| f.kind == FrameKind::Native);
+    p.frames
+        .iter()
+        .rev()
+        .find(|f| f.kind == FrameKind::Python)
+        .or_else(|| user().find(|f| f.file.is_some()))
+        .or_else(|| user().find(|f| !is_system_lib(f)))
+        .or_else(|| user().next())
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Culprit {
+    /// `name (file:line)` of the culprit frame, plus how it spent the time.
+    pub label: String,
+    pub ns: u64,
+    pub share: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub stalls: usize,
+    pub total_ns: u64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
+    pub on_cpu_ns: u64,
+    pub off_cpu_ns: u64,
+    pub runqueue_ns: u64,
+    pub culprits: Vec<Culprit>,
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+pub fn summarize(rec: &Recording, top: usize) -> Summary {
+    let mut d: Vec<u64> = rec.stalls.iter().map(|s| s.duration_ns).collect();
+    d.sort_unstable();
+    let total: u64 = d.iter().sum();
+    let mut by: HashMap<String, u64> = HashMap::new();
+    for s in &rec.stalls {
+        for p in &s.stacks {
+            let what = match p.kind {
+                PartKind::OnCpu => "on-CPU".to_string(),
+                PartKind::OffCpu => format!("off-CPU in {}", p.syscall.as_deref().unwrap_or("?")),
+                PartKind::Runqueue => "run queue".to_string(),
+            };
+            let label = match culprit(p) {
+                Some(f) => format!("{} — {what}", f.label()),
+                None => format!("[no user frame] — {what}"),
+            };
+            *by.entry(label).or_default() += p.weight_ns;
+        }
+    }
+    let mut culprits: Vec<Culprit> = by
+        .into_iter()
+        .map(|(label, ns)| Culprit { label, ns, share: if total > 0 { ns as f64 / total as f64 } else { 0.0 } })
+        .collect();
+    culprits.sort_by(|a, b| b.ns.cmp(&a.ns).then_with(|| a.label.cmp(&b.label)));
+    culprits.truncate(top);
+    Summary {
+        stalls: d.len(),
+        total_ns: total,
+        p50_ns: percentile(&d, 0.50),
+        p99_ns: percentile(&d, 0.99),
+        max_ns: d.last().copied().unwrap_or(0),
+        on_cpu_ns: rec.stalls.iter().map(|s| s.on_cpu_ns).sum(),
+        off_cpu_ns: rec.stalls.iter().map(|s| s.off_cpu_ns).sum(),
+        runqueue_ns: rec.stalls.iter().map(|s| s.runqueue_ns).sum(),
+        culprits,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(name: &str, file: Option<&str>, kind: FrameKind) -> Frame {
+        Frame { name: name.into(), file: file.map(Into::into), line: file.map(|_| 7), kind }
+    }
+
+    #[test]
+    fn culprit_prefers_python_then_sourced_native() {
+        let p = StackPart {
+            frames: vec![
+                f("main", Some("m.c"), FrameKind::Native),
+                f("load", Some("tok.py"), FrameKind::Python),
+                f("spin_for_ms", Some("v.c"), FrameKind::Native),
+                f("clock_gettime", None, FrameKind::Native),
+            ],
+            weight_ns: 1,
+            kind: PartKind::OnCpu,
+            syscall: None,
+            waker_tid: None,
+        };
+        assert_eq!(culprit(&p).unwrap().name, "load");
+        let mut q = p.clone();
+        q.frames.remove(1);
+        assert_eq!(culprit(&q).unwrap().name, "spin_for_ms");
+        q.frames.retain(|f| f.file.is_none());
+        assert_eq!(culprit(&q).unwrap().name, "clock_gettime");
+    }
+
+    #[test]
+    fn percentiles() {
+        assert_eq!(percentile(&[1, 2, 3, 4], 0.5), 2);
+        assert_eq!(percentile(&[1, 2, 3, 4], 0.99), 4);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
+}

@@ -1,0 +1,202 @@
+//! Ring-buffer bytes -> typed events. The one place that reads Pod bytes.
+//!
+//! In: one ring-buffer record (`profiler_common` layout). Out: [`Event`], an
+//! owned, serializable value. Everything downstream is fed `Event`s, so the
+//! same pipeline serves live recording, replay of a saved `events.jsonl`, and
+//! golden tests.
+use profiler_common::{
+    EventHeader, MAX_KSTACK, MAX_USTACK, SchedEvent, StackEvent, USER_STACK_COPY, UserRegs, WaitEvent, kind,
+    python::{PY_MAX_FRAMES, PyFrame},
+};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Stacks captured at one instant, innermost frame first in each list.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RawStack {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernel: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user: Vec<u64>,
+    /// Python frames as (code object address, instruction value).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub python: Vec<(u64, u64)>,
+    /// Why the Python walk stopped (see `profiler_common::python`), 0 = no walk.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub py_status: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "ev", rename_all = "snake_case")]
+pub enum Event {
+    WaitEnter { tid: u32, tgid: u32, ts: u64, nr: u32, fd: i32 },
+    WaitExit { tid: u32, tgid: u32, ts: u64, nr: u32, fd: i32, ret: i64 },
+    /// A busy thread left the CPU. `runnable`: preempted rather than blocked.
+    /// `syscall`: the syscall it was in, if any.
+    SwitchOut { tid: u32, tgid: u32, ts: u64, runnable: bool, syscall: Option<u32>, stack: RawStack },
+    SwitchIn { tid: u32, tgid: u32, ts: u64 },
+    Wakeup { tid: u32, tgid: u32, ts: u64, waker: u32 },
+    Sample { tid: u32, tgid: u32, ts: u64, stack: RawStack },
+    /// A thread exited; `process` when it was the last one.
+    Exit { tid: u32, tgid: u32, ts: u64, process: bool },
+}
+
+impl Event {
+    pub fn tid(&self) -> u32 {
+        match *self {
+            Event::WaitEnter { tid, .. }
+            | Event::WaitExit { tid, .. }
+            | Event::SwitchOut { tid, .. }
+            | Event::SwitchIn { tid, .. }
+            | Event::Wakeup { tid, .. }
+            | Event::Sample { tid, .. }
+            | Event::Exit { tid, .. } => tid,
+        }
+    }
+
+    pub fn ts(&self) -> u64 {
+        match *self {
+            Event::WaitEnter { ts, .. }
+            | Event::WaitExit { ts, .. }
+            | Event::SwitchOut { ts, .. }
+            | Event::SwitchIn { ts, .. }
+            | Event::Wakeup { ts, .. }
+            | Event::Sample { ts, .. }
+            | Event::Exit { ts, .. } => ts,
+        }
+    }
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum EventError {
+    #[error("ring-buffer record of {len} bytes is too short for event kind {kind}")]
+    Short { kind: u32, len: usize },
+    #[error("unknown event kind {0}: the eBPF object and the agent were built from different sources")]
+    Kind(u32),
+}
+
+fn read<T: Copy>(bytes: &[u8], kind: u32) -> Result<T, EventError> {
+    if bytes.len() < size_of::<T>() {
+        return Err(EventError::Short { kind, len: bytes.len() });
+    }
+    // SAFETY: the length is checked; T is a repr(C) Pod type from
+    // profiler-common, valid for any bit pattern; read_unaligned copes with
+    // the ring buffer's 8-byte alignment.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+fn stack_of(ev: &StackEvent) -> RawStack {
+    let k = (ev.kstack_len as usize).min(MAX_KSTACK);
+    let u = (ev.ustack_len as usize).min(MAX_USTACK);
+    let p = (ev.py_len as usize).min(PY_MAX_FRAMES);
+    RawStack {
+        kernel: ev.kstack[..k].to_vec(),
+        user: ev.ustack[..u].iter().copied().take_while(|&a| a != 0).collect(),
+        python: ev.py[..p].iter().map(|f: &PyFrame| (f.code, f.instr)).collect(),
+        py_status: ev.py_status,
+    }
+}
+
+/// Decode one ring-buffer record.
+pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
+    let hdr: EventHeader = read(bytes, 0)?;
+    let (tid, tgid, ts) = (hdr.tid, hdr.tgid, hdr.ts_ns);
+    Ok(match hdr.kind {
+        kind::WAIT_ENTER | kind::WAIT_EXIT => {
+            let w: WaitEvent = read(bytes, hdr.kind)?;
+            if hdr.kind == kind::WAIT_ENTER {
+                Event::WaitEnter { tid, tgid, ts, nr: w.nr, fd: w.fd }
+            } else {
+                Event::WaitExit { tid, tgid, ts, nr: w.nr, fd: w.fd, ret: w.ret }
+            }
+        }
+        kind::SWITCH_OUT | kind::SAMPLE => {
+            let s: StackEvent = read(bytes, hdr.kind)?;
+            let stack = stack_of(&s);
+            if hdr.kind == kind::SAMPLE {
+                Event::Sample { tid, tgid, ts, stack }
+            } else {
+                let syscall = (s.syscall >= 0).then_some(s.syscall as u32);
+                Event::SwitchOut { tid, tgid, ts, runnable: s.runnable(), syscall, stack }
+            }
+        }
+        kind::SWITCH_IN | kind::WAKEUP | kind::EXIT => {
+            let s: SchedEvent = read(bytes, hdr.kind)?;
+            match hdr.kind {
+                kind::SWITCH_IN => Event::SwitchIn { tid, tgid, ts },
+                kind::WAKEUP => Event::Wakeup { tid, tgid, ts, waker: s.arg },
+                _ => Event::Exit { tid, tgid, ts, process: s.arg != 0 },
+            }
+        }
+        other => return Err(EventError::Kind(other)),
+    })
+}
+
+/// The user registers and the copied user stack of a stack event (sample or
+/// switch-out), borrowed from the record, for the unwinder.
+pub fn stack_copy(bytes: &[u8]) -> Option<(UserRegs, &[u8])> {
+    let hdr: EventHeader = read(bytes, 0).ok()?;
+    if hdr.kind != kind::SAMPLE && hdr.kind != kind::SWITCH_OUT {
+        return None;
+    }
+    let regs_at = std::mem::offset_of!(StackEvent, regs);
+    let len_at = std::mem::offset_of!(StackEvent, stack_len);
+    let stack_at = std::mem::offset_of!(StackEvent, stack);
+    let regs: UserRegs = read(bytes.get(regs_at..)?, hdr.kind).ok()?;
+    let len: u32 = read(bytes.get(len_at..)?, hdr.kind).ok()?;
+    let len = (len as usize).min(USER_STACK_COPY);
+    Some((regs, bytes.get(stack_at..stack_at + len)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes_of<T>(v: &T) -> Vec<u8> {
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+    }
+
+    #[test]
+    fn wait_roundtrip() {
+        let w = WaitEvent {
+            hdr: EventHeader { kind: kind::WAIT_EXIT, tid: 7, tgid: 5, cpu: 1, ts_ns: 99 },
+            nr: 232,
+            fd: 3,
+            ret: 1,
+        };
+        assert_eq!(
+            parse(&bytes_of(&w)).unwrap(),
+            Event::WaitExit { tid: 7, tgid: 5, ts: 99, nr: 232, fd: 3, ret: 1 }
+        );
+    }
+
+    #[test]
+    fn short_and_unknown_records_are_errors() {
+        assert!(matches!(parse(&[0u8; 4]), Err(EventError::Short { .. })));
+        let h = EventHeader { kind: 99, ..Default::default() };
+        assert_eq!(parse(&bytes_of(&h)), Err(EventError::Kind(99)));
+    }
+
+    #[test]
+    fn stack_event_trims_to_lengths() {
+        let mut s: StackEvent = unsafe { std::mem::zeroed() };
+        s.hdr = EventHeader { kind: kind::SWITCH_OUT, tid: 1, tgid: 1, cpu: 0, ts_ns: 5 };
+        s.state = 1; // TASK_INTERRUPTIBLE: blocked
+        s.syscall = 0; // read
+        s.kstack_len = 2;
+        s.kstack[..3].copy_from_slice(&[10, 11, 12]);
+        s.ustack_len = 1;
+        s.ustack[0] = 20;
+        let Event::SwitchOut { runnable, syscall, stack, .. } = parse(&bytes_of(&s)).unwrap() else {
+            panic!()
+        };
+        assert!(!runnable);
+        assert_eq!(syscall, Some(0));
+        assert_eq!(stack.kernel, [10, 11]);
+        assert_eq!(stack.user, [20]);
+    }
+}

@@ -1,0 +1,39 @@
+//! The `stallprof` command: parse, validate, run, print errors with their remedy.
+use std::process::ExitCode;
+
+use clap::Parser;
+use stallprof::{
+    cli::{Cli, Command},
+    record::{self, RecordConfig},
+    report,
+};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(format!("stallprof={level}")))
+        .format_timestamp_millis()
+        .init();
+    let result = match cli.command {
+        Command::Record(a) => RecordConfig::from_args(a).and_then(record::run),
+        Command::Report(a) => report::run(a),
+    };
+    match result {
+        Ok(summary) => {
+            print!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("stallprof: error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

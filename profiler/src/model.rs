@@ -1,0 +1,113 @@
+//! The recording as users see it: symbolized stalls, serialized as
+//! `stalls.json`. Everything after symbolization (aggregation, rendering,
+//! `stallprof report`) works from these types alone.
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::stall::PartKind;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FrameKind {
+    /// Machine code of the target (C, C++, Rust, the interpreter itself).
+    Native,
+    Kernel,
+    Python,
+    /// Not a function: `[off-cpu: read]`, `[runqueue]`, `[unknown]`, ...
+    Marker,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Frame {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    pub kind: FrameKind,
+}
+
+impl Frame {
+    pub fn marker(name: impl Into<String>) -> Frame {
+        Frame { name: name.into(), file: None, line: None, kind: FrameKind::Marker }
+    }
+
+    /// Folded-stack text: the plain name first, then `(file:line)` with the
+    /// file's base name, e.g. `load_tokenizer (tok.py:41)`.
+    pub fn label(&self) -> String {
+        let mut s = self.name.replace(';', ":");
+        if let Some(file) = &self.file {
+            let base = file.rsplit('/').next().unwrap_or(file);
+            match self.line {
+                Some(l) if l > 0 => s.push_str(&format!(" ({base}:{l})")),
+                _ => s.push_str(&format!(" ({base})")),
+            }
+        }
+        s
+    }
+}
+
+/// Stall time attributed to one stack.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StackPart {
+    /// Outermost frame first.
+    pub frames: Vec<Frame>,
+    pub weight_ns: u64,
+    pub kind: PartKind,
+    /// Off-CPU: the syscall the thread blocked in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<String>,
+    /// Off-CPU: the thread that woke it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waker_tid: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stall {
+    pub tid: u32,
+    pub thread_name: String,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub duration_ns: u64,
+    pub on_cpu_ns: u64,
+    pub off_cpu_ns: u64,
+    pub runqueue_ns: u64,
+    #[serde(default)]
+    pub incomplete: bool,
+    pub stacks: Vec<StackPart>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Recording {
+    pub pid: u32,
+    pub comm: String,
+    pub threshold_ns: u64,
+    pub sample_hz: u64,
+    /// Always "monotonic": timestamps are CLOCK_MONOTONIC nanoseconds.
+    pub clock: String,
+    pub started_ns: u64,
+    pub ended_ns: u64,
+    /// Events the kernel could not deliver (ring buffer full).
+    pub lost_events: u64,
+    /// Every non-zero failure counter of the BPF programs and the agent.
+    pub drops: BTreeMap<String, u64>,
+    /// Threads seen parking in an event-loop wait.
+    #[serde(default)]
+    pub executor_threads: Vec<ThreadInfo>,
+    #[serde(default)]
+    pub stallprof_version: String,
+    pub stalls: Vec<Stall>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadInfo {
+    pub tid: u32,
+    pub name: String,
+}
+
+impl Recording {
+    pub fn total_stall_ns(&self) -> u64 {
+        self.stalls.iter().map(|s| s.duration_ns).sum()
+    }
+}

@@ -1,0 +1,181 @@
+//! Probes: load the eBPF object, set its globals, attach, and detach.
+//!
+//! The only module that owns `aya::Ebpf`. In: target tgid, sampling
+//! frequency. Out: the ring buffer to read events from, loop-key updates in,
+//! failure counters out. Dropping [`Probes`] detaches every program and
+//! closes every map: nothing stays loaded after a recording, whatever route
+//! it ended by.
+use std::{collections::BTreeMap, io, path::Path};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    programs::{
+        PerfEvent, TracePoint,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+    util::online_cpus,
+};
+use log::{debug, info};
+use profiler_common::{Drop, sysno};
+use thiserror::Error;
+
+/// The eBPF object built by build.rs from `profiler-ebpf`.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+#[derive(Debug, Error)]
+pub enum ProbeError {
+    #[error(
+        "permission denied loading eBPF programs: run stallprof as root (sudo), or grant it \
+         CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE (plus CAP_SYS_PTRACE to read the target's memory)"
+    )]
+    Permission,
+    #[error("loading the eBPF programs failed: {0}")]
+    Load(#[source] aya::EbpfError),
+    #[error("loading program {program} failed (the kernel verifier or a missing kernel feature): {source}")]
+    Program { program: &'static str, source: aya::programs::ProgramError },
+    #[error(
+        "attaching to {what} failed: {source}. stallprof needs tracepoints (tracefs at {TRACEFS}) \
+         and software perf events; check that the kernel has CONFIG_FTRACE_SYSCALLS and CONFIG_PERF_EVENTS"
+    )]
+    Attach { what: String, source: aya::programs::ProgramError },
+    #[error("tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it: mount -t tracefs tracefs {TRACEFS}")]
+    Tracefs(io::Error),
+    #[error("eBPF map {0} missing from the object: the agent and the eBPF programs are out of sync; rebuild")]
+    MissingMap(&'static str),
+    #[error("eBPF map {name}: {source}")]
+    Map { name: &'static str, source: aya::maps::MapError },
+    #[error("cannot list online CPUs: {0}")]
+    Cpus(io::Error),
+}
+
+fn is_eperm(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<io::Error>()
+            && matches!(io.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES))
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Mount tracefs if it is not there (a fresh container often lacks it).
+fn ensure_tracefs() -> Result<(), ProbeError> {
+    if Path::new(TRACEFS).join("events").exists() {
+        return Ok(());
+    }
+    let rc = unsafe {
+        libc::mount(c"tracefs".as_ptr(), c"/sys/kernel/tracing".as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null())
+    };
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EPERM) {
+            return Err(ProbeError::Permission);
+        }
+        return Err(ProbeError::Tracefs(err));
+    }
+    info!("mounted tracefs at {TRACEFS}");
+    Ok(())
+}
+
+pub struct Probes {
+    ebpf: Ebpf,
+    loop_keys: BpfHashMap<MapData, u32, u64>,
+    stats: PerCpuArray<MapData, u64>,
+}
+
+impl Probes {
+    /// Load the programs for `tgid` (0 = every process) and attach them all.
+    pub fn attach(tgid: u32, sample_hz: u64) -> Result<Probes, ProbeError> {
+        if unsafe { libc::geteuid() } != 0 {
+            // Capabilities may still be enough; only fail early on a clear no.
+            debug!("not root; relying on capabilities");
+        }
+        ensure_tracefs()?;
+        let mut ebpf = EbpfLoader::new().override_global("TARGET_TGID", &tgid, true).load(EBPF_OBJECT).map_err(|e| {
+            if is_eperm(&e) { ProbeError::Permission } else { ProbeError::Load(e) }
+        })?;
+
+        let loop_keys = ebpf.take_map("LOOP_KEYS").ok_or(ProbeError::MissingMap("LOOP_KEYS"))?;
+        let loop_keys = BpfHashMap::try_from(loop_keys).map_err(|source| ProbeError::Map { name: "LOOP_KEYS", source })?;
+        let stats = ebpf.take_map("STATS").ok_or(ProbeError::MissingMap("STATS"))?;
+        let stats = PerCpuArray::try_from(stats).map_err(|source| ProbeError::Map { name: "STATS", source })?;
+
+        let tp = |ebpf: &mut Ebpf, prog: &'static str, targets: &[(&str, String)]| -> Result<(), ProbeError> {
+            let p: &mut TracePoint = ebpf
+                .program_mut(prog)
+                .ok_or(ProbeError::MissingMap(prog))?
+                .try_into()
+                .map_err(|source| ProbeError::Program { program: prog, source })?;
+            p.load().map_err(|source| {
+                if is_eperm(&source) { ProbeError::Permission } else { ProbeError::Program { program: prog, source } }
+            })?;
+            for (cat, name) in targets {
+                p.attach(cat, name)
+                    .map_err(|source| ProbeError::Attach { what: format!("tracepoint {cat}:{name}"), source })?;
+            }
+            Ok(())
+        };
+        let enters: Vec<_> = sysno::WAITS.iter().map(|(_, n)| ("syscalls", format!("sys_enter_{n}"))).collect();
+        let exits: Vec<_> = sysno::WAITS.iter().map(|(_, n)| ("syscalls", format!("sys_exit_{n}"))).collect();
+        // Order matters a little: exits before enters, so that no thread is
+        // seen entering a wait whose return we would miss.
+        tp(&mut ebpf, "sp_wait_exit", &exits)?;
+        tp(&mut ebpf, "sp_wait_enter", &enters)?;
+        tp(&mut ebpf, "sp_sched_wakeup", &[("sched", "sched_wakeup".into())])?;
+        tp(&mut ebpf, "sp_sched_switch", &[("sched", "sched_switch".into())])?;
+        tp(&mut ebpf, "sp_exit", &[("sched", "sched_process_exit".into())])?;
+
+        let sample: &mut PerfEvent = ebpf
+            .program_mut("sp_sample")
+            .ok_or(ProbeError::MissingMap("sp_sample"))?
+            .try_into()
+            .map_err(|source| ProbeError::Program { program: "sp_sample", source })?;
+        sample.load().map_err(|source| ProbeError::Program { program: "sp_sample", source })?;
+        let cpus = online_cpus().map_err(|(_, e)| ProbeError::Cpus(e))?;
+        for cpu in cpus {
+            sample
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(sample_hz),
+                    false,
+                )
+                .map_err(|source| ProbeError::Attach { what: format!("cpu-clock perf event on CPU {cpu}"), source })?;
+        }
+        info!("probes attached (tgid {tgid}, {sample_hz} Hz)");
+        Ok(Probes { ebpf, loop_keys, stats })
+    }
+
+    /// The event ring buffer (can be taken once).
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
+        let map = self.ebpf.take_map("EVENTS").ok_or(ProbeError::MissingMap("EVENTS"))?;
+        RingBuf::try_from(map).map_err(|source| ProbeError::Map { name: "EVENTS", source })
+    }
+
+    /// Tell the kernel side which wait is `tid`'s event-loop park.
+    pub fn set_loop_key(&mut self, tid: u32, key: u64) {
+        if let Err(e) = self.loop_keys.insert(tid, key, 0) {
+            debug!("LOOP_KEYS insert for {tid}: {e}");
+        }
+    }
+
+    /// Non-zero failure counters, summed over CPUs, by name.
+    pub fn drops(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for d in Drop::ALL {
+            if let Ok(v) = self.stats.get(&(d as u32), 0) {
+                let n: u64 = v.iter().sum();
+                if n > 0 {
+                    out.insert(d.name().to_string(), n);
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,426 @@
+//! `stallprof record`: wire the pipeline together for one target.
+//!
+//! probe -> event -> stall -> symbolize -> (aggregate, render). Stalls are
+//! symbolized as soon as they end, while the target is alive; the recording
+//! is written whatever way it ends (duration, Ctrl-C/SIGTERM, target exit,
+//! error after attach), and the probes are dropped — detached — before the
+//! outputs are written.
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    fs,
+    io::{IsTerminal, Write},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use log::{debug, info, warn};
+use tokio::{io::unix::AsyncFd, signal::unix::{SignalKind, signal}};
+
+use crate::{
+    cli::{RecordArgs, fmt_ns},
+    event::{self, Event},
+    model::{Recording, Stall, ThreadInfo},
+    probe::Probes,
+    render,
+    stall::{Output, Tracker, TrackerConfig},
+    symbolize::{BlazeResolver, to_stall},
+};
+
+/// Validated `record` settings.
+#[derive(Debug, Clone)]
+pub struct RecordConfig {
+    pub target: Target,
+    pub tids: Option<HashSet<u32>>,
+    pub threshold_ns: u64,
+    pub sample_hz: u64,
+    pub duration: Option<Duration>,
+    pub output: PathBuf,
+    pub save_events: bool,
+    pub live_status: bool,
+}
+
+#[derive(Debug, Clone)]
+pub enum Target {
+    Pid(u32),
+    Command(Vec<String>),
+}
+
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn find_in_path(cmd: &str) -> Option<PathBuf> {
+    if cmd.contains('/') {
+        let p = PathBuf::from(cmd);
+        return p.is_file().then_some(p);
+    }
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).map(|d| d.join(cmd)).find(|p| p.is_file()))
+        .unwrap_or(None)
+}
+
+impl RecordConfig {
+    pub fn from_args(a: RecordArgs) -> Result<RecordConfig> {
+        let target = match (a.pid, a.command.is_empty()) {
+            (Some(pid), true) => {
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    bail!("no process with pid {pid}: check the pid (e.g. `pgrep -f yourapp`)");
+                }
+                Target::Pid(pid)
+            }
+            (None, false) => {
+                if find_in_path(&a.command[0]).is_none() {
+                    bail!("command not found: {} (give a path or put it on PATH)", a.command[0]);
+                }
+                Target::Command(a.command)
+            }
+            (Some(_), false) => bail!("give either --pid PID or -- CMD, not both"),
+            (None, true) => bail!("nothing to record: give --pid PID, or a command after --, e.g. stallprof record -- python3 app.py"),
+        };
+        let output = a.output.unwrap_or_else(|| {
+            let who = match &target {
+                Target::Pid(p) => p.to_string(),
+                Target::Command(c) => Path::new(&c[0]).file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+            };
+            let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            PathBuf::from(format!("stallprof-{who}-{secs}"))
+        });
+        Ok(RecordConfig {
+            target,
+            tids: (!a.tids.is_empty()).then(|| a.tids.into_iter().collect()),
+            threshold_ns: a.stall.threshold,
+            sample_hz: a.frequency,
+            duration: a.duration.map(Duration::from_nanos),
+            output,
+            save_events: a.save_events,
+            live_status: !a.quiet && std::io::stderr().is_terminal(),
+        })
+    }
+}
+
+/// A command forked but held before `execvp`: the child blocks reading a
+/// pipe until [`Launched::release`], so probes see it from its first
+/// instruction. (`std::process::Command` cannot do this: `spawn` waits for
+/// the exec.)
+struct Launched {
+    pid: u32,
+    go: Option<std::fs::File>,
+    status: Option<i32>,
+}
+
+impl Launched {
+    fn spawn(argv: &[String]) -> Result<Launched> {
+        use std::ffi::CString;
+        // Everything the child needs is allocated before fork.
+        let cargs: Vec<CString> = argv
+            .iter()
+            .map(|a| CString::new(a.as_bytes()).context("an argument contains a NUL byte"))
+            .collect::<Result<_>>()?;
+        let mut ptrs: Vec<*const libc::c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
+        ptrs.push(std::ptr::null());
+        let mut fds = [0i32; 2];
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            bail!("pipe2: {}", std::io::Error::last_os_error());
+        }
+        let (rd, wr) = (fds[0], fds[1]);
+        match unsafe { libc::fork() } {
+            -1 => bail!("fork: {}", std::io::Error::last_os_error()),
+            0 => unsafe {
+                // Child: only async-signal-safe calls from here on.
+                libc::close(wr);
+                let mut b = 0u8;
+                let n = libc::read(rd, (&mut b as *mut u8).cast(), 1);
+                if n != 1 {
+                    libc::_exit(111); // the recorder gave up before attaching
+                }
+                libc::execvp(ptrs[0], ptrs.as_ptr());
+                libc::_exit(127);
+            },
+            pid => {
+                unsafe { libc::close(rd) };
+                let go = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(wr) };
+                Ok(Launched { pid: pid as u32, go: Some(go), status: None })
+            }
+        }
+    }
+
+    fn release(&mut self) -> Result<()> {
+        if let Some(mut go) = self.go.take() {
+            go.write_all(b"g").context("releasing the command")?;
+        }
+        Ok(())
+    }
+
+    /// Reap the child if it has exited; its wait status.
+    fn try_wait(&mut self) -> Option<i32> {
+        if self.status.is_none() {
+            let mut st = 0;
+            if unsafe { libc::waitpid(self.pid as i32, &mut st, libc::WNOHANG) } == self.pid as i32 {
+                self.status = Some(st);
+            }
+        }
+        self.status
+    }
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        // Never released: closing the pipe makes the child exit(111).
+        self.go.take();
+    }
+}
+
+fn read_comm(pid: u32, tid: u32) -> Option<String> {
+    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok().map(|s| s.trim_end().to_string())
+}
+
+/// Everything the event loop accumulates.
+struct Session {
+    pid: u32,
+    tracker: Tracker,
+    resolver: BlazeResolver,
+    stalls: Vec<Stall>,
+    names: HashMap<u32, String>,
+    executors: BTreeMap<u32, String>,
+    events_out: Option<std::io::BufWriter<fs::File>>,
+    parse_errors: u64,
+    target_gone: bool,
+    comm: Option<String>,
+}
+
+impl Session {
+    fn thread_name(&mut self, tid: u32) -> String {
+        if let Some(n) = self.names.get(&tid) {
+            return n.clone();
+        }
+        let n = read_comm(self.pid, tid).unwrap_or_else(|| "?".into());
+        self.names.insert(tid, n.clone());
+        n
+    }
+
+    fn handle(&mut self, ev: Event, probes: Option<&mut Probes>) {
+        if let Some(w) = self.events_out.as_mut() {
+            let _ = serde_json::to_writer(&mut *w, &ev);
+            let _ = w.write_all(b"\n");
+        }
+        if self.comm.is_none() {
+            self.comm = read_comm(self.pid, self.pid);
+        }
+        if let Event::Exit { process: true, .. } = ev {
+            self.target_gone = true;
+        }
+        let mut out = Vec::new();
+        self.tracker.push(ev, &mut out);
+        self.outputs(out, probes);
+    }
+
+    fn outputs(&mut self, out: Vec<Output>, mut probes: Option<&mut Probes>) {
+        for o in out {
+            match o {
+                Output::LoopKey { tid, key } => {
+                    let name = self.thread_name(tid);
+                    debug!("thread {tid} ({name}) parks on wait key {key:#x}");
+                    self.executors.insert(tid, name);
+                    if let Some(p) = probes.as_deref_mut() {
+                        p.set_loop_key(tid, key);
+                    }
+                }
+                Output::Stall(raw) => {
+                    let name = self.thread_name(raw.tid);
+                    let s = to_stall(&raw, &self.tracker.stacks, &mut self.resolver, &name);
+                    info!("stall on {} ({}): {}", raw.tid, name, fmt_ns(s.duration_ns));
+                    self.stalls.push(s);
+                }
+            }
+        }
+    }
+
+    fn worst(&self) -> u64 {
+        self.stalls.iter().map(|s| s.duration_ns).max().unwrap_or(0)
+    }
+}
+
+fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, sess: &mut Session, mut probes: Option<&mut Probes>) -> usize {
+    let mut n = 0;
+    while let Some(item) = ring.next() {
+        n += 1;
+        match event::parse(&item) {
+            Ok(ev) => sess.handle(ev, probes.as_deref_mut()),
+            Err(e) => {
+                sess.parse_errors += 1;
+                if sess.parse_errors == 1 {
+                    warn!("{e}");
+                }
+            }
+        }
+    }
+    n
+}
+
+fn process_alive(pid: u32) -> bool {
+    // Zombies count as gone: their threads no longer run.
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Run a recording to the end and write its outputs. Returns the summary text.
+pub fn run(cfg: RecordConfig) -> Result<String> {
+    render::prepare_dir(&cfg.output)?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(record(cfg))
+}
+
+async fn record(cfg: RecordConfig) -> Result<String> {
+    let mut launched = match &cfg.target {
+        Target::Command(argv) => Some(Launched::spawn(argv)?),
+        Target::Pid(_) => None,
+    };
+    let pid = match (&cfg.target, &launched) {
+        (Target::Pid(p), _) => *p,
+        (_, Some(l)) => l.pid,
+        _ => unreachable!(),
+    };
+    let t0 = Instant::now();
+    let mut probes = Probes::attach(pid, cfg.sample_hz)?;
+    // SAFETY: the ring buffer owns its map fd and keeps it open, unchanged,
+    // for as long as the AsyncFd holds it.
+    let mut ring = unsafe { AsyncFd::register(probes.take_events()?)? };
+    if let Some(l) = launched.as_mut() {
+        l.release()?;
+    } else if !process_alive(pid) {
+        bail!("process {pid} exited while stallprof was attaching; nothing to record");
+    }
+    let attach_ms = t0.elapsed().as_secs_f64() * 1e3;
+    info!("attached to {pid} in {attach_ms:.0} ms");
+    let started_ns = monotonic_ns();
+
+    let events_out = if cfg.save_events {
+        let f = fs::File::create(cfg.output.join("events.jsonl")).context("creating events.jsonl")?;
+        Some(std::io::BufWriter::new(f))
+    } else {
+        None
+    };
+    let mut sess = Session {
+        pid,
+        tracker: Tracker::new(TrackerConfig { threshold_ns: cfg.threshold_ns, tids: cfg.tids.clone() }),
+        resolver: BlazeResolver::new(),
+        stalls: Vec::new(),
+        names: HashMap::new(),
+        executors: BTreeMap::new(),
+        events_out,
+        parse_errors: 0,
+        target_gone: false,
+        comm: read_comm(pid, pid).filter(|_| launched.is_none()),
+    };
+    sess.resolver.refresh(pid);
+
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let deadline = cfg.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut ended_by = "target exit";
+    let mut status_shown = false;
+    loop {
+        tokio::select! {
+            guard = ring.readable_mut() => {
+                let mut guard = guard?;
+                drain(guard.get_inner_mut(), &mut sess, Some(&mut probes));
+                guard.clear_ready();
+            }
+            _ = sigint.recv() => { ended_by = "Ctrl-C"; break; }
+            _ = sigterm.recv() => { ended_by = "SIGTERM"; break; }
+            _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() => {
+                ended_by = "duration"; break;
+            }
+            _ = tick.tick() => {
+                if let Some(l) = launched.as_mut()
+                    && l.try_wait().is_some()
+                {
+                    sess.target_gone = true;
+                }
+                if !process_alive(pid) {
+                    sess.target_gone = true;
+                }
+                if sess.target_gone {
+                    break;
+                }
+                sess.resolver.refresh(pid);
+                if cfg.live_status {
+                    let busy = sess.tracker.busy_threads().map(|(_, s)| monotonic_ns().saturating_sub(s)).max().unwrap_or(0);
+                    let busy = if busy >= cfg.threshold_ns { format!(", stalled now {}", fmt_ns(busy)) } else { String::new() };
+                    eprint!(
+                        "\r\x1b[Krecording pid {pid}: {:.0}s, {} stalls, worst {}{busy}",
+                        t0.elapsed().as_secs_f64(),
+                        sess.stalls.len(),
+                        fmt_ns(sess.worst())
+                    );
+                    status_shown = true;
+                }
+            }
+        }
+    }
+    if status_shown {
+        eprint!("\r\x1b[K");
+    }
+    // Last events, then detach before anything slow.
+    drain(ring.get_mut(), &mut sess, None);
+    let ended_ns = monotonic_ns();
+    let mut drops = probes.drops();
+    drop(ring);
+    drop(probes);
+    info!("recording ended by {ended_by}; probes detached");
+
+    let mut out = Vec::new();
+    sess.tracker.finish(ended_ns, &mut out);
+    sess.outputs(out, None);
+    if let Some(w) = sess.events_out.as_mut() {
+        let _ = w.flush();
+    }
+    if sess.parse_errors > 0 {
+        drops.insert("unparsable_events".into(), sess.parse_errors);
+    }
+    let lost_events = drops.get(profiler_common::Drop::RingbufFull.name()).copied().unwrap_or(0);
+    let comm = sess.comm.clone().unwrap_or_else(|| match &cfg.target {
+        Target::Command(c) => Path::new(&c[0]).file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+        Target::Pid(_) => "?".into(),
+    });
+    let mut stalls = std::mem::take(&mut sess.stalls);
+    stalls.sort_by_key(|s| (s.start_ns, s.tid));
+    let rec = Recording {
+        pid,
+        comm,
+        threshold_ns: cfg.threshold_ns,
+        sample_hz: cfg.sample_hz,
+        clock: "monotonic".into(),
+        started_ns,
+        ended_ns,
+        lost_events,
+        drops,
+        executor_threads: sess.executors.iter().map(|(&tid, name)| ThreadInfo { tid, name: name.clone() }).collect(),
+        stallprof_version: env!("CARGO_PKG_VERSION").into(),
+        stalls,
+    };
+    let files = render::write_all(&rec, &cfg.output)?;
+    let mut text = render::summary::text(&rec, &files);
+    if let Some(l) = launched.as_mut() {
+        // The command may still run (duration/Ctrl-C): leave it be, but reap if done.
+        match l.try_wait() {
+            Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 127 => {
+                text.push_str("  note: the command could not be executed (exit 127)\n")
+            }
+            Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) != 0 => {
+                text.push_str(&format!("  note: the command exited with status {}\n", libc::WEXITSTATUS(st)))
+            }
+            Some(st) if libc::WIFSIGNALED(st) => {
+                text.push_str(&format!("  note: the command was killed by signal {}\n", libc::WTERMSIG(st)))
+            }
+            _ => {}
+        }
+    }
+    Ok(text)
+}

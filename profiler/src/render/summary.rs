@@ -1,0 +1,64 @@
+//! The end-of-recording summary printed to the terminal.
+use std::{fmt::Write, path::PathBuf};
+
+use crate::{aggregate::summarize, cli::fmt_ns, model::Recording};
+
+fn pct(part: u64, total: u64) -> f64 {
+    if total == 0 { 0.0 } else { 100.0 * part as f64 / total as f64 }
+}
+
+pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
+    let s = summarize(rec, 8);
+    let mut out = String::new();
+    let span = rec.ended_ns.saturating_sub(rec.started_ns);
+    let _ = writeln!(
+        out,
+        "stallprof: pid {} ({}), {} recorded, threshold {}",
+        rec.pid,
+        rec.comm,
+        fmt_ns(span),
+        fmt_ns(rec.threshold_ns)
+    );
+    if s.stalls == 0 {
+        let _ = writeln!(out, "  no stalls: no executor thread stayed busy for {} or more", fmt_ns(rec.threshold_ns));
+        if rec.executor_threads.is_empty() {
+            let _ = writeln!(
+                out,
+                "  note: no thread parked in an event-loop wait (epoll/poll/select) — is this an event-loop process?"
+            );
+        }
+    } else {
+        let _ = writeln!(
+            out,
+            "  {} stalls, {} in all ({:.1}% of the recording); p50 {}, p99 {}, max {}",
+            s.stalls,
+            fmt_ns(s.total_ns),
+            pct(s.total_ns, span),
+            fmt_ns(s.p50_ns),
+            fmt_ns(s.p99_ns),
+            fmt_ns(s.max_ns)
+        );
+        let _ = writeln!(
+            out,
+            "  time in stalls: on-CPU {:.1}%, off-CPU (blocked) {:.1}%, run-queue wait {:.1}%",
+            pct(s.on_cpu_ns, s.total_ns),
+            pct(s.off_cpu_ns, s.total_ns),
+            pct(s.runqueue_ns, s.total_ns)
+        );
+        let _ = writeln!(out, "  top culprits (share of stall time):");
+        for c in &s.culprits {
+            let _ = writeln!(out, "    {:5.1}%  {:>9}  {}", 100.0 * c.share, fmt_ns(c.ns), c.label);
+        }
+    }
+    if rec.lost_events > 0 || !rec.drops.is_empty() {
+        let drops: Vec<String> = rec.drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(out, "  lost events: {}; counters: {}", rec.lost_events, drops.join(", "));
+    }
+    if !files.is_empty() {
+        let _ = writeln!(out, "  wrote:");
+        for f in files {
+            let _ = writeln!(out, "    {}", f.display());
+        }
+    }
+    out
+}

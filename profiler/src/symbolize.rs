@@ -1,0 +1,354 @@
+//! Symbolization: raw stalls (interned address stacks) -> [`Stall`]s with
+//! named frames.
+//!
+//! In: [`RawStall`] + [`StackTable`]. Out: [`Stall`] (outermost frame first).
+//!
+//! User addresses are *normalized* first — mapped to (file, file offset)
+//! through a snapshot of `/proc/PID/maps` taken while the process lives —
+//! then symbolized from the ELF file with blazesym (demangled, with file:line
+//! and inlined functions where DWARF exists). The snapshot outlives the
+//! process, so a command that exits right after its last stall still gets
+//! names. Results are cached per (file, offset) and per kernel address.
+//! A [`Resolve`] trait lets golden tests replay recordings with a fixed table.
+use std::{
+    collections::HashMap,
+    fs,
+    path::{Path, PathBuf},
+};
+
+use blazesym::symbolize::{
+    Input, Symbolized, Symbolizer,
+    source::{Elf, Kernel, Source},
+};
+use log::debug;
+
+use crate::{
+    model::{Frame, FrameKind, StackPart, Stall},
+    pyframes::PyResolver,
+    stall::{PartKind, RawStall, StackTable},
+};
+
+/// Turns addresses into frames. Frames come back outermost first.
+pub trait Resolve {
+    /// Frames for one user address (several when functions were inlined).
+    fn user(&mut self, pid: u32, addr: u64) -> Vec<Frame>;
+    fn kernel(&mut self, addr: u64) -> Frame;
+    /// Python frame from a code object address and instruction value.
+    fn python(&mut self, pid: u32, code: u64, instr: u64) -> Frame;
+}
+
+#[derive(Clone, Debug)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    offset: u64,
+    path: String,
+}
+
+/// A snapshot of one process's file mappings.
+#[derive(Default, Debug)]
+struct Maps {
+    entries: Vec<Mapping>,
+}
+
+impl Maps {
+    fn read(pid: u32) -> Option<Maps> {
+        let text = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+        let mut entries = Vec::new();
+        for line in text.lines() {
+            let mut it = line.split_ascii_whitespace();
+            let (Some(range), Some(_perms), Some(off), Some(_dev), Some(_inode)) =
+                (it.next(), it.next(), it.next(), it.next(), it.next())
+            else {
+                continue;
+            };
+            let path = it.collect::<Vec<_>>().join(" ");
+            let Some((s, e)) = range.split_once('-') else { continue };
+            let (Ok(start), Ok(end), Ok(offset)) =
+                (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16), u64::from_str_radix(off, 16))
+            else {
+                continue;
+            };
+            entries.push(Mapping { start, end, offset, path });
+        }
+        Some(Maps { entries })
+    }
+
+    fn find(&self, addr: u64) -> Option<&Mapping> {
+        let i = self.entries.partition_point(|m| m.start <= addr);
+        self.entries[..i].last().filter(|m| addr < m.end)
+    }
+}
+
+/// The real resolver: blazesym over ELF files and kallsyms.
+pub struct BlazeResolver {
+    blaze: Symbolizer,
+    maps: HashMap<u32, Maps>,
+    user_cache: HashMap<(String, u64), Vec<Frame>>,
+    kernel_cache: HashMap<u64, Frame>,
+    python: HashMap<u32, Option<PyResolver>>,
+}
+
+impl Default for BlazeResolver {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BlazeResolver {
+    pub fn new() -> Self {
+        let blaze = Symbolizer::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(true)
+            .build();
+        BlazeResolver {
+            blaze,
+            maps: HashMap::new(),
+            user_cache: HashMap::new(),
+            kernel_cache: HashMap::new(),
+            python: HashMap::new(),
+        }
+    }
+
+    /// Take (or refresh) the maps snapshot of a live process. Call at attach
+    /// and whenever stalls are about to be symbolized.
+    pub fn refresh(&mut self, pid: u32) {
+        if let Some(m) = Maps::read(pid) {
+            self.maps.insert(pid, m);
+        }
+    }
+
+    fn mapping(&mut self, pid: u32, addr: u64) -> Option<Mapping> {
+        if let Some(m) = self.maps.get(&pid).and_then(|m| m.find(addr)) {
+            return Some(m.clone());
+        }
+        // A mapping made after the last snapshot (dlopen): refresh once.
+        self.refresh(pid);
+        self.maps.get(&pid).and_then(|m| m.find(addr)).cloned()
+    }
+
+    /// Path to open a mapped file: through the process's root (containers)
+    /// while it lives, else as named.
+    fn open_path(pid: u32, path: &str) -> PathBuf {
+        let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        if via_root.exists() { via_root } else { PathBuf::from(path) }
+    }
+
+    fn symbolize_file(&self, path: &Path, offset: u64) -> Vec<Frame> {
+        let src = Source::Elf(Elf::new(path));
+        let sym = match self.blaze.symbolize_single(&src, Input::FileOffset(offset)) {
+            Ok(Symbolized::Sym(sym)) => sym,
+            Ok(Symbolized::Unknown(reason)) => {
+                debug!("no symbol at {}+{offset:#x}: {reason:?}", path.display());
+                return Vec::new();
+            }
+            Err(err) => {
+                debug!("symbolizing {}+{offset:#x}: {err}", path.display());
+                return Vec::new();
+            }
+        };
+        let loc = |ci: Option<&blazesym::symbolize::CodeInfo>| {
+            ci.map(|c| {
+                let file = match &c.dir {
+                    Some(d) => d.join(&c.file).to_string_lossy().into_owned(),
+                    None => c.file.to_string_lossy().into_owned(),
+                };
+                (Some(file), c.line)
+            })
+            .unwrap_or((None, None))
+        };
+        let (file, line) = loc(sym.code_info.as_deref());
+        let mut frames = vec![Frame { name: sym.name.to_string(), file, line, kind: FrameKind::Native }];
+        for f in sym.inlined.iter() {
+            let (file, line) = loc(f.code_info.as_ref());
+            frames.push(Frame { name: f.name.to_string(), file, line, kind: FrameKind::Native });
+        }
+        frames
+    }
+}
+
+impl Resolve for BlazeResolver {
+    fn user(&mut self, pid: u32, addr: u64) -> Vec<Frame> {
+        let Some(m) = self.mapping(pid, addr) else {
+            return vec![Frame { name: format!("[unknown {addr:#x}]"), file: None, line: None, kind: FrameKind::Native }];
+        };
+        if !m.path.starts_with('/') {
+            // [vdso], [heap], anonymous (JIT) memory.
+            let name = if m.path.is_empty() { "[anon]".to_string() } else { m.path.clone() };
+            return vec![Frame { name, file: None, line: None, kind: FrameKind::Native }];
+        }
+        let offset = addr - m.start + m.offset;
+        let key = (m.path.clone(), offset);
+        if let Some(f) = self.user_cache.get(&key) {
+            return f.clone();
+        }
+        let path = Self::open_path(pid, &m.path);
+        let mut frames = self.symbolize_file(&path, offset);
+        if frames.is_empty() {
+            let base = m.path.rsplit('/').next().unwrap_or(&m.path);
+            frames.push(Frame { name: format!("[{base}+{offset:#x}]"), file: None, line: None, kind: FrameKind::Native });
+        }
+        self.user_cache.insert(key, frames.clone());
+        frames
+    }
+
+    fn kernel(&mut self, addr: u64) -> Frame {
+        if let Some(f) = self.kernel_cache.get(&addr) {
+            return f.clone();
+        }
+        let src = Source::Kernel(Kernel::default());
+        let name = match self.blaze.symbolize_single(&src, Input::AbsAddr(addr)) {
+            Ok(Symbolized::Sym(sym)) => sym.name.to_string(),
+            _ => format!("[kernel {addr:#x}]"),
+        };
+        let f = Frame { name, file: None, line: None, kind: FrameKind::Kernel };
+        self.kernel_cache.insert(addr, f.clone());
+        f
+    }
+
+    fn python(&mut self, pid: u32, code: u64, instr: u64) -> Frame {
+        let resolver = self.python.entry(pid).or_insert_with(|| PyResolver::for_pid(pid));
+        match resolver.as_mut().and_then(|r| r.resolve(code, instr).ok()) {
+            Some(info) => Frame {
+                name: info.qualname,
+                file: Some(info.filename),
+                line: (info.line > 0).then_some(info.line),
+                kind: FrameKind::Python,
+            },
+            None => Frame::marker("[python ?]"),
+        }
+    }
+}
+
+/// x86-64 syscall name, e.g. 0 -> "read".
+pub fn syscall_name(nr: u32) -> String {
+    syscalls::Sysno::new(nr as usize).map(|s| s.name().to_string()).unwrap_or_else(|| format!("syscall_{nr}"))
+}
+
+/// Frames of one raw stack, outermost first: user (with Python frames merged
+/// in, see `python::merge`), then kernel.
+pub fn frames_of(res: &mut dyn Resolve, pid: u32, stacks: &StackTable, id: u32) -> Vec<Frame> {
+    let raw = stacks.get(id);
+    let mut user: Vec<Frame> = Vec::new();
+    // Innermost first in the raw stack; return addresses (all but the
+    // innermost) point after the call, so look up addr-1 to stay on its line.
+    for (i, &a) in raw.user.iter().enumerate().rev() {
+        let a = if i == 0 { a } else { a.saturating_sub(1) };
+        user.extend(res.user(pid, a));
+    }
+    if !raw.python.is_empty() {
+        let py: Vec<Frame> = raw.python.iter().rev().map(|&(c, i)| res.python(pid, c, i)).collect();
+        user = crate::pyframes::merge(user, py, raw.py_status);
+    }
+    let mut frames = user;
+    for &a in raw.kernel.iter().rev() {
+        frames.push(res.kernel(a));
+    }
+    frames
+}
+
+/// Symbolize a finished stall.
+pub fn to_stall(raw: &RawStall, stacks: &StackTable, res: &mut dyn Resolve, thread_name: &str) -> Stall {
+    let mut parts: Vec<StackPart> = raw
+        .parts
+        .iter()
+        .map(|p| {
+            let mut frames = match p.stack {
+                Some(id) => frames_of(res, raw.tgid, stacks, id),
+                None => Vec::new(),
+            };
+            let syscall = p.syscall.map(syscall_name);
+            match p.kind {
+                PartKind::OnCpu if p.stack.is_none() => frames.push(Frame::marker("[on-cpu: between samples]")),
+                PartKind::OnCpu => {}
+                PartKind::OffCpu => frames.push(Frame::marker(format!(
+                    "[off-cpu: {}]",
+                    syscall.as_deref().unwrap_or("no syscall")
+                ))),
+                PartKind::Runqueue => frames.push(Frame::marker("[runqueue]")),
+            }
+            StackPart { frames, weight_ns: p.weight_ns, kind: p.kind, syscall, waker_tid: p.waker }
+        })
+        .collect();
+    parts.sort_by(|a, b| b.weight_ns.cmp(&a.weight_ns));
+    Stall {
+        tid: raw.tid,
+        thread_name: thread_name.to_string(),
+        start_ns: raw.start_ns,
+        end_ns: raw.end_ns,
+        duration_ns: raw.duration_ns(),
+        on_cpu_ns: raw.on_cpu_ns,
+        off_cpu_ns: raw.off_cpu_ns,
+        runqueue_ns: raw.runqueue_ns,
+        incomplete: raw.incomplete,
+        stacks: parts,
+    }
+}
+
+/// A fixed address table, for golden tests and replays without the target.
+#[derive(Default, Debug, serde::Deserialize)]
+pub struct TableResolver {
+    #[serde(default)]
+    pub user: HashMap<String, Vec<Frame>>,
+    #[serde(default)]
+    pub kernel: HashMap<String, String>,
+}
+
+impl Resolve for TableResolver {
+    fn user(&mut self, _pid: u32, addr: u64) -> Vec<Frame> {
+        self.user
+            .get(&format!("{addr:#x}"))
+            .or_else(|| self.user.get(&format!("{:#x}", addr + 1)))
+            .cloned()
+            .unwrap_or_else(|| vec![Frame::marker(format!("[unknown {addr:#x}]"))])
+    }
+    fn kernel(&mut self, addr: u64) -> Frame {
+        let name = self.kernel.get(&format!("{addr:#x}")).cloned().unwrap_or_else(|| format!("[kernel {addr:#x}]"));
+        Frame { name, file: None, line: None, kind: FrameKind::Kernel }
+    }
+    fn python(&mut self, _pid: u32, code: u64, instr: u64) -> Frame {
+        Frame::marker(format!("[python {code:#x}+{instr}]"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lookup() {
+        let maps = Maps {
+            entries: vec![
+                Mapping { start: 0x1000, end: 0x2000, offset: 0, path: "/a".into() },
+                Mapping { start: 0x3000, end: 0x4000, offset: 0x1000, path: "/b".into() },
+            ],
+        };
+        assert_eq!(maps.find(0x1800).unwrap().path, "/a");
+        assert!(maps.find(0x2800).is_none());
+        assert_eq!(maps.find(0x3000).unwrap().path, "/b");
+        assert!(maps.find(0x500).is_none());
+    }
+
+    #[test]
+    fn syscall_names() {
+        assert_eq!(syscall_name(0), "read");
+        assert_eq!(syscall_name(230), "clock_nanosleep");
+        assert_eq!(syscall_name(232), "epoll_wait");
+    }
+
+    #[test]
+    fn own_process_symbolizes() {
+        #[inline(never)]
+        fn marker_fn_for_symbolize_test() -> u64 {
+            marker_fn_for_symbolize_test as *const () as u64
+        }
+        let addr = marker_fn_for_symbolize_test();
+        let mut r = BlazeResolver::new();
+        let frames = r.user(std::process::id(), addr);
+        assert!(
+            frames.iter().any(|f| f.name.contains("marker_fn_for_symbolize_test")),
+            "{frames:?}"
+        );
+    }
+}
