@@ -51,6 +51,7 @@ pub mod kind {
 /// Wait syscalls (x86-64 numbers) that may be an event loop's park point.
 pub mod sysno {
     pub const READ: u32 = 0;
+    pub const FUTEX: u32 = 202;
     pub const POLL: u32 = 7;
     pub const SELECT: u32 = 23;
     pub const EPOLL_WAIT: u32 = 232;
@@ -193,6 +194,12 @@ pub struct StackEvent {
     pub ustack: [u64; MAX_USTACK],
     /// Python frames, innermost first.
     pub py: [python::PyFrame; python::PY_MAX_FRAMES],
+    /// Switch-out into a wait for the GIL: the `PyThreadState*` holding it
+    /// (0 otherwise), and the holder's Python frames, innermost first.
+    pub gil_holder: u64,
+    pub holder_py_len: u32,
+    pub _pad3: u32,
+    pub holder_py: [python::PyFrame; PY_HOLDER_FRAMES],
     /// User registers at the moment of the event (from `task_pt_regs`).
     pub regs: UserRegs,
     /// Valid bytes in `stack` (0 if the copy failed).
@@ -201,6 +208,28 @@ pub struct StackEvent {
     /// User stack bytes from `regs.sp` upwards.
     pub stack: [u8; USER_STACK_COPY],
 }
+
+/// Python frames kept of a GIL holder's stack (its innermost ones).
+pub const PY_HOLDER_FRAMES: usize = 32;
+/// Python-using processes tracked at once (`PY_PROCS`).
+pub const MAX_PY_PROCS: u32 = 1024;
+
+/// What BPF needs to walk one process's Python stacks and recognise waits
+/// for its GIL (`PY_PROCS` map, keyed by tgid; set by userspace at attach).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyProc {
+    pub offsets: python::PyOffsets,
+    /// Address of the GIL's `locked` field; 0 = unknown (no GIL labelling).
+    pub gil_locked: u64,
+    /// Address of the GIL's `last_holder` field.
+    pub gil_last_holder: u64,
+}
+
+/// A futex wait whose address lies within this many bytes after the GIL's
+/// `locked` field (the GIL's mutex and condition variable follow it in
+/// `struct _gil_runtime_state`) is a wait for the GIL.
+pub const GIL_STRUCT_SPAN: u64 = 256;
 
 /// The user registers an unwinder starts from.
 #[repr(C)]
@@ -258,6 +287,7 @@ pub const fn wait_key(nr: u32, fd: i32) -> u64 {
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
+    unsafe impl aya::Pod for PyProc {}
     unsafe impl aya::Pod for ThreadState {}
     unsafe impl aya::Pod for EventHeader {}
 }

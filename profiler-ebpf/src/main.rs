@@ -17,15 +17,18 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::{bpf_get_current_task_btf, bpf_get_stack, bpf_probe_read_user as read_user_raw, bpf_task_pt_regs},
+        generated::{bpf_get_current_task_btf, bpf_get_stack, bpf_loop, bpf_probe_read_user as read_user_raw, bpf_task_pt_regs},
     },
     macros::{map, perf_event, tracepoint},
     maps::{HashMap, PerCpuArray, RingBuf},
     programs::{PerfEventContext, TracePointContext},
 };
 use profiler_common::{
-    Drop, EventHeader, MAX_KSTACK, MAX_THREADS, MAX_USTACK, RINGBUF_BYTES, SchedEvent, StackEvent,
-    ThreadState, USER_STACK_COPY, UserRegs, WaitEvent, kind, sysno, wait_key,
+    Drop, EventHeader, GIL_STRUCT_SPAN, MAX_KSTACK, MAX_PY_PROCS, MAX_THREADS, MAX_USTACK,
+    PY_HOLDER_FRAMES, PyProc, RINGBUF_BYTES, SchedEvent, StackEvent, ThreadState, USER_STACK_COPY,
+    UserRegs, WaitEvent, kind, py_status,
+    python::{PY_FRAME_MODEL_FRAME_OBJECT, PY_MAX_FRAMES, PY_OFFSET_NONE, PyFrame, PyOffsets},
+    sysno, wait_key,
 };
 
 /// Process to watch; 0 = every process (daemon mode). Set at load.
@@ -43,6 +46,14 @@ static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(MAX_THREAD
 /// once it has seen which wait the loop returns to.
 #[map]
 static LOOP_KEYS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_THREADS, 0);
+
+/// tgid -> how to walk that process's Python stacks (set by userspace).
+#[map]
+static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(MAX_PY_PROCS, 0);
+
+/// tid -> `PyThreadState*` of that thread (kept current by userspace).
+#[map]
+static PY_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_THREADS, 0);
 
 /// Failure counters, indexed by `profiler_common::Drop`.
 #[map]
@@ -148,6 +159,159 @@ pub fn sp_wait_exit(ctx: TracePointContext) -> u32 {
     0
 }
 
+// ---- Python frames ------------------------------------------------------
+
+#[inline(always)]
+fn read_u64(addr: u64) -> Option<u64> {
+    unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+}
+
+/// Python walk scratch, per CPU: slot 0 = the thread's own walk, slot 1 =
+/// the GIL holder's. The walk runs in a `bpf_loop` callback (verified once,
+/// however many frames). Its state lives here, in map memory, rather than
+/// on the stack: the verifier then sees unknown scalars each step and
+/// converges, instead of exploring every value of the frame counter.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PyScratch {
+    frames: [PyFrame; PY_MAX_FRAMES],
+    o: PyOffsets,
+    p: u64,
+    n: u32,
+    max: u32,
+    status: u32,
+    _pad: u32,
+}
+
+#[map]
+static PY_SCRATCH: PerCpuArray<PyScratch> = PerCpuArray::with_max_entries(2, 0);
+
+/// One step of the walk described in `profiler_common::python`; `ctx`
+/// points at the scratch slot number. Returns 1 to stop the loop.
+extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    let slot = unsafe { *(ctx as *const u32) };
+    let Some(w) = PY_SCRATCH.get_ptr_mut(slot) else { return 1 };
+    let w = unsafe { &mut *w };
+    let p = w.p;
+    if p == 0 {
+        w.status = py_status::COMPLETE;
+        return 1;
+    }
+    if w.n >= w.max || w.n as usize >= PY_MAX_FRAMES {
+        w.status = py_status::TRUNCATED;
+        return 1;
+    }
+    let o = w.o;
+    let skip = o.frame_owner != PY_OFFSET_NONE
+        && unsafe { bpf_probe_read_user((p + o.frame_owner as u64) as *const u8) }.unwrap_or(0) as u16
+            == o.owner_cstack;
+    if !skip {
+        let Some(code) = read_u64(p + o.frame_code as u64) else {
+            w.status = py_status::READ_FAILED;
+            return 1;
+        };
+        let instr = if o.frame_model == PY_FRAME_MODEL_FRAME_OBJECT || o.frame_instr_size == 4 {
+            unsafe { bpf_probe_read_user((p + o.frame_instr as u64) as *const i32) }.unwrap_or(-1) as i64 as u64
+        } else {
+            read_u64(p + o.frame_instr as u64).unwrap_or(0)
+        };
+        let i = w.n as usize & (PY_MAX_FRAMES - 1);
+        w.frames[i] = PyFrame { code: code & !o.code_tag_mask, instr };
+        w.n += 1;
+    }
+    match read_u64(p + o.frame_previous as u64) {
+        Some(prev) => {
+            w.p = prev;
+            0
+        }
+        None => {
+            w.status = py_status::READ_FAILED;
+            1
+        }
+    }
+}
+
+/// Walk `tstate`'s frames into scratch `slot`, at most `max` frames.
+/// Returns (frames, `py_status`).
+#[inline(always)]
+fn walk_python(o: &PyOffsets, tstate: u64, slot: u32, max: u32) -> (u32, u32) {
+    let Some(mut p) = read_u64(tstate + o.tstate_frame as u64) else {
+        return (0, py_status::READ_FAILED);
+    };
+    if o.cframe_current_frame != PY_OFFSET_NONE && p != 0 {
+        match read_u64(p + o.cframe_current_frame as u64) {
+            Some(f) => p = f,
+            None => return (0, py_status::READ_FAILED),
+        }
+    }
+    let Some(w) = PY_SCRATCH.get_ptr_mut(slot) else { return (0, py_status::READ_FAILED) };
+    unsafe {
+        (*w).o = *o;
+        (*w).p = p;
+        (*w).n = 0;
+        (*w).max = max;
+        (*w).status = py_status::TRUNCATED;
+    }
+    let mut ctx: u32 = slot;
+    // Shim frames are skipped without taking a slot: allow twice the steps.
+    unsafe {
+        bpf_loop((2 * PY_MAX_FRAMES) as u32, walk_step as *mut _, (&mut ctx as *mut u32).cast(), 0);
+        ((*w).n, (*w).status)
+    }
+}
+
+/// Copy scratch `slot` into `dst` (a frames array inside the ring-buffer event).
+#[inline(always)]
+fn copy_scratch(slot: u32, dst: *mut PyFrame, frames: usize) {
+    if let Some(buf) = PY_SCRATCH.get_ptr(slot) {
+        unsafe {
+            let _ = aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                dst.cast(),
+                (frames * size_of::<PyFrame>()) as u32,
+                (&(*buf).frames as *const PyFrame).cast(),
+            );
+        }
+    }
+}
+
+/// Fill the Python parts of a stack event: the thread's own frames and, for
+/// a switch-out into a wait for the GIL, the holder and its frames.
+#[inline(always)]
+fn fill_python(ev: *mut StackEvent, tid: u32, tgid: u32, futex_addr: u64) {
+    let Some(tstate) = (unsafe { PY_THREADS.get(&tid) }).copied() else { return };
+    let Some(proc_) = (unsafe { PY_PROCS.get(&tgid) }) else { return };
+    let o = &proc_.offsets;
+    let (n, status) = walk_python(o, tstate, 0, PY_MAX_FRAMES as u32);
+    copy_scratch(0, unsafe { (*ev).py.as_mut_ptr() }, PY_MAX_FRAMES);
+    unsafe {
+        (*ev).py_len = n;
+        (*ev).py_status = status;
+    }
+    match status {
+        py_status::READ_FAILED => count(Drop::PyReadFailed),
+        py_status::TRUNCATED => count(Drop::PyTruncated),
+        _ => {}
+    }
+    if futex_addr == 0 || proc_.gil_locked == 0 {
+        return;
+    }
+    // Waiting on the GIL's mutex or condition variable while another thread holds it.
+    if futex_addr < proc_.gil_locked || futex_addr >= proc_.gil_locked + GIL_STRUCT_SPAN {
+        return;
+    }
+    let locked = unsafe { bpf_probe_read_user(proc_.gil_locked as *const i32) }.unwrap_or(0);
+    let Some(holder) = read_u64(proc_.gil_last_holder) else { return };
+    if locked == 0 || holder == 0 || holder == tstate {
+        return;
+    }
+    let (hn, _) = walk_python(o, holder, 1, PY_HOLDER_FRAMES as u32);
+    copy_scratch(1, unsafe { (*ev).holder_py.as_mut_ptr() }, PY_HOLDER_FRAMES);
+    unsafe {
+        (*ev).gil_holder = holder;
+        (*ev).holder_py_len = hn;
+    }
+}
+
 // ---- scheduler ----------------------------------------------------------
 
 /// Fill the stacks of a reserved `StackEvent` in place (it is too large for
@@ -220,12 +384,14 @@ unsafe fn copy_user_stack(ev: *mut StackEvent) {
     }
 }
 
-/// User registers of the current task (saved at kernel entry) and the
-/// syscall it is in (`orig_ax`, -1 outside a syscall).
+/// User registers of the current task (saved at kernel entry), the
+/// syscall it is in (`orig_ax`, -1 outside a syscall) and that syscall's
+/// first argument (`di`).
 #[inline(always)]
-fn user_regs() -> (UserRegs, i64) {
+fn user_regs() -> (UserRegs, i64, u64) {
     // x86-64 `struct pt_regs` offsets.
     const BP: usize = 4 * 8;
+    const DI: usize = 14 * 8;
     const ORIG_AX: usize = 15 * 8;
     const IP: usize = 16 * 8;
     const SP: usize = 19 * 8;
@@ -234,11 +400,11 @@ fn user_regs() -> (UserRegs, i64) {
         let regs = bpf_task_pt_regs(task) as usize;
         if regs == 0 {
             count(Drop::SyscallUnknown);
-            return (UserRegs::default(), -1);
+            return (UserRegs::default(), -1, 0);
         }
         let rd = |off: usize| bpf_probe_read_kernel((regs + off) as *const u64).unwrap_or(0);
         let r = UserRegs { ip: rd(IP), sp: rd(SP), bp: rd(BP) };
-        (r, rd(ORIG_AX) as i64)
+        (r, rd(ORIG_AX) as i64, rd(DI))
     }
 }
 
@@ -249,14 +415,19 @@ fn emit_stack_event<C: EbpfContext>(ctx: &C, kind: u32, tid: u32, tgid: u32, sta
         return;
     };
     let ev = slot.as_mut_ptr();
-    let (regs, orig_ax) = user_regs();
+    let (regs, orig_ax, arg0) = user_regs();
+    let switch_out = kind == kind::SWITCH_OUT;
     unsafe {
         (*ev).hdr = header(kind, tid, tgid);
         (*ev).state = state;
-        (*ev).syscall = if kind == kind::SWITCH_OUT { orig_ax } else { -1 };
+        (*ev).syscall = if switch_out { orig_ax } else { -1 };
         (*ev).regs = regs;
+        (*ev).gil_holder = 0;
+        (*ev).holder_py_len = 0;
     }
-    fill_stacks(ctx, ev, kind == kind::SWITCH_OUT);
+    fill_stacks(ctx, ev, switch_out);
+    let futex_addr = if switch_out && orig_ax == sysno::FUTEX as i64 { arg0 } else { 0 };
+    fill_python(ev, tid, tgid, futex_addr);
     slot.submit(0);
 }
 

@@ -29,24 +29,28 @@ pub fn folded_lines(stalls: &[Stall]) -> Vec<String> {
         .collect()
 }
 
+/// The C runtime and the vDSO: their frames are the means of blocking
+/// (`read`, `nanosleep`), never the culprit.
 fn is_system_lib(f: &Frame) -> bool {
-    // Frames with no source location are libraries without debug info:
-    // libc wrappers, the vDSO, the dynamic loader.
-    f.file.is_none() && (f.name.starts_with('[') || f.name.starts_with("__") || f.name.starts_with("clock_"))
+    let Some(m) = f.module.as_deref() else { return f.name.starts_with('[') };
+    m.starts_with('[')
+        || ["libc.so", "libc-", "ld-linux", "libpthread", "libm.so", "librt", "libdl", "libgcc_s", "libstdc++"]
+            .iter()
+            .any(|p| m.starts_with(p))
 }
 
 /// The frame to blame for a part: the innermost Python frame if any, else
-/// the innermost native frame with source information, else the innermost
-/// native frame that is not a libc/vDSO wrapper.
+/// the innermost native frame outside the C runtime, preferring one with
+/// source information.
 pub fn culprit(p: &StackPart) -> Option<&Frame> {
-    let user = || p.frames.iter().rev().filter(|f| f.kind == FrameKind::Native);
+    let user = || p.frames.iter().rev().filter(|f| f.kind == FrameKind::Native && !is_system_lib(f));
     p.frames
         .iter()
         .rev()
         .find(|f| f.kind == FrameKind::Python)
         .or_else(|| user().find(|f| f.file.is_some()))
-        .or_else(|| user().find(|f| !is_system_lib(f)))
         .or_else(|| user().next())
+        .or_else(|| p.frames.iter().rev().find(|f| f.kind == FrameKind::Native))
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -90,6 +94,10 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
                 PartKind::OnCpu => "on-CPU".to_string(),
                 PartKind::OffCpu => format!("off-CPU in {}", p.syscall.as_deref().unwrap_or("?")),
                 PartKind::Runqueue => "run queue".to_string(),
+                PartKind::GilWait => match &p.gil_holder {
+                    Some(h) => format!("waiting for the GIL held by {}", h.describe()),
+                    None => "waiting for the GIL".to_string(),
+                },
             };
             let label = match culprit(p) {
                 Some(f) => format!("{} — {what}", f.label()),
@@ -122,7 +130,8 @@ mod tests {
     use super::*;
 
     fn f(name: &str, file: Option<&str>, kind: FrameKind) -> Frame {
-        Frame { name: name.into(), file: file.map(Into::into), line: file.map(|_| 7), kind }
+        let module = (kind == FrameKind::Native).then(|| if file.is_some() { "app".into() } else { "libc.so.6".into() });
+        Frame { name: name.into(), file: file.map(Into::into), line: file.map(|_| 7), kind, module }
     }
 
     #[test]
@@ -138,6 +147,7 @@ mod tests {
             kind: PartKind::OnCpu,
             syscall: None,
             waker_tid: None,
+            gil_holder: None,
         };
         assert_eq!(culprit(&p).unwrap().name, "load");
         let mut q = p.clone();

@@ -5,7 +5,7 @@
 //! same pipeline serves live recording, replay of a saved `events.jsonl`, and
 //! golden tests.
 use profiler_common::{
-    EventHeader, MAX_KSTACK, MAX_USTACK, SchedEvent, StackEvent, USER_STACK_COPY, UserRegs, WaitEvent, kind,
+    EventHeader, MAX_KSTACK, MAX_USTACK, PY_HOLDER_FRAMES, SchedEvent, StackEvent, USER_STACK_COPY, UserRegs, WaitEvent, kind,
     python::{PY_MAX_FRAMES, PyFrame},
 };
 use serde::{Deserialize, Serialize};
@@ -21,9 +21,19 @@ pub struct RawStack {
     /// Python frames as (code object address, instruction value).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub python: Vec<(u64, u64)>,
-    /// Why the Python walk stopped (see `profiler_common::python`), 0 = no walk.
+    /// Why the Python walk stopped (`profiler_common::py_status`), 0 = no walk.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub py_status: u32,
+    /// Switch-out into a wait for the GIL: the holder's `PyThreadState*`.
+    #[serde(default, skip_serializing_if = "is_zero64")]
+    pub gil_holder: u64,
+    /// The GIL holder's Python frames at that moment, innermost first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holder_python: Vec<(u64, u64)>,
+}
+
+fn is_zero64(v: &u64) -> bool {
+    *v == 0
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -93,11 +103,15 @@ fn stack_of(ev: &StackEvent) -> RawStack {
     let k = (ev.kstack_len as usize).min(MAX_KSTACK);
     let u = (ev.ustack_len as usize).min(MAX_USTACK);
     let p = (ev.py_len as usize).min(PY_MAX_FRAMES);
+    let h = (ev.holder_py_len as usize).min(PY_HOLDER_FRAMES);
+    let pairs = |fs: &[PyFrame]| fs.iter().map(|f| (f.code, f.instr)).collect();
     RawStack {
         kernel: ev.kstack[..k].to_vec(),
         user: ev.ustack[..u].iter().copied().take_while(|&a| a != 0).collect(),
-        python: ev.py[..p].iter().map(|f: &PyFrame| (f.code, f.instr)).collect(),
+        python: pairs(&ev.py[..p]),
         py_status: ev.py_status,
+        gil_holder: ev.gil_holder,
+        holder_python: if ev.gil_holder != 0 { pairs(&ev.holder_py[..h]) } else { Vec::new() },
     }
 }
 

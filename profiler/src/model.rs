@@ -26,11 +26,18 @@ pub struct Frame {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub line: Option<u32>,
     pub kind: FrameKind,
+    /// Native frames: base name of the object file (`libc.so.6`, `python3.11`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
 }
 
 impl Frame {
+    pub fn new(name: impl Into<String>, kind: FrameKind) -> Frame {
+        Frame { name: name.into(), file: None, line: None, kind, module: None }
+    }
+
     pub fn marker(name: impl Into<String>) -> Frame {
-        Frame { name: name.into(), file: None, line: None, kind: FrameKind::Marker }
+        Frame { name: name.into(), file: None, line: None, kind: FrameKind::Marker, module: None }
     }
 
     /// Folded-stack text: the plain name first, then `(file:line)` with the
@@ -61,6 +68,33 @@ pub struct StackPart {
     /// Off-CPU: the thread that woke it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waker_tid: Option<u32>,
+    /// `gil_wait`: who held the GIL, and what it was running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gil_holder: Option<GilHolder>,
+}
+
+/// The thread holding a CPython GIL that an executor thread waited for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GilHolder {
+    pub tid: Option<u32>,
+    pub thread_name: Option<String>,
+    /// The holder's Python frames when the wait began, outermost first.
+    pub frames: Vec<Frame>,
+}
+
+impl GilHolder {
+    /// `worker (tid 12) in match_all (w.py:12)`.
+    pub fn describe(&self) -> String {
+        let who = match (&self.thread_name, self.tid) {
+            (Some(n), Some(t)) => format!("{n} (tid {t})"),
+            (None, Some(t)) => format!("tid {t}"),
+            _ => "another thread".to_string(),
+        };
+        match self.frames.last() {
+            Some(f) => format!("{who} in {}", f.label()),
+            None => who,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -5,7 +5,12 @@
 //! Out: one stack where each run of interpreter eval-loop frames is replaced
 //! by the Python frames it was executing, so C-extension frames stay below
 //! the Python function that called them.
-use crate::model::{Frame, FrameKind};
+use std::collections::HashMap;
+
+use crate::{
+    model::{Frame, FrameKind},
+    python::{CodeResolver, Interpreter, PyFrameInfo},
+};
 
 /// Native functions that execute Python bytecode: each activation runs one
 /// or more Python frames.
@@ -48,24 +53,43 @@ pub fn merge(native: Vec<Frame>, python: Vec<Frame>, py_status: u32) -> Vec<Fram
     out
 }
 
-/// A resolved Python frame.
-pub struct PyFrameInfo {
-    pub qualname: String,
-    pub filename: String,
-    pub line: u32,
-}
-
-/// Resolves code objects of one process (wired to `crate::python`).
+/// Resolves one process's Python frames and GIL holders, reading its
+/// memory (through `crate::python`). Created on first need, kept for the
+/// recording: code objects are cached by address (with a reuse check).
 pub struct PyResolver {
-    _pid: u32,
+    interp: Interpreter,
+    code: CodeResolver,
+    /// `PyThreadState*` -> tid, refreshed when an unknown one shows up.
+    threads: HashMap<u64, u32>,
 }
 
 impl PyResolver {
+    /// None when `pid` is not a supported CPython (or is gone).
     pub fn for_pid(pid: u32) -> Option<PyResolver> {
-        Some(PyResolver { _pid: pid })
+        match crate::python::detect(pid) {
+            Ok(Some(interp)) => {
+                let code = interp.code_resolver();
+                Some(PyResolver { interp, code, threads: HashMap::new() })
+            }
+            Ok(None) => None,
+            Err(e) => {
+                log::warn!("pid {pid}: Python frames unavailable: {e}");
+                None
+            }
+        }
     }
 
-    pub fn resolve(&mut self, _code: u64, _instr: u64) -> Result<PyFrameInfo, ()> {
-        Err(())
+    pub fn resolve(&mut self, code: u64, instr: u64) -> Option<PyFrameInfo> {
+        self.code.resolve(code, instr).ok()
+    }
+
+    /// The thread that owns a `PyThreadState*`.
+    pub fn thread_of(&mut self, tstate: u64) -> Option<u32> {
+        if !self.threads.contains_key(&tstate)
+            && let Ok(all) = self.interp.thread_states()
+        {
+            self.threads = all.into_iter().map(|(tid, ts)| (ts, tid)).collect();
+        }
+        self.threads.get(&tstate).copied()
     }
 }

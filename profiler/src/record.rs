@@ -25,6 +25,7 @@ use crate::{
     render,
     stall::{Output, Tracker, TrackerConfig},
     symbolize::{BlazeResolver, to_stall},
+    unwind::{UnwindOutcome, Unwinder, UserRegs},
 };
 
 /// Validated `record` settings.
@@ -187,6 +188,8 @@ struct Session {
     executors: BTreeMap<u32, String>,
     events_out: Option<std::io::BufWriter<fs::File>>,
     parse_errors: u64,
+    unwinder: Unwinder,
+    agent_drops: BTreeMap<&'static str, u64>,
     target_gone: bool,
     comm: Option<String>,
 }
@@ -243,12 +246,33 @@ impl Session {
     }
 }
 
+/// Replace the frame-pointer user stack of a stack event with the one
+/// unwound from the copied stack bytes (`.eh_frame`), unless that failed
+/// early. Outcomes are counted into the recording's drops.
+fn unwind_user(sess: &mut Session, ev: &mut Event, bytes: &[u8]) {
+    let (Event::Sample { tgid, stack, .. } | Event::SwitchOut { tgid, stack, .. }) = ev else { return };
+    let Some((regs, copy)) = event::stack_copy(bytes) else { return };
+    let regs = UserRegs { ip: regs.ip, sp: regs.sp, bp: regs.bp };
+    let (addrs, outcome) = sess.unwinder.unwind(*tgid, &regs, copy);
+    match outcome {
+        UnwindOutcome::Complete => {}
+        UnwindOutcome::Truncated => *sess.agent_drops.entry("unwind_truncated").or_default() += 1,
+        UnwindOutcome::Failed => *sess.agent_drops.entry("unwind_failed").or_default() += 1,
+    }
+    if outcome != UnwindOutcome::Failed || addrs.len() >= stack.user.len() {
+        stack.user = addrs;
+    }
+}
+
 fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, sess: &mut Session, mut probes: Option<&mut Probes>) -> usize {
     let mut n = 0;
     while let Some(item) = ring.next() {
         n += 1;
         match event::parse(&item) {
-            Ok(ev) => sess.handle(ev, probes.as_deref_mut()),
+            Ok(mut ev) => {
+                unwind_user(sess, &mut ev, &item);
+                sess.handle(ev, probes.as_deref_mut())
+            }
             Err(e) => {
                 sess.parse_errors += 1;
                 if sess.parse_errors == 1 {
@@ -314,6 +338,8 @@ async fn record(cfg: RecordConfig) -> Result<String> {
         executors: BTreeMap::new(),
         events_out,
         parse_errors: 0,
+        unwinder: Unwinder::new(),
+        agent_drops: BTreeMap::new(),
         target_gone: false,
         comm: read_comm(pid, pid).filter(|_| launched.is_none()),
     };
@@ -383,6 +409,9 @@ async fn record(cfg: RecordConfig) -> Result<String> {
     }
     if sess.parse_errors > 0 {
         drops.insert("unparsable_events".into(), sess.parse_errors);
+    }
+    for (k, v) in &sess.agent_drops {
+        drops.insert((*k).to_string(), *v);
     }
     let lost_events = drops.get(profiler_common::Drop::RingbufFull.name()).copied().unwrap_or(0);
     let comm = sess.comm.clone().unwrap_or_else(|| match &cfg.target {

@@ -19,6 +19,9 @@
 //!   stall does not end the stall.
 //! * Busy time splits exactly into on-CPU, off-CPU blocked (switch-out to
 //!   wakeup) and run-queue wait (wakeup, or preemption, to switch-in).
+//!   Blocked time in a wait for a CPython GIL held by another thread (the
+//!   BPF side names the holder) is its own kind, `GilWait`; it counts in
+//!   `off_cpu_ns`.
 //! * On-CPU time is spread over the CPU-clock samples taken in the period in
 //!   proportion to their counts; off-CPU and run-queue time go to the stack
 //!   at switch-out. So a stall's part weights sum to its duration.
@@ -78,6 +81,8 @@ pub enum PartKind {
     OnCpu,
     OffCpu,
     Runqueue,
+    /// Off-CPU waiting for a CPython GIL another thread holds.
+    GilWait,
 }
 
 impl PartKind {
@@ -86,6 +91,7 @@ impl PartKind {
             PartKind::OnCpu => "on_cpu",
             PartKind::OffCpu => "off_cpu",
             PartKind::Runqueue => "runqueue",
+            PartKind::GilWait => "gil_wait",
         }
     }
 }
@@ -347,7 +353,8 @@ impl Tracker {
             off += blocked;
             runq += rq;
             if blocked > 0 {
-                parts.push(RawPart { stack: Some(stack), weight_ns: blocked, kind: PartKind::OffCpu, syscall, waker });
+                let kind = if self.stacks.get(stack).gil_holder != 0 { PartKind::GilWait } else { PartKind::OffCpu };
+                parts.push(RawPart { stack: Some(stack), weight_ns: blocked, kind, syscall, waker });
             }
             if rq > 0 {
                 parts.push(RawPart { stack: Some(stack), weight_ns: rq, kind: PartKind::Runqueue, syscall: None, waker: None });
@@ -498,7 +505,7 @@ mod tests {
         assert_eq!(s.len(), 1);
         let s = &s[0];
         assert_eq!(s.end_ns - s.start_ns, 80 * MS);
-        assert_eq!((s.on_cpu_ns, s.off_cpu_ns, s.runqueue_ns), (20 * MS, 60 * MS, 5 * MS));
+        assert_eq!((s.on_cpu_ns, s.off_cpu_ns, s.runqueue_ns), (15 * MS, 60 * MS, 5 * MS));
         let total: u64 = s.parts.iter().map(|p| p.weight_ns).sum();
         assert_eq!(total, 80 * MS);
         let off = s.parts.iter().find(|p| p.kind == PartKind::OffCpu).unwrap();

@@ -23,7 +23,7 @@ use blazesym::symbolize::{
 use log::debug;
 
 use crate::{
-    model::{Frame, FrameKind, StackPart, Stall},
+    model::{Frame, FrameKind, GilHolder, StackPart, Stall},
     pyframes::PyResolver,
     stall::{PartKind, RawStall, StackTable},
 };
@@ -35,6 +35,8 @@ pub trait Resolve {
     fn kernel(&mut self, addr: u64) -> Frame;
     /// Python frame from a code object address and instruction value.
     fn python(&mut self, pid: u32, code: u64, instr: u64) -> Frame;
+    /// The thread id and name of the thread owning a `PyThreadState*`.
+    fn python_thread(&mut self, pid: u32, tstate: u64) -> Option<(u32, String)>;
 }
 
 #[derive(Clone, Debug)]
@@ -159,10 +161,10 @@ impl BlazeResolver {
             .unwrap_or((None, None))
         };
         let (file, line) = loc(sym.code_info.as_deref());
-        let mut frames = vec![Frame { name: sym.name.to_string(), file, line, kind: FrameKind::Native }];
+        let mut frames = vec![Frame { name: sym.name.to_string(), file, line, kind: FrameKind::Native, module: None }];
         for f in sym.inlined.iter() {
             let (file, line) = loc(f.code_info.as_ref());
-            frames.push(Frame { name: f.name.to_string(), file, line, kind: FrameKind::Native });
+            frames.push(Frame { name: f.name.to_string(), file, line, kind: FrameKind::Native, module: None });
         }
         frames
     }
@@ -171,12 +173,12 @@ impl BlazeResolver {
 impl Resolve for BlazeResolver {
     fn user(&mut self, pid: u32, addr: u64) -> Vec<Frame> {
         let Some(m) = self.mapping(pid, addr) else {
-            return vec![Frame { name: format!("[unknown {addr:#x}]"), file: None, line: None, kind: FrameKind::Native }];
+            return vec![Frame::new(format!("[unknown {addr:#x}]"), FrameKind::Native)];
         };
         if !m.path.starts_with('/') {
             // [vdso], [heap], anonymous (JIT) memory.
             let name = if m.path.is_empty() { "[anon]".to_string() } else { m.path.clone() };
-            return vec![Frame { name, file: None, line: None, kind: FrameKind::Native }];
+            return vec![Frame { module: Some(name.clone()), ..Frame::new(name, FrameKind::Native) }];
         }
         let offset = addr - m.start + m.offset;
         let key = (m.path.clone(), offset);
@@ -185,9 +187,12 @@ impl Resolve for BlazeResolver {
         }
         let path = Self::open_path(pid, &m.path);
         let mut frames = self.symbolize_file(&path, offset);
+        let base = m.path.rsplit('/').next().unwrap_or(&m.path).to_string();
         if frames.is_empty() {
-            let base = m.path.rsplit('/').next().unwrap_or(&m.path);
-            frames.push(Frame { name: format!("[{base}+{offset:#x}]"), file: None, line: None, kind: FrameKind::Native });
+            frames.push(Frame::new(format!("[{base}+{offset:#x}]"), FrameKind::Native));
+        }
+        for f in frames.iter_mut() {
+            f.module = Some(base.clone());
         }
         self.user_cache.insert(key, frames.clone());
         frames
@@ -202,22 +207,28 @@ impl Resolve for BlazeResolver {
             Ok(Symbolized::Sym(sym)) => sym.name.to_string(),
             _ => format!("[kernel {addr:#x}]"),
         };
-        let f = Frame { name, file: None, line: None, kind: FrameKind::Kernel };
+        let f = Frame::new(name, FrameKind::Kernel);
         self.kernel_cache.insert(addr, f.clone());
         f
     }
 
     fn python(&mut self, pid: u32, code: u64, instr: u64) -> Frame {
         let resolver = self.python.entry(pid).or_insert_with(|| PyResolver::for_pid(pid));
-        match resolver.as_mut().and_then(|r| r.resolve(code, instr).ok()) {
+        match resolver.as_mut().and_then(|r| r.resolve(code, instr)) {
             Some(info) => Frame {
-                name: info.qualname,
                 file: Some(info.filename),
                 line: (info.line > 0).then_some(info.line),
-                kind: FrameKind::Python,
+                ..Frame::new(info.qualname, FrameKind::Python)
             },
             None => Frame::marker("[python ?]"),
         }
+    }
+
+    fn python_thread(&mut self, pid: u32, tstate: u64) -> Option<(u32, String)> {
+        let resolver = self.python.entry(pid).or_insert_with(|| PyResolver::for_pid(pid));
+        let tid = resolver.as_mut()?.thread_of(tstate)?;
+        let name = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).map(|s| s.trim_end().to_string());
+        Some((tid, name.unwrap_or_else(|_| "?".into())))
     }
 }
 
@@ -248,6 +259,16 @@ pub fn frames_of(res: &mut dyn Resolve, pid: u32, stacks: &StackTable, id: u32) 
     frames
 }
 
+fn gil_holder(res: &mut dyn Resolve, pid: u32, stacks: &StackTable, id: u32) -> GilHolder {
+    let raw = stacks.get(id);
+    let who = res.python_thread(pid, raw.gil_holder);
+    GilHolder {
+        tid: who.as_ref().map(|w| w.0),
+        thread_name: who.map(|w| w.1),
+        frames: raw.holder_python.iter().rev().map(|&(c, i)| res.python(pid, c, i)).collect(),
+    }
+}
+
 /// Symbolize a finished stall.
 pub fn to_stall(raw: &RawStall, stacks: &StackTable, res: &mut dyn Resolve, thread_name: &str) -> Stall {
     let mut parts: Vec<StackPart> = raw
@@ -267,8 +288,16 @@ pub fn to_stall(raw: &RawStall, stacks: &StackTable, res: &mut dyn Resolve, thre
                     syscall.as_deref().unwrap_or("no syscall")
                 ))),
                 PartKind::Runqueue => frames.push(Frame::marker("[runqueue]")),
+                PartKind::GilWait => {} // marked below, with the holder
             }
-            StackPart { frames, weight_ns: p.weight_ns, kind: p.kind, syscall, waker_tid: p.waker }
+            let gil_holder = match (p.kind, p.stack) {
+                (PartKind::GilWait, Some(id)) => Some(gil_holder(res, raw.tgid, stacks, id)),
+                _ => None,
+            };
+            if let Some(h) = &gil_holder {
+                frames.push(Frame::marker(format!("[gil wait: held by {}]", h.describe())));
+            }
+            StackPart { frames, weight_ns: p.weight_ns, kind: p.kind, syscall, waker_tid: p.waker, gil_holder }
         })
         .collect();
     parts.sort_by(|a, b| b.weight_ns.cmp(&a.weight_ns));
@@ -305,10 +334,13 @@ impl Resolve for TableResolver {
     }
     fn kernel(&mut self, addr: u64) -> Frame {
         let name = self.kernel.get(&format!("{addr:#x}")).cloned().unwrap_or_else(|| format!("[kernel {addr:#x}]"));
-        Frame { name, file: None, line: None, kind: FrameKind::Kernel }
+        Frame::new(name, FrameKind::Kernel)
     }
     fn python(&mut self, _pid: u32, code: u64, instr: u64) -> Frame {
         Frame::marker(format!("[python {code:#x}+{instr}]"))
+    }
+    fn python_thread(&mut self, _pid: u32, _tstate: u64) -> Option<(u32, String)> {
+        None
     }
 }
 

@@ -32,6 +32,7 @@ fn color(f: &Frame, label: &str) -> Color {
         FrameKind::Kernel => Color { r: 230, g: 140 + j, b: 30 },
         FrameKind::Marker if f.name.starts_with("[off-cpu") => Color { r: 70, g: 120 + j, b: 230 },
         FrameKind::Marker if f.name.starts_with("[runqueue") => Color { r: 160, g: 90, b: 210 },
+        FrameKind::Marker if f.name.starts_with("[gil") => Color { r: 40, g: 190 + j, b: 200 },
         FrameKind::Marker => Color { r: 160, g: 160, b: 160 },
     }
 }
@@ -59,7 +60,7 @@ pub fn render(rec: &Recording) -> Result<Vec<u8>, std::io::Error> {
         fmt_ns(rec.threshold_ns),
         fmt_ns(rec.total_stall_ns())
     );
-    opts.subtitle = Some("width = stall time; blue = off-CPU (blocked), purple = run-queue wait".into());
+    opts.subtitle = Some("width = stall time; blue = off-CPU (blocked), purple = run-queue wait, aqua = waiting for the GIL".into());
     opts.count_name = "us".into();
     opts.name_type = "Frame:".into();
     opts.palette_map = Some(&mut palette);

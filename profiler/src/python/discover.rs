@@ -1,0 +1,243 @@
+//! Finding the interpreter in a process: which mapped ELF holds `_PyRuntime`,
+//! where it is loaded, and which version it is.
+//!
+//! In: a pid. Out: [`Found`]: runtime addresses of the few symbols we need
+//! and the version. Files are opened through `/proc/PID/root` so a target in
+//! another mount namespace (a container) works. ELF parsing reads only the
+//! headers and dynamic symbol table (`object::ReadCache`), not whole files.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use object::read::ReadCache;
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+use super::PythonError;
+
+/// One line of /proc/PID/maps that maps a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub path: String,
+}
+
+/// Parses /proc/PID/maps text, keeping file-backed mappings.
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    text.lines()
+        .filter_map(|line| {
+            let mut it = line.split_ascii_whitespace();
+            let (range, _perms, offset, _dev, _inode) =
+                (it.next()?, it.next()?, it.next()?, it.next()?, it.next()?);
+            let path = it.collect::<Vec<_>>().join(" ");
+            if !path.starts_with('/') {
+                return None; // anonymous, [heap], [stack], ...
+            }
+            let (start, end) = range.split_once('-')?;
+            Some(Mapping {
+                start: u64::from_str_radix(start, 16).ok()?,
+                end: u64::from_str_radix(end, 16).ok()?,
+                offset: u64::from_str_radix(offset, 16).ok()?,
+                path,
+            })
+        })
+        .collect()
+}
+
+/// `libpython3.12.so.1.0`, `libpython3.13t.so`, `python3.11`, ... -> (3, minor).
+pub fn version_from_name(path: &str) -> Option<(u8, u8)> {
+    let name = path.rsplit('/').next()?;
+    let rest = name
+        .strip_prefix("libpython")
+        .or_else(|| name.strip_prefix("python"))?;
+    let (major, rest) = rest.split_once('.')?;
+    let minor: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// What [`find`] learned about a process's interpreter.
+#[derive(Clone, Debug)]
+pub struct Found {
+    /// Path of the ELF holding `_PyRuntime`, as the target sees it.
+    pub path: String,
+    /// Runtime address of `_PyRuntime`.
+    pub runtime: u64,
+    /// Runtime address of `Py_Version` (3.11+: a `const unsigned long`
+    /// holding `PY_VERSION_HEX`).
+    pub py_version: Option<u64>,
+    /// Runtime address of `PyCode_Type`, to recognise code objects.
+    pub code_type: Option<u64>,
+    /// (major, minor) from the file name, for 3.10 which has no `Py_Version`.
+    pub name_version: Option<(u8, u8)>,
+}
+
+/// Looks for `_PyRuntime` in the process's libpython, else in its main
+/// executable (a statically linked python). `Ok(None)`: not a Python.
+pub fn find(pid: u32) -> Result<Option<Found>, PythonError> {
+    let maps_path = PathBuf::from(format!("/proc/{pid}/maps"));
+    let text =
+        std::fs::read_to_string(&maps_path).map_err(|e| PythonError::open(pid, maps_path, e))?;
+    let maps = parse_maps(&text);
+
+    let mut by_path: HashMap<&str, Vec<&Mapping>> = HashMap::new();
+    for m in &maps {
+        by_path.entry(m.path.as_str()).or_default().push(m);
+    }
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let exe = exe
+        .as_deref()
+        .and_then(Path::to_str)
+        .map(|s| s.trim_end_matches(" (deleted)"));
+
+    // libpython first (shared builds), then the executable (static builds).
+    let mut candidates: Vec<&str> = by_path
+        .keys()
+        .copied()
+        .filter(|p| {
+            p.rsplit('/')
+                .next()
+                .is_some_and(|n| n.starts_with("libpython"))
+        })
+        .collect();
+    candidates.sort();
+    candidates.extend(exe.filter(|e| by_path.contains_key(e)));
+
+    for path in candidates {
+        let file_path = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        let Some(syms) = symbols(&file_path, &["_PyRuntime", "Py_Version", "PyCode_Type"])? else {
+            continue;
+        };
+        let Some(&runtime) = syms.values.get("_PyRuntime") else {
+            continue;
+        };
+        let bias =
+            load_bias(&by_path[path], &syms.load_segments).ok_or_else(|| PythonError::Elf {
+                path: file_path.clone(),
+                reason: "no mapping matches its first PT_LOAD segment".into(),
+            })?;
+        let at = |name: &str| syms.values.get(name).map(|v| v.wrapping_add(bias));
+        log::debug!("pid {pid}: _PyRuntime in {path}, load bias {bias:#x}");
+        return Ok(Some(Found {
+            path: path.to_string(),
+            runtime: runtime.wrapping_add(bias),
+            py_version: at("Py_Version"),
+            code_type: at("PyCode_Type"),
+            name_version: version_from_name(path),
+        }));
+    }
+    Ok(None)
+}
+
+struct Symbols {
+    values: HashMap<String, u64>,
+    /// (p_vaddr, p_offset) of PT_LOAD segments.
+    load_segments: Vec<(u64, u64)>,
+}
+
+/// Reads the wanted symbols' link-time addresses from an ELF file, dynamic
+/// symbols first, then the static table if the file still has one.
+/// `Ok(None)`: not an ELF file we can parse (not an error: keep looking).
+fn symbols(path: &Path, wanted: &[&str]) -> Result<Option<Symbols>, PythonError> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(PythonError::Io {
+                path: path.to_owned(),
+                source: e,
+            });
+        }
+    };
+    let cache = ReadCache::new(file);
+    let Ok(obj) = object::File::parse(&cache) else {
+        return Ok(None);
+    };
+    let mut values = HashMap::new();
+    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
+        if let Ok(name) = sym.name()
+            && wanted.contains(&name)
+            && sym.is_definition()
+            && !values.contains_key(name)
+        {
+            values.insert(name.to_string(), sym.address());
+        }
+    }
+    let load_segments = obj
+        .segments()
+        .map(|s| (s.address(), s.file_range().0))
+        .collect();
+    Ok(Some(Symbols {
+        values,
+        load_segments,
+    }))
+}
+
+/// Load bias = runtime address - link-time address, from the mapping that
+/// covers the file offset of the lowest PT_LOAD segment. 0 for non-PIE
+/// executables.
+fn load_bias(maps: &[&Mapping], segments: &[(u64, u64)]) -> Option<u64> {
+    const PAGE: u64 = 4096;
+    let &(vaddr, offset) = segments.iter().min_by_key(|(vaddr, _)| *vaddr)?;
+    let m = maps.iter().find(|m| m.offset == offset & !(PAGE - 1))?;
+    Some(m.start.wrapping_sub(vaddr & !(PAGE - 1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines_parse() {
+        let text = "\
+00400000-00420000 r--p 00000000 08:01 123   /usr/bin/python3.11
+7f0000000000-7f0000001000 rw-p 00000000 00:00 0 
+7f0000002000-7f0000003000 r-xp 00010000 08:01 77  /opt/my lib/libpython3.12.so.1.0
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0   [stack]
+";
+        let maps = parse_maps(text);
+        assert_eq!(maps.len(), 2);
+        assert_eq!(
+            maps[0],
+            Mapping {
+                start: 0x400000,
+                end: 0x420000,
+                offset: 0,
+                path: "/usr/bin/python3.11".into()
+            }
+        );
+        assert_eq!(maps[1].path, "/opt/my lib/libpython3.12.so.1.0");
+        assert_eq!(maps[1].offset, 0x10000);
+    }
+
+    #[test]
+    fn versions_from_file_names() {
+        assert_eq!(
+            version_from_name("/x/lib/libpython3.10.so.1.0"),
+            Some((3, 10))
+        );
+        assert_eq!(version_from_name("/usr/bin/python3.11"), Some((3, 11)));
+        assert_eq!(version_from_name("/x/libpython3.13t.so"), Some((3, 13)));
+        assert_eq!(version_from_name("/usr/bin/python3"), None);
+        assert_eq!(version_from_name("/usr/bin/node"), None);
+    }
+
+    #[test]
+    fn load_bias_of_pie_and_non_pie() {
+        let m = |start, offset| Mapping {
+            start,
+            end: start + 0x1000,
+            offset,
+            path: String::new(),
+        };
+        let (a, b) = (m(0x7f00_0000_0000, 0), m(0x7f00_0000_5000, 0x5000));
+        assert_eq!(
+            load_bias(&[&a, &b], &[(0x5000, 0x5000), (0, 0)]),
+            Some(0x7f00_0000_0000)
+        );
+        let exe = m(0x400000, 0);
+        assert_eq!(load_bias(&[&exe], &[(0x400000, 0)]), Some(0));
+    }
+}

@@ -1,0 +1,380 @@
+//! CPython interpreter state, read from outside the process.
+//!
+//! In: a pid. Out: an [`Interpreter`] (version, the [`PyOffsets`] for BPF,
+//! TID -> `PyThreadState*` pairs, the GIL holder), a userspace frame walk
+//! ([`Interpreter::walk_stack`]) and a [`CodeResolver`] that turns frame
+//! records into qualified names, files and lines.
+//!
+//! Constraints: read-only and without ptrace, through `/proc/PID/maps` and
+//! `/proc/PID/mem` (root or `CAP_SYS_PTRACE`); the target keeps running, so
+//! every read may be stale or torn, and loops and sizes are bounded. Layouts
+//! come from one table ([`offsets`]) with one row per supported minor
+//! version, chosen from the target's own `Py_Version` (3.11+) or its file
+//! name (3.10) and, for 3.13, cross-checked against the interpreter's
+//! `_Py_DebugOffsets`. An unknown version is an error, never a guess.
+//! x86-64 Linux with glibc only (3.10's thread mapping reads glibc's
+//! `struct pthread`).
+
+mod code;
+mod discover;
+mod linetable;
+mod memory;
+pub mod offsets;
+mod walk;
+
+use std::collections::HashSet;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use code::{CodeResolver, PyFrameInfo};
+pub use discover::{Mapping, parse_maps};
+pub use linetable::{LineRange, LineTableFormat};
+pub use memory::ProcessMemory;
+pub use offsets::{GilFields, Layout};
+pub use profiler_common::python::{PY_MAX_FRAMES, PyFrame, PyOffsets};
+
+/// Interpreters per process and threads per interpreter followed before we
+/// assume a torn or cyclic list.
+const MAX_INTERPRETERS: usize = 256;
+const MAX_THREADS: usize = 1 << 16;
+
+/// Why reading a Python process failed; each message names the remedy.
+#[derive(Debug, thiserror::Error)]
+pub enum PythonError {
+    #[error("process {pid} not found: it exited, or the pid is wrong")]
+    NoSuchProcess { pid: u32 },
+    #[error(
+        "permission denied reading {} of process {pid}: run as root, or grant CAP_SYS_PTRACE",
+        path.display()
+    )]
+    PermissionDenied { pid: u32, path: PathBuf },
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "cannot read {len} bytes at {addr:#x} in process {pid}: {source} \
+         (the process exited or unmapped that memory; retry while it runs)"
+    )]
+    Read {
+        pid: u32,
+        addr: u64,
+        len: usize,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot use ELF file {}: {reason}", path.display())]
+    Elf { path: PathBuf, reason: String },
+    #[error(
+        "unsupported Python {found}: stallprof reads CPython {supported}; \
+         run the target under one of those",
+        supported = SUPPORTED_DISPLAY
+    )]
+    Unsupported { found: String },
+    #[error(
+        "CPython {version} does not match stallprof's layout table at {field} \
+         (table {table}, target {target}): this build is not supported yet; \
+         report it with the output of `python -VV`"
+    )]
+    LayoutMismatch {
+        version: String,
+        field: &'static str,
+        table: u64,
+        target: u64,
+    },
+    #[error(
+        "cannot map the Python threads of process {pid} to kernel thread ids ({detail}); \
+         Python 3.10 support needs glibc on x86-64: use Python 3.11+ otherwise"
+    )]
+    ThreadMapping { pid: u32, detail: String },
+    #[error(
+        "unexpected {what} at {addr:#x} in process {pid}: it changed while we read it, \
+         or the layout table is wrong for this build; retry, and report it if it persists"
+    )]
+    BadData {
+        pid: u32,
+        what: &'static str,
+        addr: u64,
+    },
+}
+
+/// Kept in sync with [`offsets::SUPPORTED`] by a test.
+const SUPPORTED_DISPLAY: &str = "3.10, 3.11, 3.12 and 3.13";
+
+impl PythonError {
+    fn open(pid: u32, path: PathBuf, e: io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::NotFound => PythonError::NoSuchProcess { pid },
+            io::ErrorKind::PermissionDenied => PythonError::PermissionDenied { pid, path },
+            _ => PythonError::Io { path, source: e },
+        }
+    }
+}
+
+/// Addresses of the GIL's fields in the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GilAddrs {
+    /// `int locked`: 1 while some thread holds the GIL.
+    pub locked: u64,
+    /// `PyThreadState* last_holder`: the holder while `locked` is 1.
+    pub last_holder: u64,
+}
+
+/// A CPython interpreter found in a live process.
+#[derive(Debug)]
+pub struct Interpreter {
+    pid: u32,
+    path: String,
+    version: (u8, u8),
+    version_string: String,
+    runtime: u64,
+    code_type: Option<u64>,
+    layout: Layout,
+    mem: Arc<ProcessMemory>,
+}
+
+/// Finds the CPython interpreter in process `pid`. `Ok(None)`: not a Python
+/// process (no mapped ELF exports `_PyRuntime`).
+pub fn detect(pid: u32) -> Result<Option<Interpreter>, PythonError> {
+    let Some(found) = discover::find(pid)? else {
+        return Ok(None);
+    };
+    let mem = ProcessMemory::open(pid)?;
+    let (version, version_string) = match (found.py_version, found.name_version) {
+        (Some(addr), _) => {
+            // `const unsigned long Py_Version = PY_VERSION_HEX;`
+            let hex = mem.read_u64(addr)? as u32;
+            (
+                (((hex >> 24) as u8), ((hex >> 16) & 0xff) as u8),
+                offsets::hex_version(hex),
+            )
+        }
+        (None, Some((major, minor))) => ((major, minor), format!("{major}.{minor}")),
+        (None, None) => {
+            return Err(PythonError::Unsupported {
+                found: format!(
+                    "of unknown version in {} (no Py_Version symbol, no version in the file name)",
+                    found.path
+                ),
+            });
+        }
+    };
+    let layout = offsets::layout(version.0, version.1).ok_or_else(|| PythonError::Unsupported {
+        found: format!("{version_string} ({})", found.path),
+    })?;
+    if version == (3, 13) {
+        offsets::check_debug_offsets(&mem, found.runtime, &layout)?;
+    }
+    log::debug!(
+        "pid {pid}: CPython {version_string} in {}, _PyRuntime at {:#x}",
+        found.path,
+        found.runtime
+    );
+    Ok(Some(Interpreter {
+        pid,
+        path: found.path,
+        version,
+        version_string,
+        runtime: found.runtime,
+        code_type: found.code_type,
+        layout,
+        mem: Arc::new(mem),
+    }))
+}
+
+impl Interpreter {
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// `(major, minor)`, e.g. `(3, 12)`.
+    pub fn version(&self) -> (u8, u8) {
+        self.version
+    }
+
+    /// Full version when the target says it (`3.11.7`), else `3.10`.
+    pub fn version_string(&self) -> &str {
+        &self.version_string
+    }
+
+    /// The ELF (libpython or the executable) that holds the interpreter.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// What BPF needs to walk frames of this interpreter.
+    pub fn offsets(&self) -> PyOffsets {
+        self.layout.bpf
+    }
+
+    /// The full layout row (userspace offsets included).
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Address of `_PyRuntime` in the target.
+    pub fn runtime_addr(&self) -> u64 {
+        self.runtime
+    }
+
+    pub fn memory(&self) -> &ProcessMemory {
+        &self.mem
+    }
+
+    /// `(TID, PyThreadState*)` of every thread state of every interpreter,
+    /// whose thread is alive. Call again as threads come and go.
+    pub fn thread_states(&self) -> Result<Vec<(u32, u64)>, PythonError> {
+        let l = &self.layout;
+        let mem = &self.mem;
+        let live = self.live_tids()?;
+        let (mut seen, mut out, mut unmapped) = (0usize, Vec::new(), Vec::new());
+        let mut interp = mem.read_u64(self.runtime + u64::from(l.runtime_interpreters_head))?;
+        for _ in 0..MAX_INTERPRETERS {
+            if interp == 0 {
+                break;
+            }
+            let mut ts = mem.read_u64(interp + u64::from(l.interp_threads_head))?;
+            for _ in 0..MAX_THREADS {
+                if ts == 0 {
+                    break;
+                }
+                seen += 1;
+                let tid = self.tid_of(ts)?;
+                if live.contains(&tid) {
+                    out.push((tid, ts));
+                } else {
+                    unmapped.push(tid); // exited thread, or a wrong mapping (checked below)
+                }
+                ts = mem.read_u64(ts + u64::from(l.tstate_next))?;
+            }
+            interp = mem.read_u64(interp + u64::from(l.interp_next))?;
+        }
+        if seen > 0 && out.is_empty() {
+            return Err(PythonError::ThreadMapping {
+                pid: self.pid,
+                detail: format!(
+                    "{seen} thread states, none maps to a live task; got tids {unmapped:?}"
+                ),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The TID of the thread owning a thread state.
+    fn tid_of(&self, tstate: u64) -> Result<u32, PythonError> {
+        let l = &self.layout;
+        match l.tstate_native_thread_id {
+            Some(off) => Ok(self.mem.read_u64(tstate + u64::from(off))? as u32),
+            None => {
+                // 3.10: thread_id is the pthread_t, i.e. glibc's struct pthread*.
+                let pthread = self.mem.read_u64(tstate + u64::from(l.tstate_thread_id))?;
+                if pthread == 0 {
+                    return Ok(0);
+                }
+                self.mem.read_u32(pthread + offsets::GLIBC_PTHREAD_TID)
+            }
+        }
+    }
+
+    fn live_tids(&self) -> Result<HashSet<u32>, PythonError> {
+        let dir = PathBuf::from(format!("/proc/{}/task", self.pid));
+        let entries =
+            std::fs::read_dir(&dir).map_err(|e| PythonError::open(self.pid, dir.clone(), e))?;
+        Ok(entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect())
+    }
+
+    /// Where the GIL of the main interpreter lives. 3.10/3.11 keep it in
+    /// `_PyRuntime.ceval.gil`; 3.12+ in `*interp->ceval.gil`, read now (it is
+    /// set once at interpreter start).
+    pub fn gil_addrs(&self) -> Result<GilAddrs, PythonError> {
+        let l = &self.layout;
+        let (base, fields) = match (l.runtime_gil, l.interp_gil_ptr) {
+            (Some(f), _) => (self.runtime, f),
+            (None, Some((ptr_off, f))) => {
+                let interp = self
+                    .mem
+                    .read_u64(self.runtime + u64::from(l.runtime_interpreters_main))?;
+                if interp == 0 {
+                    return Err(self.bad(
+                        "main interpreter pointer (interpreter not initialised)",
+                        self.runtime,
+                    ));
+                }
+                let gil = self.mem.read_u64(interp + u64::from(ptr_off))?;
+                if gil == 0 {
+                    return Err(self.bad("GIL pointer (interp->ceval.gil)", interp));
+                }
+                (gil, f)
+            }
+            (None, None) => unreachable!("every layout row locates the GIL"),
+        };
+        Ok(GilAddrs {
+            locked: base + u64::from(fields.locked),
+            last_holder: base + u64::from(fields.last_holder),
+        })
+    }
+
+    /// The `PyThreadState*` holding the GIL now, `None` if it is free.
+    pub fn gil_holder(&self) -> Result<Option<u64>, PythonError> {
+        let a = self.gil_addrs()?;
+        if self.mem.read_u32(a.locked)? == 0 {
+            return Ok(None);
+        }
+        Ok(Some(self.mem.read_u64(a.last_holder)?).filter(|&t| t != 0))
+    }
+
+    /// The frames of a thread state, newest first, as BPF would record them.
+    pub fn walk_stack(&self, tstate: u64) -> Result<Vec<PyFrame>, PythonError> {
+        walk::walk_stack(&self.mem, &self.layout.bpf, tstate)
+    }
+
+    /// A resolver for frames of this process (keep it: it caches).
+    pub fn code_resolver(&self) -> CodeResolver {
+        CodeResolver::new(Arc::clone(&self.mem), self.layout, self.code_type)
+    }
+
+    fn bad(&self, what: &'static str, addr: u64) -> PythonError {
+        PythonError::BadData {
+            pid: self.pid,
+            what,
+            addr,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsupported_names_found_and_supported_versions() {
+        let msg = PythonError::Unsupported {
+            found: "3.9.18 (/usr/lib/libpython3.9.so)".into(),
+        }
+        .to_string();
+        assert!(msg.contains("3.9.18"), "{msg}");
+        for (major, minor) in offsets::SUPPORTED {
+            assert!(
+                msg.contains(&format!("{major}.{minor}")),
+                "{msg} lacks {major}.{minor}"
+            );
+        }
+    }
+
+    #[test]
+    fn not_python_is_none() {
+        // This test binary is a Rust program without libpython.
+        assert!(detect(std::process::id()).unwrap().is_none());
+    }
+
+    #[test]
+    fn missing_process_names_the_pid() {
+        let err = detect(u32::MAX - 1).unwrap_err();
+        assert!(matches!(err, PythonError::NoSuchProcess { .. }), "{err}");
+    }
+}

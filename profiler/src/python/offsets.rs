@@ -1,0 +1,420 @@
+//! Per-version CPython struct layouts (x86-64), one table, each row with its
+//! provenance.
+//!
+//! In: `(major, minor)` of the target. Out: a [`Layout`]: the
+//! [`PyOffsets`] handed to BPF plus the offsets only userspace needs
+//! (thread discovery, GIL, code objects, strings). A version without a row
+//! is an error, never a guess. For 3.13 the row is also checked against the
+//! `_Py_DebugOffsets` the interpreter carries at the start of `_PyRuntime`
+//! ([`check_debug_offsets`]), so a patch release that moved a field fails at
+//! attach instead of producing garbage.
+//!
+//! Provenance key: "gdb X.Y.Z" = `gdb -batch -ex 'print (unsigned
+//! long)&((T*)0)->field'` / `ptype /o T` on
+//! `/root/.pyenv/versions/X.Y.Z/lib/libpythonX.Y.so.1.0` (full DWARF), run
+//! while writing this table; "runtime" = the root integration test
+//! `tests/python_frames.rs` walking a live victim of that build.
+
+use profiler_common::python::{
+    PY_FRAME_MODEL_FRAME_OBJECT, PY_FRAME_MODEL_INTERPRETER_FRAME, PY_OFFSET_NONE, PY_OWNER_NONE,
+    PyOffsets,
+};
+
+use super::PythonError;
+use super::linetable::LineTableFormat;
+use super::memory::{ProcessMemory, le_u64};
+
+/// Versions with a row, for error messages.
+pub const SUPPORTED: &[(u8, u8)] = &[(3, 10), (3, 11), (3, 12), (3, 13)];
+
+/// Everything userspace reads in a target of one minor version.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    /// The frame walk, shared with BPF.
+    pub bpf: PyOffsets,
+
+    /// `_PyRuntimeState.interpreters.head` / `.main`.
+    pub runtime_interpreters_head: u32,
+    pub runtime_interpreters_main: u32,
+    /// `_PyRuntimeState.ceval.gil.{locked,last_holder}` (3.10, 3.11: one GIL
+    /// in the runtime); `None` when the GIL hangs off the interpreter.
+    pub runtime_gil: Option<GilFields>,
+
+    /// `PyInterpreterState.next` / `threads.head` (3.10: `tstate_head`).
+    pub interp_next: u32,
+    pub interp_threads_head: u32,
+    /// `PyInterpreterState.ceval.gil`, a `struct _gil_runtime_state*` (3.12+),
+    /// and the fields inside it.
+    pub interp_gil_ptr: Option<(u32, GilFields)>,
+
+    /// `PyThreadState.next`.
+    pub tstate_next: u32,
+    /// `PyThreadState.thread_id` (the `pthread_t`).
+    pub tstate_thread_id: u32,
+    /// `PyThreadState.native_thread_id` (3.11+); 3.10 maps `thread_id`
+    /// through glibc's `struct pthread` instead.
+    pub tstate_native_thread_id: Option<u32>,
+
+    /// `PyCodeObject` fields.
+    pub code_filename: u32,
+    pub code_name: u32,
+    /// `co_qualname` (3.11+); 3.10 names frames by `co_name`.
+    pub code_qualname: Option<u32>,
+    pub code_firstlineno: u32,
+    pub code_linetable: u32,
+    pub linetable_format: LineTableFormat,
+
+    /// `PyUnicodeObject`: data of a compact ASCII string starts right after
+    /// `PyASCIIObject`, of any other compact string after
+    /// `PyCompactUnicodeObject`.
+    pub unicode_ascii_data: u32,
+    pub unicode_compact_data: u32,
+}
+
+/// Fields of `struct _gil_runtime_state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GilFields {
+    /// `locked` (an `int` / `_Py_atomic_int`).
+    pub locked: u32,
+    /// `last_holder` (a `PyThreadState*`): the holder while `locked` is 1.
+    pub last_holder: u32,
+}
+
+/// Version-independent (every supported version, gdb 3.10.13..3.13.0).
+pub const OB_TYPE: u64 = 8; // PyObject.ob_type
+pub const VAR_OB_SIZE: u64 = 16; // PyVarObject.ob_size
+pub const BYTES_OB_SVAL: u64 = 32; // PyBytesObject.ob_sval
+pub const UNICODE_LENGTH: u64 = 16; // PyASCIIObject.length
+pub const UNICODE_STATE: u64 = 32; // PyASCIIObject.state: interned:2 kind:3 compact:1 ascii:1
+/// glibc x86-64 `struct pthread.tid` (`pthread_t` is the `struct pthread*`).
+/// Checked on glibc 2.36 (Debian 12): `*(int*)(pthread_self() + 720) ==
+/// gettid()` for the main and a second thread; each mapped TID is also
+/// checked against /proc/PID/task at use.
+pub const GLIBC_PTHREAD_TID: u64 = 720;
+
+/// The table. One row per minor version; patch releases of a minor version
+/// share struct layouts (CPython's ABI rule for these internals in practice,
+/// and checked for Debian's 3.11.2 against pyenv's 3.11.7 at runtime).
+pub fn layout(major: u8, minor: u8) -> Option<Layout> {
+    let gil = GilFields {
+        locked: 16,
+        last_holder: 8,
+    }; // gdb 3.10.13..3.13.0: ptype /o struct _gil_runtime_state
+    let row = match (major, minor) {
+        // 3.10: gdb 3.10.13; runtime 3.10.13.
+        (3, 10) => Layout {
+            bpf: PyOffsets {
+                version: 0x030a,
+                frame_model: PY_FRAME_MODEL_FRAME_OBJECT,
+                tstate_frame: 24, // PyThreadState.frame
+                cframe_current_frame: PY_OFFSET_NONE,
+                frame_code: 32,     // PyFrameObject.f_code
+                frame_previous: 24, // PyFrameObject.f_back
+                frame_instr: 96,    // PyFrameObject.f_lasti (int)
+                frame_instr_size: 4,
+                frame_owner: PY_OFFSET_NONE,
+                owner_cstack: PY_OWNER_NONE,
+                code_adaptive: 0,
+                _pad0: 0,
+                code_tag_mask: 0,
+            },
+            runtime_interpreters_head: 32,
+            runtime_interpreters_main: 40,
+            runtime_gil: Some(GilFields {
+                locked: 352 + 16,
+                last_holder: 352 + 8,
+            }), // ceval.gil.locked 368, last_holder 360
+            interp_next: 0,
+            interp_threads_head: 8, // tstate_head
+            interp_gil_ptr: None,
+            tstate_next: 8,
+            tstate_thread_id: 176,
+            tstate_native_thread_id: None,
+            code_filename: 104,
+            code_name: 112,
+            code_qualname: None,
+            code_firstlineno: 40,
+            code_linetable: 120,
+            linetable_format: LineTableFormat::Pep626,
+            unicode_ascii_data: 48,   // sizeof(PyASCIIObject)
+            unicode_compact_data: 72, // sizeof(PyCompactUnicodeObject)
+        },
+        // 3.11: gdb 3.11.7; runtime 3.11.7 and Debian /usr/bin/python3.11 (3.11.2).
+        (3, 11) => Layout {
+            bpf: PyOffsets {
+                version: 0x030b,
+                frame_model: PY_FRAME_MODEL_INTERPRETER_FRAME,
+                tstate_frame: 56,        // PyThreadState.cframe
+                cframe_current_frame: 8, // _PyCFrame.current_frame
+                frame_code: 32,          // _PyInterpreterFrame.f_code
+                frame_previous: 48,      // _PyInterpreterFrame.previous
+                frame_instr: 56,         // _PyInterpreterFrame.prev_instr
+                frame_instr_size: 8,
+                frame_owner: 69,             // _PyInterpreterFrame.owner (char)
+                owner_cstack: PY_OWNER_NONE, // enum _frameowner has no FRAME_OWNED_BY_CSTACK
+                code_adaptive: 184,          // PyCodeObject.co_code_adaptive
+                _pad0: 0,
+                code_tag_mask: 0,
+            },
+            runtime_interpreters_head: 40,
+            runtime_interpreters_main: 48,
+            runtime_gil: Some(GilFields {
+                locked: 360 + 16,
+                last_holder: 360 + 8,
+            }), // ceval.gil.locked 376, last_holder 368
+            interp_next: 0,
+            interp_threads_head: 16,
+            interp_gil_ptr: None,
+            tstate_next: 8,
+            tstate_thread_id: 152,
+            tstate_native_thread_id: Some(160),
+            code_filename: 112,
+            code_name: 120,
+            code_qualname: Some(128),
+            code_firstlineno: 72,
+            code_linetable: 136,
+            linetable_format: LineTableFormat::Locations,
+            unicode_ascii_data: 48,
+            unicode_compact_data: 72,
+        },
+        // 3.12: gdb 3.12.1; runtime 3.12.1.
+        (3, 12) => Layout {
+            bpf: PyOffsets {
+                version: 0x030c,
+                frame_model: PY_FRAME_MODEL_INTERPRETER_FRAME,
+                tstate_frame: 56,        // PyThreadState.cframe
+                cframe_current_frame: 0, // _PyCFrame.current_frame
+                frame_code: 0,           // _PyInterpreterFrame.f_code
+                frame_previous: 8,       // _PyInterpreterFrame.previous
+                frame_instr: 56,         // _PyInterpreterFrame.prev_instr
+                frame_instr_size: 8,
+                frame_owner: 70,    // _PyInterpreterFrame.owner (char)
+                owner_cstack: 3,    // FRAME_OWNED_BY_CSTACK
+                code_adaptive: 192, // PyCodeObject.co_code_adaptive
+                _pad0: 0,
+                code_tag_mask: 0,
+            },
+            runtime_interpreters_head: 40,
+            runtime_interpreters_main: 48,
+            runtime_gil: None,
+            interp_next: 0,
+            interp_threads_head: 72,
+            interp_gil_ptr: Some((384, gil)), // PyInterpreterState.ceval.gil
+            tstate_next: 8,
+            tstate_thread_id: 136,
+            tstate_native_thread_id: Some(144),
+            code_filename: 112,
+            code_name: 120,
+            code_qualname: Some(128),
+            code_firstlineno: 68,
+            code_linetable: 136,
+            linetable_format: LineTableFormat::Locations,
+            unicode_ascii_data: 40,   // sizeof(PyASCIIObject): wstr is gone
+            unicode_compact_data: 56, // sizeof(PyCompactUnicodeObject)
+        },
+        // 3.13: gdb 3.13.0; runtime 3.13.0; cross-checked at every attach
+        // against the target's _Py_DebugOffsets (check_debug_offsets).
+        (3, 13) => Layout {
+            bpf: PyOffsets {
+                version: 0x030d,
+                frame_model: PY_FRAME_MODEL_INTERPRETER_FRAME,
+                tstate_frame: 72,                     // PyThreadState.current_frame
+                cframe_current_frame: PY_OFFSET_NONE, // _PyCFrame is gone
+                frame_code: 0,                        // _PyInterpreterFrame.f_executable
+                frame_previous: 8,                    // _PyInterpreterFrame.previous
+                frame_instr: 56,                      // _PyInterpreterFrame.instr_ptr
+                frame_instr_size: 8,
+                frame_owner: 70,    // _PyInterpreterFrame.owner (char)
+                owner_cstack: 3,    // FRAME_OWNED_BY_CSTACK (f_executable is Py_None)
+                code_adaptive: 200, // PyCodeObject.co_code_adaptive
+                _pad0: 0,
+                code_tag_mask: 0,
+            },
+            runtime_interpreters_head: 632,
+            runtime_interpreters_main: 640,
+            runtime_gil: None,
+            interp_next: 7264,
+            interp_threads_head: 7344,
+            interp_gil_ptr: Some((16, gil)), // PyInterpreterState.ceval.gil
+            tstate_next: 8,
+            tstate_thread_id: 152,
+            tstate_native_thread_id: Some(160),
+            code_filename: 112,
+            code_name: 120,
+            code_qualname: Some(128),
+            code_firstlineno: 68,
+            code_linetable: 136,
+            linetable_format: LineTableFormat::Locations,
+            unicode_ascii_data: 40,
+            unicode_compact_data: 56,
+        },
+        _ => return None,
+    };
+    Some(row)
+}
+
+/// `_Py_DebugOffsets` as laid out by 3.13 (gdb 3.13.0: `ptype /o struct
+/// _Py_DebugOffsets`, 584 bytes). 3.14 extends the struct, so this reader is
+/// for 3.13 only.
+mod debug_3_13 {
+    pub const SIZE: usize = 584;
+    pub const COOKIE: &[u8; 8] = b"xdebugpy";
+    pub const VERSION: usize = 8;
+    pub const FREE_THREADED: usize = 16;
+}
+
+/// Compares the 3.13 row with the target's own `_Py_DebugOffsets`.
+pub fn check_debug_offsets(
+    mem: &ProcessMemory,
+    runtime_addr: u64,
+    layout: &Layout,
+) -> Result<(), PythonError> {
+    use debug_3_13::*;
+    let buf = mem.read_bytes(runtime_addr, SIZE)?;
+    if &buf[..8] != COOKIE {
+        return Err(PythonError::LayoutMismatch {
+            version: "3.13".into(),
+            field: "_Py_DebugOffsets.cookie",
+            table: u64::from_le_bytes(*COOKIE),
+            target: le_u64(&buf, 0),
+        });
+    }
+    let hex = le_u64(&buf, VERSION);
+    if le_u64(&buf, FREE_THREADED) != 0 {
+        return Err(PythonError::Unsupported {
+            found: format!("{} (free-threaded build)", hex_version(hex as u32)),
+        });
+    }
+    let b = &layout.bpf;
+    let gil = layout.interp_gil_ptr.expect("3.13 row has interp_gil_ptr");
+    // (field name, position in _Py_DebugOffsets, our table's value)
+    let checks: &[(&'static str, usize, u64)] = &[
+        (
+            "runtime_state.interpreters_head",
+            40,
+            layout.runtime_interpreters_head.into(),
+        ),
+        ("interpreter_state.next", 64, layout.interp_next.into()),
+        (
+            "interpreter_state.threads_head",
+            72,
+            layout.interp_threads_head.into(),
+        ),
+        ("interpreter_state.ceval_gil", 112, gil.0.into()),
+        ("thread_state.next", 168, layout.tstate_next.into()),
+        ("thread_state.current_frame", 184, b.tstate_frame.into()),
+        (
+            "thread_state.thread_id",
+            192,
+            layout.tstate_thread_id.into(),
+        ),
+        (
+            "thread_state.native_thread_id",
+            200,
+            layout.tstate_native_thread_id.unwrap_or(0).into(),
+        ),
+        ("interpreter_frame.previous", 232, b.frame_previous.into()),
+        ("interpreter_frame.executable", 240, b.frame_code.into()),
+        ("interpreter_frame.instr_ptr", 248, b.frame_instr.into()),
+        ("interpreter_frame.owner", 264, b.frame_owner.into()),
+        ("code_object.filename", 280, layout.code_filename.into()),
+        ("code_object.name", 288, layout.code_name.into()),
+        (
+            "code_object.qualname",
+            296,
+            layout.code_qualname.unwrap_or(0).into(),
+        ),
+        ("code_object.linetable", 304, layout.code_linetable.into()),
+        (
+            "code_object.firstlineno",
+            312,
+            layout.code_firstlineno.into(),
+        ),
+        ("code_object.co_code_adaptive", 344, b.code_adaptive.into()),
+        ("pyobject.ob_type", 360, OB_TYPE),
+        ("bytes_object.ob_size", 520, VAR_OB_SIZE),
+        ("bytes_object.ob_sval", 528, BYTES_OB_SVAL),
+        ("unicode_object.state", 544, UNICODE_STATE),
+        ("unicode_object.length", 552, UNICODE_LENGTH),
+        (
+            "unicode_object.asciiobject_size",
+            560,
+            layout.unicode_ascii_data.into(),
+        ),
+    ];
+    // The GIL fields are given relative to the interpreter (its embedded
+    // `_gil` at `gil_runtime_state`); the table has them relative to the
+    // `_gil_runtime_state` that `ceval.gil` points to.
+    let gil_base = le_u64(&buf, 120);
+    let gil_checks: &[(&'static str, usize, u64)] = &[
+        (
+            "interpreter_state.gil_runtime_state_locked",
+            136,
+            gil.1.locked.into(),
+        ),
+        (
+            "interpreter_state.gil_runtime_state_holder",
+            144,
+            gil.1.last_holder.into(),
+        ),
+    ];
+    let absolute = checks.iter().map(|&(f, pos, t)| (f, le_u64(&buf, pos), t));
+    let relative = gil_checks
+        .iter()
+        .map(|&(f, pos, t)| (f, le_u64(&buf, pos).wrapping_sub(gil_base), t));
+    for (field, target, table) in absolute.chain(relative) {
+        if target != table {
+            return Err(PythonError::LayoutMismatch {
+                version: hex_version(hex as u32),
+                field,
+                table,
+                target,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `PY_VERSION_HEX` (e.g. `0x030b07f0`) -> "3.11.7" (+ "a1"/"b2"/"rc1").
+pub fn hex_version(hex: u32) -> String {
+    let (major, minor, micro) = (hex >> 24, (hex >> 16) & 0xff, (hex >> 8) & 0xff);
+    let level = match (hex >> 4) & 0xf {
+        0xa => "a",
+        0xb => "b",
+        0xc => "rc",
+        _ => "",
+    };
+    let serial = hex & 0xf;
+    if level.is_empty() {
+        format!("{major}.{minor}.{micro}")
+    } else {
+        format!("{major}.{minor}.{micro}{level}{serial}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_versions_render() {
+        assert_eq!(hex_version(0x030b07f0), "3.11.7");
+        assert_eq!(hex_version(0x030d00a3), "3.13.0a3");
+        assert_eq!(hex_version(0x030e00c1), "3.14.0rc1");
+    }
+
+    #[test]
+    fn every_supported_version_has_a_consistent_row() {
+        for &(major, minor) in SUPPORTED {
+            let row = layout(major, minor).expect("row");
+            assert_eq!(row.bpf.major_minor(), (major, minor));
+            let interp_frames = row.bpf.frame_model == PY_FRAME_MODEL_INTERPRETER_FRAME;
+            assert_eq!(interp_frames, row.bpf.frame_instr_size == 8);
+            assert_eq!(interp_frames, row.bpf.code_adaptive != 0);
+            assert_eq!(interp_frames, row.tstate_native_thread_id.is_some());
+            assert_eq!(row.runtime_gil.is_some(), row.interp_gil_ptr.is_none());
+        }
+        assert!(layout(3, 9).is_none());
+        assert!(layout(3, 14).is_none());
+    }
+}

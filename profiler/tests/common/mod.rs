@@ -1,0 +1,733 @@
+//! Shared helpers for the root integration tests: victims in, verdicts out.
+//!
+//! The tests run real victim programs (tests/victims/), record them with the
+//! `stallprof` binary, and compare `stalls.json` / `stalls.folded` /
+//! `stalls.svg` with the victim's own CLOCK_MONOTONIC log. Truth comes from the
+//! victim: assertions are about function names, lines and durations, never
+//! addresses.
+//!
+//! Constraints:
+//! - Root and a working bpf(2) are required. Without them a test FAILS with a
+//!   message saying why; `STALLPROF_SKIP_ROOT_TESTS=1` turns that into a loud
+//!   SKIPPED line (for non-root dev machines only; CI runs as root).
+//! - Every child process is killed in `Drop`, and every wait has a deadline, so
+//!   a broken profiler fails a test instead of hanging it.
+//! - Recording tests in one test binary run one at a time (`serial()`): two
+//!   profilers at once on a 2-core machine would distort the durations under
+//!   test, and the BPF-leak check must not see another run's programs.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+
+pub const MS: u64 = 1_000_000;
+
+pub fn stallprof_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_stallprof")
+}
+
+pub fn victims_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/victims")
+}
+
+/// One recording at a time per test binary (see module docs).
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+// ---------------------------------------------------------------------------
+// Preconditions
+
+/// Returns true if the test should run. Panics (fails the test) when not root
+/// or when BPF is unusable, unless STALLPROF_SKIP_ROOT_TESTS=1.
+pub fn require_root_and_bpf(test: &str) -> bool {
+    let problem = root_and_bpf_problem();
+    let Some(problem) = problem else { return true };
+    if std::env::var("STALLPROF_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
+        eprintln!(
+            "\n!!!!!!!!!! SKIPPED {test}: {problem}\n!!!!!!!!!! (STALLPROF_SKIP_ROOT_TESTS=1; \
+             this test did NOT run, CI must run it as root)\n"
+        );
+        return false;
+    }
+    panic!(
+        "\n\n{test} CANNOT RUN: {problem}\n\
+         These are root integration tests against real processes; they never pass silently.\n\
+         Run them as root (e.g. `sudo -E cargo test -p profiler`), or on a non-root dev machine\n\
+         set STALLPROF_SKIP_ROOT_TESTS=1 to skip them loudly.\n"
+    );
+}
+
+fn root_and_bpf_problem() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 {
+        return Some(format!("not running as root (euid {euid})"));
+    }
+    // BPF_PROG_GET_NEXT_ID (cmd 11) from id 0: ENOENT or success means the
+    // bpf(2) syscall works and we may use it; ENOSYS/EPERM say why not.
+    let mut attr = [0u32; 4];
+    // SAFETY: attr is a zeroed, 16-byte, 4-aligned buffer covering the
+    // start_id/next_id/open_flags fields this command reads and writes.
+    let rc = unsafe {
+        libc::syscall(libc::SYS_bpf, 11 as libc::c_long, attr.as_mut_ptr(), std::mem::size_of_val(&attr))
+    };
+    if rc < 0 {
+        let err = std::io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::ENOENT) => {}
+            Some(libc::ENOSYS) => return Some("the kernel has no bpf(2) syscall (CONFIG_BPF_SYSCALL off)".into()),
+            Some(libc::EPERM) => {
+                return Some(format!("bpf(2) is not permitted here ({err}); need CAP_BPF/CAP_SYS_ADMIN"));
+            }
+            _ => return Some(format!("bpf(2) probe failed: {err}")),
+        }
+    }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Some("kernel BTF (/sys/kernel/btf/vmlinux) is missing".into());
+    }
+    None
+}
+
+// ---------------------------------------------------------------------------
+// Scratch directories
+
+/// A unique directory under the system temp dir. Removed on success, kept
+/// (and its path printed) when the test panics, for post-mortems.
+pub struct Scratch {
+    pub path: PathBuf,
+}
+
+impl Scratch {
+    pub fn new(test: &str) -> Scratch {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+        let path = std::env::temp_dir().join(format!(
+            "stallprof-test-{test}-{}-{nanos}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        Scratch { path }
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test failed; its files are kept in {}", self.path.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The C victim
+
+pub fn c_loop_source() -> PathBuf {
+    victims_dir().join("c_loop.c")
+}
+
+/// Compiles tests/victims/c_loop.c into `dir/c_loop` (the name becomes its
+/// comm). `frame_pointers = false` builds the no-frame-pointer variant.
+pub fn build_c_loop(dir: &Path, frame_pointers: bool) -> PathBuf {
+    let out = dir.join("c_loop");
+    let fp = if frame_pointers { "-fno-omit-frame-pointer" } else { "-fomit-frame-pointer" };
+    let result = Command::new("cc")
+        .args(["-O1", "-g", fp, "-pthread", "-o"])
+        .arg(&out)
+        .arg(c_loop_source())
+        .output()
+        .unwrap_or_else(|e| panic!("running cc to build the C victim: {e} (is a C compiler installed?)"));
+    assert!(
+        result.status.success(),
+        "cc failed to build {}:\n{}",
+        c_loop_source().display(),
+        String::from_utf8_lossy(&result.stderr)
+    );
+    out
+}
+
+/// Line range [first, last] of a top-level C function's definition in
+/// c_loop.c: from the line naming it with an opening brace to the next line
+/// that is exactly "}".
+pub fn c_function_lines(source: &Path, func: &str) -> (u32, u32) {
+    let text = std::fs::read_to_string(source).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let needle = format!(" {func}(");
+    let start = lines
+        .iter()
+        .position(|l| !l.starts_with(' ') && l.contains(&needle) && l.trim_end().ends_with('{'))
+        .unwrap_or_else(|| panic!("no definition of {func} in {}", source.display()));
+    let end = lines[start..].iter().position(|l| *l == "}").map(|i| start + i).unwrap();
+    (start as u32 + 1, end as u32 + 1)
+}
+
+// ---------------------------------------------------------------------------
+// Processes
+
+/// A victim process, killed (SIGKILL) and reaped when dropped.
+pub struct Victim {
+    pub child: Child,
+    pub what: String,
+}
+
+impl Victim {
+    pub fn spawn(cmd: &mut Command) -> Victim {
+        let what = format!("{cmd:?}");
+        let child = cmd
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning victim {what}: {e}"));
+        Victim { child, what }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("victim {} exited early: {status}", self.what);
+        }
+    }
+}
+
+impl Drop for Victim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct RunOutput {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl RunOutput {
+    pub fn describe(&self) -> String {
+        format!(
+            "exit status: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+/// A running `stallprof` with stdout/stderr drained in background threads (so
+/// a chatty profiler cannot block on a full pipe). Killed when dropped.
+pub struct Profiler {
+    child: Option<Child>,
+    out: Option<JoinHandle<String>>,
+    err: Option<JoinHandle<String>>,
+    pub args: Vec<String>,
+}
+
+fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+}
+
+impl Profiler {
+    pub fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Profiler {
+        let args_s: Vec<String> = args.iter().map(|a| a.as_ref().to_string_lossy().into_owned()).collect();
+        let mut child = Command::new(stallprof_bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {} {args_s:?}: {e}", stallprof_bin()));
+        let out = drain(child.stdout.take().unwrap());
+        let err = drain(child.stderr.take().unwrap());
+        Profiler { child: Some(child), out: Some(out), err: Some(err), args: args_s }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Has it exited already? (Used to fail fast while waiting for attach.)
+    pub fn try_finished(&mut self) -> Option<RunOutput> {
+        let status = self.child.as_mut().unwrap().try_wait().unwrap()?;
+        Some(self.collect(status))
+    }
+
+    pub fn signal(&self, sig: libc::c_int) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(self.pid() as libc::pid_t, sig) };
+    }
+
+    /// Waits for exit; on timeout kills it and panics with what it printed.
+    pub fn wait(mut self, timeout: Duration) -> RunOutput {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                return self.collect(status);
+            }
+            if Instant::now() > deadline {
+                let child = self.child.as_mut().unwrap();
+                let _ = child.kill();
+                let status = child.wait().unwrap();
+                let out = self.collect(status);
+                panic!(
+                    "stallprof {:?} did not exit within {timeout:?}; killed it.\n{}",
+                    self.args,
+                    out.describe()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn collect(&mut self, status: ExitStatus) -> RunOutput {
+        let _ = self.child.as_mut().map(|c| c.wait());
+        self.child = None;
+        RunOutput {
+            status,
+            stdout: self.out.take().map(|h| h.join().unwrap_or_default()).unwrap_or_default(),
+            stderr: self.err.take().map(|h| h.join().unwrap_or_default()).unwrap_or_default(),
+        }
+    }
+}
+
+impl Drop for Profiler {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs stallprof to completion with a deadline.
+pub fn run_stallprof<S: AsRef<std::ffi::OsStr>>(args: &[S], timeout: Duration) -> RunOutput {
+    Profiler::spawn(args).wait(timeout)
+}
+
+// ---------------------------------------------------------------------------
+// Victim logs
+
+/// Reads a victim's JSON-lines log. A torn last line (the victim is still
+/// writing) is ignored.
+pub fn read_log(path: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+pub fn log_has_kind(path: &Path, kind: &str) -> bool {
+    read_log(path).iter().any(|r| r["kind"] == kind)
+}
+
+/// Polls the log until a record of `kind` appears.
+pub fn wait_for_log_kind(path: &Path, kind: &str, timeout: Duration) -> serde_json::Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(r) = read_log(path).into_iter().find(|r| r["kind"] == kind) {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "victim log {} has no {kind:?} record after {timeout:?}; it has:\n{}",
+            path.display(),
+            std::fs::read_to_string(path).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One stalled call or loop iteration as the victim measured it.
+#[derive(Debug, Clone)]
+pub struct Truth {
+    pub kind: String,
+    pub func: String,
+    pub tid: u64,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// The loop thread's CPU time over [start_ns, end_ns].
+    pub cpu_ns: u64,
+}
+
+impl Truth {
+    pub fn duration_ns(&self) -> u64 {
+        self.end_ns - self.start_ns
+    }
+}
+
+fn num(r: &serde_json::Value, key: &str) -> u64 {
+    r[key].as_u64().unwrap_or_else(|| panic!("victim log record lacks numeric {key:?}: {r}"))
+}
+
+/// c_loop's stalled iterations: busy_start_ns..busy_end_ns.
+pub fn c_loop_truth(log: &[serde_json::Value]) -> Vec<Truth> {
+    log.iter()
+        .filter(|r| matches!(r["kind"].as_str(), Some("spin" | "sleep" | "pipe")))
+        .map(|r| Truth {
+            kind: r["kind"].as_str().unwrap().into(),
+            func: r["func"].as_str().unwrap().into(),
+            tid: num(r, "tid"),
+            start_ns: num(r, "busy_start_ns"),
+            end_ns: num(r, "busy_end_ns"),
+            cpu_ns: num(r, "busy_cpu_ns"),
+        })
+        .collect()
+}
+
+/// py_blocking_client's stalled calls: start_ns..end_ns around the call.
+pub fn python_truth(log: &[serde_json::Value]) -> Vec<Truth> {
+    log.iter()
+        .filter(|r| matches!(r["kind"].as_str(), Some("blocking_client" | "sleep" | "cpu")))
+        .map(|r| Truth {
+            kind: r["kind"].as_str().unwrap().into(),
+            func: r["func"].as_str().unwrap().into(),
+            tid: num(r, "tid"),
+            start_ns: num(r, "start_ns"),
+            end_ns: num(r, "end_ns"),
+            cpu_ns: num(r, "cpu_ns"),
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// stalls.json, as the contract defines it
+
+#[derive(Debug, Deserialize)]
+pub struct Recording {
+    pub pid: u32,
+    pub comm: String,
+    pub threshold_ns: u64,
+    pub sample_hz: u64,
+    pub clock: String,
+    pub started_ns: u64,
+    pub ended_ns: u64,
+    pub lost_events: u64,
+    pub drops: BTreeMap<String, u64>,
+    pub stalls: Vec<Stall>,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct Stall {
+    pub tid: u32,
+    pub thread_name: String,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub duration_ns: u64,
+    pub on_cpu_ns: u64,
+    pub off_cpu_ns: u64,
+    pub runqueue_ns: u64,
+    pub incomplete: bool,
+    pub stacks: Vec<Stack>,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct Stack {
+    pub frames: Vec<Frame>,
+    pub weight_ns: u64,
+    pub kind: String,
+    pub syscall: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct Frame {
+    pub name: String,
+    #[serde(default)]
+    pub file: Option<String>,
+    #[serde(default)]
+    pub line: Option<u32>,
+    pub kind: String,
+}
+
+impl Stack {
+    pub fn has_frame(&self, name: &str) -> bool {
+        self.frames.iter().any(|f| f.name == name)
+    }
+}
+
+impl Stall {
+    /// Weight of stacks that contain `func`, optionally only of one kind and
+    /// with one of the given syscalls.
+    pub fn weight_with(&self, func: &str, kind: Option<&str>, syscalls: Option<&[&str]>) -> u64 {
+        self.stacks
+            .iter()
+            .filter(|s| s.has_frame(func))
+            .filter(|s| kind.is_none_or(|k| s.kind == k))
+            .filter(|s| syscalls.is_none_or(|set| s.syscall.as_deref().is_some_and(|sc| set.contains(&sc))))
+            .map(|s| s.weight_ns)
+            .sum()
+    }
+
+    /// Off-CPU weight whose syscall is one of `syscalls`, whatever the frames.
+    pub fn off_cpu_weight_in(&self, syscalls: &[&str]) -> u64 {
+        self.stacks
+            .iter()
+            .filter(|s| s.kind == "off_cpu" && s.syscall.as_deref().is_some_and(|sc| syscalls.contains(&sc)))
+            .map(|s| s.weight_ns)
+            .sum()
+    }
+
+    pub fn overlaps(&self, start_ns: u64, end_ns: u64) -> bool {
+        self.start_ns < end_ns && self.end_ns > start_ns
+    }
+
+    pub fn summary(&self) -> String {
+        let mut by_kind: BTreeMap<(String, Option<String>), u64> = BTreeMap::new();
+        for s in &self.stacks {
+            *by_kind.entry((s.kind.clone(), s.syscall.clone())).or_default() += s.weight_ns;
+        }
+        let heaviest = self.stacks.iter().max_by_key(|s| s.weight_ns).map(|s| {
+            s.frames.iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(";")
+        });
+        format!(
+            "tid {} [{} .. {}] {:.2} ms (on {:.2} / off {:.2} / rq {:.2} ms){} weights {:?} heaviest stack: {}",
+            self.tid,
+            self.start_ns,
+            self.end_ns,
+            ms(self.duration_ns),
+            ms(self.on_cpu_ns),
+            ms(self.off_cpu_ns),
+            ms(self.runqueue_ns),
+            if self.incomplete { " INCOMPLETE" } else { "" },
+            by_kind.iter().map(|((k, sc), w)| format!("{k}/{}={:.1}ms", sc.as_deref().unwrap_or("-"), ms(*w))).collect::<Vec<_>>(),
+            heaviest.unwrap_or_default()
+        )
+    }
+}
+
+pub fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+pub fn load_recording(out_dir: &Path) -> Recording {
+    let path = out_dir.join("stalls.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        let listing: Vec<_> = std::fs::read_dir(out_dir)
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        panic!("reading {}: {e}; output dir holds {listing:?}", path.display())
+    });
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} does not match the stalls.json contract: {e}\n{text:.2000}", path.display()))
+}
+
+/// Sum of the weights (µs) of a folded file, and its line count.
+pub fn folded_total_us(path: &Path) -> (u64, usize, String) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let mut total = 0u64;
+    let mut n = 0;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let (stack, w) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("folded line without a weight: {line:?}"));
+        assert!(!stack.is_empty(), "folded line with an empty stack: {line:?}");
+        total += w.trim().parse::<u64>().unwrap_or_else(|e| panic!("folded weight {w:?} in {line:?}: {e}"));
+        n += 1;
+    }
+    (total, n, text)
+}
+
+// ---------------------------------------------------------------------------
+// Collecting failures: report every broken expectation at once
+
+pub struct Checks {
+    context: String,
+    failures: Vec<String>,
+}
+
+impl Checks {
+    pub fn new(context: impl Into<String>) -> Checks {
+        Checks { context: context.into(), failures: Vec::new() }
+    }
+
+    pub fn check(&mut self, ok: bool, msg: impl FnOnce() -> String) {
+        if !ok {
+            self.failures.push(msg());
+        }
+    }
+
+    pub fn fail(&mut self, msg: String) {
+        self.failures.push(msg);
+    }
+
+    pub fn add_context(&mut self, more: &str) {
+        self.context.push('\n');
+        self.context.push_str(more);
+    }
+
+    pub fn finish(self) {
+        if self.failures.is_empty() {
+            return;
+        }
+        let mut msg = format!("\n{} expectation(s) failed:\n", self.failures.len());
+        for f in &self.failures {
+            let _ = writeln!(msg, "  - {f}");
+        }
+        let _ = write!(msg, "\n{}", self.context);
+        panic!("{msg}");
+    }
+}
+
+/// Checks that hold for every stall of every recording (the JSON contract).
+pub fn check_contract(c: &mut Checks, rec: &Recording, threshold_ns: u64) {
+    c.check(rec.clock == "monotonic", || format!("clock is {:?}, want \"monotonic\"", rec.clock));
+    c.check(rec.threshold_ns == threshold_ns, || {
+        format!("threshold_ns is {}, want {threshold_ns}", rec.threshold_ns)
+    });
+    c.check(rec.sample_hz == 999, || format!("sample_hz is {}, want the default 999", rec.sample_hz));
+    c.check(rec.started_ns < rec.ended_ns, || {
+        format!("started_ns {} is not before ended_ns {}", rec.started_ns, rec.ended_ns)
+    });
+    c.check(rec.lost_events == 0, || {
+        format!("{} events lost (drops: {:?}) in a short, quiet recording", rec.lost_events, rec.drops)
+    });
+    for (i, s) in rec.stalls.iter().enumerate() {
+        let who = format!("stall #{i} ({})", s.summary());
+        c.check(s.end_ns >= s.start_ns && s.end_ns - s.start_ns == s.duration_ns, || {
+            format!("{who}: end_ns - start_ns != duration_ns")
+        });
+        c.check(s.on_cpu_ns + s.off_cpu_ns + s.runqueue_ns == s.duration_ns, || {
+            format!("{who}: on_cpu + off_cpu + runqueue != duration")
+        });
+        let w: u64 = s.stacks.iter().map(|st| st.weight_ns).sum();
+        c.check(w == s.duration_ns, || format!("{who}: stack weights sum to {w}, not duration {}", s.duration_ns));
+        c.check(s.duration_ns >= threshold_ns, || format!("{who}: shorter than the threshold"));
+        c.check(s.start_ns >= rec.started_ns && s.end_ns <= rec.ended_ns, || {
+            format!("{who}: outside the recording [{}, {}]", rec.started_ns, rec.ended_ns)
+        });
+        for st in &s.stacks {
+            c.check(matches!(st.kind.as_str(), "on_cpu" | "off_cpu" | "runqueue"), || {
+                format!("{who}: stack kind {:?}", st.kind)
+            });
+            c.check(!st.frames.is_empty(), || format!("{who}: a stack with no frames"));
+            for f in &st.frames {
+                c.check(matches!(f.kind.as_str(), "native" | "kernel" | "python" | "marker"), || {
+                    format!("{who}: frame {:?} has kind {:?}", f.name, f.kind)
+                });
+            }
+        }
+    }
+}
+
+/// The stalls that overlap a victim interval, on any thread.
+pub fn overlapping<'a>(rec: &'a Recording, t: &Truth) -> Vec<&'a Stall> {
+    rec.stalls.iter().filter(|s| s.overlaps(t.start_ns, t.end_ns)).collect()
+}
+
+pub fn truth_table(truth: &[Truth]) -> String {
+    let mut s = String::from("victim log:\n");
+    for t in truth {
+        let _ = writeln!(
+            s,
+            "  {:<16} {:<16} tid {} [{} .. {}] {:.2} ms (cpu {:.2} ms)",
+            t.kind,
+            t.func,
+            t.tid,
+            t.start_ns,
+            t.end_ns,
+            ms(t.duration_ns()),
+            ms(t.cpu_ns)
+        );
+    }
+    s
+}
+
+pub fn stalls_table(rec: &Recording) -> String {
+    let mut s = format!(
+        "stalls.json: pid {} comm {:?} [{} .. {}] lost {} drops {:?}, {} stalls:\n",
+        rec.pid,
+        rec.comm,
+        rec.started_ns,
+        rec.ended_ns,
+        rec.lost_events,
+        rec.drops,
+        rec.stalls.len()
+    );
+    for st in &rec.stalls {
+        let _ = writeln!(s, "  {}", st.summary());
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------
+// bpftool: which stallprof programs are loaded
+
+pub fn bpftool_available() -> bool {
+    Command::new("bpftool").arg("version").output().is_ok_and(|o| o.status.success())
+}
+
+/// (id, name) of loaded BPF programs whose name starts with `sp_`.
+pub fn loaded_sp_programs() -> Vec<(u64, String)> {
+    let out = Command::new("bpftool").args(["-j", "prog", "list"]).output().unwrap_or_else(|e| {
+        panic!(
+            "bpftool is needed to check that stallprof unloads its programs, and running it failed: {e}.\n\
+             Install it (`apt-get install bpftool`); the CI script does."
+        )
+    });
+    assert!(out.status.success(), "bpftool -j prog list failed: {}", String::from_utf8_lossy(&out.stderr));
+    let progs: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bpftool -j prog list printed non-JSON ({e})"));
+    progs
+        .as_array()
+        .map(|a| a.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|p| {
+            let name = p["name"].as_str()?;
+            name.starts_with("sp_").then(|| (p["id"].as_u64().unwrap_or(0), name.to_string()))
+        })
+        .collect()
+}
+
+/// After starting `stallprof --pid`, wait until its probes are in: with
+/// bpftool, until `sp_` programs are loaded (plus a margin for attaching);
+/// without it, a fixed delay. Fails fast if the profiler exits.
+pub fn wait_for_attach(prof: &mut Profiler, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    if bpftool_available() {
+        while loaded_sp_programs().is_empty() {
+            if let Some(out) = prof.try_finished() {
+                panic!("stallprof exited before attaching:\n{}", out.describe());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no BPF program named sp_* appeared within {timeout:?} of starting stallprof {:?}",
+                prof.args
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(750));
+    } else {
+        eprintln!("bpftool not installed: waiting a fixed 3 s for stallprof to attach");
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    if let Some(out) = prof.try_finished() {
+        panic!("stallprof exited while attaching:\n{}", out.describe());
+    }
+}
+
+/// A pid that no process has (counting down from pid_max).
+pub fn unused_pid() -> u32 {
+    let max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(32768);
+    (2..max).rev().find(|p| !Path::new(&format!("/proc/{p}")).exists()).unwrap()
+}

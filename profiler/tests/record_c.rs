@@ -1,0 +1,370 @@
+//! Foundation issue, root integration tests: `stallprof record` against a C
+//! epoll loop (tests/victims/c_loop.c) that stalls on a known schedule and logs
+//! each stalled iteration with CLOCK_MONOTONIC. Truth comes from the victim.
+//!
+//! Also here: the CLI's error paths and the check that a recording leaves no
+//! `sp_*` BPF program behind.
+//!
+//! Needs root (see tests/common/mod.rs for STALLPROF_SKIP_ROOT_TESTS).
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::time::Duration;
+
+const THRESHOLD: &str = "40ms";
+const THRESHOLD_NS: u64 = 40 * MS;
+/// The victim's busy period and stallprof's stall must agree this closely.
+const TOLERANCE_NS: u64 = 2 * MS;
+
+struct Culprit {
+    kind: &'static str,
+    func: &'static str,
+    /// syscalls the off-CPU part must be attributed to; None for on-CPU work.
+    syscalls: Option<&'static [&'static str]>,
+}
+
+const CULPRITS: [Culprit; 3] = [
+    Culprit { kind: "spin", func: "spin_for_ms", syscalls: None },
+    Culprit { kind: "sleep", func: "sleep_for_ms", syscalls: Some(&["nanosleep", "clock_nanosleep"]) },
+    Culprit { kind: "pipe", func: "read_slow_pipe", syscalls: Some(&["read"]) },
+];
+
+fn culprit(kind: &str) -> &'static Culprit {
+    CULPRITS.iter().find(|c| c.kind == kind).unwrap()
+}
+
+/// A folded frame is `func`, possibly followed by an annotation such as a
+/// file:line or the line's trailing weight.
+fn frame_is(folded_frame: &str, func: &str) -> bool {
+    folded_frame
+        .strip_prefix(func)
+        .is_some_and(|rest| !rest.starts_with(|ch: char| ch.is_alphanumeric() || ch == '_'))
+}
+
+/// Everything we assert about a recording of the default c_loop schedule.
+fn check_c_loop_recording(out_dir: &Path, log_path: &Path, victim_pid: u32, how: &str) {
+    let log = read_log(log_path);
+    assert!(
+        log.iter().any(|r| r["kind"] == "done"),
+        "the victim did not finish its schedule; log:\n{}",
+        std::fs::read_to_string(log_path).unwrap_or_default()
+    );
+    let truth = c_loop_truth(&log);
+    assert_eq!(truth.len(), 12, "the default schedule has 12 stalls; victim log:\n{}", truth_table(&truth));
+    for t in &truth {
+        // A victim problem, not a profiler one: say so.
+        assert!(t.duration_ns() >= THRESHOLD_NS + 10 * MS, "victim stall shorter than planned: {t:?}");
+    }
+    let rec = load_recording(out_dir);
+
+    let mut c = Checks::new(format!("recording via {how}\n{}\n{}", truth_table(&truth), stalls_table(&rec)));
+    check_contract(&mut c, &rec, THRESHOLD_NS);
+    c.check(rec.pid == victim_pid, || format!("pid is {}, want the victim's {victim_pid}", rec.pid));
+    c.check(rec.comm == "c_loop", || format!("comm is {:?}, want \"c_loop\"", rec.comm));
+    let first = truth.iter().map(|t| t.start_ns).min().unwrap();
+    let last = truth.iter().map(|t| t.end_ns).max().unwrap();
+    c.check(rec.started_ns <= first && rec.ended_ns >= last, || {
+        format!(
+            "recording [{}, {}] does not cover the victim's stalls [{first}, {last}] \
+             (are the timestamps CLOCK_MONOTONIC?)",
+            rec.started_ns, rec.ended_ns
+        )
+    });
+
+    // Every victim stall found, once, with the right times and causes.
+    for t in &truth {
+        let who = format!("{} stall ({}, {:.2} ms at {})", t.kind, t.func, ms(t.duration_ns()), t.start_ns);
+        let found = overlapping(&rec, t);
+        if found.len() != 1 {
+            c.fail(format!("{who}: {} overlapping stalls, want exactly 1", found.len()));
+            continue;
+        }
+        let s = found[0];
+        c.check(s.tid as u64 == t.tid, || format!("{who}: reported on tid {}, want {}", s.tid, t.tid));
+        c.check(s.thread_name == "c_loop", || format!("{who}: thread_name {:?}", s.thread_name));
+        c.check(!s.incomplete, || format!("{who}: marked incomplete"));
+        c.check(s.start_ns.abs_diff(t.start_ns) <= TOLERANCE_NS, || {
+            format!("{who}: starts {:+.2} ms from the victim's busy_start", (s.start_ns as f64 - t.start_ns as f64) / 1e6)
+        });
+        c.check(s.end_ns.abs_diff(t.end_ns) <= TOLERANCE_NS, || {
+            format!("{who}: ends {:+.2} ms from the victim's busy_end", (s.end_ns as f64 - t.end_ns as f64) / 1e6)
+        });
+        c.check(s.duration_ns.abs_diff(t.duration_ns()) <= TOLERANCE_NS, || {
+            format!("{who}: duration {:.2} ms, victim measured {:.2} ms", ms(s.duration_ns), ms(t.duration_ns()))
+        });
+        // The victim's own thread CPU clock says how long it was really on-CPU.
+        let cpu_tol = (5 * MS).max(s.duration_ns / 20);
+        c.check(s.on_cpu_ns.abs_diff(t.cpu_ns) <= cpu_tol, || {
+            format!("{who}: on_cpu {:.2} ms, victim's thread CPU time {:.2} ms", ms(s.on_cpu_ns), ms(t.cpu_ns))
+        });
+
+        let cul = culprit(&t.kind);
+        let share = |w: u64| w as f64 / s.duration_ns.max(1) as f64;
+        match cul.syscalls {
+            None => {
+                // On-CPU work. A busy 2-core machine may preempt the spinner, so
+                // "mostly on-CPU" is on_cpu + runqueue (wanting the CPU); the
+                // CPU-clock check above pins on_cpu itself.
+                c.check(share(s.on_cpu_ns + s.runqueue_ns) >= 0.90, || {
+                    format!("{who}: on_cpu + runqueue is only {:.0}% of the stall", 100.0 * share(s.on_cpu_ns + s.runqueue_ns))
+                });
+                let w = s.weight_with(cul.func, Some("on_cpu"), None);
+                c.check(w > 0 && w as f64 >= 0.9 * s.on_cpu_ns as f64, || {
+                    format!("{who}: on-CPU stacks containing {} carry {:.2} of {:.2} on-CPU ms", cul.func, ms(w), ms(s.on_cpu_ns))
+                });
+            }
+            Some(syscalls) => {
+                c.check(share(s.off_cpu_ns) >= 0.80, || {
+                    format!("{who}: off_cpu is only {:.0}% of the stall", 100.0 * share(s.off_cpu_ns))
+                });
+                let w = s.weight_with(cul.func, Some("off_cpu"), Some(syscalls));
+                c.check(share(w) >= 0.80, || {
+                    format!(
+                        "{who}: off-CPU stacks containing {} with syscall in {syscalls:?} carry only {:.0}% of the stall",
+                        cul.func,
+                        100.0 * share(w)
+                    )
+                });
+            }
+        }
+    }
+
+    // Nothing else: between and around the victim's stalls the loop only
+    // handles 10 ms timer ticks in microseconds.
+    for s in &rec.stalls {
+        if !truth.iter().any(|t| s.overlaps(t.start_ns, t.end_ns)) {
+            c.fail(format!("extra stall matching no victim stall: {}", s.summary()));
+        }
+    }
+
+    // Each culprit's share of all stall time matches the victim's.
+    let true_total: u64 = truth.iter().map(|t| t.duration_ns()).sum();
+    let total: u64 = rec.stalls.iter().map(|s| s.duration_ns).sum();
+    for cul in &CULPRITS {
+        let true_share =
+            truth.iter().filter(|t| t.kind == cul.kind).map(|t| t.duration_ns()).sum::<u64>() as f64 / true_total as f64;
+        let w: u64 = rec.stalls.iter().map(|s| s.weight_with(cul.func, None, None)).sum();
+        let share = w as f64 / total.max(1) as f64;
+        c.check((share - true_share).abs() <= 0.05, || {
+            format!(
+                "{}: {:.1}% of stall time in stallprof's stacks, {:.1}% by the victim's clock",
+                cul.func,
+                100.0 * share,
+                100.0 * true_share
+            )
+        });
+    }
+
+    // Names and lines, from DWARF: a culprit frame points into its own body.
+    for cul in &CULPRITS {
+        let (lo, hi) = c_function_lines(&c_loop_source(), cul.func);
+        let frames: Vec<&Frame> =
+            rec.stalls.iter().flat_map(|s| &s.stacks).flat_map(|st| &st.frames).filter(|f| f.name == cul.func).collect();
+        c.check(frames.iter().all(|f| f.kind == "native"), || format!("{} frames not all of kind \"native\"", cul.func));
+        let located: Vec<&&Frame> = frames
+            .iter()
+            .filter(|f| f.file.as_deref().is_some_and(|p| p.ends_with("c_loop.c")) && f.line.is_some())
+            .collect();
+        c.check(!located.is_empty(), || {
+            format!("no {} frame with file c_loop.c and a line (saw {:?})", cul.func, frames.first())
+        });
+        for f in located {
+            let line = f.line.unwrap();
+            c.check((lo..=hi).contains(&line), || {
+                format!("{} frame at c_loop.c:{line}, outside its definition (lines {lo}..={hi})", cul.func)
+            });
+        }
+    }
+
+    // stalls.folded: same stacks, weights in µs.
+    let (folded_us, lines, folded) = folded_total_us(&out_dir.join("stalls.folded"));
+    c.check(lines > 0, || "stalls.folded is empty".into());
+    let total_us = total as f64 / 1000.0;
+    c.check((folded_us as f64 - total_us).abs() <= 0.01 * total_us, || {
+        format!("stalls.folded weights sum to {folded_us} µs, total stall time is {total_us:.0} µs")
+    });
+    for cul in &CULPRITS {
+        c.check(folded.lines().any(|l| l.split(';').any(|f| frame_is(f, cul.func))), || {
+            format!("stalls.folded has no line through {}", cul.func)
+        });
+    }
+
+    // stalls.svg: a flame graph that names the culprits.
+    let svg = std::fs::read_to_string(out_dir.join("stalls.svg")).unwrap_or_default();
+    let head = svg.trim_start();
+    c.check(head.starts_with("<?xml") || head.starts_with("<svg"), || {
+        format!("stalls.svg does not start with <?xml or <svg: {:?}", &head[..head.len().min(80)])
+    });
+    for cul in &CULPRITS {
+        c.check(svg.contains(cul.func), || format!("stalls.svg never mentions {}", cul.func));
+    }
+
+    c.finish();
+}
+
+/// `stallprof record -- c_loop LOG`: stallprof starts the victim itself.
+#[test]
+fn record_command_c_loop_matches_victim_clock() {
+    if !require_root_and_bpf("record_command_c_loop_matches_victim_clock") {
+        return;
+    }
+    let _serial = serial();
+    let dir = Scratch::new("c-cmd");
+    let exe = build_c_loop(&dir.path, true);
+    let log = dir.join("victim.jsonl");
+    let out = dir.join("out");
+
+    let run = run_stallprof(
+        &[
+            "record".as_ref(),
+            "--threshold".as_ref(),
+            THRESHOLD.as_ref(),
+            "-o".as_ref(),
+            out.as_os_str(),
+            "--".as_ref(),
+            exe.as_os_str(),
+            log.as_os_str(),
+        ],
+        Duration::from_secs(90),
+    );
+    assert!(run.status.success(), "stallprof record -- c_loop failed:\n{}", run.describe());
+    let ready = wait_for_log_kind(&log, "ready", Duration::from_secs(1));
+    let pid = ready["pid"].as_u64().unwrap() as u32;
+    check_c_loop_recording(&out, &log, pid, "record -- c_loop");
+}
+
+/// `stallprof record --pid`: attach to a victim that is already running,
+/// release it with its start file, stop the recording with SIGINT.
+#[test]
+fn record_pid_c_loop_matches_victim_clock() {
+    if !require_root_and_bpf("record_pid_c_loop_matches_victim_clock") {
+        return;
+    }
+    let _serial = serial();
+    let dir = Scratch::new("c-pid");
+    let exe = build_c_loop(&dir.path, true);
+    let log = dir.join("victim.jsonl");
+    let start = dir.join("start");
+    let out = dir.join("out");
+
+    let mut victim = Victim::spawn(
+        std::process::Command::new(&exe).arg(&log).arg("--start-file").arg(&start).arg("--linger"),
+    );
+    wait_for_log_kind(&log, "ready", Duration::from_secs(10));
+    victim.assert_running();
+    let pid = victim.pid();
+
+    let mut prof = Profiler::spawn(&[
+        "record".to_string(),
+        "--threshold".into(),
+        THRESHOLD.into(),
+        "--duration".into(),
+        "120s".into(), // a backstop only: the test stops it with SIGINT
+        "-o".into(),
+        out.display().to_string(),
+        "--pid".into(),
+        pid.to_string(),
+    ]);
+    wait_for_attach(&mut prof, Duration::from_secs(20));
+    std::fs::write(&start, b"go").unwrap();
+    wait_for_log_kind(&log, "done", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    victim.assert_running(); // it lingers, ticking idle, until we kill it
+    prof.signal(libc::SIGINT);
+    let run = prof.wait(Duration::from_secs(30));
+    assert!(run.status.success(), "stallprof record --pid, stopped by SIGINT, failed:\n{}", run.describe());
+    check_c_loop_recording(&out, &log, pid, "record --pid (stopped by SIGINT)");
+}
+
+/// A recording loads `sp_*` programs while it runs and leaves none behind.
+#[test]
+fn record_leaves_no_bpf_programs_loaded() {
+    if !require_root_and_bpf("record_leaves_no_bpf_programs_loaded") {
+        return;
+    }
+    assert!(
+        bpftool_available(),
+        "bpftool is not installed, so this test cannot check for leaked BPF programs. \
+         Install it (`apt-get install bpftool`); the CI script does."
+    );
+    let _serial = serial();
+    let before = loaded_sp_programs();
+    let dir = Scratch::new("leak");
+    let out = dir.join("out");
+    let mut prof = Profiler::spawn(&[
+        "record".to_string(),
+        "--threshold".into(),
+        THRESHOLD.into(),
+        "-o".into(),
+        out.display().to_string(),
+        "--".into(),
+        "sleep".into(),
+        "3".into(),
+    ]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    while seen.is_empty() && std::time::Instant::now() < deadline {
+        if let Some(out) = prof.try_finished() {
+            panic!("stallprof record -- sleep 3 ended before any sp_* program was seen:\n{}", out.describe());
+        }
+        seen = loaded_sp_programs().into_iter().filter(|p| !before.contains(p)).collect();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !seen.is_empty(),
+        "no BPF program named sp_* was loaded while stallprof recorded (program names must start with sp_)"
+    );
+    let run = prof.wait(Duration::from_secs(60));
+    assert!(run.status.success(), "stallprof record -- sleep 3 failed:\n{}", run.describe());
+
+    // Programs are freed asynchronously after their last fd closes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let mut left = loaded_sp_programs();
+    while !left.is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        left = loaded_sp_programs();
+    }
+    assert!(
+        left.is_empty(),
+        "BPF programs still loaded after stallprof exited: {left:?} (while recording: {seen:?}; \
+         already loaded before the run: {before:?} -- another stallprof running?)"
+    );
+
+    // `sleep` never waits in an event loop, so it has no busy periods.
+    let rec = load_recording(&out);
+    assert!(rec.stalls.is_empty(), "stalls reported for `sleep 3`, which has no event loop:\n{}", stalls_table(&rec));
+}
+
+#[test]
+fn record_pid_that_does_not_exist_names_the_pid() {
+    if !require_root_and_bpf("record_pid_that_does_not_exist_names_the_pid") {
+        return;
+    }
+    let pid = unused_pid();
+    let dir = Scratch::new("nopid");
+    let out = dir.join("out");
+    let run = run_stallprof(
+        &["record".to_string(), "-o".into(), out.display().to_string(), "--pid".into(), pid.to_string()],
+        Duration::from_secs(30),
+    );
+    assert!(!run.status.success(), "stallprof record --pid {pid} (no such process) exited 0:\n{}", run.describe());
+    let text = format!("{}{}", run.stderr, run.stdout);
+    assert!(text.contains(&pid.to_string()), "the error does not mention pid {pid}:\n{}", run.describe());
+}
+
+#[test]
+fn record_threshold_banana_names_the_format() {
+    // Argument parsing happens before anything privileged: no root needed.
+    let run = run_stallprof(&["record", "--threshold", "banana", "--", "true"], Duration::from_secs(30));
+    assert!(!run.status.success(), "`record --threshold banana` exited 0:\n{}", run.describe());
+    let err = run.stderr.to_lowercase();
+    assert!(err.contains("threshold"), "the error does not name --threshold:\n{}", run.describe());
+    assert!(err.contains("banana"), "the error does not quote the bad value:\n{}", run.describe());
+    assert!(
+        err.contains("ms"),
+        "the error does not show the expected duration format (e.g. 50ms):\n{}",
+        run.describe()
+    );
+}
