@@ -71,6 +71,10 @@ pub mod sysno {
         (PSELECT6, "pselect6"),
     ];
 
+    /// Not a syscall: a runtime's own park function (tokio's scheduler
+    /// `park_internal`), reported through uprobes as a wait with this number.
+    pub const RUNTIME_PARK: u32 = 1000;
+
     /// True for the epoll family: their first argument is the loop's epoll fd.
     pub const fn is_epoll(nr: u32) -> bool {
         matches!(nr, EPOLL_WAIT | EPOLL_PWAIT | EPOLL_PWAIT2)
@@ -273,14 +277,28 @@ pub struct ThreadState {
     pub tgid: u32,
     /// 1 when a switch-out was reported and the matching switch-in is pending.
     pub off_reported: u32,
+    /// 1 while inside a runtime park function (tokio): parked whatever
+    /// syscalls it makes meanwhile.
+    pub in_park: u32,
+    pub _pad: u32,
 }
+
+/// Wait-key class of a runtime park function (see [`wait_key`]).
+pub const WAIT_CLASS_PARK: u64 = 3;
 
 /// Identity of a wait: syscall class and fd. Userspace publishes the loop's
 /// key per thread in `LOOP_KEYS`; BPF treats a wait with that key (or any
 /// wait, before a key is known) as parked and stays quiet while parked.
 pub const fn wait_key(nr: u32, fd: i32) -> u64 {
-    // Class 1 = epoll family, 2 = poll/select family; fd in the low half.
-    let class: u64 = if sysno::is_epoll(nr) { 1 } else { 2 };
+    // Class 1 = epoll family, 2 = poll/select family, 3 = a runtime's park
+    // function; fd in the low half.
+    let class: u64 = if sysno::is_epoll(nr) {
+        1
+    } else if nr == sysno::RUNTIME_PARK {
+        WAIT_CLASS_PARK
+    } else {
+        2
+    };
     (class << 32) | (fd as u32 as u64)
 }
 

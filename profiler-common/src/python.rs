@@ -13,9 +13,11 @@
 //! p = *(tstate + tstate_frame)
 //! if cframe_current_frame != PY_OFFSET_NONE { p = *(p + cframe_current_frame) }
 //! while p != 0 and n < PY_MAX_FRAMES:
-//!     if frame_owner != PY_OFFSET_NONE and *(u8*)(p + frame_owner) == owner_cstack: skip
+//!     if frame_owner != PY_OFFSET_NONE and *(u8*)(p + frame_owner) == owner_cstack:
+//!         emit PY_BOUNDARY (an eval-loop activation begins below)
 //!     else emit PyFrame { code: *(p + frame_code) & !code_tag_mask,
 //!                         instr: *(p + frame_instr) (frame_instr_size bytes) }
+//!          and, if frame_is_entry != NONE and *(u8*)(p + frame_is_entry): PY_BOUNDARY
 //!     p = *(p + frame_previous)
 //! ```
 
@@ -72,7 +74,11 @@ pub struct PyOffsets {
     /// `code + code_adaptive`, so instruction byte offset =
     /// `instr - code - code_adaptive` (3.11+). 0 for 3.10 (unused).
     pub code_adaptive: u16,
-    pub _pad0: u16,
+    /// `_PyInterpreterFrame.is_entry` (3.11: the first frame an eval-loop
+    /// activation runs); [`PY_OFFSET_NONE`] elsewhere (3.12+ mark
+    /// activations with C-stack shim frames instead; 3.10 runs one frame
+    /// per activation).
+    pub frame_is_entry: u16,
     /// Low tag bits to clear from the `frame_code` value (`_PyStackRef`
     /// tagging in 3.14); 0 for every supported version.
     pub code_tag_mask: u64,
@@ -84,6 +90,13 @@ impl PyOffsets {
         ((self.version >> 8) as u8, self.version as u8)
     }
 }
+
+/// A [`PyFrame`] with `code == 0` separates the frames of two eval-loop
+/// activations (`_PyEval_EvalFrameDefault` calls on the C stack): frames
+/// before it (inner) ran in a later activation than frames after it. The
+/// BPF walk emits it; userspace uses it to interleave Python and native
+/// frames.
+pub const PY_BOUNDARY: PyFrame = PyFrame { code: 0, instr: 0 };
 
 /// One Python frame as the walk emits it.
 #[repr(C)]

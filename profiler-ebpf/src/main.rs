@@ -19,15 +19,15 @@ use aya_ebpf::{
         bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{bpf_get_current_task_btf, bpf_get_stack, bpf_loop, bpf_probe_read_user as read_user_raw, bpf_task_pt_regs},
     },
-    macros::{map, perf_event, tracepoint},
+    macros::{map, perf_event, tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray, RingBuf},
-    programs::{PerfEventContext, TracePointContext},
+    programs::{PerfEventContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use profiler_common::{
     Drop, EventHeader, GIL_STRUCT_SPAN, MAX_KSTACK, MAX_PY_PROCS, MAX_THREADS, MAX_USTACK,
     PY_HOLDER_FRAMES, PyProc, RINGBUF_BYTES, SchedEvent, StackEvent, ThreadState, USER_STACK_COPY,
     UserRegs, WaitEvent, kind, py_status,
-    python::{PY_FRAME_MODEL_FRAME_OBJECT, PY_MAX_FRAMES, PY_OFFSET_NONE, PyFrame, PyOffsets},
+    python::{PY_BOUNDARY, PY_FRAME_MODEL_FRAME_OBJECT, PY_MAX_FRAMES, PY_OFFSET_NONE, PyFrame, PyOffsets},
     sysno, wait_key,
 };
 
@@ -87,6 +87,9 @@ fn header(kind: u32, tid: u32, tgid: u32) -> EventHeader {
 /// key is not yet known). Parked threads are idle, so we stay quiet.
 #[inline(always)]
 fn parked(tid: u32, st: &ThreadState) -> bool {
+    if st.in_park != 0 {
+        return true;
+    }
     if st.wait_key == 0 {
         return false;
     }
@@ -132,7 +135,7 @@ pub fn sp_wait_enter(ctx: TracePointContext) -> u32 {
     match THREADS.get_ptr_mut(&tid) {
         Some(st) => unsafe { (*st).wait_key = key },
         None => {
-            let st = ThreadState { wait_key: key, tgid, off_reported: 0 };
+            let st = ThreadState { wait_key: key, tgid, off_reported: 0, in_park: 0, _pad: 0 };
             if THREADS.insert(&tid, &st, 0).is_err() {
                 count(Drop::ThreadTableFull);
             }
@@ -186,6 +189,18 @@ pub struct PyScratch {
 #[map]
 static PY_SCRATCH: PerCpuArray<PyScratch> = PerCpuArray::with_max_entries(2, 0);
 
+/// Store one frame at the walk's next slot. The slot index is re-read
+/// volatile and masked, so the compiler cannot drop the mask on the
+/// strength of an earlier comparison the verifier does not connect to it.
+#[inline(always)]
+fn push_frame(w: &mut PyScratch, code: u64, instr: u64) {
+    let n = unsafe { core::ptr::read_volatile(&w.n) };
+    let i = n as usize & (PY_MAX_FRAMES - 1);
+    w.frames[i].code = code;
+    w.frames[i].instr = instr;
+    w.n = n + 1;
+}
+
 /// One step of the walk described in `profiler_common::python`; `ctx`
 /// points at the scratch slot number. Returns 1 to stop the loop.
 extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
@@ -202,10 +217,13 @@ extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
         return 1;
     }
     let o = w.o;
-    let skip = o.frame_owner != PY_OFFSET_NONE
+    let shim = o.frame_owner != PY_OFFSET_NONE
         && unsafe { bpf_probe_read_user((p + o.frame_owner as u64) as *const u8) }.unwrap_or(0) as u16
             == o.owner_cstack;
-    if !skip {
+    if shim {
+        // 3.12+: a C-stack shim sits below each eval-loop activation.
+        push_frame(w, PY_BOUNDARY.code, PY_BOUNDARY.instr);
+    } else {
         let Some(code) = read_u64(p + o.frame_code as u64) else {
             w.status = py_status::READ_FAILED;
             return 1;
@@ -215,9 +233,15 @@ extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
         } else {
             read_u64(p + o.frame_instr as u64).unwrap_or(0)
         };
-        let i = w.n as usize & (PY_MAX_FRAMES - 1);
-        w.frames[i] = PyFrame { code: code & !o.code_tag_mask, instr };
-        w.n += 1;
+        push_frame(w, code & !o.code_tag_mask, instr);
+        // 3.10 runs one frame per activation; in 3.11 the first frame of
+        // an activation carries is_entry.
+        let entry = o.frame_model == PY_FRAME_MODEL_FRAME_OBJECT
+            || (o.frame_is_entry != PY_OFFSET_NONE
+                && unsafe { bpf_probe_read_user((p + o.frame_is_entry as u64) as *const u8) }.unwrap_or(0) != 0);
+        if entry && w.n < w.max && (w.n as usize) < PY_MAX_FRAMES {
+            push_frame(w, PY_BOUNDARY.code, PY_BOUNDARY.instr);
+        }
     }
     match read_u64(p + o.frame_previous as u64) {
         Some(prev) => {
@@ -253,7 +277,7 @@ fn walk_python(o: &PyOffsets, tstate: u64, slot: u32, max: u32) -> (u32, u32) {
         (*w).status = py_status::TRUNCATED;
     }
     let mut ctx: u32 = slot;
-    // Shim frames are skipped without taking a slot: allow twice the steps.
+    // Boundaries take slots too; the step budget allows for them.
     unsafe {
         bpf_loop((2 * PY_MAX_FRAMES) as u32, walk_step as *mut _, (&mut ctx as *mut u32).cast(), 0);
         ((*w).n, (*w).status)
@@ -310,6 +334,39 @@ fn fill_python(ev: *mut StackEvent, tid: u32, tgid: u32, futex_addr: u64) {
         (*ev).gil_holder = holder;
         (*ev).holder_py_len = hn;
     }
+}
+
+/// Entry to / return from a runtime's park function (tokio's scheduler
+/// `park_internal`): reported as a wait with `sysno::RUNTIME_PARK`.
+#[inline(always)]
+fn runtime_park(enter: bool) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !is_target(tgid) {
+        return 0;
+    }
+    match THREADS.get_ptr_mut(&tid) {
+        Some(st) => unsafe { (*st).in_park = enter as u32 },
+        None => {
+            let st = ThreadState { wait_key: 0, tgid, off_reported: 0, in_park: enter as u32, _pad: 0 };
+            if THREADS.insert(&tid, &st, 0).is_err() {
+                count(Drop::ThreadTableFull);
+            }
+        }
+    }
+    let kind = if enter { kind::WAIT_ENTER } else { kind::WAIT_EXIT };
+    emit(WaitEvent { hdr: header(kind, tid, tgid), nr: sysno::RUNTIME_PARK, fd: 0, ret: 0 });
+    0
+}
+
+#[uprobe]
+pub fn sp_park_enter(_ctx: ProbeContext) -> u32 {
+    runtime_park(true)
+}
+
+#[uretprobe]
+pub fn sp_park_exit(_ctx: RetProbeContext) -> u32 {
+    runtime_park(false)
 }
 
 // ---- scheduler ----------------------------------------------------------

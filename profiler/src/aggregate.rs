@@ -39,11 +39,19 @@ fn is_system_lib(f: &Frame) -> bool {
             .any(|p| m.starts_with(p))
 }
 
+/// Rust's standard library and async runtimes: like libc, the means, not
+/// the culprit (`Timespec::now` under a spin loop, tokio's poll machinery).
+fn is_runtime_frame(f: &Frame) -> bool {
+    let n = f.name.trim_start_matches('<');
+    ["std::", "core::", "alloc::", "tokio::", "futures_", "futures::", "__rust"].iter().any(|p| n.starts_with(p))
+}
+
 /// The frame to blame for a part: the innermost Python frame if any, else
-/// the innermost native frame outside the C runtime, preferring one with
-/// source information.
+/// the innermost native frame outside the C runtime and the Rust standard
+/// library / async runtime, preferring one with source information.
 pub fn culprit(p: &StackPart) -> Option<&Frame> {
-    let user = || p.frames.iter().rev().filter(|f| f.kind == FrameKind::Native && !is_system_lib(f));
+    let user =
+        || p.frames.iter().rev().filter(|f| f.kind == FrameKind::Native && !is_system_lib(f) && !is_runtime_frame(f));
     p.frames
         .iter()
         .rev()
@@ -90,7 +98,9 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
     let mut by: HashMap<String, u64> = HashMap::new();
     for s in &rec.stalls {
         for p in &s.stacks {
+            let gc = p.frames.iter().any(|f| f.kind == FrameKind::Marker && f.name == "[gc]");
             let what = match p.kind {
+                PartKind::OnCpu if gc => "garbage collection (on-CPU)".to_string(),
                 PartKind::OnCpu => "on-CPU".to_string(),
                 PartKind::OffCpu => format!("off-CPU in {}", p.syscall.as_deref().unwrap_or("?")),
                 PartKind::Runqueue => "run queue".to_string(),

@@ -47,6 +47,8 @@ pub enum Command {
     /// Re-render a saved recording (stalls.json) without the target.
     #[command(after_help = EXAMPLES)]
     Report(ReportArgs),
+    /// Watch every event-loop process on the host: Prometheus metrics and rolling reports.
+    Daemon(crate::daemon::DaemonArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -76,7 +78,8 @@ pub struct RecordArgs {
     /// Output directory (default ./stallprof-<pid>-<time>/).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
-    /// Also save the raw event stream (events.jsonl) for replay and debugging.
+    /// Also save the event stream (events.jsonl) and the symbols it needs
+    /// (symbols.json), to replay the recording without the target.
     #[arg(long)]
     pub save_events: bool,
     /// No live status line.

@@ -7,6 +7,7 @@
 //! `record` and `report` wire them for the two commands.
 pub mod aggregate;
 pub mod cli;
+pub mod daemon;
 pub mod event;
 pub mod model;
 pub mod probe;
@@ -14,7 +15,10 @@ pub mod python;
 pub mod pyframes;
 pub mod record;
 pub mod render;
+pub mod replay;
+pub mod runtimes;
 pub mod report;
+pub mod session;
 pub mod stall;
 pub mod symbolize;
 pub mod unwind;

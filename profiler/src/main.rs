@@ -22,6 +22,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Record(a) => RecordConfig::from_args(a).and_then(record::run),
         Command::Report(a) => report::run(a),
+        Command::Daemon(a) => stallprof::daemon::run(a),
     };
     match result {
         Ok(summary) => {

@@ -12,45 +12,159 @@ use crate::{
     python::{CodeResolver, Interpreter, PyFrameInfo},
 };
 
-/// Native functions that execute Python bytecode: each activation runs one
-/// or more Python frames.
-fn is_eval_frame(name: &str) -> bool {
-    name == "_PyEval_EvalFrameDefault" || name == "_PyEval_EvalFrame" || name.starts_with("_PyEval_Vector")
+/// The native function that executes Python bytecode: each activation runs
+/// one or more Python frames. (Its inline wrapper `_PyEval_EvalFrame`
+/// shows up as an inlined frame of the caller and must not count twice.)
+fn is_eval_frame(f: &Frame) -> bool {
+    f.kind == FrameKind::Native && f.name == "_PyEval_EvalFrameDefault"
 }
 
-/// Merge Python frames into a native stack. Python frames go where the
-/// outermost eval-loop frame was; eval-loop frames are dropped. Without
-/// eval frames in the native stack (no unwinding through the interpreter),
-/// Python frames go on top of the native ones, before the kernel.
-pub fn merge(native: Vec<Frame>, python: Vec<Frame>, py_status: u32) -> Vec<Frame> {
-    let mut out = Vec::with_capacity(native.len() + python.len() + 1);
+/// Entry points of CPython's cyclic garbage collector (3.10-3.13).
+fn is_gc_frame(f: &Frame) -> bool {
+    f.kind == FrameKind::Native
+        && matches!(
+            f.name.as_str(),
+            "collect_with_callback"
+                | "collect_generations"
+                | "gc_collect_main"
+                | "gc_collect_with_callback"
+                | "gc_collect_generations"
+                | "gc_collect_region"
+                | "gc_collect_full"
+                | "gc_collect_young"
+                | "gc_collect_increment"
+                | "_PyGC_Collect"
+                | "_Py_RunGC"
+                | "PyGC_Collect"
+        )
+}
+
+/// Split the walked Python frames (innermost first, `None` = boundary
+/// between eval-loop activations) into groups, outermost group first, each
+/// outermost frame first.
+pub fn groups(walk: Vec<Option<Frame>>) -> Vec<Vec<Frame>> {
+    let mut groups: Vec<Vec<Frame>> = vec![Vec::new()];
+    for f in walk {
+        match f {
+            Some(f) => groups.last_mut().unwrap().push(f),
+            None => groups.push(Vec::new()),
+        }
+    }
+    groups.retain(|g| !g.is_empty());
+    for g in groups.iter_mut() {
+        g.reverse();
+    }
+    groups.reverse();
+    groups
+}
+
+/// Merge Python frames into a native stack (both outermost first).
+///
+/// Each eval-loop activation on the native stack is replaced by the Python
+/// frames it was running, matched from the innermost outwards (the outer
+/// end is where either side may be cut short). Native frames between
+/// activations stay where they are, so a C extension sits below the Python
+/// function that called it. Python frames beyond the activations found go
+/// at the outermost one; with no activation at all (no native unwinding
+/// through the interpreter), they go on top of the native frames. A `[gc]`
+/// marker goes above the collector's entry frame.
+pub fn merge(native: Vec<Frame>, mut groups: Vec<Vec<Frame>>, py_status: u32) -> Vec<Frame> {
     let truncated = py_status == profiler_common::py_status::TRUNCATED;
-    let first_eval = native.iter().position(|f| f.kind == FrameKind::Native && is_eval_frame(&f.name));
-    let mut py = Some(python);
-    let emit_py = |out: &mut Vec<Frame>, py: &mut Option<Vec<Frame>>| {
-        if let Some(p) = py.take() {
-            if truncated {
-                out.push(Frame::marker("[truncated]"));
-            }
-            out.extend(p);
+    let evals: Vec<usize> = native.iter().enumerate().filter(|(_, f)| is_eval_frame(f)).map(|(i, _)| i).collect();
+    let mut out = Vec::with_capacity(native.len() + groups.iter().map(Vec::len).sum::<usize>() + 2);
+    if truncated {
+        groups.insert(0, vec![Frame::marker("[truncated]")]);
+    }
+    // Assign groups to evals, innermost first.
+    let mut at: Vec<Vec<Frame>> = vec![Vec::new(); evals.len()];
+    let mut rest: Vec<Frame> = Vec::new();
+    let mut gi = groups.into_iter().rev();
+    for slot in at.iter_mut().rev() {
+        match gi.next() {
+            Some(g) => *slot = g,
+            None => break,
         }
-    };
-    match first_eval {
-        Some(_) => {
-            for f in native {
-                if f.kind == FrameKind::Native && is_eval_frame(&f.name) {
-                    emit_py(&mut out, &mut py);
-                } else {
-                    out.push(f);
-                }
+    }
+    // Outer groups left over: before the outermost activation's frames.
+    let leftover: Vec<Vec<Frame>> = gi.collect();
+    for g in leftover.into_iter().rev() {
+        rest.extend(g);
+    }
+    let mut gc_marked = false;
+    if evals.is_empty() {
+        for f in native {
+            if !gc_marked && is_gc_frame(&f) {
+                out.push(Frame::marker("[gc]"));
+                gc_marked = true;
             }
+            out.push(f);
         }
-        None => {
-            out.extend(native);
-            emit_py(&mut out, &mut py);
+        out.extend(rest);
+        return out;
+    }
+    let mut k = 0;
+    for (i, f) in native.into_iter().enumerate() {
+        if k < evals.len() && evals[k] == i {
+            if k == 0 {
+                out.append(&mut rest);
+            }
+            out.append(&mut at[k]);
+            k += 1;
+        } else {
+            if !gc_marked && is_gc_frame(&f) {
+                out.push(Frame::marker("[gc]"));
+                gc_marked = true;
+            }
+            out.push(f);
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(name: &str) -> Frame {
+        Frame::new(name, FrameKind::Native)
+    }
+    fn p(name: &str) -> Frame {
+        Frame::new(name, FrameKind::Python)
+    }
+    fn names(v: &[Frame]) -> Vec<&str> {
+        v.iter().map(|f| f.name.as_str()).collect()
+    }
+
+    /// `main -> eval[a, b] -> builtin_exec -> eval[c] -> zlib_compress`
+    #[test]
+    fn c_frames_stay_between_their_python_callers() {
+        let native = vec![n("main"), n("_PyEval_EvalFrameDefault"), n("builtin_exec"), n("_PyEval_EvalFrameDefault"), n("deflate")];
+        // Walk order: innermost first, boundary after each activation's entry.
+        let walk = vec![Some(p("c")), None, Some(p("b")), Some(p("a")), None];
+        let merged = merge(native, groups(walk), profiler_common::py_status::COMPLETE);
+        assert_eq!(names(&merged), ["main", "a", "b", "builtin_exec", "c", "deflate"]);
+    }
+
+    #[test]
+    fn without_native_eval_frames_python_goes_on_top() {
+        let merged = merge(vec![n("start"), n("read")], groups(vec![Some(p("inner")), Some(p("outer"))]), 1);
+        assert_eq!(names(&merged), ["start", "read", "outer", "inner"]);
+    }
+
+    #[test]
+    fn gc_is_marked_under_the_allocating_frame() {
+        let native = vec![n("_PyEval_EvalFrameDefault"), n("_Py_HandlePending"), n("_Py_RunGC"), n("gc_collect_main")];
+        let merged = merge(native, groups(vec![Some(p("load_tokenizer"))]), 1);
+        assert_eq!(names(&merged), ["load_tokenizer", "_Py_HandlePending", "[gc]", "_Py_RunGC", "gc_collect_main"]);
+    }
+
+    #[test]
+    fn extra_outer_groups_and_truncation() {
+        let native = vec![n("_PyEval_EvalFrameDefault"), n("x")];
+        let walk = vec![Some(p("in")), None, Some(p("out"))];
+        let merged = merge(native, groups(walk), profiler_common::py_status::TRUNCATED);
+        assert_eq!(names(&merged), ["[truncated]", "out", "in", "x"]);
+    }
 }
 
 /// Resolves one process's Python frames and GIL holders, reading its

@@ -6,7 +6,7 @@
 //! error after attach), and the probes are dropped — detached — before the
 //! outputs are written.
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::HashSet,
     fs,
     io::{IsTerminal, Write},
     path::{Path, PathBuf},
@@ -14,18 +14,15 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use log::{debug, info, warn};
+use log::info;
 use tokio::{io::unix::AsyncFd, signal::unix::{SignalKind, signal}};
 
 use crate::{
     cli::{RecordArgs, fmt_ns},
-    event::{self, Event},
-    model::{Recording, Stall, ThreadInfo},
+    model::{Recording, Stall},
     probe::Probes,
     render,
-    stall::{Output, Tracker, TrackerConfig},
-    symbolize::{BlazeResolver, to_stall},
-    unwind::{UnwindOutcome, Unwinder, UserRegs},
+    session::{Session, read_comm},
 };
 
 /// Validated `record` settings.
@@ -174,116 +171,6 @@ impl Drop for Launched {
     }
 }
 
-fn read_comm(pid: u32, tid: u32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok().map(|s| s.trim_end().to_string())
-}
-
-/// Everything the event loop accumulates.
-struct Session {
-    pid: u32,
-    tracker: Tracker,
-    resolver: BlazeResolver,
-    stalls: Vec<Stall>,
-    names: HashMap<u32, String>,
-    executors: BTreeMap<u32, String>,
-    events_out: Option<std::io::BufWriter<fs::File>>,
-    parse_errors: u64,
-    unwinder: Unwinder,
-    agent_drops: BTreeMap<&'static str, u64>,
-    target_gone: bool,
-    comm: Option<String>,
-}
-
-impl Session {
-    fn thread_name(&mut self, tid: u32) -> String {
-        if let Some(n) = self.names.get(&tid) {
-            return n.clone();
-        }
-        let n = read_comm(self.pid, tid).unwrap_or_else(|| "?".into());
-        self.names.insert(tid, n.clone());
-        n
-    }
-
-    fn handle(&mut self, ev: Event, probes: Option<&mut Probes>) {
-        if let Some(w) = self.events_out.as_mut() {
-            let _ = serde_json::to_writer(&mut *w, &ev);
-            let _ = w.write_all(b"\n");
-        }
-        if self.comm.is_none() {
-            self.comm = read_comm(self.pid, self.pid);
-        }
-        if let Event::Exit { process: true, .. } = ev {
-            self.target_gone = true;
-        }
-        let mut out = Vec::new();
-        self.tracker.push(ev, &mut out);
-        self.outputs(out, probes);
-    }
-
-    fn outputs(&mut self, out: Vec<Output>, mut probes: Option<&mut Probes>) {
-        for o in out {
-            match o {
-                Output::LoopKey { tid, key } => {
-                    let name = self.thread_name(tid);
-                    debug!("thread {tid} ({name}) parks on wait key {key:#x}");
-                    self.executors.insert(tid, name);
-                    if let Some(p) = probes.as_deref_mut() {
-                        p.set_loop_key(tid, key);
-                    }
-                }
-                Output::Stall(raw) => {
-                    let name = self.thread_name(raw.tid);
-                    let s = to_stall(&raw, &self.tracker.stacks, &mut self.resolver, &name);
-                    info!("stall on {} ({}): {}", raw.tid, name, fmt_ns(s.duration_ns));
-                    self.stalls.push(s);
-                }
-            }
-        }
-    }
-
-    fn worst(&self) -> u64 {
-        self.stalls.iter().map(|s| s.duration_ns).max().unwrap_or(0)
-    }
-}
-
-/// Replace the frame-pointer user stack of a stack event with the one
-/// unwound from the copied stack bytes (`.eh_frame`), unless that failed
-/// early. Outcomes are counted into the recording's drops.
-fn unwind_user(sess: &mut Session, ev: &mut Event, bytes: &[u8]) {
-    let (Event::Sample { tgid, stack, .. } | Event::SwitchOut { tgid, stack, .. }) = ev else { return };
-    let Some((regs, copy)) = event::stack_copy(bytes) else { return };
-    let regs = UserRegs { ip: regs.ip, sp: regs.sp, bp: regs.bp };
-    let (addrs, outcome) = sess.unwinder.unwind(*tgid, &regs, copy);
-    match outcome {
-        UnwindOutcome::Complete => {}
-        UnwindOutcome::Truncated => *sess.agent_drops.entry("unwind_truncated").or_default() += 1,
-        UnwindOutcome::Failed => *sess.agent_drops.entry("unwind_failed").or_default() += 1,
-    }
-    if outcome != UnwindOutcome::Failed || addrs.len() >= stack.user.len() {
-        stack.user = addrs;
-    }
-}
-
-fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>, sess: &mut Session, mut probes: Option<&mut Probes>) -> usize {
-    let mut n = 0;
-    while let Some(item) = ring.next() {
-        n += 1;
-        match event::parse(&item) {
-            Ok(mut ev) => {
-                unwind_user(sess, &mut ev, &item);
-                sess.handle(ev, probes.as_deref_mut())
-            }
-            Err(e) => {
-                sess.parse_errors += 1;
-                if sess.parse_errors == 1 {
-                    warn!("{e}");
-                }
-            }
-        }
-    }
-    n
-}
-
 fn process_alive(pid: u32) -> bool {
     // Zombies count as gone: their threads no longer run.
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -323,39 +210,27 @@ async fn record(cfg: RecordConfig) -> Result<String> {
     info!("attached to {pid} in {attach_ms:.0} ms");
     let started_ns = monotonic_ns();
 
-    let events_out = if cfg.save_events {
-        let f = fs::File::create(cfg.output.join("events.jsonl")).context("creating events.jsonl")?;
-        Some(std::io::BufWriter::new(f))
-    } else {
-        None
-    };
-    let mut sess = Session {
-        pid,
-        tracker: Tracker::new(TrackerConfig { threshold_ns: cfg.threshold_ns, tids: cfg.tids.clone() }),
-        resolver: BlazeResolver::new(),
-        stalls: Vec::new(),
-        names: HashMap::new(),
-        executors: BTreeMap::new(),
-        events_out,
-        parse_errors: 0,
-        unwinder: Unwinder::new(),
-        agent_drops: BTreeMap::new(),
-        target_gone: false,
-        comm: read_comm(pid, pid).filter(|_| launched.is_none()),
-    };
-    sess.resolver.refresh(pid);
+    let mut sess = Session::new(cfg.threshold_ns, cfg.tids.clone());
+    if cfg.save_events {
+        sess.save_events(&cfg.output)?;
+    }
+    sess.tick(&[pid], &mut probes);
+    let mut comm = read_comm(pid, pid).filter(|_| launched.is_none());
 
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let deadline = cfg.duration.map(|d| tokio::time::Instant::now() + d);
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    // Fast ticks for the first two seconds: a launched command's
+    // interpreter or runtime should be found before its first stall.
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let mut ticks = 0u32;
     let mut ended_by = "target exit";
     let mut status_shown = false;
     loop {
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
-                drain(guard.get_inner_mut(), &mut sess, Some(&mut probes));
+                sess.drain(guard.get_inner_mut(), Some(&mut probes));
                 guard.clear_ready();
             }
             _ = sigint.recv() => { ended_by = "Ctrl-C"; break; }
@@ -364,26 +239,26 @@ async fn record(cfg: RecordConfig) -> Result<String> {
                 ended_by = "duration"; break;
             }
             _ = tick.tick() => {
-                if let Some(l) = launched.as_mut()
-                    && l.try_wait().is_some()
-                {
-                    sess.target_gone = true;
+                ticks += 1;
+                if ticks == 40 {
+                    tick = tokio::time::interval(Duration::from_millis(250));
                 }
-                if !process_alive(pid) {
-                    sess.target_gone = true;
-                }
-                if sess.target_gone {
+                let exited = launched.as_mut().is_some_and(|l| l.try_wait().is_some());
+                if exited || !process_alive(pid) || sess.take_exited().contains(&pid) {
                     break;
                 }
-                sess.resolver.refresh(pid);
+                if comm.is_none() {
+                    comm = read_comm(pid, pid);
+                }
+                sess.tick(&[pid], &mut probes);
                 if cfg.live_status {
-                    let busy = sess.tracker.busy_threads().map(|(_, s)| monotonic_ns().saturating_sub(s)).max().unwrap_or(0);
+                    let busy = sess.busy_now_ns(monotonic_ns());
                     let busy = if busy >= cfg.threshold_ns { format!(", stalled now {}", fmt_ns(busy)) } else { String::new() };
                     eprint!(
                         "\r\x1b[Krecording pid {pid}: {:.0}s, {} stalls, worst {}{busy}",
                         t0.elapsed().as_secs_f64(),
-                        sess.stalls.len(),
-                        fmt_ns(sess.worst())
+                        sess.stall_count(),
+                        fmt_ns(sess.worst_ns())
                     );
                     status_shown = true;
                 }
@@ -394,31 +269,26 @@ async fn record(cfg: RecordConfig) -> Result<String> {
         eprint!("\r\x1b[K");
     }
     // Last events, then detach before anything slow.
-    drain(ring.get_mut(), &mut sess, None);
+    sess.drain(ring.get_mut(), None);
     let ended_ns = monotonic_ns();
     let mut drops = probes.drops();
     drop(ring);
     drop(probes);
     info!("recording ended by {ended_by}; probes detached");
 
-    let mut out = Vec::new();
-    sess.tracker.finish(ended_ns, &mut out);
-    sess.outputs(out, None);
-    if let Some(w) = sess.events_out.as_mut() {
-        let _ = w.flush();
+    sess.finish(ended_ns);
+    if cfg.save_events {
+        sess.finish_saving(&cfg.output)?;
     }
-    if sess.parse_errors > 0 {
-        drops.insert("unparsable_events".into(), sess.parse_errors);
-    }
-    for (k, v) in &sess.agent_drops {
+    for (k, v) in sess.agent_drops() {
         drops.insert((*k).to_string(), *v);
     }
     let lost_events = drops.get(profiler_common::Drop::RingbufFull.name()).copied().unwrap_or(0);
-    let comm = sess.comm.clone().unwrap_or_else(|| match &cfg.target {
+    let comm = comm.unwrap_or_else(|| match &cfg.target {
         Target::Command(c) => Path::new(&c[0]).file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
         Target::Pid(_) => "?".into(),
     });
-    let mut stalls = std::mem::take(&mut sess.stalls);
+    let mut stalls: Vec<Stall> = sess.take_stalls().into_iter().map(|(_, s)| s).collect();
     stalls.sort_by_key(|s| (s.start_ns, s.tid));
     let rec = Recording {
         pid,
@@ -430,7 +300,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
         ended_ns,
         lost_events,
         drops,
-        executor_threads: sess.executors.iter().map(|(&tid, name)| ThreadInfo { tid, name: name.clone() }).collect(),
+        executor_threads: sess.executors(pid),
         stallprof_version: env!("CARGO_PKG_VERSION").into(),
         stalls,
     };

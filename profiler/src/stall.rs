@@ -16,7 +16,8 @@
 //!   never uses epoll, a poll/select set waited on [`POLL_DECIDE`] times),
 //!   and moves to another fd when the loop stops using the old one (a new
 //!   event loop). So a blocking client's `poll()` on its socket inside a
-//!   stall does not end the stall.
+//!   stall does not end the stall. A runtime park function (tokio, via
+//!   uprobes) is the loop key at once and for good.
 //! * Busy time splits exactly into on-CPU, off-CPU blocked (switch-out to
 //!   wakeup) and run-queue wait (wakeup, or preemption, to switch-in).
 //!   Blocked time in a wait for a CPython GIL held by another thread (the
@@ -25,10 +26,12 @@
 //! * On-CPU time is spread over the CPU-clock samples taken in the period in
 //!   proportion to their counts; off-CPU and run-queue time go to the stack
 //!   at switch-out. So a stall's part weights sum to its duration.
-//! * Busy periods shorter than the threshold are dropped with their samples.
+//! * Busy periods shorter than the threshold are dropped with their samples,
+//!   and so are busy periods of a thread whose loop key is not known yet
+//!   (a thread that waited once is not yet an event loop).
 use std::collections::{HashMap, HashSet};
 
-use profiler_common::{sysno, wait_key};
+use profiler_common::{WAIT_CLASS_PARK, sysno, wait_key};
 use serde::{Deserialize, Serialize};
 
 use crate::event::{Event, RawStack};
@@ -183,6 +186,18 @@ struct Thread {
 impl Thread {
     /// Count a wait on `key`; returns a new loop key if this decides one.
     fn observe_wait(&mut self, nr: u32, key: u64) -> Option<u64> {
+        // A runtime's park function is the loop's wait by definition, at
+        // once and for good; the syscalls it makes inside are not parks.
+        if key >> 32 == WAIT_CLASS_PARK {
+            if self.loop_key == Some(key) {
+                return None;
+            }
+            self.loop_key = Some(key);
+            return Some(key);
+        }
+        if self.loop_key.is_some_and(|k| k >> 32 == WAIT_CLASS_PARK) {
+            return None;
+        }
         let n = self.counts.entry(key).or_default();
         *n += 1;
         let n = *n;
@@ -235,6 +250,11 @@ impl Tracker {
         self.cfg.threshold_ns
     }
 
+    /// The process a tracked thread belongs to.
+    pub fn tgid_of(&self, tid: u32) -> Option<u32> {
+        self.threads.get(&tid).map(|t| t.tgid)
+    }
+
     /// Threads currently inside a busy period: (tid, start).
     pub fn busy_threads(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
         self.threads.iter().filter_map(|(&t, th)| th.busy.as_ref().map(|b| (t, b.start)))
@@ -258,6 +278,7 @@ impl Tracker {
                 }
                 if th.is_park(key)
                     && let Some(b) = th.busy.take()
+                    && th.loop_key.is_some()
                 {
                     let tgid = th.tgid;
                     self.close(tid, tgid, b, ts, false, out);
@@ -312,6 +333,7 @@ impl Tracker {
             }
             Event::Exit { ts, .. } => {
                 if let Some(mut th) = self.threads.remove(&tid)
+                    && th.loop_key.is_some()
                     && let Some(b) = th.busy.take()
                 {
                     self.close(tid, th.tgid, b, ts, true, out);
@@ -326,6 +348,7 @@ impl Tracker {
         let mut open: Vec<(u32, u32, Busy)> = self
             .threads
             .iter_mut()
+            .filter(|(_, th)| th.loop_key.is_some())
             .filter_map(|(&tid, th)| th.busy.take().map(|b| (tid, th.tgid, b)))
             .collect();
         open.sort_by_key(|(_, _, b)| b.start);
@@ -435,6 +458,16 @@ mod tests {
         Event::Sample { tid: 1, tgid: 1, ts: ts * MS, stack: stack(user) }
     }
 
+    /// Two parks on epoll fd 3 at t=0: the loop key is known from then on.
+    fn warmed(threshold_ms: u64) -> Tracker {
+        let mut t = tracker(threshold_ms);
+        let mut out = Vec::new();
+        for e in [enter(0, EPOLL_WAIT, 3), exit(0, EPOLL_WAIT, 3), enter(0, EPOLL_WAIT, 3)] {
+            t.push(e, &mut out);
+        }
+        t
+    }
+
     fn run(t: &mut Tracker, evs: Vec<Event>) -> Vec<RawStall> {
         let mut out = Vec::new();
         for e in evs {
@@ -469,13 +502,21 @@ mod tests {
         assert_eq!(w, [75 * MS, 25 * MS]);
     }
 
+    /// A thread that waited once is not a loop yet: no stall from it.
+    #[test]
+    fn undecided_thread_makes_no_stalls() {
+        let mut t = tracker(50);
+        let s = run(&mut t, vec![exit(0, POLL, 4), enter(500, EPOLL_WAIT, 9)]);
+        assert!(s.is_empty());
+    }
+
     /// Short busy periods are dropped with their samples.
     #[test]
     fn short_busy_is_not_a_stall() {
-        let mut t = tracker(50);
+        let mut t = warmed(50);
         let s = run(&mut t, vec![exit(0, EPOLL_WAIT, 3), sample(10, 1), enter(20, EPOLL_WAIT, 3)]);
         assert!(s.is_empty());
-        assert_eq!(t.stats.busy_periods, 1);
+        assert_eq!(t.stats.busy_periods, 2); // the warm-up one and this one
     }
 
     /// A blocking client polls its socket inside the stall; once the loop's
@@ -515,7 +556,7 @@ mod tests {
     /// Preempted (runnable) switch-outs are run-queue time, no wakeup needed.
     #[test]
     fn preemption_is_runqueue() {
-        let mut t = tracker(10);
+        let mut t = warmed(10);
         let s = run(&mut t, vec![
             exit(0, EPOLL_WAIT, 3),
             Event::SwitchOut { tid: 1, tgid: 1, ts: 5 * MS, runnable: true, syscall: None, stack: stack(1) },
@@ -539,6 +580,26 @@ mod tests {
         assert!(out.contains(&Output::LoopKey { tid: 1, key: wait_key(POLL, 4) }));
     }
 
+    /// tokio: the park function is the loop's wait; the epoll_wait the I/O
+    /// driver makes inside it is not, and does not split anything.
+    /// ```text
+    /// park{ epoll(5) } | busy 10..70 | park{ futex… }
+    /// ```
+    #[test]
+    fn runtime_park_wins_over_epoll() {
+        use profiler_common::sysno::RUNTIME_PARK;
+        let mut t = tracker(50);
+        let s = run(&mut t, vec![
+            enter(0, EPOLL_WAIT, 5), exit(1, EPOLL_WAIT, 5), enter(2, EPOLL_WAIT, 5), exit(3, EPOLL_WAIT, 5),
+            enter(4, RUNTIME_PARK, 0), enter(4, EPOLL_WAIT, 5), exit(9, EPOLL_WAIT, 5), exit(10, RUNTIME_PARK, 0),
+            sample(40, 0xA),
+            enter(70, RUNTIME_PARK, 0), enter(70, EPOLL_WAIT, 5), exit(80, EPOLL_WAIT, 5), exit(81, RUNTIME_PARK, 0),
+            enter(85, RUNTIME_PARK, 0),
+        ]);
+        assert_eq!(s.len(), 1);
+        assert_eq!((s[0].start_ns, s[0].end_ns), (10 * MS, 70 * MS));
+    }
+
     /// A new event loop (new epoll fd) takes over after LOOP_MOVE waits.
     #[test]
     fn loop_key_moves_to_a_new_loop() {
@@ -559,7 +620,7 @@ mod tests {
     /// Recording ends mid-stall: reported as incomplete.
     #[test]
     fn finish_closes_open_stalls() {
-        let mut t = tracker(50);
+        let mut t = warmed(50);
         let mut out = Vec::new();
         t.push(exit(0, EPOLL_WAIT, 3), &mut out);
         t.push(Event::SwitchOut { tid: 1, tgid: 1, ts: MS, runnable: false, syscall: Some(35), stack: stack(2) }, &mut out);

@@ -82,8 +82,46 @@ impl Maps {
     }
 }
 
+/// JIT symbols a runtime writes to `/tmp/perf-PID.map` (`START SIZE NAME`
+/// per line, hex; e.g. `node --perf-basic-prof`), re-read when it grows.
+#[derive(Default, Debug)]
+struct PerfMap {
+    len: u64,
+    entries: Vec<(u64, u64, String)>,
+}
+
+impl PerfMap {
+    fn refresh(&mut self, pid: u32) {
+        let path = format!("/proc/{pid}/root/tmp/perf-{pid}.map");
+        let path = if Path::new(&path).exists() { path } else { format!("/tmp/perf-{pid}.map") };
+        let Ok(meta) = fs::metadata(&path) else { return };
+        if meta.len() == self.len {
+            return;
+        }
+        let Ok(text) = fs::read_to_string(&path) else { return };
+        self.len = meta.len();
+        self.entries = text
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.splitn(3, ' ');
+                let start = u64::from_str_radix(it.next()?.trim_start_matches("0x"), 16).ok()?;
+                let size = u64::from_str_radix(it.next()?.trim_start_matches("0x"), 16).ok()?;
+                Some((start, size, it.next()?.to_string()))
+            })
+            .collect();
+        // Later entries win for the same address (code moved and re-jitted).
+        self.entries.sort_by_key(|e| e.0);
+    }
+
+    fn find(&self, addr: u64) -> Option<&str> {
+        let i = self.entries.partition_point(|e| e.0 <= addr);
+        self.entries[..i].iter().rev().take(8).find(|e| addr < e.0 + e.1).map(|e| e.2.as_str())
+    }
+}
+
 /// The real resolver: blazesym over ELF files and kallsyms.
 pub struct BlazeResolver {
+    perf_maps: HashMap<u32, PerfMap>,
     blaze: Symbolizer,
     maps: HashMap<u32, Maps>,
     user_cache: HashMap<(String, u64), Vec<Frame>>,
@@ -105,6 +143,7 @@ impl BlazeResolver {
             .enable_demangling(true)
             .build();
         BlazeResolver {
+            perf_maps: HashMap::new(),
             blaze,
             maps: HashMap::new(),
             user_cache: HashMap::new(),
@@ -172,7 +211,18 @@ impl BlazeResolver {
 
 impl Resolve for BlazeResolver {
     fn user(&mut self, pid: u32, addr: u64) -> Vec<Frame> {
-        let Some(m) = self.mapping(pid, addr) else {
+        let m = self.mapping(pid, addr);
+        if m.as_ref().is_none_or(|m| !m.path.starts_with('/')) {
+            // Anonymous executable memory: JIT code, named by a perf map if any.
+            let pm = self.perf_maps.entry(pid).or_default();
+            if pm.find(addr).is_none() {
+                pm.refresh(pid);
+            }
+            if let Some(name) = pm.find(addr) {
+                return vec![Frame { module: Some("[jit]".into()), ..Frame::new(name, FrameKind::Native) }];
+            }
+        }
+        let Some(m) = m else {
             return vec![Frame::new(format!("[unknown {addr:#x}]"), FrameKind::Native)];
         };
         if !m.path.starts_with('/') {
@@ -249,8 +299,8 @@ pub fn frames_of(res: &mut dyn Resolve, pid: u32, stacks: &StackTable, id: u32) 
         user.extend(res.user(pid, a));
     }
     if !raw.python.is_empty() {
-        let py: Vec<Frame> = raw.python.iter().rev().map(|&(c, i)| res.python(pid, c, i)).collect();
-        user = crate::pyframes::merge(user, py, raw.py_status);
+        let walk = raw.python.iter().map(|&(c, i)| (c != 0).then(|| res.python(pid, c, i))).collect();
+        user = crate::pyframes::merge(user, crate::pyframes::groups(walk), raw.py_status);
     }
     let mut frames = user;
     for &a in raw.kernel.iter().rev() {
@@ -265,7 +315,7 @@ fn gil_holder(res: &mut dyn Resolve, pid: u32, stacks: &StackTable, id: u32) -> 
     GilHolder {
         tid: who.as_ref().map(|w| w.0),
         thread_name: who.map(|w| w.1),
-        frames: raw.holder_python.iter().rev().map(|&(c, i)| res.python(pid, c, i)).collect(),
+        frames: raw.holder_python.iter().rev().filter(|f| f.0 != 0).map(|&(c, i)| res.python(pid, c, i)).collect(),
     }
 }
 
@@ -315,20 +365,59 @@ pub fn to_stall(raw: &RawStall, stacks: &StackTable, res: &mut dyn Resolve, thre
     }
 }
 
-/// A fixed address table, for golden tests and replays without the target.
-#[derive(Default, Debug, serde::Deserialize)]
+/// A fixed address table, for golden tests and replays without the target
+/// (`symbols.json`, written by `record --save-events`). Keys are hex
+/// addresses as the pipeline looks them up (user return addresses minus one).
+#[derive(Default, Debug, serde::Deserialize, serde::Serialize)]
 pub struct TableResolver {
     #[serde(default)]
     pub user: HashMap<String, Vec<Frame>>,
     #[serde(default)]
     pub kernel: HashMap<String, String>,
+    /// `"code:instr"` in hex -> frame.
+    #[serde(default)]
+    pub python: HashMap<String, Frame>,
+    /// tstate in hex -> (tid, thread name).
+    #[serde(default)]
+    pub python_threads: HashMap<String, (u32, String)>,
+}
+
+/// Wraps a resolver and records every answer into a [`TableResolver`], so
+/// a recording can be replayed later without the target.
+pub struct Recorder<'a> {
+    pub inner: &'a mut dyn Resolve,
+    pub table: TableResolver,
+}
+
+impl Resolve for Recorder<'_> {
+    fn user(&mut self, pid: u32, addr: u64) -> Vec<Frame> {
+        let f = self.inner.user(pid, addr);
+        self.table.user.insert(format!("{addr:#x}"), f.clone());
+        f
+    }
+    fn kernel(&mut self, addr: u64) -> Frame {
+        let f = self.inner.kernel(addr);
+        self.table.kernel.insert(format!("{addr:#x}"), f.name.clone());
+        f
+    }
+    fn python(&mut self, pid: u32, code: u64, instr: u64) -> Frame {
+        let f = self.inner.python(pid, code, instr);
+        self.table.python.insert(format!("{code:#x}:{instr:#x}"), f.clone());
+        f
+    }
+    fn python_thread(&mut self, pid: u32, tstate: u64) -> Option<(u32, String)> {
+        let t = self.inner.python_thread(pid, tstate);
+        if let Some(t) = &t {
+            self.table.python_threads.insert(format!("{tstate:#x}"), t.clone());
+        }
+        t
+    }
 }
 
 impl Resolve for TableResolver {
     fn user(&mut self, _pid: u32, addr: u64) -> Vec<Frame> {
         self.user
             .get(&format!("{addr:#x}"))
-            .or_else(|| self.user.get(&format!("{:#x}", addr + 1)))
             .cloned()
             .unwrap_or_else(|| vec![Frame::marker(format!("[unknown {addr:#x}]"))])
     }
@@ -337,10 +426,13 @@ impl Resolve for TableResolver {
         Frame::new(name, FrameKind::Kernel)
     }
     fn python(&mut self, _pid: u32, code: u64, instr: u64) -> Frame {
-        Frame::marker(format!("[python {code:#x}+{instr}]"))
+        self.python
+            .get(&format!("{code:#x}:{instr:#x}"))
+            .cloned()
+            .unwrap_or_else(|| Frame::marker(format!("[python {code:#x}+{instr}]")))
     }
-    fn python_thread(&mut self, _pid: u32, _tstate: u64) -> Option<(u32, String)> {
-        None
+    fn python_thread(&mut self, _pid: u32, tstate: u64) -> Option<(u32, String)> {
+        self.python_threads.get(&format!("{tstate:#x}")).cloned()
     }
 }
 

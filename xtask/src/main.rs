@@ -145,7 +145,7 @@ fn cargo() -> Command {
 
 fn build() -> Result<PathBuf> {
     setup()?;
-    run(cargo().args(["build", "--release", "--workspace"]))?;
+    run(cargo().args(["build", "--release"]))?;
     Ok(root().join("target/release/stallprof"))
 }
 
@@ -174,8 +174,8 @@ fn test(args: &[String]) -> Result<()> {
     }
     // The root tests drive the release binary (closer to what users run,
     // and faster symbolization); build it first.
-    run(cargo().args(["build", "--release", "--workspace"]))?;
-    run(cargo().args(["test", "--workspace", "--release"]).args(args))
+    run(cargo().args(["build", "--release"]))?;
+    run(cargo().args(["test", "--release", "--no-fail-fast"]).args(args))
 }
 
 fn unsafe_geteuid() -> u32 {

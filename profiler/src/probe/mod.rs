@@ -5,20 +5,23 @@
 //! failure counters out. Dropping [`Probes`] detaches every program and
 //! closes every map: nothing stays loaded after a recording, whatever route
 //! it ended by.
-use std::{collections::BTreeMap, io, path::Path};
+use std::{collections::BTreeMap, io, num::NonZeroU32, path::Path};
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        PerfEvent, TracePoint,
+        PerfEvent, TracePoint, UProbe,
+        uprobe::UProbeScope,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
     util::online_cpus,
 };
 use log::{debug, info};
-use profiler_common::{Drop, sysno};
+use profiler_common::{Drop, PyProc, sysno};
 use thiserror::Error;
+
+use crate::runtimes::ParkPoint;
 
 /// The eBPF object built by build.rs from `profiler-ebpf`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -55,7 +58,7 @@ fn is_eperm(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
         if let Some(io) = err.downcast_ref::<io::Error>()
-            && matches!(io.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES))
+            && io.raw_os_error() == Some(libc::EPERM)
         {
             return true;
         }
@@ -86,6 +89,8 @@ fn ensure_tracefs() -> Result<(), ProbeError> {
 pub struct Probes {
     ebpf: Ebpf,
     loop_keys: BpfHashMap<MapData, u32, u64>,
+    py_procs: BpfHashMap<MapData, u32, PyProc>,
+    py_threads: BpfHashMap<MapData, u32, u64>,
     stats: PerCpuArray<MapData, u64>,
 }
 
@@ -103,6 +108,11 @@ impl Probes {
 
         let loop_keys = ebpf.take_map("LOOP_KEYS").ok_or(ProbeError::MissingMap("LOOP_KEYS"))?;
         let loop_keys = BpfHashMap::try_from(loop_keys).map_err(|source| ProbeError::Map { name: "LOOP_KEYS", source })?;
+        let py_procs = ebpf.take_map("PY_PROCS").ok_or(ProbeError::MissingMap("PY_PROCS"))?;
+        let py_procs = BpfHashMap::try_from(py_procs).map_err(|source| ProbeError::Map { name: "PY_PROCS", source })?;
+        let py_threads = ebpf.take_map("PY_THREADS").ok_or(ProbeError::MissingMap("PY_THREADS"))?;
+        let py_threads =
+            BpfHashMap::try_from(py_threads).map_err(|source| ProbeError::Map { name: "PY_THREADS", source })?;
         let stats = ebpf.take_map("STATS").ok_or(ProbeError::MissingMap("STATS"))?;
         let stats = PerCpuArray::try_from(stats).map_err(|source| ProbeError::Map { name: "STATS", source })?;
 
@@ -131,6 +141,15 @@ impl Probes {
         tp(&mut ebpf, "sp_sched_switch", &[("sched", "sched_switch".into())])?;
         tp(&mut ebpf, "sp_exit", &[("sched", "sched_process_exit".into())])?;
 
+        for prog in ["sp_park_enter", "sp_park_exit"] {
+            let p: &mut UProbe = ebpf
+                .program_mut(prog)
+                .ok_or(ProbeError::MissingMap(prog))?
+                .try_into()
+                .map_err(|source| ProbeError::Program { program: prog, source })?;
+            p.load().map_err(|source| ProbeError::Program { program: prog, source })?;
+        }
+
         let sample: &mut PerfEvent = ebpf
             .program_mut("sp_sample")
             .ok_or(ProbeError::MissingMap("sp_sample"))?
@@ -149,7 +168,7 @@ impl Probes {
                 .map_err(|source| ProbeError::Attach { what: format!("cpu-clock perf event on CPU {cpu}"), source })?;
         }
         info!("probes attached (tgid {tgid}, {sample_hz} Hz)");
-        Ok(Probes { ebpf, loop_keys, stats })
+        Ok(Probes { ebpf, loop_keys, py_procs, py_threads, stats })
     }
 
     /// The event ring buffer (can be taken once).
@@ -162,6 +181,49 @@ impl Probes {
     pub fn set_loop_key(&mut self, tid: u32, key: u64) {
         if let Err(e) = self.loop_keys.insert(tid, key, 0) {
             debug!("LOOP_KEYS insert for {tid}: {e}");
+        }
+    }
+
+    /// Put the park uprobes (entry and return) on a runtime's park function,
+    /// for process `pid` (None: every process running that binary).
+    pub fn attach_park(&mut self, point: &ParkPoint, pid: Option<u32>) -> Result<(), ProbeError> {
+        let scope = match pid.and_then(NonZeroU32::new) {
+            Some(p) => UProbeScope::OneProcess(p),
+            None => UProbeScope::AllProcesses,
+        };
+        for prog in ["sp_park_enter", "sp_park_exit"] {
+            let p: &mut UProbe = self
+                .ebpf
+                .program_mut(prog)
+                .ok_or(ProbeError::MissingMap(prog))?
+                .try_into()
+                .map_err(|source| ProbeError::Program { program: prog, source })?;
+            p.attach(point.symbol.as_str(), &point.binary, scope).map_err(|source| ProbeError::Attach {
+                what: format!("uprobe on {} in {}", point.demangled, point.binary.display()),
+                source,
+            })?;
+        }
+        info!("park probes on {} ({})", point.demangled, point.binary.display());
+        Ok(())
+    }
+
+    /// Let BPF walk the Python stacks of process `tgid`.
+    pub fn set_python_proc(&mut self, tgid: u32, p: PyProc) {
+        if let Err(e) = self.py_procs.insert(tgid, p, 0) {
+            log::warn!("cannot enable Python stacks for {tgid}: {e}");
+        }
+    }
+
+    /// Make `threads` (tid -> `PyThreadState*`) the Python threads BPF
+    /// knows for one process, removing `gone` ones.
+    pub fn set_python_threads(&mut self, threads: &[(u32, u64)], gone: &[u32]) {
+        for &(tid, ts) in threads {
+            if let Err(e) = self.py_threads.insert(tid, ts, 0) {
+                debug!("PY_THREADS insert for {tid}: {e}");
+            }
+        }
+        for tid in gone {
+            let _ = self.py_threads.remove(tid);
         }
     }
 

@@ -115,7 +115,7 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
                 frame_owner: PY_OFFSET_NONE,
                 owner_cstack: PY_OWNER_NONE,
                 code_adaptive: 0,
-                _pad0: 0,
+                frame_is_entry: PY_OFFSET_NONE,
                 code_tag_mask: 0,
             },
             runtime_interpreters_head: 32,
@@ -153,7 +153,7 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
                 frame_owner: 69,             // _PyInterpreterFrame.owner (char)
                 owner_cstack: PY_OWNER_NONE, // enum _frameowner has no FRAME_OWNED_BY_CSTACK
                 code_adaptive: 184,          // PyCodeObject.co_code_adaptive
-                _pad0: 0,
+                frame_is_entry: 68, // _PyInterpreterFrame.is_entry (gdb ptype /o, 3.11.7)
                 code_tag_mask: 0,
             },
             runtime_interpreters_head: 40,
@@ -191,7 +191,7 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
                 frame_owner: 70,    // _PyInterpreterFrame.owner (char)
                 owner_cstack: 3,    // FRAME_OWNED_BY_CSTACK
                 code_adaptive: 192, // PyCodeObject.co_code_adaptive
-                _pad0: 0,
+                frame_is_entry: PY_OFFSET_NONE,
                 code_tag_mask: 0,
             },
             runtime_interpreters_head: 40,
@@ -227,7 +227,7 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
                 frame_owner: 70,    // _PyInterpreterFrame.owner (char)
                 owner_cstack: 3,    // FRAME_OWNED_BY_CSTACK (f_executable is Py_None)
                 code_adaptive: 200, // PyCodeObject.co_code_adaptive
-                _pad0: 0,
+                frame_is_entry: PY_OFFSET_NONE,
                 code_tag_mask: 0,
             },
             runtime_interpreters_head: 632,

@@ -20,7 +20,7 @@ pub mod summary;
 pub enum RenderError {
     #[error("cannot write {path}: {source}; choose a writable directory with -o DIR")]
     Write { path: PathBuf, source: std::io::Error },
-    #[error("cannot read the recording {path}: {source}")]
+    #[error("cannot read the recording {path}: {source}; give a directory written by `stallprof record` (it holds stalls.json)")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("{path} is not a stallprof recording: {source}")]
     Parse { path: PathBuf, source: serde_json::Error },

@@ -1,0 +1,259 @@
+//! Daemon settings: the TOML file (docs/daemon.md), overridden by flags,
+//! validated into a [`DaemonConfig`] before any probe is loaded.
+//!
+//! In: `--config FILE` text and the command-line flags. Out: a
+//! [`DaemonConfig`] with every duration and size parsed, or an error naming
+//! the key and the expected form. Unknown keys are errors (a typo must not
+//! silently widen what is monitored).
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use super::rules::{Rule, Rules};
+use crate::cli::parse_duration;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9436";
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/stallprof";
+/// Lower than `record`'s 999 Hz: the perf timer fires on every CPU whether
+/// or not a loop is busy, and idle cost is the daemon's budget (docs/daemon.md).
+pub const DEFAULT_FREQUENCY: u64 = 199;
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read the config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{key}: {message}")]
+    Value { key: &'static str, message: String },
+}
+
+/// The file, as written. Every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub threshold: Option<String>,
+    pub frequency: Option<u64>,
+    pub window: Option<String>,
+    #[serde(default)]
+    pub retention: RetentionFile,
+    #[serde(default)]
+    pub limits: LimitsFile,
+    #[serde(default)]
+    pub include: Vec<Rule>,
+    #[serde(default)]
+    pub exclude: Vec<Rule>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionFile {
+    pub max_age: Option<String>,
+    pub max_size: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsFile {
+    pub max_processes: Option<usize>,
+    pub forget_after: Option<String>,
+}
+
+/// Flags that override the file.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub threshold: Option<String>,
+    pub frequency: Option<u64>,
+    pub window: Option<String>,
+}
+
+/// Validated settings.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub threshold_ns: u64,
+    pub sample_hz: u64,
+    /// Length of one rolling report window.
+    pub window: Duration,
+    /// Report windows older than this are deleted.
+    pub max_age: Duration,
+    /// The data directory's report windows are kept under this many bytes.
+    pub max_bytes: u64,
+    /// Processes tracked at once (live, or exited and not yet forgotten).
+    pub max_processes: usize,
+    /// How long an exited process's metrics stay exported.
+    pub forget_after: Duration,
+    pub rules: Rules,
+}
+
+fn duration(key: &'static str, s: &str) -> Result<Duration, ConfigError> {
+    parse_duration(s)
+        .map(Duration::from_nanos)
+        .map_err(|e| ConfigError::Value { key, message: e.to_string() })
+}
+
+/// `512MiB`, `1GiB`, `100MB`, `64KiB`, `1000000` (bytes).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.parse().ok()?;
+    let scale = match unit.trim() {
+        "" | "B" => 1.0,
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    Some((v * scale).round() as u64)
+}
+
+impl DaemonConfig {
+    pub fn load(file: Option<&Path>, o: &Overrides) -> Result<DaemonConfig, ConfigError> {
+        let f = match file {
+            Some(path) => {
+                let text =
+                    std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+                toml::from_str::<FileConfig>(&text)
+                    .map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?
+            }
+            None => FileConfig::default(),
+        };
+        Self::from_file(f, o)
+    }
+
+    pub fn from_file(f: FileConfig, o: &Overrides) -> Result<DaemonConfig, ConfigError> {
+        let listen_s = o.listen.clone().or(f.listen).unwrap_or_else(|| DEFAULT_LISTEN.into());
+        let listen: SocketAddr = listen_s.parse().map_err(|_| ConfigError::Value {
+            key: "listen",
+            message: format!("'{listen_s}' is not an IP:PORT address (e.g. 127.0.0.1:9436)"),
+        })?;
+        let threshold_ns = match o.threshold.as_deref().or(f.threshold.as_deref()) {
+            Some(s) => duration("threshold", s)?.as_nanos() as u64,
+            None => 50_000_000,
+        };
+        if threshold_ns < 1_000_000 {
+            return Err(ConfigError::Value { key: "threshold", message: "must be at least 1ms".into() });
+        }
+        let sample_hz = o.frequency.or(f.frequency).unwrap_or(DEFAULT_FREQUENCY);
+        if !(1..=10_000).contains(&sample_hz) {
+            return Err(ConfigError::Value { key: "frequency", message: format!("{sample_hz} Hz is not in 1..=10000") });
+        }
+        let window = match o.window.as_deref().or(f.window.as_deref()) {
+            Some(s) => duration("window", s)?,
+            None => Duration::from_secs(60),
+        };
+        if window < Duration::from_secs(1) {
+            return Err(ConfigError::Value { key: "window", message: "must be at least 1s".into() });
+        }
+        let max_age = match f.retention.max_age.as_deref() {
+            Some(s) => duration("retention.max_age", s)?,
+            None => Duration::from_secs(24 * 3600),
+        };
+        let max_bytes = match f.retention.max_size.as_deref() {
+            Some(s) => parse_size(s).ok_or_else(|| ConfigError::Value {
+                key: "retention.max_size",
+                message: format!("'{s}' is not a size: write e.g. 512MiB, 2GiB, 100MB or a byte count"),
+            })?,
+            None => 1024 * 1024 * 1024,
+        };
+        let max_processes = f.limits.max_processes.unwrap_or(1000);
+        if max_processes == 0 {
+            return Err(ConfigError::Value { key: "limits.max_processes", message: "must be at least 1".into() });
+        }
+        let forget_after = match f.limits.forget_after.as_deref() {
+            Some(s) => duration("limits.forget_after", s)?,
+            None => Duration::from_secs(300),
+        };
+        let rules = Rules::new(f.include, f.exclude).map_err(|message| ConfigError::Value { key: "include/exclude", message })?;
+        Ok(DaemonConfig {
+            listen,
+            data_dir: o.data_dir.clone().or(f.data_dir).unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
+            threshold_ns,
+            sample_hz,
+            window,
+            max_age,
+            max_bytes,
+            max_processes,
+            forget_after,
+            rules,
+        })
+    }
+
+    /// The effective settings, as `--check-config` prints them.
+    pub fn describe(&self) -> String {
+        use crate::cli::fmt_ns;
+        let mut s = String::new();
+        s.push_str("stallprof daemon: configuration is valid\n");
+        s.push_str(&format!("  listen        {}{}\n", self.listen, if self.listen.ip().is_loopback() { "" } else { "  (NOT loopback: metrics and reports are reachable from the network)" }));
+        s.push_str(&format!("  data_dir      {}\n", self.data_dir.display()));
+        s.push_str(&format!("  threshold     {}\n", fmt_ns(self.threshold_ns)));
+        s.push_str(&format!("  frequency     {} Hz\n", self.sample_hz));
+        s.push_str(&format!("  window        {}\n", fmt_ns(self.window.as_nanos() as u64)));
+        s.push_str(&format!("  retention     max_age {}, max_size {} bytes\n", fmt_ns(self.max_age.as_nanos() as u64), self.max_bytes));
+        s.push_str(&format!("  limits        max_processes {}, forget_after {}\n", self.max_processes, fmt_ns(self.forget_after.as_nanos() as u64)));
+        s.push_str(&format!("  rules         {}\n", self.rules.describe()));
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64KiB"), Some(65536));
+        assert_eq!(parse_size("1GiB"), Some(1 << 30));
+        assert_eq!(parse_size("100MB"), Some(100_000_000));
+        assert_eq!(parse_size("123"), Some(123));
+        assert_eq!(parse_size("12 parsecs"), None);
+    }
+
+    #[test]
+    fn file_and_overrides() {
+        let f: FileConfig = toml::from_str(
+            r#"
+            listen = "127.0.0.1:1234"
+            threshold = "20ms"
+            window = "10s"
+            [retention]
+            max_age = "1h"
+            max_size = "10MiB"
+            [[include]]
+            comm = "python*"
+            [[exclude]]
+            cgroup = "*system.slice*"
+            "#,
+        )
+        .unwrap();
+        let o = Overrides { threshold: Some("30ms".into()), ..Default::default() };
+        let c = DaemonConfig::from_file(f, &o).unwrap();
+        assert_eq!(c.listen.port(), 1234);
+        assert_eq!(c.threshold_ns, 30_000_000);
+        assert_eq!(c.window, Duration::from_secs(10));
+        assert_eq!(c.max_bytes, 10 << 20);
+        assert_eq!(c.max_age, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        assert!(toml::from_str::<FileConfig>("treshold = \"20ms\"").is_err());
+        let f: FileConfig = toml::from_str("window = \"soon\"").unwrap();
+        let e = DaemonConfig::from_file(f, &Overrides::default()).unwrap_err();
+        assert!(e.to_string().contains("window"), "{e}");
+    }
+}

@@ -1,0 +1,302 @@
+//! Prometheus metrics: per-process stall histograms and time by kind, and
+//! the daemon's own health, encoded in the OpenMetrics text format by
+//! `prometheus-client`.
+//!
+//! In: stalls with their process labels; counters and gauges from the
+//! collector. Out: the `/metrics` body. Names follow the Prometheus
+//! conventions: base units (seconds, bytes), `_total` on counters, `_info`
+//! with value 1 for build information, standard `process_*` names for the
+//! daemon's own CPU and memory. An exited process's series are removed
+//! after `forget_after` (bounded cardinality under churn).
+use std::{
+    collections::BTreeMap,
+    sync::atomic::AtomicU64,
+};
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram, info::Info},
+    registry::{Registry, Unit},
+};
+
+use crate::model::{PartKind, Stall};
+
+/// Label pairs of one process: pid, comm, exe, cgroup, container, runtime.
+pub type Labels = Vec<(&'static str, String)>;
+
+/// Stall-duration buckets, seconds: from a fast threshold to "the loop was
+/// gone for a minute".
+const BUCKETS: [f64; 13] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+fn histogram() -> Histogram {
+    Histogram::new(BUCKETS)
+}
+
+pub const KINDS: [PartKind; 4] = [PartKind::OnCpu, PartKind::OffCpu, PartKind::Runqueue, PartKind::GilWait];
+
+pub struct Metrics {
+    pub registry: Registry,
+    stall_duration: Family<Labels, Histogram, fn() -> Histogram>,
+    stall_seconds: Family<Labels, Counter<f64, AtomicU64>>,
+    incomplete: Family<Labels, Counter>,
+    loop_threads: Family<Labels, Gauge>,
+    lost_events: Counter,
+    probe_drops: Family<Labels, Counter>,
+    agent_drops: Family<Labels, Counter>,
+    pub tracked_processes: Gauge,
+    pub tracked_threads: Gauge,
+    pub over_limit: Counter,
+    pub excluded: Gauge,
+    pub window_stalls_dropped: Counter,
+    pub reports_written: Counter,
+    pub reports_bytes: Gauge,
+    pub session_resets: Counter,
+    cpu: Counter<f64, AtomicU64>,
+    rss: Gauge,
+    last: std::sync::Mutex<Last>,
+}
+
+#[derive(Default)]
+struct Last {
+    cpu_s: f64,
+    probe: BTreeMap<String, u64>,
+    agent: BTreeMap<String, u64>,
+}
+
+fn with(labels: &Labels, k: &'static str, v: &str) -> Labels {
+    let mut l = labels.clone();
+    l.push((k, v.to_string()));
+    l
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut r = Registry::default();
+        let stall_duration = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(histogram as fn() -> Histogram);
+        r.register_with_unit(
+            "stallprof_stall_duration",
+            "Stalls of a process's event-loop threads (busy periods over the threshold), by duration",
+            Unit::Seconds,
+            stall_duration.clone(),
+        );
+        let stall_seconds = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        r.register_with_unit(
+            "stallprof_stall",
+            "Time spent in stalls, by where it went: kind=on_cpu|off_cpu|runqueue|gil_wait",
+            Unit::Seconds,
+            stall_seconds.clone(),
+        );
+        let incomplete = Family::<Labels, Counter>::default();
+        r.register(
+            "stallprof_stalls_incomplete",
+            "Stalls cut short by the thread's or the daemon's exit",
+            incomplete.clone(),
+        );
+        let loop_threads = Family::<Labels, Gauge>::default();
+        r.register("stallprof_loop_threads", "Event-loop threads found in the process", loop_threads.clone());
+        let lost_events = Counter::default();
+        r.register(
+            "stallprof_lost_events",
+            "Events the kernel could not deliver (ring buffer full); host-wide: the kernel side does not know the process",
+            lost_events.clone(),
+        );
+        let probe_drops = Family::<Labels, Counter>::default();
+        r.register("stallprof_probe_drops", "Failures counted by the eBPF programs, by reason", probe_drops.clone());
+        let agent_drops = Family::<Labels, Counter>::default();
+        r.register("stallprof_agent_drops", "Failures counted by the daemon (unwinding, decoding), by reason", agent_drops.clone());
+        let tracked_processes = Gauge::default();
+        r.register("stallprof_tracked_processes", "Processes with event-loop threads being reported on", tracked_processes.clone());
+        let tracked_threads = Gauge::default();
+        r.register("stallprof_tracked_threads", "Event-loop threads of the reported processes", tracked_threads.clone());
+        let excluded = Gauge::default();
+        r.register("stallprof_excluded_processes", "Live processes with event-loop threads left out by the exclude/include rules", excluded.clone());
+        let over_limit = Counter::default();
+        r.register("stallprof_processes_over_limit", "Processes not reported because limits.max_processes was reached", over_limit.clone());
+        let window_stalls_dropped = Counter::default();
+        r.register(
+            "stallprof_window_stalls_dropped",
+            "Stalls counted in the metrics but left out of a report window that was over its memory budget",
+            window_stalls_dropped.clone(),
+        );
+        let reports_written = Counter::default();
+        r.register("stallprof_reports_written", "Per-process window reports written to the data directory", reports_written.clone());
+        let reports_bytes = Gauge::default();
+        r.register_with_unit("stallprof_reports", "Size of the report windows kept in the data directory", Unit::Bytes, reports_bytes.clone());
+        let session_resets = Counter::default();
+        r.register("stallprof_session_resets", "Times the stall-assembly state was rebuilt to bound its memory", session_resets.clone());
+        let cpu = Counter::<f64, AtomicU64>::default();
+        r.register_with_unit("process_cpu", "Total user and system CPU time spent by the daemon", Unit::Seconds, cpu.clone());
+        let rss = Gauge::default();
+        r.register_with_unit("process_resident_memory", "Resident memory size of the daemon", Unit::Bytes, rss.clone());
+        let start_time = Gauge::<f64, AtomicU64>::default();
+        r.register_with_unit("process_start_time", "Start time of the daemon since the Unix epoch", Unit::Seconds, start_time.clone());
+        start_time.set(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0));
+        r.register(
+            "stallprof_build",
+            "stallprof build information",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION").to_string())]),
+        );
+        Metrics {
+            registry: r,
+            stall_duration,
+            stall_seconds,
+            incomplete,
+            loop_threads,
+            lost_events,
+            probe_drops,
+            agent_drops,
+            tracked_processes,
+            tracked_threads,
+            over_limit,
+            excluded,
+            window_stalls_dropped,
+            reports_written,
+            reports_bytes,
+            session_resets,
+            cpu,
+            rss,
+            last: std::sync::Mutex::new(Last::default()),
+        }
+    }
+
+    /// Make a new process's series exist (at zero) so that dashboards see it
+    /// before its first stall.
+    pub fn add_process(&self, labels: &Labels) {
+        let _ = self.stall_duration.get_or_create(labels);
+        for k in KINDS {
+            let _ = self.stall_seconds.get_or_create(&with(labels, "kind", k.as_str()));
+        }
+        let _ = self.incomplete.get_or_create(labels);
+    }
+
+    pub fn observe(&self, labels: &Labels, s: &Stall) {
+        self.stall_duration.get_or_create(labels).observe(s.duration_ns as f64 / 1e9);
+        let mut by_kind = [0u64; 4];
+        for p in &s.stacks {
+            let i = KINDS.iter().position(|k| *k == p.kind).unwrap_or(0);
+            by_kind[i] += p.weight_ns;
+        }
+        for (k, ns) in KINDS.iter().zip(by_kind) {
+            self.stall_seconds.get_or_create(&with(labels, "kind", k.as_str())).inc_by(ns as f64 / 1e9);
+        }
+        if s.incomplete {
+            self.incomplete.get_or_create(labels).inc();
+        }
+    }
+
+    pub fn set_loop_threads(&self, labels: &Labels, n: usize) {
+        self.loop_threads.get_or_create(labels).set(n as i64);
+    }
+
+    /// Drop every series of a process (it exited long enough ago, or its
+    /// pid now belongs to another process with the same labels).
+    pub fn remove_process(&self, labels: &Labels) {
+        self.stall_duration.remove(labels);
+        for k in KINDS {
+            self.stall_seconds.remove(&with(labels, "kind", k.as_str()));
+        }
+        self.incomplete.remove(labels);
+        self.loop_threads.remove(labels);
+    }
+
+    /// Absolute failure counters in; counter increments out.
+    pub fn set_drops(&self, probe: &BTreeMap<String, u64>, agent: &BTreeMap<String, u64>) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        for (k, &v) in probe {
+            let before = last.probe.get(k).copied().unwrap_or(0);
+            if v > before {
+                self.probe_drops.get_or_create(&vec![("reason", k.clone())]).inc_by(v - before);
+                if k == profiler_common::Drop::RingbufFull.name() {
+                    self.lost_events.inc_by(v - before);
+                }
+            }
+            last.probe.insert(k.clone(), v.max(before));
+        }
+        for (k, &v) in agent {
+            let before = last.agent.get(k).copied().unwrap_or(0);
+            if v > before {
+                self.agent_drops.get_or_create(&vec![("reason", k.clone())]).inc_by(v - before);
+            }
+            last.agent.insert(k.clone(), v.max(before));
+        }
+    }
+
+    /// The daemon's own CPU time and resident memory, read at scrape time.
+    pub fn update_self(&self) {
+        let (cpu_s, rss) = self_usage();
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if cpu_s > last.cpu_s {
+            self.cpu.inc_by(cpu_s - last.cpu_s);
+            last.cpu_s = cpu_s;
+        }
+        self.rss.set(rss as i64);
+    }
+
+    pub fn encode(&self) -> String {
+        self.update_self();
+        let mut s = String::new();
+        encode(&mut s, &self.registry).expect("writing to a String cannot fail");
+        s
+    }
+}
+
+/// (CPU seconds, resident bytes) of this process, from /proc/self.
+pub fn self_usage() -> (f64, u64) {
+    let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    let cpu = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let (_, rest) = s.rsplit_once(')')?;
+            let f: Vec<&str> = rest.split_ascii_whitespace().collect();
+            Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / tck)
+        })
+        .unwrap_or(0.0);
+    let rss = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_ascii_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0)
+        * page;
+    (cpu, rss)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Frame, StackPart};
+
+    #[test]
+    fn names_follow_conventions() {
+        let m = Metrics::new();
+        let labels: Labels = vec![("pid", "1".into()), ("comm", "x".into())];
+        m.add_process(&labels);
+        let part = |kind, ns| StackPart { frames: vec![Frame::marker("[x]")], weight_ns: ns, kind, syscall: None, waker_tid: None, gil_holder: None };
+        let s = Stall {
+            tid: 1,
+            thread_name: "x".into(),
+            start_ns: 0,
+            end_ns: 100_000_000,
+            duration_ns: 100_000_000,
+            on_cpu_ns: 60_000_000,
+            off_cpu_ns: 40_000_000,
+            runqueue_ns: 0,
+            incomplete: false,
+            stacks: vec![part(PartKind::OnCpu, 60_000_000), part(PartKind::OffCpu, 40_000_000)],
+        };
+        m.observe(&labels, &s);
+        let text = m.encode();
+        assert!(text.contains("# TYPE stallprof_stall_duration_seconds histogram"), "{text}");
+        assert!(text.contains("stallprof_stall_duration_seconds_count{pid=\"1\",comm=\"x\"} 1"), "{text}");
+        assert!(text.contains("stallprof_stall_seconds_total{pid=\"1\",comm=\"x\",kind=\"on_cpu\"} 0.06"), "{text}");
+        assert!(text.contains("process_cpu_seconds_total"), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+        m.remove_process(&labels);
+        assert!(!m.encode().contains("pid=\"1\""));
+    }
+}

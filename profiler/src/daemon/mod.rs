@@ -1,0 +1,628 @@
+//! `stallprof daemon`: host-wide, continuous stall monitoring.
+//!
+//! In: every process's wait/sched/sample events (probes attached for tgid 0)
+//! and the config. Out: Prometheus metrics per process, rolling per-process
+//! reports (folded, SVG, pprof) in the data directory, pprof over HTTP, an
+//! index page; on SIGTERM/SIGINT the current window is flushed and every
+//! probe detached.
+//!
+//! Two threads:
+//! - the *collector* owns the probes and the [`Session`] (the same stall
+//!   model and symbolization as `record`). It drains the ring buffer every
+//!   100 ms on a timer rather than waiting on its fd: a thread that never
+//!   enters epoll/poll/select is invisible to the probes, so the daemon does
+//!   not watch itself, and batching bounds its wakeups on a busy host.
+//!   Every 250 ms it ticks the session for the monitored processes; every
+//!   second it follows exits, exec and pid reuse, publishes counters, and
+//!   enforces the memory bounds; at each window's end it writes reports and
+//!   applies retention.
+//! - the *main* thread runs the HTTP server (`http`) and waits for signals.
+//!
+//! They share [`Shared`]: the metrics registry (internally synchronized),
+//! and two small mutex-guarded views (recent stalls, process rows) that
+//! the collector updates and the HTTP side reads.
+//!
+//! Memory is bounded (docs/daemon.md): tracked processes ≤
+//! `limits.max_processes`, exited ones forgotten after `forget_after`, recent
+//! stalls ≤ [`RECENT_BUDGET`] bytes, a window's stalls ≤
+//! [`reports::WINDOW_BUDGET`], and the session (interned stacks,
+//! per-process caches) rebuilt past [`MAX_STACKS`] stacks or
+//! [`MAX_FORGOTTEN`] forgotten processes.
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod pprof;
+pub mod procs;
+pub mod reports;
+pub mod rules;
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result};
+use aya::maps::{MapData, RingBuf};
+use clap::Args;
+use log::{info, warn};
+use tokio::{
+    net::TcpListener,
+    signal::unix::{SignalKind, signal},
+    sync::{oneshot, watch},
+};
+
+use self::{
+    config::{DaemonConfig, Overrides},
+    metrics::{Labels, Metrics},
+    procs::ProcInfo,
+    reports::Window,
+};
+use crate::{cli::fmt_ns, model::Stall, probe::Probes, record::monotonic_ns, render, session::Session};
+
+const EXAMPLES: &str = "\
+EXAMPLES:
+    # Watch every event-loop process; metrics on 127.0.0.1:9436, reports in /var/lib/stallprof
+    sudo stallprof daemon
+
+    # With a config file (see docs/daemon.md); check it first
+    stallprof daemon --config /etc/stallprof/daemon.toml --check-config
+    sudo stallprof daemon --config /etc/stallprof/daemon.toml
+
+    # Scrape it
+    curl -s 127.0.0.1:9436/metrics | grep stallprof_stall
+    curl -so stalls.pb.gz '127.0.0.1:9436/debug/pprof/profile?seconds=30' && go tool pprof -top stalls.pb.gz
+";
+
+#[derive(Args, Debug)]
+#[command(after_help = EXAMPLES)]
+pub struct DaemonArgs {
+    /// Configuration file (TOML; see docs/daemon.md). Flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address for /metrics, /debug/pprof/profile and the index page
+    /// [default: 127.0.0.1:9436, loopback only].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Directory for the rolling reports [default: /var/lib/stallprof].
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Busy periods at least this long are stalls [default: 50ms].
+    #[arg(long, value_name = "DURATION")]
+    pub threshold: Option<String>,
+    /// CPU-clock sampling frequency in Hz for on-CPU stacks [default: 199].
+    #[arg(short = 'F', long, value_name = "HZ")]
+    pub frequency: Option<u64>,
+    /// Length of one report window [default: 60s].
+    #[arg(long, value_name = "DURATION")]
+    pub window: Option<String>,
+    /// Validate the configuration, print the effective settings and exit.
+    #[arg(long)]
+    pub check_config: bool,
+}
+
+/// Drain period of the ring buffer.
+const DRAIN_EVERY: Duration = Duration::from_millis(100);
+/// Session upkeep (maps snapshots, CPython thread tables).
+const TICK_EVERY: Duration = Duration::from_millis(250);
+/// Exits, exec, pid reuse, counters, memory bounds.
+const HOUSEKEEP_EVERY: Duration = Duration::from_secs(1);
+/// The session is rebuilt past this many interned stacks (~1 KiB each with
+/// their index entry): the table only grows while it lives.
+pub const MAX_STACKS: usize = 50_000;
+/// ... or after this many processes were forgotten (its symbolizer keeps a
+/// maps snapshot and caches per process it has seen).
+pub const MAX_FORGOTTEN: usize = 2_000;
+/// Recent stalls kept for `/debug/pprof/profile` and the index page.
+pub const RECENT_BUDGET: usize = 16 << 20;
+pub const RECENT_MAX: usize = 10_000;
+pub const RECENT_AGE: Duration = Duration::from_secs(600);
+
+pub struct RecentStall {
+    pub pid: u32,
+    pub comm: String,
+    pub container: String,
+    /// Wall clock (ns since the epoch) when the daemon got it.
+    pub wall_ns: i64,
+    pub bytes: usize,
+    pub stall: Arc<Stall>,
+}
+
+#[derive(Default)]
+pub struct Recent {
+    pub q: VecDeque<RecentStall>,
+    bytes: usize,
+}
+
+impl Recent {
+    fn push(&mut self, r: RecentStall) {
+        self.bytes += r.bytes;
+        self.q.push_back(r);
+        let oldest_ok = wall_ns() - RECENT_AGE.as_nanos() as i64;
+        while self.bytes > RECENT_BUDGET
+            || self.q.len() > RECENT_MAX
+            || self.q.front().is_some_and(|f| f.wall_ns < oldest_ok)
+        {
+            let Some(f) = self.q.pop_front() else { break };
+            self.bytes -= f.bytes;
+        }
+    }
+}
+
+/// One row of the index page.
+#[derive(Clone)]
+pub struct ProcRow {
+    pub info: Arc<ProcInfo>,
+    pub loop_threads: usize,
+    pub stalls: u64,
+    pub stall_ns: u64,
+    pub exited: bool,
+    /// `window/proc/stalls.svg`, relative to the data directory.
+    pub last_report: Option<String>,
+}
+
+#[derive(Default)]
+pub struct Index {
+    pub procs: Vec<ProcRow>,
+}
+
+pub struct Shared {
+    pub metrics: Metrics,
+    pub data_dir: PathBuf,
+    pub threshold_ns: u64,
+    pub recent: Mutex<Recent>,
+    pub index: Mutex<Index>,
+}
+
+fn wall_ns() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+}
+
+pub fn run(a: DaemonArgs) -> Result<String> {
+    let o = Overrides {
+        listen: a.listen,
+        data_dir: a.data_dir,
+        threshold: a.threshold,
+        frequency: a.frequency,
+        window: a.window,
+    };
+    let cfg = DaemonConfig::load(a.config.as_deref(), &o).context("invalid daemon configuration")?;
+    if a.check_config {
+        return Ok(cfg.describe());
+    }
+    render::prepare_dir(&cfg.data_dir)
+        .with_context(|| format!("the data directory {} is not writable (set data_dir or --data-dir)", cfg.data_dir.display()))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(daemon(cfg))
+}
+
+async fn daemon(cfg: DaemonConfig) -> Result<String> {
+    let listener = TcpListener::bind(cfg.listen).await.with_context(|| {
+        format!("cannot listen on {}: is the port in use (another stallprof daemon)? choose another with --listen", cfg.listen)
+    })?;
+    let shared = Arc::new(Shared {
+        metrics: Metrics::new(),
+        data_dir: cfg.data_dir.clone(),
+        threshold_ns: cfg.threshold_ns,
+        recent: Mutex::new(Recent::default()),
+        index: Mutex::new(Index::default()),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = oneshot::channel::<()>();
+    let (done_tx, mut done_rx) = oneshot::channel::<Result<String>>();
+    let listen = cfg.listen;
+    let data_dir = cfg.data_dir.clone();
+    {
+        let (shared, stop) = (shared.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("stallprof-collect".into())
+            .spawn(move || {
+                let r = Collector::start(cfg, shared).and_then(|c| {
+                    let _ = ready_tx.send(());
+                    c.run(&stop)
+                });
+                let _ = done_tx.send(r);
+            })
+            .context("starting the collector thread")?;
+    }
+    if ready_rx.await.is_err() {
+        // The collector ended before attaching: its error says why.
+        return done_rx.await.context("the collector thread died")?.context("attaching the probes");
+    }
+    eprintln!(
+        "stallprof daemon: probes attached host-wide; metrics at http://{listen}/metrics, reports in {}",
+        data_dir.display()
+    );
+    let (stop_http, stop_rx) = watch::channel(false);
+    let server = tokio::spawn(http::serve(listener, shared.clone(), stop_rx));
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let ended_by = tokio::select! {
+        _ = sigint.recv() => "SIGINT",
+        _ = sigterm.recv() => "SIGTERM",
+        r = &mut done_rx => {
+            let _ = stop_http.send(true);
+            let _ = server.await;
+            return match r {
+                Ok(Ok(_)) => anyhow::bail!("the collector stopped unexpectedly"),
+                Ok(Err(e)) => Err(e),
+                Err(_) => anyhow::bail!("the collector thread died"),
+            };
+        }
+    };
+    info!("{ended_by}: flushing the current window and detaching");
+    stop.store(true, Ordering::SeqCst);
+    let summary = done_rx.await.context("the collector thread died")??;
+    let _ = stop_http.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
+    Ok(format!("stallprof daemon: stopped by {ended_by}; {summary}"))
+}
+
+/// A monitored process.
+struct Tracked {
+    info: Arc<ProcInfo>,
+    labels: Labels,
+    loop_threads: usize,
+    stalls: u64,
+    stall_ns: u64,
+    last_report: Option<String>,
+}
+
+impl Tracked {
+    fn row(&self, exited: bool) -> ProcRow {
+        ProcRow {
+            info: self.info.clone(),
+            loop_threads: self.loop_threads,
+            stalls: self.stalls,
+            stall_ns: self.stall_ns,
+            exited,
+            last_report: self.last_report.clone(),
+        }
+    }
+}
+
+fn labels_of(p: &ProcInfo) -> Labels {
+    vec![
+        ("pid", p.pid.to_string()),
+        ("comm", p.comm.clone()),
+        ("exe", p.exe.clone()),
+        ("cgroup", p.cgroup.clone()),
+        ("container", p.container.clone()),
+        ("runtime", p.runtime.clone()),
+    ]
+}
+
+struct Collector {
+    cfg: DaemonConfig,
+    sh: Arc<Shared>,
+    // Field order = drop order: the ring before the probes that own its map.
+    ring: RingBuf<MapData>,
+    probes: Probes,
+    session: Session,
+    /// Monitored live processes, by pid.
+    procs: HashMap<u32, Tracked>,
+    /// Live processes left out (rules, the daemon itself, over the limit):
+    /// pid -> start ticks, so a reused pid is judged again.
+    excluded: HashMap<u32, u64>,
+    /// Exited processes whose series are still exported, oldest first.
+    gone: VecDeque<(Instant, Tracked)>,
+    window: Window,
+    next_roll_mono: u64,
+    agent_base: BTreeMap<String, u64>,
+    forgotten_since_reset: usize,
+    self_pid: u32,
+    started: Instant,
+    total_stalls: u64,
+    total_reports: u64,
+    processes_seen: u64,
+}
+
+impl Collector {
+    fn start(cfg: DaemonConfig, sh: Arc<Shared>) -> Result<Collector> {
+        let mut probes = Probes::attach(0, cfg.sample_hz)?;
+        let ring = probes.take_events()?;
+        let session = Session::new(cfg.threshold_ns, None);
+        let now = monotonic_ns();
+        let next_roll_mono = now + until_boundary(cfg.window);
+        info!("probes attached host-wide ({} Hz), threshold {}", cfg.sample_hz, fmt_ns(cfg.threshold_ns));
+        Ok(Collector {
+            window: Window::new(SystemTime::now(), now),
+            next_roll_mono,
+            cfg,
+            sh,
+            ring,
+            probes,
+            session,
+            procs: HashMap::new(),
+            excluded: HashMap::new(),
+            gone: VecDeque::new(),
+            agent_base: BTreeMap::new(),
+            forgotten_since_reset: 0,
+            self_pid: std::process::id(),
+            started: Instant::now(),
+            total_stalls: 0,
+            total_reports: 0,
+            processes_seen: 0,
+        })
+    }
+
+    fn run(mut self, stop: &AtomicBool) -> Result<String> {
+        let mut last_tick = Instant::now() - TICK_EVERY;
+        let mut last_house = Instant::now();
+        while !stop.load(Ordering::SeqCst) {
+            self.drain();
+            if last_tick.elapsed() >= TICK_EVERY {
+                last_tick = Instant::now();
+                self.tick();
+            }
+            if last_house.elapsed() >= HOUSEKEEP_EVERY {
+                last_house = Instant::now();
+                self.housekeep();
+            }
+            if monotonic_ns() >= self.next_roll_mono {
+                self.roll();
+            }
+            std::thread::sleep(DRAIN_EVERY);
+        }
+        // Last events, close busy periods still open, flush, detach.
+        self.drain();
+        self.session.finish(monotonic_ns());
+        let stalls = self.session.take_stalls();
+        for (pid, s) in stalls {
+            self.on_stall(pid, s);
+        }
+        self.roll();
+        self.housekeep();
+        let summary = format!(
+            "{:.0}s, {} stalls in {} processes, {} reports written; probes detached\n",
+            self.started.elapsed().as_secs_f64(),
+            self.total_stalls,
+            self.processes_seen,
+            self.total_reports
+        );
+        let Collector { ring, probes, .. } = self;
+        drop(ring);
+        drop(probes);
+        info!("probes detached");
+        Ok(summary)
+    }
+
+    fn drain(&mut self) {
+        self.session.drain(&mut self.ring, Some(&mut self.probes));
+        for (pid, s) in self.session.take_stalls() {
+            self.on_stall(pid, s);
+        }
+        for pid in self.session.take_exited() {
+            self.exited(pid);
+        }
+    }
+
+    /// The monitored process `pid`, read from /proc and judged by the rules
+    /// the first time; None if it is left out or gone.
+    fn observe(&mut self, pid: u32) -> Option<&mut Tracked> {
+        if self.procs.contains_key(&pid) {
+            return self.procs.get_mut(&pid);
+        }
+        if self.excluded.contains_key(&pid) {
+            return None;
+        }
+        let info = ProcInfo::read(pid)?;
+        if pid == self.self_pid || !self.cfg.rules.monitored(&info) {
+            self.excluded.insert(pid, info.start_ticks);
+            return None;
+        }
+        while self.procs.len() + self.gone.len() >= self.cfg.max_processes {
+            // Room first from the exited ones still exported, oldest first.
+            let Some((_, old)) = self.gone.pop_front() else {
+                self.sh.metrics.over_limit.inc();
+                warn!("limits.max_processes ({}) reached: not reporting pid {pid} ({})", self.cfg.max_processes, info.comm);
+                self.excluded.insert(pid, info.start_ticks);
+                return None;
+            };
+            self.sh.metrics.remove_process(&old.labels);
+        }
+        Some(self.track(info))
+    }
+
+    fn track(&mut self, info: ProcInfo) -> &mut Tracked {
+        let pid = info.pid;
+        let t = self.new_tracked(info);
+        self.procs.insert(pid, t);
+        self.procs.get_mut(&pid).expect("just inserted")
+    }
+
+    fn new_tracked(&mut self, info: ProcInfo) -> Tracked {
+        let labels = labels_of(&info);
+        // A reused pid running the same program has the same labels: its
+        // predecessor's series end here (a counter reset for Prometheus).
+        if let Some(i) = self.gone.iter().position(|(_, g)| g.labels == labels) {
+            self.gone.remove(i);
+        }
+        self.sh.metrics.remove_process(&labels);
+        self.sh.metrics.add_process(&labels);
+        info!("monitoring pid {} ({}, {}, {})", info.pid, info.comm, info.runtime, info.exe);
+        self.processes_seen += 1;
+        Tracked { info: Arc::new(info), labels, loop_threads: 0, stalls: 0, stall_ns: 0, last_report: None }
+    }
+
+    fn on_stall(&mut self, pid: u32, s: Stall) {
+        let gone_ix = if self.observe(pid).is_some() {
+            None
+        } else if self.excluded.contains_key(&pid) {
+            return;
+        } else {
+            // Gone before it was ever read: the exited entry with this pid,
+            // or a new one named after the thread.
+            match self.gone.iter().rposition(|(_, g)| g.info.pid == pid) {
+                Some(i) => Some(i),
+                None => {
+                    let info = ProcInfo::gone(pid, &s.thread_name);
+                    if !self.cfg.rules.monitored(&info) {
+                        return;
+                    }
+                    if self.procs.len() + self.gone.len() >= self.cfg.max_processes
+                        && let Some((_, old)) = self.gone.pop_front()
+                    {
+                        self.sh.metrics.remove_process(&old.labels);
+                    }
+                    let t = self.new_tracked(info);
+                    self.gone.push_back((Instant::now(), t));
+                    Some(self.gone.len() - 1)
+                }
+            }
+        };
+        let t = match gone_ix {
+            None => self.procs.get_mut(&pid).expect("observed"),
+            Some(i) => &mut self.gone[i].1,
+        };
+        t.stalls += 1;
+        t.stall_ns += s.duration_ns;
+        self.sh.metrics.observe(&t.labels, &s);
+        let info = t.info.clone();
+        self.total_stalls += 1;
+        let bytes = reports::stall_bytes(&s);
+        let stall = Arc::new(s);
+        self.sh.recent.lock().unwrap_or_else(|p| p.into_inner()).push(RecentStall {
+            pid,
+            comm: info.comm.clone(),
+            container: info.container.clone(),
+            wall_ns: wall_ns(),
+            bytes,
+            stall: stall.clone(),
+        });
+        if !self.window.add(&info, Arc::unwrap_or_clone(stall)) {
+            self.sh.metrics.window_stalls_dropped.inc();
+        }
+    }
+
+    /// A monitored process exited (or exec'd): stop its upkeep, keep its
+    /// series for `forget_after`.
+    fn exited(&mut self, pid: u32) {
+        self.session.forget(pid);
+        self.session.forget_executors(pid);
+        self.forgotten_since_reset += 1;
+        if let Some(t) = self.procs.remove(&pid) {
+            info!("pid {pid} ({}) is gone", t.info.comm);
+            self.gone.push_back((Instant::now(), t));
+        }
+        self.excluded.remove(&pid);
+    }
+
+    fn tick(&mut self) {
+        for pid in self.session.executor_pids() {
+            self.observe(pid);
+        }
+        let pids: Vec<u32> = self.procs.keys().copied().collect();
+        self.session.tick(&pids, &mut self.probes);
+    }
+
+    fn housekeep(&mut self) {
+        // Exits whose event we did not see, exec, pid reuse.
+        let pids: Vec<u32> = self.procs.keys().copied().collect();
+        for pid in pids {
+            let t = &self.procs[&pid];
+            match procs::start_ticks(pid) {
+                Some(st) if st == t.info.start_ticks => {
+                    if !t.info.exe.is_empty() && procs::exe_of(pid) != t.info.exe {
+                        info!("pid {pid} exec'd {}", procs::exe_of(pid));
+                        self.exited(pid);
+                    }
+                }
+                _ => self.exited(pid),
+            }
+        }
+        self.excluded.retain(|&pid, st| procs::start_ticks(pid) == Some(*st));
+        let forget_after = self.cfg.forget_after;
+        while self.gone.front().is_some_and(|(at, _)| at.elapsed() >= forget_after) {
+            let (_, t) = self.gone.pop_front().expect("checked");
+            self.sh.metrics.remove_process(&t.labels);
+        }
+        // Gauges and counters.
+        let mut threads = 0;
+        for t in self.procs.values_mut() {
+            t.loop_threads = self.session.executors(t.info.pid).len();
+            threads += t.loop_threads;
+            self.sh.metrics.set_loop_threads(&t.labels, t.loop_threads);
+        }
+        let m = &self.sh.metrics;
+        m.tracked_processes.set(self.procs.len() as i64);
+        m.tracked_threads.set(threads as i64);
+        m.excluded.set(self.excluded.len() as i64);
+        let mut agent = self.agent_base.clone();
+        for (k, v) in self.session.agent_drops() {
+            *agent.entry((*k).to_string()).or_default() += v;
+        }
+        m.set_drops(&self.probes.drops(), &agent);
+        // The index page's rows.
+        let mut rows: Vec<ProcRow> = self.procs.values().map(|t| t.row(false)).collect();
+        rows.extend(self.gone.iter().map(|(_, t)| t.row(true)));
+        rows.sort_by_key(|r| (r.exited, std::cmp::Reverse(r.stall_ns), r.info.pid));
+        self.sh.index.lock().unwrap_or_else(|p| p.into_inner()).procs = rows;
+        // Memory bound of the stall-assembly state.
+        let stacks = self.session.stack_table_len();
+        let big = stacks > MAX_STACKS || self.forgotten_since_reset > MAX_FORGOTTEN;
+        if big && (!self.session.executor_busy() || stacks > 2 * MAX_STACKS) {
+            self.reset_session();
+        }
+    }
+
+    fn reset_session(&mut self) {
+        info!(
+            "rebuilding the session ({} stacks, {} processes forgotten) to bound memory",
+            self.session.stack_table_len(),
+            self.forgotten_since_reset
+        );
+        for (k, v) in self.session.agent_drops() {
+            *self.agent_base.entry((*k).to_string()).or_default() += v;
+        }
+        self.session = Session::new(self.cfg.threshold_ns, None);
+        self.forgotten_since_reset = 0;
+        self.sh.metrics.session_resets.inc();
+    }
+
+    /// Close the window: write its reports, apply retention.
+    fn roll(&mut self) {
+        let now = monotonic_ns();
+        let next = Window::new(SystemTime::now(), now);
+        let w = std::mem::replace(&mut self.window, next);
+        self.next_roll_mono = now + until_boundary(self.cfg.window);
+        match w.write(&self.cfg.data_dir, now, self.cfg.threshold_ns, self.cfg.sample_hz) {
+            Ok(written) => {
+                self.sh.metrics.reports_written.inc_by(written.len() as u64);
+                self.total_reports += written.len() as u64;
+                for wr in written {
+                    let rel = format!(
+                        "{}/{}/stalls.svg",
+                        wr.window,
+                        wr.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+                    );
+                    if let Some(t) = self.procs.get_mut(&wr.pid) {
+                        t.last_report = Some(rel);
+                    } else if let Some((_, t)) = self.gone.iter_mut().rev().find(|(_, g)| g.info.pid == wr.pid) {
+                        t.last_report = Some(rel);
+                    }
+                }
+            }
+            Err(e) => warn!("writing the window's reports: {e:#}"),
+        }
+        let (bytes, removed) = reports::sweep(&self.cfg.data_dir, self.cfg.max_age, self.cfg.max_bytes, SystemTime::now());
+        if !removed.is_empty() {
+            info!("retention removed {} window(s)", removed.len());
+        }
+        self.sh.metrics.reports_bytes.set(bytes as i64);
+    }
+}
+
+/// Time until the next wall-clock multiple of `window` (windows line up
+/// with the clock: a 60 s window starts on the minute).
+fn until_boundary(window: Duration) -> u64 {
+    let w = window.as_nanos().max(1);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let rem = (w - now % w) as u64;
+    // A window shorter than a fifth of its length is folded into the next.
+    if rem < (w / 5) as u64 { rem + w as u64 } else { rem }
+}

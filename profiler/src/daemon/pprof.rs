@@ -1,0 +1,333 @@
+//! Stalls -> pprof: the gzipped `profile.proto` that `go tool pprof`, Parca
+//! and Pyroscope read.
+//!
+//! In: stalls, each with its process. Out: gzip(Profile) bytes. One sample
+//! per distinct (stack, kind, syscall, process, thread), valued in
+//! nanoseconds of stall time (sample type `stall/nanoseconds`), so a
+//! profile's total is the stall time it covers. Frames are already
+//! symbolized: every location carries its function, file and line, and the
+//! one mapping says so (`has_functions`), so no tool tries to symbolize again.
+//!
+//! The messages are declared here with prost derive, field numbers from
+//! <https://github.com/google/pprof/blob/4bf881d7fb0b/proto/profile.proto>
+//! (no protoc at build time).
+use std::{collections::HashMap, io::Write};
+
+use flate2::{Compression, write::GzEncoder};
+
+use crate::model::{Frame, FrameKind, Stall};
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Profile {
+    #[prost(message, repeated, tag = "1")]
+    pub sample_type: Vec<ValueType>,
+    #[prost(message, repeated, tag = "2")]
+    pub sample: Vec<Sample>,
+    #[prost(message, repeated, tag = "3")]
+    pub mapping: Vec<Mapping>,
+    #[prost(message, repeated, tag = "4")]
+    pub location: Vec<Location>,
+    #[prost(message, repeated, tag = "5")]
+    pub function: Vec<Function>,
+    #[prost(string, repeated, tag = "6")]
+    pub string_table: Vec<String>,
+    #[prost(int64, tag = "7")]
+    pub drop_frames: i64,
+    #[prost(int64, tag = "8")]
+    pub keep_frames: i64,
+    #[prost(int64, tag = "9")]
+    pub time_nanos: i64,
+    #[prost(int64, tag = "10")]
+    pub duration_nanos: i64,
+    #[prost(message, optional, tag = "11")]
+    pub period_type: Option<ValueType>,
+    #[prost(int64, tag = "12")]
+    pub period: i64,
+    #[prost(int64, repeated, tag = "13")]
+    pub comment: Vec<i64>,
+    #[prost(int64, tag = "14")]
+    pub default_sample_type: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ValueType {
+    #[prost(int64, tag = "1")]
+    pub r#type: i64,
+    #[prost(int64, tag = "2")]
+    pub unit: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Sample {
+    #[prost(uint64, repeated, tag = "1")]
+    pub location_id: Vec<u64>,
+    #[prost(int64, repeated, tag = "2")]
+    pub value: Vec<i64>,
+    #[prost(message, repeated, tag = "3")]
+    pub label: Vec<Label>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Label {
+    #[prost(int64, tag = "1")]
+    pub key: i64,
+    #[prost(int64, tag = "2")]
+    pub str: i64,
+    #[prost(int64, tag = "3")]
+    pub num: i64,
+    #[prost(int64, tag = "4")]
+    pub num_unit: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Mapping {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub memory_start: u64,
+    #[prost(uint64, tag = "3")]
+    pub memory_limit: u64,
+    #[prost(uint64, tag = "4")]
+    pub file_offset: u64,
+    #[prost(int64, tag = "5")]
+    pub filename: i64,
+    #[prost(int64, tag = "6")]
+    pub build_id: i64,
+    #[prost(bool, tag = "7")]
+    pub has_functions: bool,
+    #[prost(bool, tag = "8")]
+    pub has_filenames: bool,
+    #[prost(bool, tag = "9")]
+    pub has_line_numbers: bool,
+    #[prost(bool, tag = "10")]
+    pub has_inline_frames: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Location {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub mapping_id: u64,
+    #[prost(uint64, tag = "3")]
+    pub address: u64,
+    #[prost(message, repeated, tag = "4")]
+    pub line: Vec<Line>,
+    #[prost(bool, tag = "5")]
+    pub is_folded: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Line {
+    #[prost(uint64, tag = "1")]
+    pub function_id: u64,
+    #[prost(int64, tag = "2")]
+    pub line: i64,
+    #[prost(int64, tag = "3")]
+    pub column: i64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Function {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(int64, tag = "2")]
+    pub name: i64,
+    #[prost(int64, tag = "3")]
+    pub system_name: i64,
+    #[prost(int64, tag = "4")]
+    pub filename: i64,
+    #[prost(int64, tag = "5")]
+    pub start_line: i64,
+}
+
+/// The process a stall belongs to, as sample labels.
+#[derive(Debug, Clone)]
+pub struct ProcLabel<'a> {
+    pub pid: u32,
+    pub comm: &'a str,
+    pub container: &'a str,
+}
+
+#[derive(Default)]
+struct Builder {
+    strings: Vec<String>,
+    string_ix: HashMap<String, i64>,
+    functions: Vec<Function>,
+    function_ix: HashMap<(i64, i64), u64>,
+    locations: Vec<Location>,
+    location_ix: HashMap<(u64, i64), u64>,
+    samples: Vec<Sample>,
+    sample_ix: HashMap<(Vec<u64>, Vec<(i64, i64, i64)>), usize>,
+}
+
+impl Builder {
+    fn s(&mut self, text: &str) -> i64 {
+        if let Some(&i) = self.string_ix.get(text) {
+            return i;
+        }
+        let i = self.strings.len() as i64;
+        self.strings.push(text.to_string());
+        self.string_ix.insert(text.to_string(), i);
+        i
+    }
+
+    fn location(&mut self, f: &Frame) -> u64 {
+        let name = match f.kind {
+            FrameKind::Kernel => format!("{} [k]", f.name),
+            _ => f.name.clone(),
+        };
+        let name = self.s(&name);
+        let file = f.file.as_deref().or(f.module.as_deref()).unwrap_or("");
+        let file = self.s(file);
+        let fid = match self.function_ix.get(&(name, file)) {
+            Some(&id) => id,
+            None => {
+                let id = self.functions.len() as u64 + 1;
+                let system_name = name;
+                self.functions.push(Function { id, name, system_name, filename: file, start_line: 0 });
+                self.function_ix.insert((name, file), id);
+                id
+            }
+        };
+        let line = f.line.unwrap_or(0) as i64;
+        if let Some(&id) = self.location_ix.get(&(fid, line)) {
+            return id;
+        }
+        let id = self.locations.len() as u64 + 1;
+        self.locations.push(Location {
+            id,
+            mapping_id: 1,
+            address: 0,
+            line: vec![Line { function_id: fid, line, column: 0 }],
+            is_folded: false,
+        });
+        self.location_ix.insert((fid, line), id);
+        id
+    }
+}
+
+/// Build the profile of `stalls`, covering [`time_nanos`, +`duration_nanos`)
+/// of wall-clock time.
+pub fn profile<'a>(stalls: impl IntoIterator<Item = (ProcLabel<'a>, &'a Stall)>, time_nanos: i64, duration_nanos: i64) -> Profile {
+    let mut b = Builder::default();
+    b.s("");
+    let stall_t = b.s("stall");
+    let ns = b.s("nanoseconds");
+    let (k_kind, k_syscall, k_pid, k_comm, k_thread, k_container) =
+        (b.s("kind"), b.s("syscall"), b.s("pid"), b.s("comm"), b.s("thread"), b.s("container"));
+    for (p, s) in stalls {
+        for part in &s.stacks {
+            // pprof lists the leaf first; our frames are outermost first.
+            let locs: Vec<u64> = part.frames.iter().rev().map(|f| b.location(f)).collect();
+            let mut labels = vec![
+                (k_kind, b.s(part.kind.as_str()), 0),
+                (k_pid, 0, p.pid as i64),
+                (k_comm, b.s(p.comm), 0),
+                (k_thread, b.s(&s.thread_name), 0),
+            ];
+            if let Some(sc) = &part.syscall {
+                labels.push((k_syscall, b.s(sc), 0));
+            }
+            if !p.container.is_empty() {
+                labels.push((k_container, b.s(p.container), 0));
+            }
+            let key = (locs, labels);
+            match b.sample_ix.get(&key) {
+                Some(&i) => b.samples[i].value[0] += part.weight_ns as i64,
+                None => {
+                    let sample = Sample {
+                        location_id: key.0.clone(),
+                        value: vec![part.weight_ns as i64],
+                        label: key.1.iter().map(|&(key, str, num)| Label { key, str, num, num_unit: 0 }).collect(),
+                    };
+                    b.sample_ix.insert(key, b.samples.len());
+                    b.samples.push(sample);
+                }
+            }
+        }
+    }
+    let filename = b.s("[stallprof: symbolized]");
+    let comment = b.s(&format!("stallprof {}: stall time of event-loop threads", env!("CARGO_PKG_VERSION")));
+    Profile {
+        sample_type: vec![ValueType { r#type: stall_t, unit: ns }],
+        sample: b.samples,
+        mapping: vec![Mapping {
+            id: 1,
+            memory_start: 0,
+            memory_limit: 0,
+            file_offset: 0,
+            filename,
+            build_id: 0,
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            has_inline_frames: true,
+        }],
+        location: b.locations,
+        function: b.functions,
+        string_table: b.strings,
+        drop_frames: 0,
+        keep_frames: 0,
+        time_nanos,
+        duration_nanos,
+        period_type: Some(ValueType { r#type: stall_t, unit: ns }),
+        period: 1,
+        comment: vec![comment],
+        default_sample_type: 0,
+    }
+}
+
+/// gzip(protobuf), the form pprof tooling reads and serves.
+pub fn encode_gz(p: &Profile) -> Vec<u8> {
+    use prost::Message;
+    let raw = p.encode_to_vec();
+    let mut gz = GzEncoder::new(Vec::with_capacity(raw.len() / 3 + 64), Compression::default());
+    gz.write_all(&raw).expect("writing to a Vec cannot fail");
+    gz.finish().expect("writing to a Vec cannot fail")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{PartKind, StackPart};
+    use prost::Message;
+
+    #[test]
+    fn round_trip_and_totals() {
+        let part = |names: &[&str], kind, ns| StackPart {
+            frames: names.iter().map(|n| Frame::new(*n, FrameKind::Native)).collect(),
+            weight_ns: ns,
+            kind,
+            syscall: (kind == PartKind::OffCpu).then(|| "read".into()),
+            waker_tid: None,
+            gil_holder: None,
+        };
+        let s = Stall {
+            tid: 7,
+            thread_name: "loop".into(),
+            start_ns: 0,
+            end_ns: 90,
+            duration_ns: 90,
+            on_cpu_ns: 60,
+            off_cpu_ns: 30,
+            runqueue_ns: 0,
+            incomplete: false,
+            stacks: vec![
+                part(&["main", "spin"], PartKind::OnCpu, 40),
+                part(&["main", "spin"], PartKind::OnCpu, 20),
+                part(&["main", "read"], PartKind::OffCpu, 30),
+            ],
+        };
+        let p = profile([(ProcLabel { pid: 1, comm: "c", container: "" }, &s)], 0, 1);
+        assert_eq!(p.string_table[0], "");
+        assert_eq!(p.sample.len(), 2, "identical stacks merge");
+        assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), 90);
+        let leaf = p.sample[0].location_id[0];
+        let loc = &p.location[leaf as usize - 1];
+        let f = &p.function[loc.line[0].function_id as usize - 1];
+        assert_eq!(p.string_table[f.name as usize], "spin");
+        let bytes = p.encode_to_vec();
+        assert_eq!(Profile::decode(bytes.as_slice()).unwrap(), p);
+    }
+}

@@ -1,0 +1,280 @@
+//! Rolling reports: one window of stalls per process -> files in the data
+//! directory, and the retention sweep that bounds them.
+//!
+//! In: stalls with their process, added as they end. Out, when a window
+//! closes: `DATA/<window start, UTC>/<comm>-<pid>/` holding `stalls.json`
+//! (readable by `stallprof report`), `stalls.folded`, `stalls.svg` and
+//! `stalls.pb.gz` (pprof), for every process that stalled in the window.
+//! The sweep deletes whole windows: older than `max_age`, then the oldest
+//! until the total is under `max_bytes`. It only touches directories named
+//! like windows, never anything else in the data directory.
+use std::{
+    collections::HashMap,
+    fs,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result};
+
+use super::{pprof, procs::ProcInfo};
+use crate::{
+    model::{Recording, Stall},
+    render::{self, flamegraph},
+};
+
+/// Memory budget of one window's buffered stalls (approximate bytes); past
+/// it, stalls still count in the metrics but are left out of the reports.
+pub const WINDOW_BUDGET: usize = 32 << 20;
+
+/// Approximate heap bytes of a stall, for the budgets.
+pub fn stall_bytes(s: &Stall) -> usize {
+    256 + s
+        .stacks
+        .iter()
+        .map(|p| 128 + p.frames.iter().map(|f| 96 + f.name.len() + f.file.as_ref().map_or(0, |x| x.len())).sum::<usize>())
+        .sum::<usize>()
+}
+
+/// `20250102T030405Z`.
+pub fn utc_stamp(secs: u64) -> String {
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The inverse of [`utc_stamp`] (with an optional `-N` suffix), or None for
+/// a name that is not a window's.
+pub fn parse_stamp(name: &str) -> Option<u64> {
+    let base = name.split_once('-').map_or(name, |(b, _)| b);
+    let b = base.as_bytes();
+    if b.len() != 16 || b[8] != b'T' || b[15] != b'Z' || !b[..8].iter().chain(&b[9..15]).all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| base[r].parse::<i64>().ok();
+    let (y, m, d) = (n(0..4)?, n(4..6)?, n(6..8)?);
+    let (hh, mm, ss) = (n(9..11)?, n(11..13)?, n(13..15)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    // days_from_civil
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86400 + hh * 3600 + mm * 60 + ss) as u64)
+}
+
+pub struct ProcWindow {
+    pub info: Arc<ProcInfo>,
+    pub stalls: Vec<Stall>,
+}
+
+/// The window being filled.
+pub struct Window {
+    pub start_wall: SystemTime,
+    pub start_mono: u64,
+    /// Keyed by (pid, start ticks): a reused pid is another process.
+    pub procs: HashMap<(u32, u64), ProcWindow>,
+    pub bytes: usize,
+}
+
+/// One per-process report written.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub window: String,
+    pub dir: PathBuf,
+    pub pid: u32,
+    pub comm: String,
+    pub stalls: usize,
+    pub stall_ns: u64,
+}
+
+impl Window {
+    pub fn new(start_wall: SystemTime, start_mono: u64) -> Window {
+        Window { start_wall, start_mono, procs: HashMap::new(), bytes: 0 }
+    }
+
+    /// Add a stall; false if the window is over its budget (not added).
+    pub fn add(&mut self, info: &Arc<ProcInfo>, s: Stall) -> bool {
+        let b = stall_bytes(&s);
+        if self.bytes + b > WINDOW_BUDGET {
+            return false;
+        }
+        self.bytes += b;
+        self.procs
+            .entry((info.pid, info.start_ticks))
+            .or_insert_with(|| ProcWindow { info: info.clone(), stalls: Vec::new() })
+            .stalls
+            .push(s);
+        true
+    }
+
+    /// Write every process's report for this window, ending now.
+    pub fn write(
+        self,
+        data_dir: &Path,
+        end_mono: u64,
+        threshold_ns: u64,
+        sample_hz: u64,
+    ) -> Result<Vec<Written>> {
+        if self.procs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let start_secs = self.start_wall.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let mut name = utc_stamp(start_secs);
+        let mut n = 1;
+        while data_dir.join(&name).exists() {
+            n += 1;
+            name = format!("{}-{n}", utc_stamp(start_secs));
+        }
+        let wdir = data_dir.join(&name);
+        fs::create_dir_all(&wdir).with_context(|| format!("creating {}", wdir.display()))?;
+        let mut out = Vec::new();
+        let mut procs: Vec<ProcWindow> = self.procs.into_values().collect();
+        procs.sort_by_key(|p| p.info.pid);
+        let time_nanos = self.start_wall.duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0);
+        let duration_nanos = end_mono.saturating_sub(self.start_mono) as i64;
+        for mut p in procs {
+            p.stalls.sort_by_key(|s| (s.start_ns, s.tid));
+            let dir = wdir.join(p.info.dir_name());
+            fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let rec = Recording {
+                pid: p.info.pid,
+                comm: p.info.comm.clone(),
+                threshold_ns,
+                sample_hz,
+                clock: "monotonic".into(),
+                started_ns: self.start_mono.min(p.stalls.iter().map(|s| s.start_ns).min().unwrap_or(u64::MAX)),
+                ended_ns: end_mono.max(p.stalls.iter().map(|s| s.end_ns).max().unwrap_or(0)),
+                lost_events: 0,
+                drops: Default::default(),
+                executor_threads: Vec::new(),
+                stallprof_version: env!("CARGO_PKG_VERSION").into(),
+                stalls: p.stalls,
+            };
+            render::write_json(&rec, &dir)?;
+            render::folded::write(&rec, &dir)?;
+            flamegraph::write(&rec, &dir)?;
+            let label = pprof::ProcLabel { pid: rec.pid, comm: &rec.comm, container: &p.info.container };
+            let prof = pprof::profile(rec.stalls.iter().map(|s| (label.clone(), s)), time_nanos, duration_nanos);
+            render::write_file(&dir.join("stalls.pb.gz"), &pprof::encode_gz(&prof))?;
+            out.push(Written {
+                window: name.clone(),
+                dir,
+                pid: rec.pid,
+                comm: rec.comm.clone(),
+                stalls: rec.stalls.len(),
+                stall_ns: rec.total_stall_ns(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn dir_size(p: &Path) -> u64 {
+    let Ok(rd) = fs::read_dir(p) else { return 0 };
+    rd.filter_map(|e| e.ok())
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_size(&e.path()),
+            Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Window directories in the data directory, oldest first: (name, start, bytes).
+pub fn windows(data_dir: &Path) -> Vec<(String, u64, u64)> {
+    let Ok(rd) = fs::read_dir(data_dir) else { return Vec::new() };
+    let mut v: Vec<(String, u64, u64)> = rd
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let start = parse_stamp(&name)?;
+            Some((name, start, dir_size(&e.path())))
+        })
+        .collect();
+    v.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+    v
+}
+
+/// Apply retention; returns (bytes kept, windows removed).
+pub fn sweep(data_dir: &Path, max_age: Duration, max_bytes: u64, now: SystemTime) -> (u64, Vec<String>) {
+    let now_s = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let mut ws = windows(data_dir);
+    let mut removed = Vec::new();
+    let mut total: u64 = ws.iter().map(|w| w.2).sum();
+    ws.retain(|(name, start, bytes)| {
+        let too_old = now_s.saturating_sub(*start) > max_age.as_secs();
+        if too_old {
+            if fs::remove_dir_all(data_dir.join(name)).is_ok() {
+                total -= bytes;
+                removed.push(name.clone());
+            }
+            return false;
+        }
+        true
+    });
+    for (name, _, bytes) in ws {
+        if total <= max_bytes {
+            break;
+        }
+        if fs::remove_dir_all(data_dir.join(&name)).is_ok() {
+            total -= bytes;
+            removed.push(name);
+        }
+    }
+    (total, removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_round_trip() {
+        for secs in [0u64, 951_782_400, 1_700_000_000, 1_735_689_599, 4_102_444_800] {
+            let s = utc_stamp(secs);
+            assert_eq!(parse_stamp(&s), Some(secs), "{s}");
+            assert_eq!(parse_stamp(&format!("{s}-2")), Some(secs));
+        }
+        assert_eq!(utc_stamp(1_700_000_000), "20231114T221320Z");
+        assert_eq!(parse_stamp("lost+found"), None);
+        assert_eq!(parse_stamp("20231314T221320Z"), None);
+    }
+
+    #[test]
+    fn sweep_removes_old_then_oldest() {
+        let dir = std::env::temp_dir().join(format!("stallprof-sweep-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let now = 1_700_000_000u64;
+        for (age, bytes) in [(7200u64, 10usize), (300, 100), (200, 100), (100, 100)] {
+            let w = dir.join(utc_stamp(now - age)).join("p-1");
+            fs::create_dir_all(&w).unwrap();
+            fs::write(w.join("f"), vec![0u8; bytes]).unwrap();
+        }
+        fs::create_dir_all(dir.join("keep-me")).unwrap();
+        let (total, removed) = sweep(&dir, Duration::from_secs(3600), 250, UNIX_EPOCH + Duration::from_secs(now));
+        assert_eq!(removed, vec![utc_stamp(now - 7200), utc_stamp(now - 300)]);
+        assert_eq!(total, 200);
+        assert!(dir.join("keep-me").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

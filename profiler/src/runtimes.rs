@@ -1,0 +1,79 @@
+//! Runtime park points that are not syscalls: where a runtime's scheduler
+//! parks a worker, found by symbol in the target's binaries.
+//!
+//! In: a pid. Out: (binary, mangled symbol) pairs to put uprobes on. tokio's
+//! multi-thread workers park either in the I/O driver's `epoll_wait` or on a
+//! condition variable (a futex), so the epoll wait alone cannot define their
+//! busy periods; the scheduler's `park_internal` (entered to park, returned
+//! from to run tasks again) can, for both flavours.
+use std::{collections::HashSet, fs, path::PathBuf};
+
+use object::{Object, ObjectSymbol};
+
+/// Demangled names (hash stripped) of the park functions, by preference:
+/// the first found per scheduler flavour is used.
+const TOKIO_PARKS: [&[&str]; 2] = [
+    &[
+        "tokio::runtime::scheduler::multi_thread::worker::Context::park_internal",
+        "tokio::runtime::scheduler::multi_thread::worker::Context::park",
+    ],
+    &[
+        "tokio::runtime::scheduler::current_thread::Context::park_internal",
+        "tokio::runtime::scheduler::current_thread::Context::park",
+    ],
+];
+
+/// A uprobe target: the binary (as seen from the agent) and the symbol.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ParkPoint {
+    pub binary: PathBuf,
+    pub symbol: String,
+    pub demangled: String,
+}
+
+/// Executable file mappings of a process, as paths the agent can open.
+fn mapped_binaries(pid: u32) -> Vec<PathBuf> {
+    let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else { return Vec::new() };
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for line in maps.lines() {
+        let mut it = line.split_ascii_whitespace();
+        let perms = it.nth(1).unwrap_or("");
+        let path = it.nth(3).unwrap_or("");
+        if !perms.contains('x') || !path.starts_with('/') || !seen.insert(path.to_string()) {
+            continue;
+        }
+        let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        out.push(if via_root.exists() { via_root } else { PathBuf::from(path) });
+    }
+    out
+}
+
+/// tokio park points in `pid`'s binaries (empty when it does not use tokio,
+/// or its park functions were inlined away).
+pub fn tokio_park_points(pid: u32) -> Vec<ParkPoint> {
+    let mut points = Vec::new();
+    for bin in mapped_binaries(pid) {
+        let Ok(data) = fs::read(&bin) else { continue };
+        let Ok(file) = object::File::parse(&*data) else { continue };
+        let mut found: Vec<Option<(usize, String, String)>> = vec![None; TOKIO_PARKS.len()];
+        for sym in file.symbols() {
+            let Ok(name) = sym.name() else { continue };
+            if !name.contains("tokio") || !name.contains("park") || sym.address() == 0 || !sym.is_definition() {
+                continue;
+            }
+            let demangled = format!("{:#}", rustc_demangle::demangle(name));
+            for (flavour, prefs) in TOKIO_PARKS.iter().enumerate() {
+                if let Some(rank) = prefs.iter().position(|p| *p == demangled)
+                    && found[flavour].as_ref().is_none_or(|(r, _, _)| rank < *r)
+                {
+                    found[flavour] = Some((rank, name.to_string(), demangled.clone()));
+                }
+            }
+        }
+        for (_, symbol, demangled) in found.into_iter().flatten() {
+            points.push(ParkPoint { binary: bin.clone(), symbol, demangled });
+        }
+    }
+    points
+}

@@ -1,0 +1,133 @@
+// node_loop: a Node.js event loop that stalls on a known schedule and writes
+// down, with process.hrtime.bigint() (CLOCK_MONOTONIC on Linux: libuv's
+// uv_hrtime), exactly when each stall happened. The root integration tests
+// (profiler/tests/record_native.rs) compare stallprof's stalls with this log.
+//
+// Usage: node --perf-basic-prof node_loop.js LOG_PATH
+//
+// The loop runs a 10 ms setInterval heartbeat. After ~700 ms (startup: building
+// the JSON text, calibrating), every ~250 ms a setTimeout callback blocks the
+// loop in one of two functions whose names the tests look for in the stacks:
+//
+//   deriveKey()  crypto.pbkdf2Sync (OpenSSL PBKDF2-HMAC-SHA512 in C++), ~110 ms
+//   parseBig()   JSON.parse of a prebuilt ~MB string (V8's JsonParser), ~110 ms
+//
+// The work per call is calibrated at startup with short runs (well below any
+// stall threshold), so each call lasts ~TARGET_MS on this machine.
+//
+// Log: JSON lines, each one synchronous write(2):
+//   {"kind":"ready","pid":P,"tid":P}
+//   {"kind":"pbkdf2"|"json","func":"deriveKey"|"parseBig","seq":N,"tid":P,
+//    "start_ns":..,"end_ns":..,"work":N}
+//   {"kind":"done"}
+// tid is the main (loop) thread's, which on Linux equals the pid.
+'use strict';
+
+const crypto = require('crypto');
+const fs = require('fs');
+
+const TICK_MS = 10;
+const GAP_MS = 250;
+const STARTUP_MS = 700;
+const TARGET_MS = 110;
+const SCHEDULE = ['pbkdf2', 'json', 'pbkdf2', 'json', 'pbkdf2', 'json', 'pbkdf2', 'json'];
+
+const logPath = process.argv[2];
+if (!logPath) {
+  process.stderr.write('usage: node --perf-basic-prof node_loop.js LOG_PATH\n');
+  process.exit(2);
+}
+const logFd = fs.openSync(logPath, 'w');
+function log(obj) {
+  fs.writeSync(logFd, JSON.stringify(obj, (_, v) => (typeof v === 'bigint' ? Number(v) : v)) + '\n');
+}
+// JSON.stringify cannot write a bigint exactly; nanosecond timestamps are
+// written as decimal strings spliced in by hand.
+function logTimes(obj, start, end) {
+  const head = JSON.stringify(obj);
+  fs.writeSync(logFd, head.slice(0, -1) + `,"start_ns":${start},"end_ns":${end}}\n`);
+}
+
+const now = () => process.hrtime.bigint();
+
+// ---- the two culprits --------------------------------------------------------
+
+function deriveKey(iterations) {
+  return crypto.pbkdf2Sync('correct horse battery staple', 'salt-of-the-earth', iterations, 64, 'sha512');
+}
+
+let bigText = '';
+function parseBig(text) {
+  return JSON.parse(text);
+}
+
+// ---- calibration ---------------------------------------------------------------
+
+function makeJson(items) {
+  const rows = [];
+  for (let i = 0; i < items; i++) {
+    rows.push({ id: i, name: 'item-' + i, tags: ['alpha', 'beta', 'gamma'], price: i * 1.25, ok: i % 3 === 0 });
+  }
+  return JSON.stringify(rows);
+}
+
+function msOf(fn) {
+  const t = now();
+  fn();
+  return Number(now() - t) / 1e6;
+}
+
+// Best of a few short runs (each ~10 ms), scaled to TARGET_MS.
+function calibrate() {
+  const probeIter = 10000;
+  let best = Infinity;
+  for (let i = 0; i < 3; i++) best = Math.min(best, msOf(() => crypto.pbkdf2Sync('x', 'y', probeIter, 64, 'sha512')));
+  const iterations = Math.max(1000, Math.round((probeIter * TARGET_MS) / best));
+
+  const probeItems = 4000;
+  const probeText = makeJson(probeItems);
+  best = Infinity;
+  for (let i = 0; i < 3; i++) best = Math.min(best, msOf(() => JSON.parse(probeText)));
+  const items = Math.max(1000, Math.round((probeItems * TARGET_MS) / best));
+  return { iterations, items };
+}
+
+// ---- the loop ------------------------------------------------------------------
+
+log({ kind: 'ready', pid: process.pid, tid: process.pid });
+const { iterations, items } = calibrate();
+bigText = makeJson(items);
+
+const heartbeat = setInterval(() => {}, TICK_MS);
+let seq = 0;
+
+function step() {
+  if (seq === SCHEDULE.length) {
+    setTimeout(() => {
+      clearInterval(heartbeat);
+      log({ kind: 'done' });
+      fs.closeSync(logFd);
+    }, GAP_MS);
+    return;
+  }
+  const kind = SCHEDULE[seq];
+  let func, work, start, end;
+  if (kind === 'pbkdf2') {
+    func = 'deriveKey';
+    work = iterations;
+    start = now();
+    deriveKey(iterations);
+    end = now();
+  } else {
+    func = 'parseBig';
+    work = bigText.length;
+    start = now();
+    parseBig(bigText);
+    end = now();
+  }
+  logTimes({ kind, func, seq, tid: process.pid, work }, start, end);
+  seq++;
+  setTimeout(step, GAP_MS);
+}
+
+setTimeout(step, STARTUP_MS);

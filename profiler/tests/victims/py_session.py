@@ -1,0 +1,264 @@
+"""py_session: a voice-session handler (asyncio) whose every turn does three
+synchronous things inside `async def`, as in the field report (一行同步代码拖垮
+asyncio):
+
+    SessionHandler.stream_completion()  a blocking socket client reading a
+                                        token stream (6 chunks, 30 ms apart)
+                                        from a local server thread
+    SessionHandler.send_webhook()       first attempt refused, time.sleep(0.1),
+                                        second attempt delivered
+    SessionHandler.parse_document()     pure-Python parsing of a résumé-like
+                                        document (~40-80 ms)
+
+The three run back-to-back in ONE task step per turn: one stall per turn.
+The socket client has a timeout, so CPython waits for each chunk in poll()
+on that socket; time.sleep is clock_nanosleep on 3.11+ and select on 3.10.
+
+Usage: python3 py_session.py LOG_PATH [--turns N]
+
+Timeline: ~400 ms idle (attach), then N (default 4) turns 250 ms apart
+(asyncio.sleep: the loop parks between them), ~200 ms idle, exit 0. A 10 ms
+heartbeat runs throughout.
+
+Log (JSON lines, flushed per line; time.monotonic_ns(), thread_time_ns()):
+    {"kind":"ready","pid":P,"tid":T,"python":"3.11.7","file":ABS,"funcs":{NAME:{"name","qualname",
+     "first_line","last_line","block_line","single_statement"}}}
+    {"kind":"step","func":NAME,"qualname":QN,"turn":N,"tid":T,"start_ns","end_ns","cpu_ns","line"}
+    {"kind":"retry_sleep","turn":N,"tid":T,"start_ns","end_ns","cpu_ns","line"}
+    {"kind":"turn","turn":N,"tid":T,"start_ns","end_ns","cpu_ns"}
+    {"kind":"done"}
+block_line is the line carrying the "# BLOCKS" comment (checked to contain the
+blocking call): the recv() of the client, the time.sleep() of the webhook, the
+parsing loop of parse_document.
+
+Stdlib only; runs on pyenv 3.10-3.13 and Debian's /usr/bin/python3.11.
+"""
+
+import asyncio
+import inspect
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+CHUNKS = 6
+CHUNK_GAP_S = 0.030
+RETRY_SLEEP_S = 0.1
+DOC_SECTIONS = 2200
+
+
+# ---- the slow upstreams: plain blocking server threads (no selector, so they
+# never call epoll and are not event-loop threads) ----
+
+def llm_server(listener):
+    while True:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(64)
+            for i in range(CHUNKS):
+                time.sleep(CHUNK_GAP_S)
+                conn.sendall(f"token-{i} ".encode() * 16)
+
+
+def webhook_server(listener):
+    while True:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)
+
+
+def listen():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    return s
+
+
+def refused_port():
+    """A local port nobody listens on: connect() fails at once."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def make_document():
+    parts = []
+    for i in range(DOC_SECTIONS):
+        parts.append(f"[section {i}]\n")
+        parts.append(f"title: Experience item {i}\n")
+        parts.append(f"company: Company {i % 37}; years: {i % 11}; skills: python, asyncio, c{i % 5}\n")
+        parts.append("summary: " + " ".join(f"word{j}" for j in range(12)) + "\n")
+    return "".join(parts)
+
+
+class SessionHandler:
+    def __init__(self, llm_addr, webhook_addr, dead_port, log):
+        self.llm_addr = llm_addr
+        self.webhook_addr = webhook_addr
+        self.dead_port = dead_port
+        self.document = make_document()
+        self.log = log
+        self.turn = 0
+
+    def stream_completion(self):
+        """The sync LLM client: connect, send, read the stream chunk by chunk."""
+        text = []
+        with socket.create_connection(self.llm_addr, timeout=2) as s:
+            s.sendall(b"POST /v1/messages\n")
+            while True:
+                data = s.recv(4096)  # BLOCKS
+                if not data:
+                    break
+                text.append(data)
+        return b"".join(text)
+
+    def send_webhook(self, body):
+        """requests.post-like webhook with the utils retry helper's sleep."""
+        for attempt, port in enumerate((self.dead_port, self.webhook_addr[1])):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+                    s.sendall(body)
+                return attempt
+            except ConnectionRefusedError:
+                t0, c0 = time.monotonic_ns(), time.thread_time_ns()
+                time.sleep(RETRY_SLEEP_S)  # BLOCKS
+                t1, c1 = time.monotonic_ns(), time.thread_time_ns()
+                self.log.pending.append(dict(kind="retry_sleep", turn=self.turn, tid=threading.get_native_id(),
+                                             start_ns=t0, end_ns=t1, cpu_ns=c1 - c0))
+        raise RuntimeError("webhook undeliverable")
+
+    def parse_document(self):
+        """A pure-Python parser: sections of `key: value; key: value` lines."""
+        sections = []
+        current = None
+        for raw in self.document.splitlines():  # BLOCKS
+            line = raw.strip()
+            if line.startswith("[") and line.endswith("]"):
+                current = {"name": line[1:-1], "fields": {}}
+                sections.append(current)
+                continue
+            key, _, value = line.partition(": ")
+            for item in value.split("; "):
+                k, sep, v = item.partition(": ")
+                if sep:
+                    current["fields"][k] = v
+                else:
+                    words = []
+                    for w in item.split(" "):
+                        words.append(w.lower().capitalize())
+                    current["fields"][key] = words
+        return sections
+
+
+STEPS = ["stream_completion", "send_webhook", "parse_document"]
+BLOCKS = {
+    "stream_completion": "s.recv(",
+    "send_webhook": "time.sleep(",
+    "parse_document": "for raw in self.document.splitlines()",
+}
+
+
+def describe(fn, block_code):
+    lines, first = inspect.getsourcelines(fn)
+    hits = [first + i for i, text in enumerate(lines) if text.rstrip().endswith("# BLOCKS")]
+    assert len(hits) == 1, f"{fn.__qualname__}: want exactly one '# BLOCKS' line, found {hits}"
+    assert block_code in lines[hits[0] - first], f"{fn.__qualname__}: line {hits[0]} lacks {block_code!r}"
+    return {
+        "name": fn.__name__,
+        "qualname": fn.__qualname__,
+        "first_line": first,
+        "last_line": first + len(lines) - 1,
+        "block_line": hits[0],
+        "single_statement": False,
+    }
+
+
+class Log:
+    def __init__(self, path):
+        self.f = open(path, "w")
+        self.pending = []
+
+    def write(self, **rec):
+        self.f.write(json.dumps(rec) + "\n")
+        self.f.flush()
+
+    def flush_pending(self):
+        for rec in self.pending:
+            self.write(**rec)
+        self.pending = []
+
+
+def session_turn(h, log, turn, funcs):
+    """One turn of one session: all three culprits, back-to-back."""
+    tid = threading.get_native_id()
+    h.turn = turn
+    steps = []
+    r0, rc0 = time.monotonic_ns(), time.thread_time_ns()
+    t0, c0 = r0, rc0
+    reply = h.stream_completion()
+    t1, c1 = time.monotonic_ns(), time.thread_time_ns()
+    steps.append(("stream_completion", t0, t1, c1 - c0))
+    t0, c0 = t1, c1
+    h.send_webhook(b"POST /hook\n" + reply[:64])
+    t1, c1 = time.monotonic_ns(), time.thread_time_ns()
+    steps.append(("send_webhook", t0, t1, c1 - c0))
+    t0, c0 = t1, c1
+    h.parse_document()
+    t1, c1 = time.monotonic_ns(), time.thread_time_ns()
+    steps.append(("parse_document", t0, t1, c1 - c0))
+    # Logged after the turn so the writes are not inside the steps.
+    for name, a, b, cpu in steps:
+        log.write(kind="step", func=name, qualname=funcs[name]["qualname"], turn=turn, tid=tid,
+                  start_ns=a, end_ns=b, cpu_ns=cpu, line=funcs[name]["block_line"])
+    for rec in log.pending:
+        rec["line"] = funcs["send_webhook"]["block_line"]
+    log.flush_pending()
+    log.write(kind="turn", turn=turn, tid=tid, start_ns=r0, end_ns=t1, cpu_ns=c1 - rc0)
+
+
+async def heartbeat():
+    while True:
+        await asyncio.sleep(0.010)
+
+
+async def main(log, h, funcs, turns):
+    log.write(kind="ready", pid=os.getpid(), tid=threading.get_native_id(),
+              python=".".join(map(str, sys.version_info[:3])), file=os.path.abspath(__file__), funcs=funcs)
+    hb = asyncio.create_task(heartbeat())
+    await asyncio.sleep(0.4)
+    for turn in range(turns):
+        await asyncio.sleep(0.25)
+        session_turn(h, log, turn, funcs)
+    await asyncio.sleep(0.2)
+    hb.cancel()
+    log.write(kind="done")
+
+
+def parse_args(argv):
+    if len(argv) < 2 or argv[1].startswith("-"):
+        sys.exit("usage: py_session.py LOG_PATH [--turns N]")
+    log_path, turns = argv[1], 4
+    rest = argv[2:]
+    while rest:
+        flag = rest.pop(0)
+        if flag == "--turns" and rest:
+            turns = int(rest.pop(0))
+        else:
+            sys.exit(f"py_session.py: unknown argument {flag!r}")
+    return log_path, turns
+
+
+if __name__ == "__main__":
+    log_path, turns = parse_args(sys.argv)
+    funcs = {name: describe(getattr(SessionHandler, name), BLOCKS[name]) for name in STEPS}
+    llm, hook = listen(), listen()
+    threading.Thread(target=llm_server, args=(llm,), name="llm_server", daemon=True).start()
+    threading.Thread(target=webhook_server, args=(hook,), name="webhook_server", daemon=True).start()
+    log = Log(log_path)
+    h = SessionHandler(llm.getsockname(), hook.getsockname(), refused_port(), log)
+    asyncio.run(main(log, h, funcs, turns))
