@@ -221,6 +221,7 @@ impl Session {
     /// Forget a process that is gone (daemon: bounded memory under churn).
     pub fn forget(&mut self, pid: u32) {
         self.python.remove(&pid);
+        self.resolver.forget_python(pid);
         self.runtimes.remove(&pid);
         self.unwinder.forget(pid);
         self.exited.remove(&pid);
@@ -282,6 +283,13 @@ impl Session {
         }
         if let Event::Exit { process: true, tgid, .. } = ev {
             self.exited.insert(tgid);
+        }
+        if let Event::Sample { tgid, stack, .. } | Event::SwitchOut { tgid, stack, .. } = &ev
+            && (!stack.python.is_empty() || !stack.holder_python.is_empty())
+            && !self.tracker.stacks().contains(stack)
+        {
+            self.resolver.warm_python(*tgid, &stack.python);
+            self.resolver.warm_python(*tgid, &stack.holder_python);
         }
         let mut out = Vec::new();
         self.tracker.push(ev, &mut out);

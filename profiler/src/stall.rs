@@ -65,6 +65,10 @@ impl StackTable {
         id
     }
 
+    pub fn contains(&self, s: &RawStack) -> bool {
+        self.index.contains_key(s)
+    }
+
     pub fn get(&self, id: StackId) -> &RawStack {
         &self.stacks[id as usize]
     }
@@ -244,6 +248,10 @@ pub struct Tracker {
 impl Tracker {
     pub fn new(cfg: TrackerConfig) -> Self {
         Tracker { cfg, threads: HashMap::new(), stacks: StackTable::default(), stats: TrackerStats::default() }
+    }
+
+    pub fn stacks(&self) -> &StackTable {
+        &self.stacks
     }
 
     pub fn threshold_ns(&self) -> u64 {

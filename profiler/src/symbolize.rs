@@ -122,6 +122,9 @@ impl PerfMap {
 /// The real resolver: blazesym over ELF files and kallsyms.
 pub struct BlazeResolver {
     perf_maps: HashMap<u32, PerfMap>,
+    /// Python frames resolved while their code objects were certainly alive
+    /// (when a new stack was first seen), by (pid, code, instr).
+    py_frames: HashMap<(u32, u64, u64), Frame>,
     blaze: Symbolizer,
     maps: HashMap<u32, Maps>,
     user_cache: HashMap<(String, u64), Vec<Frame>>,
@@ -144,12 +147,46 @@ impl BlazeResolver {
             .build();
         BlazeResolver {
             perf_maps: HashMap::new(),
+            py_frames: HashMap::new(),
             blaze,
             maps: HashMap::new(),
             user_cache: HashMap::new(),
             kernel_cache: HashMap::new(),
             python: HashMap::new(),
         }
+    }
+
+    /// Resolve Python frames now, while the process and its code objects
+    /// are alive (a stall is symbolized later, and the process may be gone
+    /// by then). Each call re-validates the code objects (address reuse).
+    pub fn warm_python(&mut self, pid: u32, frames: &[(u64, u64)]) {
+        for &(code, instr) in frames {
+            if code == 0 {
+                continue;
+            }
+            let f = self.python_live(pid, code, instr);
+            if f.kind == FrameKind::Python {
+                self.py_frames.insert((pid, code, instr), f);
+            }
+        }
+    }
+
+    fn python_live(&mut self, pid: u32, code: u64, instr: u64) -> Frame {
+        let resolver = self.python.entry(pid).or_insert_with(|| PyResolver::for_pid(pid));
+        match resolver.as_mut().and_then(|r| r.resolve(code, instr)) {
+            Some(info) => Frame {
+                file: Some(info.filename),
+                line: (info.line > 0).then_some(info.line),
+                ..Frame::new(info.qualname, FrameKind::Python)
+            },
+            None => Frame::marker("[python ?]"),
+        }
+    }
+
+    /// Forget a process's Python state (it exited; its pid may be reused).
+    pub fn forget_python(&mut self, pid: u32) {
+        self.python.remove(&pid);
+        self.py_frames.retain(|k, _| k.0 != pid);
     }
 
     /// Take (or refresh) the maps snapshot of a live process. Call at attach
@@ -263,15 +300,10 @@ impl Resolve for BlazeResolver {
     }
 
     fn python(&mut self, pid: u32, code: u64, instr: u64) -> Frame {
-        let resolver = self.python.entry(pid).or_insert_with(|| PyResolver::for_pid(pid));
-        match resolver.as_mut().and_then(|r| r.resolve(code, instr)) {
-            Some(info) => Frame {
-                file: Some(info.filename),
-                line: (info.line > 0).then_some(info.line),
-                ..Frame::new(info.qualname, FrameKind::Python)
-            },
-            None => Frame::marker("[python ?]"),
+        if let Some(f) = self.py_frames.get(&(pid, code, instr)) {
+            return f.clone();
         }
+        self.python_live(pid, code, instr)
     }
 
     fn python_thread(&mut self, pid: u32, tstate: u64) -> Option<(u32, String)> {
