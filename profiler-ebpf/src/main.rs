@@ -126,10 +126,19 @@ pub fn sp_wait_enter(ctx: TracePointContext) -> u32 {
     let fd = if sysno::is_epoll(nr) {
         arg0 as i32
     } else if nr == sysno::POLL || nr == sysno::PPOLL {
+        // poll(NULL, 0, t) is a sleep, not a wait for events.
+        let nfds = unsafe { ctx.read_at::<u64>(24) }.unwrap_or(0);
+        if nfds == 0 {
+            return 0;
+        }
         // struct pollfd { int fd; ... }: the first watched fd names the wait.
         unsafe { bpf_probe_read_user(arg0 as *const i32) }.unwrap_or(-1)
     } else {
-        arg0 as i32 // select: nfds
+        // select(0, NULL, NULL, NULL, &t) is a sleep (CPython 3.10's time.sleep).
+        if arg0 == 0 {
+            return 0;
+        }
+        arg0 as i32 // nfds
     };
     let key = wait_key(nr, fd);
     match THREADS.get_ptr_mut(&tid) {
@@ -155,6 +164,9 @@ pub fn sp_wait_exit(ctx: TracePointContext) -> u32 {
     }
     let Some(st) = THREADS.get_ptr_mut(&tid) else { return 0 };
     let key = unsafe { (*st).wait_key };
+    if key == 0 {
+        return 0; // a sleep (see sp_wait_enter), or entered before attach
+    }
     unsafe { (*st).wait_key = 0 };
     let nr = unsafe { ctx.read_at::<i32>(8) }.unwrap_or(-1) as u32;
     let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(0);

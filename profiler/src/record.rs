@@ -22,7 +22,7 @@ use crate::{
     model::{Recording, Stall},
     probe::Probes,
     render,
-    session::{Session, read_comm},
+    session::{Session, is_own_fork, read_comm},
 };
 
 /// Validated `record` settings.
@@ -247,7 +247,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
                 if exited || !process_alive(pid) || sess.take_exited().contains(&pid) {
                     break;
                 }
-                if comm.is_none() {
+                if comm.is_none() && !is_own_fork(pid) {
                     comm = read_comm(pid, pid);
                 }
                 sess.tick(&[pid], &mut probes);

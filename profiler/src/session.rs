@@ -35,7 +35,7 @@ pub fn read_comm(pid: u32, tid: u32) -> Option<String> {
 
 /// A launched command before its exec is still an image of this program:
 /// nothing to discover in it yet.
-fn is_own_fork(pid: u32) -> bool {
+pub fn is_own_fork(pid: u32) -> bool {
     let exe = fs::read_link(format!("/proc/{pid}/exe")).ok();
     exe.is_none() || exe == std::env::current_exe().ok()
 }
@@ -396,5 +396,25 @@ impl Session {
     /// Daemon: whether an executor thread is inside a busy period now.
     pub fn executor_busy(&self) -> bool {
         self.tracker.busy_threads().any(|(tid, _)| self.executors.contains_key(&tid))
+    }
+
+    /// Daemon: [`Session::drain`], except that stack events (samples,
+    /// switch-outs) of threads that are not executors are dropped before
+    /// they are unwound. Host-wide, most threads that ever waited in
+    /// poll/select are not event loops, and their stacks can never be part
+    /// of a reported stall. Returns how many were dropped.
+    pub fn drain_executors(&mut self, ring: &mut aya::maps::RingBuf<aya::maps::MapData>, probes: &mut Probes) -> u64 {
+        let mut skipped = 0;
+        while let Some(item) = ring.next() {
+            if let Ok(ev) = event::parse(&item)
+                && matches!(ev, Event::Sample { .. } | Event::SwitchOut { .. })
+                && !self.executors.contains_key(&ev.tid())
+            {
+                skipped += 1;
+                continue;
+            }
+            self.handle_record(&item, Some(&mut *probes));
+        }
+        skipped
     }
 }

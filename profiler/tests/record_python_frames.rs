@@ -28,8 +28,10 @@
 //!   own share (step time over logged request/turn time);
 //! - off-CPU causes show their syscall (poll for the socket client;
 //!   clock_nanosleep for time.sleep, select/pselect6 on 3.10);
-//! - gil: gil_wait stacks carry >= 70% of the loop's stall time, and their
-//!   holder is the "gil-hog" thread with `hog` (py_gil.py) in its frames.
+//! - gil: gil_wait stacks carry >= 70% of the loop's stall time outside the
+//!   run queue (run-queue time is the machine's load; see check_gil), and
+//!   >= 90% of them name the holder "gil-hog" (its tid) with `hog`
+//!   (py_gil.py, on the re.match line) in its frames and marker.
 //!
 //! Shares are printed (`--nocapture`) as `SHARE victim python cause measured
 //! truth`; for gateway on pyenv builds the `[gc]` share is printed, not
@@ -424,13 +426,24 @@ fn match_units<'a>(c: &mut Checks, run: &'a Run, units: &[Unit], what: &str) -> 
     for (i, u) in units.iter().enumerate() {
         let who = format!("{what} #{i} ({:.2} ms at {})", ms(u.end_ns - u.start_ns), u.start_ns);
         let found: Vec<&PStall> = run.rec.stalls.iter().filter(|s| s.overlaps(u.start_ns, u.end_ns)).collect();
-        if found.len() != 1 {
-            c.fail(format!("{who}: {} overlapping stalls, want exactly 1", found.len()));
-            matched.extend(found.iter().filter(|s| s.tid == tid));
+        // Only the loop thread parks in epoll; another thread's stall here
+        // means a thread that is no event loop was taken for one.
+        for s in found.iter().filter(|s| s.tid != tid) {
+            c.fail(format!(
+                "{who}: overlapped by a stall of tid {} ({}), which is not the loop thread {tid}: {}; heaviest stack: {}",
+                s.tid,
+                s.thread_name,
+                s.summary(),
+                s.stacks.iter().max_by_key(|p| p.weight_ns).map(PStack::folded).unwrap_or_default()
+            ));
+        }
+        let mine: Vec<&PStall> = found.iter().copied().filter(|s| s.tid == tid).collect();
+        if mine.len() != 1 {
+            c.fail(format!("{who}: {} overlapping stalls of the loop thread, want exactly 1", mine.len()));
+            matched.extend(mine);
             continue;
         }
-        let s = found[0];
-        c.check(s.tid == tid, || format!("{who}: reported on tid {}, want the loop's {tid}", s.tid));
+        let s = mine[0];
         c.check(!s.incomplete, || format!("{who}: marked incomplete"));
         c.check(s.start_ns <= u.start_ns + MS && s.end_ns + MS >= u.end_ns, || {
             format!("{who}: stall [{}, {}] does not cover it", s.start_ns, s.end_ns)
@@ -680,11 +693,13 @@ fn check_gil(test: &str, py: &'static Python) {
         run.records("regex").iter().map(|r| Unit { start_ns: num(r, "start_ns"), end_ns: num(r, "end_ns") }).collect();
     let late = run.records("late");
     assert!(regexes.len() >= 5, "victim logged {} regex rounds, want 6:\n{}", regexes.len(), run.context());
-    for u in &regexes {
+    for r in run.records("regex") {
+        // CPU time: on a loaded machine the wall time of a match is longer.
+        let cpu = num(r, "cpu_ns");
         assert!(
-            (100 * MS..=400 * MS).contains(&(u.end_ns - u.start_ns)),
-            "a re.match took {:.1} ms, want ~100-300 ms (calibration off?):\n{}",
-            ms(u.end_ns - u.start_ns),
+            (60 * MS..=450 * MS).contains(&cpu),
+            "a re.match ran {:.1} ms on CPU, want ~100-300 ms (calibration off?):\n{}",
+            ms(cpu),
             run.context()
         );
     }
@@ -703,9 +718,14 @@ fn check_gil(test: &str, py: &'static Python) {
     let tid = run.loop_tid();
     let first = regexes.iter().map(|u| u.start_ns).min().unwrap();
     let last = regexes.iter().map(|u| u.end_ns).max().unwrap();
-    let stalls: Vec<&PStall> = run.rec.stalls.iter().filter(|s| s.tid == tid).collect();
-    // Every match the loop noticed (a late heartbeat) is a stall.
-    for r in &late {
+    // The loop's stalls during the matches. (Interpreter shutdown, after the
+    // last match, is a stall too -- the loop thread never parks again -- and
+    // is none of this test's business.)
+    let during = |s: &&PStall| s.tid == tid && s.start_ns < last + 50 * MS;
+    let stalls: Vec<&PStall> = run.rec.stalls.iter().filter(during).collect();
+    // Every time the loop noticed a match (a heartbeat late by more than the
+    // threshold, plus margin) falls in a stall.
+    for r in late.iter().filter(|r| num(r, "late_ns") >= THRESHOLD_NS + 10 * MS) {
         let (a, b) = (num(r, "start_ns"), num(r, "end_ns"));
         c.check(stalls.iter().any(|s| s.overlaps(a, b)), || {
             format!("the loop's heartbeat was {:.1} ms late at {b}, and no stall of the loop covers it", ms(b - a))
@@ -714,9 +734,10 @@ fn check_gil(test: &str, py: &'static Python) {
     for s in run.rec.stalls.iter().filter(|s| s.tid != tid) {
         c.fail(format!("a stall on tid {} ({}), not the loop thread: {}", s.tid, s.thread_name, s.summary()));
     }
-    for s in stalls.iter().filter(|s| !s.overlaps(first, last + 20 * MS)) {
+    for s in stalls.iter().filter(|s| !regexes.iter().any(|u| s.overlaps(u.start_ns, u.end_ns))) {
         c.fail(format!("a stall of the loop outside the matches: {}", s.summary()));
     }
+    let _ = first;
     let total: u64 = stalls.iter().map(|s| s.duration_ns).sum();
     let gil: Vec<&PStack> = stalls.iter().flat_map(|s| &s.stacks).filter(|p| p.kind == "gil_wait").collect();
     let gil_ns: u64 = gil.iter().map(|p| p.weight_ns).sum();
@@ -740,19 +761,33 @@ fn check_gil(test: &str, py: &'static Python) {
         .map(|p| p.weight_ns)
         .sum();
     let truth: u64 = late.iter().map(|r| num(r, "late_ns")).sum();
+    // Run-queue time is the machine's load, not the GIL: a GIL waiter wakes
+    // every 5 ms (the switch interval) to re-request the GIL, and on a busy
+    // 2-core machine each wake-up waits for a CPU. So the >= 70% is of the
+    // stall time the loop thread did not spend waiting for a CPU; on an idle
+    // machine the two are the same.
+    let runq: u64 = stalls.iter().map(|s| s.runqueue_ns).sum();
+    let not_runq = total - runq;
     println!(
-        "SHARE gil      {:<40} {:<34} measured {:5.1}%  (>= 70% required; held by gil-hog in hog: {:.1}%; loop stalls {:.1} ms, \
-         victim's late heartbeats {:.1} ms)",
+        "SHARE gil      {:<40} {:<34} measured {:5.1}% of stall time, {:5.1}% of it outside the run queue (>= 70% required); \
+         held by gil-hog in hog: {:.1}%; loop stalls {:.1} ms, victim's late heartbeats {:.1} ms",
         py.path,
         "gil_wait",
         100.0 * share(gil_ns, total),
+        100.0 * share(gil_ns, not_runq),
         100.0 * share(hog_ns, gil_ns),
         ms(total),
         ms(truth)
     );
     c.check(stalls.len() >= regexes.len() - 1, || format!("{} stalls of the loop over {} matches", stalls.len(), regexes.len()));
-    c.check(share(gil_ns, total) >= 0.70, || {
-        format!("gil_wait stacks carry {:.1}% of the loop's {:.1} ms of stalls, want >= 70%", 100.0 * share(gil_ns, total), ms(total))
+    c.check(share(gil_ns, not_runq) >= 0.70, || {
+        format!(
+            "gil_wait stacks carry {:.1} ms: {:.1}% of the loop's {:.1} ms of stalls outside the run queue ({:.1} ms in all), want >= 70%",
+            ms(gil_ns),
+            100.0 * share(gil_ns, not_runq),
+            ms(not_runq),
+            ms(total)
+        )
     });
     c.check(share(hog_ns, gil_ns) >= 0.90, || {
         let other = gil.iter().find(|p| !by_hog(p)).map(|p| format!("{:?} in {}", p.gil_holder, p.folded()));

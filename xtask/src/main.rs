@@ -17,6 +17,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod bench;
+
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 #[derive(Parser)]
@@ -46,6 +48,16 @@ enum Cmd {
         /// Extra arguments for `cargo test` (after --).
         #[arg(last = true)]
         args: Vec<String>,
+    },
+    /// Measure accuracy, overhead, agent cost and scaling; writes docs/benchmarks.md.
+    Bench {
+        /// Fewer repetitions and shorter runs (a smoke run, ~5 min).
+        #[arg(long)]
+        quick: bool,
+        /// Only this section (repeatable): accuracy, overhead, agent, scaling.
+        /// A partial run writes target/bench/benchmarks-partial.md instead.
+        #[arg(long, value_name = "SECTION")]
+        only: Vec<String>,
     },
 }
 
@@ -175,7 +187,15 @@ fn test(args: &[String]) -> Result<()> {
     // The root tests drive the release binary (closer to what users run,
     // and faster symbolization); build it first.
     run(cargo().args(["build", "--release"]))?;
-    run(cargo().args(["test", "--release", "--no-fail-fast"]).args(args))
+    // One test at a time: the root tests measure real victims against
+    // their own clocks, and two CPU-bound victims on two cores would turn
+    // each other's stalls into run-queue time.
+    let mut cmd = cargo();
+    cmd.args(["test", "--release", "--no-fail-fast"]).args(args);
+    if !args.iter().any(|a| a == "--") {
+        cmd.args(["--", "--test-threads=1"]);
+    }
+    run(&mut cmd)
 }
 
 fn unsafe_geteuid() -> u32 {
@@ -193,6 +213,7 @@ fn main() -> ExitCode {
         Cmd::Build => build().map(|_| ()),
         Cmd::Demo { seconds, output } => demo(seconds, &output),
         Cmd::Test { args } => test(&args),
+        Cmd::Bench { quick, only } => bench::run(quick, &only),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

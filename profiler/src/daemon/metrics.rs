@@ -51,6 +51,7 @@ pub struct Metrics {
     pub reports_written: Counter,
     pub reports_bytes: Gauge,
     pub session_resets: Counter,
+    pub non_loop_stack_events: Counter,
     cpu: Counter<f64, AtomicU64>,
     rss: Gauge,
     last: std::sync::Mutex<Last>,
@@ -130,6 +131,12 @@ impl Metrics {
         r.register_with_unit("stallprof_reports", "Size of the report windows kept in the data directory", Unit::Bytes, reports_bytes.clone());
         let session_resets = Counter::default();
         r.register("stallprof_session_resets", "Times the stall-assembly state was rebuilt to bound its memory", session_resets.clone());
+        let non_loop_stack_events = Counter::default();
+        r.register(
+            "stallprof_non_loop_stack_events",
+            "Stack events of threads that are not event loops, dropped before unwinding (work the kernel side did for nothing)",
+            non_loop_stack_events.clone(),
+        );
         let cpu = Counter::<f64, AtomicU64>::default();
         r.register_with_unit("process_cpu", "Total user and system CPU time spent by the daemon", Unit::Seconds, cpu.clone());
         let rss = Gauge::default();
@@ -159,6 +166,7 @@ impl Metrics {
             reports_written,
             reports_bytes,
             session_resets,
+            non_loop_stack_events,
             cpu,
             rss,
             last: std::sync::Mutex::new(Last::default()),

@@ -392,7 +392,8 @@ impl Collector {
     }
 
     fn drain(&mut self) {
-        self.session.drain(&mut self.ring, Some(&mut self.probes));
+        let skipped = self.session.drain_executors(&mut self.ring, &mut self.probes);
+        self.sh.metrics.non_loop_stack_events.inc_by(skipped);
         for (pid, s) in self.session.take_stalls() {
             self.on_stall(pid, s);
         }

@@ -147,12 +147,18 @@ impl Window {
         fs::create_dir_all(&wdir).with_context(|| format!("creating {}", wdir.display()))?;
         let mut out = Vec::new();
         let mut procs: Vec<ProcWindow> = self.procs.into_values().collect();
-        procs.sort_by_key(|p| p.info.pid);
+        procs.sort_by_key(|p| (p.info.pid, p.info.start_ticks));
         let time_nanos = self.start_wall.duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0);
         let duration_nanos = end_mono.saturating_sub(self.start_mono) as i64;
         for mut p in procs {
             p.stalls.sort_by_key(|s| (s.start_ns, s.tid));
-            let dir = wdir.join(p.info.dir_name());
+            // The same comm and pid twice in a window: a reused pid.
+            let mut dir = wdir.join(p.info.dir_name());
+            let mut n = 1;
+            while dir.exists() {
+                n += 1;
+                dir = wdir.join(format!("{}-{n}", p.info.dir_name()));
+            }
             fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             let rec = Recording {
                 pid: p.info.pid,

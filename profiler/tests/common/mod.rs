@@ -613,7 +613,7 @@ pub fn check_contract(c: &mut Checks, rec: &Recording, threshold_ns: u64) {
             format!("{who}: outside the recording [{}, {}]", rec.started_ns, rec.ended_ns)
         });
         for st in &s.stacks {
-            c.check(matches!(st.kind.as_str(), "on_cpu" | "off_cpu" | "runqueue"), || {
+            c.check(matches!(st.kind.as_str(), "on_cpu" | "off_cpu" | "runqueue" | "gil_wait"), || {
                 format!("{who}: stack kind {:?}", st.kind)
             });
             c.check(!st.frames.is_empty(), || format!("{who}: a stack with no frames"));

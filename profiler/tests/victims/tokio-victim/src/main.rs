@@ -20,7 +20,7 @@
 //! (both #[inline(never)], names the tests look for), and wait for it.
 //!
 //! Log: JSON lines, one write(2) each:
-//!   {"kind":"ready","pid":P,"tid":T,"flavor":"multi"|"current"}
+//!   {"kind":"ready","pid":P,"tid":T,"flavor":"multi"|"current","mono_ns":NOW}
 //!   {"kind":"sleep"|"spin","func":"blocking_sleep"|"cpu_spin","ms":MS,"seq":N,
 //!    "tid":T,"thread":NAME,"start_ns":..,"end_ns":..,"cpu_ns":..}
 //!   {"kind":"done"}
@@ -191,9 +191,10 @@ fn main() {
     }
     .expect("building the tokio runtime");
     log_line(format!(
-        "{{\"kind\":\"ready\",\"pid\":{},\"tid\":{},\"flavor\":\"{flavor}\"}}",
+        "{{\"kind\":\"ready\",\"pid\":{},\"tid\":{},\"flavor\":\"{flavor}\",\"mono_ns\":{}}}",
         std::process::id(),
-        gettid()
+        gettid(),
+        mono_ns()
     ));
     rt.block_on(run());
 }

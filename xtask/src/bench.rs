@@ -1,0 +1,1282 @@
+//! `cargo xtask bench`: the benchmark behind docs/benchmarks.md.
+//!
+//! Not a test: nothing here passes or fails on a number. It measures, on the
+//! machine it runs on, and writes what it measured (medians, spreads, the
+//! exact commands) into docs/benchmarks.md:
+//!
+//! 1. `accuracy` — stall recall/precision, duration error and the
+//!    total-variation distance of per-cause shares, per victim, against the
+//!    victim's own CLOCK_MONOTONIC log; the same for py-spy (`record
+//!    --nonblocking`, with and without `--idle`) and for the field report's
+//!    in-process watchdog (bench/watchdog.py) where they apply. Scoring is
+//!    bench/accuracy.py.
+//! 2. `overhead` — an asyncio HTTP service (bench/http_service.py) under wrk
+//!    on loopback: requests/s and p99 bare, under `stallprof record`, under
+//!    `stallprof daemon`, under py-spy at the same rate (blocking and
+//!    `--nonblocking`); configurations interleaved round by round, ratios to
+//!    the same round's bare run.
+//! 3. `agent` — stallprof's own CPU (utime+stime from /proc/PID/stat), peak
+//!    RSS (VmHWM), attach time, and the event rate it takes before the first
+//!    ring-buffer drop (bench/event_storm.c).
+//! 4. `scaling` — those costs with 1/10/100 executor threads, and the
+//!    daemon's with 1–20 monitored processes.
+//!
+//! It installs what it needs: py-spy from PyPI into target/bench-venv, wrk
+//! from Debian's packages, and builds stallprof (release) and the tokio
+//! victim. Raw outputs stay in target/bench/run-<unix time>/.
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    fs,
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result, bail};
+
+const SECTIONS: &[&str] = &["accuracy", "overhead", "agent", "scaling"];
+/// Threshold for the accuracy section (the tests' and victims' scale).
+const ACC_THRESHOLD_MS: u32 = 20;
+/// py-spy's rate in the accuracy section (its default).
+const PYSPY_ACC_RATE: u32 = 100;
+/// stallprof record's default sampling rate; py-spy runs at it in `overhead`.
+const STALLPROF_DEFAULT_HZ: u32 = 999;
+const DAEMON_PORT: u16 = 19_437;
+
+struct Plan {
+    quick: bool,
+    acc_reps: usize,
+    ovh_rounds: usize,
+    ovh_secs: u32,
+    attach_reps: usize,
+    scale_reps: usize,
+    scale_secs: u32,
+}
+
+struct Env {
+    root: PathBuf,
+    bin: PathBuf,
+    python: String,
+    python_version: String,
+    pyspy: PathBuf,
+    work: PathBuf,
+    event_storm: PathBuf,
+    c_loop: PathBuf,
+    tokio_victim: Option<PathBuf>,
+    node: Option<String>,
+    clk_tck: f64,
+}
+
+pub fn run(quick: bool, only: &[String]) -> Result<()> {
+    for s in only {
+        if !SECTIONS.contains(&s.as_str()) {
+            bail!("--only {s}: sections are {}", SECTIONS.join(", "));
+        }
+    }
+    let want = |s: &str| only.is_empty() || only.iter().any(|o| o == s);
+    if super::unsafe_geteuid() != 0 {
+        bail!("the bench needs root (BPF); run it as root");
+    }
+    let plan = if quick {
+        Plan { quick, acc_reps: 1, ovh_rounds: 3, ovh_secs: 5, attach_reps: 3, scale_reps: 1, scale_secs: 4 }
+    } else {
+        Plan { quick, acc_reps: 3, ovh_rounds: 7, ovh_secs: 10, attach_reps: 7, scale_reps: 3, scale_secs: 6 }
+    };
+    let started = Instant::now();
+    let env = prepare()?;
+    eprintln!("bench: outputs in {}", env.work.display());
+
+    let mut doc = String::new();
+    if want("accuracy") {
+        doc.push_str(&accuracy(&env, &plan)?);
+    }
+    if want("overhead") {
+        doc.push_str(&overhead(&env, &plan)?);
+    }
+    if want("agent") {
+        doc.push_str(&agent(&env, &plan)?);
+    }
+    if want("scaling") {
+        doc.push_str(&scaling(&env, &plan)?);
+    }
+    let full = header(&env, &plan, only, started.elapsed()) + &doc;
+    fs::write(env.work.join("benchmarks.md"), &full)?;
+    let target = if only.is_empty() {
+        env.root.join("docs/benchmarks.md")
+    } else {
+        // A partial run must not replace the other sections' figures.
+        env.root.join("target/bench/benchmarks-partial.md")
+    };
+    fs::write(&target, &full)?;
+    eprintln!("bench: wrote {} ({:.0} s)", target.display(), started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Setup: tools, builds
+
+fn prepare() -> Result<Env> {
+    let root = super::root();
+    let bin = super::build()?;
+    let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+    let work = root.join(format!("target/bench/run-{stamp}"));
+    fs::create_dir_all(&work)?;
+
+    // The interpreter itself, not a pyenv shim (a shell script that execs it).
+    let python = super::output(Command::new("python3").args(["-c", "import sys; print(sys.executable)"]))
+        .context("the bench needs python3")?
+        .trim()
+        .to_string();
+    let python_version = super::output(Command::new(&python).arg("--version"))?.trim().to_string();
+
+    // py-spy from PyPI, in a venv of its own.
+    let venv = root.join("target/bench-venv");
+    let pyspy = venv.join("bin/py-spy");
+    if !pyspy.exists() {
+        super::run(Command::new(&python).args(["-m", "venv"]).arg(&venv))?;
+        super::run(Command::new(venv.join("bin/pip")).args(["install", "-q", "py-spy"]))?;
+    }
+    // wrk from Debian.
+    if Command::new("wrk").arg("--version").output().is_err() {
+        let ok = Command::new("apt-get").args(["install", "-y", "wrk"]).status().is_ok_and(|s| s.success());
+        if !ok {
+            super::run(Command::new("apt-get").arg("update"))?;
+            super::run(Command::new("apt-get").args(["install", "-y", "wrk"]))?;
+        }
+    }
+    let event_storm = work.join("event_storm");
+    super::run(Command::new("cc").args(["-O2", "-pthread", "-o"]).arg(&event_storm).arg(root.join("bench/event_storm.c")))?;
+    // The C victim as services ship: no frame pointers (the harder unwind).
+    let c_loop = work.join("c_loop");
+    super::run(
+        Command::new("cc")
+            .args(["-O1", "-g", "-fomit-frame-pointer", "-pthread", "-o"])
+            .arg(&c_loop)
+            .arg(root.join("profiler/tests/victims/c_loop.c")),
+    )?;
+    let tokio_manifest = root.join("profiler/tests/victims/tokio-victim/Cargo.toml");
+    let tokio_victim = if tokio_manifest.exists() {
+        let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+        cmd.args(["build", "--release", "--locked", "--manifest-path"])
+            .arg(&tokio_manifest)
+            .arg("--target-dir")
+            .arg(root.join("target/victims"));
+        for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "CARGO_TARGET_DIR"] {
+            cmd.env_remove(var);
+        }
+        match super::run(&mut cmd) {
+            Ok(()) => Some(root.join("target/victims/release/tokio-victim")),
+            Err(e) => {
+                eprintln!("bench: tokio victim not built ({e:#}); its row is skipped");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let node = ["/usr/bin/node", "node"]
+        .into_iter()
+        .find(|n| Command::new(n).arg("--version").output().is_ok_and(|o| o.status.success()))
+        .map(String::from);
+    let clk_tck = super::output(Command::new("getconf").arg("CLK_TCK"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0);
+    Ok(Env { root, bin, python, python_version, pyspy, work, event_storm, c_loop, tokio_victim, node, clk_tck })
+}
+
+// ---------------------------------------------------------------------------
+// Processes
+
+/// A child whose stderr (and optionally stdout) lines are collected with
+/// their arrival time. Killed (SIGKILL) when dropped.
+struct Proc {
+    child: Child,
+    started: Instant,
+    lines: Arc<Mutex<Vec<(Instant, String)>>>,
+    what: String,
+}
+
+impl Proc {
+    fn spawn(cmd: &mut Command) -> Result<Proc> {
+        let what = format!("{cmd:?}");
+        let started = Instant::now();
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {what}"))?;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        for r in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let lines = lines.clone();
+            thread::spawn(move || {
+                for line in BufReader::new(r).lines() {
+                    let Ok(line) = line else { break };
+                    lines.lock().unwrap().push((Instant::now(), line));
+                }
+            });
+        }
+        Ok(Proc { child, started, lines, what })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for a line containing `needle`; its arrival time.
+    fn wait_line(&mut self, needle: &str, timeout: Duration) -> Result<Instant> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some((t, _)) = self.lines.lock().unwrap().iter().find(|(_, l)| l.contains(needle)) {
+                return Ok(*t);
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                thread::sleep(Duration::from_millis(100));
+                bail!("{} exited ({st}) before printing {needle:?}:\n{}", self.what, self.text());
+            }
+            if Instant::now() > deadline {
+                bail!("{} printed no {needle:?} within {timeout:?}:\n{}", self.what, self.text());
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn text(&self) -> String {
+        self.lines.lock().unwrap().iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join("\n")
+    }
+
+    fn signal(&self, sig: &str) {
+        let _ = Command::new("kill").arg(format!("-{sig}")).arg(self.pid().to_string()).status();
+    }
+
+    /// Waits for exit; kills after `timeout`. True if it exited by itself.
+    fn wait(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                thread::sleep(Duration::from_millis(50)); // let the readers drain
+                return true;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return false;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGINT, then wait (SIGKILL after `timeout`).
+    fn stop(&mut self, timeout: Duration) -> bool {
+        self.signal("INT");
+        self.wait(timeout)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// utime + stime of a process (all its threads), in seconds.
+fn cpu_secs(pid: u32, clk_tck: f64) -> Option<f64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = s.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the comm: state(0) ppid(1) ... utime(11) stime(12)
+    let ut: f64 = f.get(11)?.parse().ok()?;
+    let st: f64 = f.get(12)?.parse().ok()?;
+    Some((ut + st) / clk_tck)
+}
+
+/// Peak RSS (VmHWM) in MiB.
+fn vm_hwm_mib(pid: u32) -> Option<f64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let l = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = l.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn wait_file(path: &Path, timeout: Duration) -> Result<String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(s) = fs::read_to_string(path) {
+            if !s.trim().is_empty() {
+                return Ok(s);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("{} did not appear within {timeout:?}", path.display());
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Statistics and formatting
+
+fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = s.len();
+    if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 }
+}
+
+fn min_max(v: &[f64]) -> (f64, f64) {
+    v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)))
+}
+
+/// `median (min–max)` with `prec` decimals, or `—`.
+fn spread(v: &[f64], prec: usize) -> String {
+    let v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return "—".into();
+    }
+    let m = median(&v);
+    if v.len() == 1 {
+        return format!("{m:.prec$}");
+    }
+    let (lo, hi) = min_max(&v);
+    format!("{m:.prec$} ({lo:.prec$}–{hi:.prec$})")
+}
+
+fn rel(p: &Path, root: &Path) -> String {
+    p.strip_prefix(root).map(|r| r.display().to_string()).unwrap_or_else(|_| p.display().to_string())
+}
+
+// ---------------------------------------------------------------------------
+// Header
+
+fn header(env: &Env, plan: &Plan, only: &[String], took: Duration) -> String {
+    let cpus = thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let model = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_default();
+    let kernel = super::output(Command::new("uname").arg("-r")).unwrap_or_default();
+    let date = super::output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"])).unwrap_or_default();
+    let load = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let pyspy_v = super::output(Command::new(&env.pyspy).arg("--version")).unwrap_or_default();
+    let wrk_v = Command::new("wrk")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").to_string())
+        .unwrap_or_default();
+    let node_v = env
+        .node
+        .as_ref()
+        .and_then(|n| super::output(Command::new(n).arg("--version")).ok())
+        .unwrap_or_else(|| "not installed".into());
+    let mut s = String::new();
+    let _ = writeln!(s, "# Benchmarks\n");
+    let _ = writeln!(
+        s,
+        "Generated by `cargo xtask bench{}{}` (xtask/src/bench.rs, helpers in bench/). \
+         Every figure below is a measurement from that run, not a target; the targets from the \
+         issue are listed next to them with whether this run met them.\n",
+        if plan.quick { " --quick" } else { "" },
+        only.iter().map(|o| format!(" --only {o}")).collect::<String>()
+    );
+    let _ = writeln!(s, "- date: {}", date.trim());
+    let _ = writeln!(
+        s,
+        "- machine: {cpus} vCPUs ({model}), kernel {}; a **shared, noisy** VM: other engineers' builds and \
+         test suites were running during the bench (load average at the end: {}). Absolute numbers are \
+         therefore low and spread wide; ratios come from interleaved runs to cancel some of the drift.",
+        kernel.trim(),
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    );
+    let _ = writeln!(s, "- {} ({}); {}; wrk {}; node {}", env.python_version, env.python, pyspy_v.trim(), wrk_v.trim(), node_v.trim());
+    let _ = writeln!(
+        s,
+        "- run: {} ({:.0} s); raw outputs were in `{}` (not kept in git)",
+        if plan.quick {
+            "`--quick`: 1 repetition per accuracy cell, 3 overhead rounds of 5 s — a smoke run; treat spreads as indicative"
+        } else {
+            "full: 3 repetitions per accuracy cell, 7 overhead rounds of 10 s"
+        },
+        took.as_secs_f64(),
+        rel(&env.work, &env.root)
+    );
+    let _ = writeln!(
+        s,
+        "\nReproduce everything with `sudo cargo xtask bench` (~20 min) or one section with \
+         `cargo xtask bench --only accuracy|overhead|agent|scaling`; the commands each figure comes from \
+         are given in its section. `$SP` is `target/release/stallprof`, `$PY` the Python above, \
+         `$PYSPY` `target/bench-venv/bin/py-spy`, `V` `profiler/tests/victims`.\n"
+    );
+    s
+}
+
+// ---------------------------------------------------------------------------
+// 1. Attribution accuracy
+
+struct Victim {
+    name: &'static str,
+    label: &'static str,
+    python_script: Option<&'static str>,
+    cmd: Vec<String>, // the command, LOG appended
+}
+
+fn victims(env: &Env) -> Vec<Victim> {
+    let v = env.root.join("profiler/tests/victims");
+    let py = |s: &str| vec![env.python.clone(), v.join(s).display().to_string()];
+    let mut out = vec![
+        Victim { name: "c_loop", label: "C epoll loop (spin / nanosleep / slow pipe)", python_script: None, cmd: vec![env.c_loop.display().to_string()] },
+        Victim { name: "gateway", label: "Python gateway (TLS, tokenizer, zlib, scoring)", python_script: Some("py_gateway.py"), cmd: py("py_gateway.py") },
+        Victim { name: "blocking_client", label: "Python blocking client / sleep / CPU", python_script: Some("py_blocking_client.py"), cmd: py("py_blocking_client.py") },
+        Victim { name: "gil", label: "Python GIL held by another thread", python_script: Some("py_gil.py"), cmd: py("py_gil.py") },
+    ];
+    if let Some(t) = &env.tokio_victim {
+        out.push(Victim { name: "tokio", label: "tokio (multi-thread, no frame pointers)", python_script: None, cmd: vec![t.display().to_string()] });
+    }
+    if let Some(n) = &env.node {
+        out.push(Victim {
+            name: "node",
+            label: "Node (pbkdf2Sync / JSON.parse), --perf-basic-prof",
+            python_script: None,
+            cmd: vec![n.clone(), "--perf-basic-prof".into(), v.join("node_loop.js").display().to_string()],
+        });
+    }
+    out
+}
+
+#[derive(Default)]
+struct Score {
+    runs: usize,
+    failed: Vec<String>,
+    vals: BTreeMap<String, Vec<f64>>,
+    shares: BTreeMap<String, Vec<(f64, f64)>>,
+}
+
+impl Score {
+    fn add(&mut self, text: &str) {
+        self.runs += 1;
+        for line in text.lines() {
+            let Some((k, v)) = line.split_once('\t') else { continue };
+            if let Some(cause) = k.strip_prefix("share:") {
+                if let Some((t, m)) = v.split_once(':') {
+                    if let (Ok(t), Ok(m)) = (t.parse(), m.parse()) {
+                        self.shares.entry(cause.to_string()).or_default().push((t, m));
+                    }
+                }
+            } else if let Ok(x) = v.parse::<f64>() {
+                self.vals.entry(k.to_string()).or_default().push(x);
+            }
+        }
+    }
+    fn get(&self, k: &str) -> &[f64] {
+        self.vals.get(k).map(|v| v.as_slice()).unwrap_or(&[])
+    }
+    fn shares_text(&self) -> String {
+        self.shares
+            .iter()
+            .map(|(k, v)| {
+                let t = median(&v.iter().map(|p| p.0 * 100.0).collect::<Vec<_>>());
+                let m = median(&v.iter().map(|p| p.1 * 100.0).collect::<Vec<_>>());
+                format!("{k} {t:.0}→{m:.0}")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+const TOOLS: &[(&str, &str)] = &[
+    ("stallprof", "stallprof record"),
+    ("watchdog", "in-process watchdog (field report)"),
+    ("pyspy", "py-spy --nonblocking"),
+    ("pyspy_idle", "py-spy --nonblocking --idle"),
+];
+
+fn run_accuracy_once(env: &Env, v: &Victim, tool: &str, dir: &Path) -> Result<String> {
+    fs::create_dir_all(dir)?;
+    let log = dir.join("victim.log");
+    let thr = ACC_THRESHOLD_MS.to_string();
+    let mut victim_cmd = v.cmd.clone();
+    victim_cmd.push(log.display().to_string());
+    let (cmd, output): (Vec<String>, PathBuf) = match tool {
+        "stallprof" => {
+            let out = dir.join("out");
+            let mut c = vec![env.bin.display().to_string(), "record".into(), "-q".into(), "--threshold".into(), format!("{thr}ms"), "-o".into(), out.display().to_string(), "--".into()];
+            c.extend(victim_cmd);
+            (c, out.join("stalls.json"))
+        }
+        "watchdog" => {
+            let wd = dir.join("watchdog.log");
+            let mut c = vec![env.python.clone(), env.root.join("bench/watchdog.py").display().to_string(), wd.display().to_string(), thr.clone()];
+            c.extend(victim_cmd[1..].iter().cloned());
+            (c, wd)
+        }
+        "pyspy" | "pyspy_idle" => {
+            let raw = dir.join("pyspy.raw");
+            let mut c = vec![env.pyspy.display().to_string(), "record".into(), "--nonblocking".into()];
+            if tool == "pyspy_idle" {
+                c.push("--idle".into());
+            }
+            c.extend(["-t", "-r", &PYSPY_ACC_RATE.to_string(), "-f", "raw", "-o"].iter().map(|s| s.to_string()));
+            c.push(raw.display().to_string());
+            c.push("--".into());
+            c.extend(victim_cmd);
+            (c, raw)
+        }
+        _ => unreachable!(),
+    };
+    let mut p = Proc::spawn(Command::new(&cmd[0]).args(&cmd[1..]).current_dir(dir))?;
+    if !p.wait(Duration::from_secs(90)) {
+        bail!("{tool} on {} did not finish in 90 s", v.name);
+    }
+    fs::write(dir.join("tool.out"), p.text())?;
+    if !output.exists() {
+        bail!("{tool} on {} wrote no {}:\n{}", v.name, output.display(), p.text());
+    }
+    let score_tool = if tool.starts_with("pyspy") { "pyspy" } else { tool };
+    let out = super::output(
+        Command::new(&env.python)
+            .arg(env.root.join("bench/accuracy.py"))
+            .args([v.name, &log.display().to_string(), &thr, score_tool, &output.display().to_string()]),
+    )?;
+    fs::write(dir.join("score.tsv"), &out)?;
+    Ok(out)
+}
+
+fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
+    eprintln!("bench: section 1, attribution accuracy");
+    let vs = victims(env);
+    let mut scores: BTreeMap<(String, String), Score> = BTreeMap::new();
+    for rep in 0..plan.acc_reps {
+        for v in &vs {
+            for (tool, _) in TOOLS {
+                if *tool != "stallprof" && v.python_script.is_none() {
+                    continue;
+                }
+                let dir = env.work.join(format!("accuracy/{}/{tool}/{rep}", v.name));
+                eprintln!("bench: accuracy {} / {tool} / rep {rep}", v.name);
+                let sc = scores.entry((v.name.to_string(), tool.to_string())).or_default();
+                match run_accuracy_once(env, v, tool, &dir) {
+                    Ok(text) => sc.add(&text),
+                    Err(e) => {
+                        eprintln!("bench: {e:#}");
+                        sc.failed.push(format!("{e:#}").lines().next().unwrap_or("").to_string());
+                    }
+                }
+            }
+        }
+    }
+
+    let mut s = String::new();
+    let _ = writeln!(s, "## 1. Attribution accuracy\n");
+    let _ = writeln!(
+        s,
+        "Each victim logs its own stalls with CLOCK_MONOTONIC (`time.monotonic_ns()`, \
+         `clock_gettime`, `process.hrtime`), the same clock as `stalls.json`. Threshold {ACC_THRESHOLD_MS} ms \
+         for every tool; {} run(s) per cell; figures are medians (min–max over runs when more than one). \
+         Scoring: `bench/accuracy.py` (its docstring has the exact definitions):\n",
+        plan.acc_reps
+    );
+    let _ = writeln!(
+        s,
+        "- **recall**: truth intervals ≥ 1.5× threshold that a reported stall overlaps; \
+         **precision**: reported stalls within [first truth − 200 ms, last truth + 200 ms] that overlap a truth interval;\n\
+         - **dur. err**: median |reported − true| duration over matched pairs (ms);\n\
+         - **TV**: total-variation distance, in points, between the true per-cause shares of the stall time \
+         (per culprit function; the gateway's time between steps is `other`; the GIL victim's cause is \
+         `gil_wait` on `hog()`) and the tool's (stallprof: stack weights by innermost culprit frame; \
+         watchdog: a stall's blocked time split over the ≤2 stacks it caught, `unknown` if none; py-spy: \
+         the loop thread's non-idle samples inside the event loop — py-spy has no timestamps in its raw \
+         output, so these are shares of the whole run, which in these victims is stall time plus µs of heartbeat). \
+         Target: TV ≤ 5 points on every victim.\n"
+    );
+    let _ = writeln!(s, "| victim | tool | runs | recall | precision | dur. err (ms) | TV (points) | true→measured share % (median) |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    let mut misses = Vec::new();
+    for v in &vs {
+        for (tool, tool_label) in TOOLS {
+            let Some(sc) = scores.get(&(v.name.to_string(), tool.to_string())) else { continue };
+            let na = tool.starts_with("pyspy");
+            let tv = sc.get("tv_points");
+            if *tool == "stallprof" && (tv.is_empty() || median(tv) > 5.0) {
+                misses.push(format!("{} (TV {})", v.name, spread(tv, 1)));
+            }
+            let _ = writeln!(
+                s,
+                "| {} | {} | {}{} | {} | {} | {} | {} | {} |",
+                v.label,
+                tool_label,
+                sc.runs,
+                if sc.failed.is_empty() { String::new() } else { format!(" ({} failed)", sc.failed.len()) },
+                if na { "n/a".into() } else { spread(&sc.get("recall").iter().map(|x| x * 100.0).collect::<Vec<_>>(), 0) + "%" },
+                if na { "n/a".into() } else { spread(&sc.get("precision").iter().map(|x| x * 100.0).collect::<Vec<_>>(), 0) + "%" },
+                if na { "n/a".into() } else { spread(sc.get("dur_err_med_ms"), 1) },
+                spread(tv, 1),
+                sc.shares_text()
+            );
+        }
+    }
+    let failures: Vec<String> = scores
+        .iter()
+        .flat_map(|((v, t), sc)| sc.failed.iter().map(move |f| format!("- {v} / {t}: {f}")))
+        .collect();
+    if !failures.is_empty() {
+        let _ = writeln!(s, "\nRuns that failed (not scored):\n\n{}", failures.join("\n"));
+    }
+    let _ = writeln!(
+        s,
+        "\nTarget (TV ≤ 5 points on every victim, stallprof): {}\n",
+        if misses.is_empty() { "**met** in this run.".to_string() } else { format!("**missed** on {}.", misses.join(", ")) }
+    );
+    let _ = writeln!(
+        s,
+        "py-spy rows have no recall/precision/duration: it reports samples, not stalls. The watchdog and py-spy \
+         apply only to the Python victims. On the GIL victim py-spy has no notion of a GIL wait (the loop \
+         thread's samples sit in `select()`, which its idle filter and ours treat as parked), so its share is \
+         whatever else the loop ran. py-spy ran at its default {PYSPY_ACC_RATE} Hz here (the overhead \
+         section runs it at stallprof's rate).\n"
+    );
+    let _ = writeln!(s, "Commands (one run; `LOG` is the victim's log, `bench/accuracy.py VICTIM LOG {ACC_THRESHOLD_MS} TOOL OUTPUT` scores it):\n");
+    let _ = writeln!(s, "```sh");
+    let _ = writeln!(s, "cc -O1 -g -fomit-frame-pointer -pthread -o c_loop $V/c_loop.c");
+    let _ = writeln!(s, "cargo build --release --locked --manifest-path $V/tokio-victim/Cargo.toml --target-dir target/victims");
+    let _ = writeln!(s, "# stallprof, per victim (VICTIM_CMD: ./c_loop | $PY $V/py_gateway.py | $PY $V/py_blocking_client.py | $PY $V/py_gil.py");
+    let _ = writeln!(s, "#                       | target/victims/release/tokio-victim | node --perf-basic-prof $V/node_loop.js)");
+    let _ = writeln!(s, "$SP record -q --threshold {ACC_THRESHOLD_MS}ms -o out -- VICTIM_CMD LOG");
+    let _ = writeln!(s, "python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} stallprof out/stalls.json");
+    let _ = writeln!(s, "# the field report's watchdog inside the victim");
+    let _ = writeln!(s, "$PY bench/watchdog.py wd.log {ACC_THRESHOLD_MS} $V/py_gateway.py LOG");
+    let _ = writeln!(s, "python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} watchdog wd.log");
+    let _ = writeln!(s, "# py-spy, without and with --idle");
+    let _ = writeln!(s, "$PYSPY record --nonblocking [--idle] -t -r {PYSPY_ACC_RATE} -f raw -o raw.txt -- $PY $V/py_gateway.py LOG");
+    let _ = writeln!(s, "python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} pyspy raw.txt");
+    let _ = writeln!(s, "```\n");
+    Ok(s)
+}
+
+// ---------------------------------------------------------------------------
+// 2. Overhead on the target
+
+#[derive(Clone, Copy, PartialEq)]
+enum Cfg {
+    Bare,
+    Record,
+    Daemon,
+    PySpy,
+    PySpyNb,
+}
+
+impl Cfg {
+    fn name(self) -> &'static str {
+        match self {
+            Cfg::Bare => "bare",
+            Cfg::Record => "stallprof record (defaults: 999 Hz, 50 ms)",
+            Cfg::Daemon => "stallprof daemon (defaults: 199 Hz, 50 ms, host-wide)",
+            Cfg::PySpy => "py-spy record -r 999 (blocking)",
+            Cfg::PySpyNb => "py-spy record -r 999 --nonblocking",
+        }
+    }
+}
+
+struct OvhRun {
+    rps: f64,
+    p99_ms: f64,
+    agent_cpu_pct: Option<f64>,
+    agent_rss_mib: Option<f64>,
+}
+
+fn parse_wrk(text: &str) -> Option<(f64, f64)> {
+    let rps = text.lines().find(|l| l.starts_with("Requests/sec:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    let p99 = text.lines().find(|l| l.trim_start().starts_with("99%"))?.split_whitespace().nth(1)?;
+    let p99_ms = if let Some(x) = p99.strip_suffix("us") {
+        x.parse::<f64>().ok()? / 1000.0
+    } else if let Some(x) = p99.strip_suffix("ms") {
+        x.parse().ok()?
+    } else if let Some(x) = p99.strip_suffix('s') {
+        x.parse::<f64>().ok()? * 1000.0
+    } else {
+        return None;
+    };
+    Some((rps, p99_ms))
+}
+
+fn daemon_cmd(env: &Env, data: &Path) -> Command {
+    let mut c = Command::new(&env.bin);
+    c.args(["-v", "daemon", "--listen", &format!("127.0.0.1:{DAEMON_PORT}"), "--data-dir"]).arg(data);
+    c
+}
+
+fn overhead_once(env: &Env, cfg: Cfg, secs: u32, dir: &Path) -> Result<OvhRun> {
+    fs::create_dir_all(dir)?;
+    let port_file = dir.join("port");
+    let _ = fs::remove_file(&port_file);
+    let _server = Proc::spawn(Command::new(&env.python).arg(env.root.join("bench/http_service.py")).arg(&port_file))?;
+    let info = wait_file(&port_file, Duration::from_secs(10))?;
+    let mut it = info.split_whitespace();
+    let port: u16 = it.next().context("port file")?.parse()?;
+    let pid: u32 = it.next().context("port file")?.parse()?;
+    let url = format!("http://127.0.0.1:{port}/");
+
+    let mut agent = match cfg {
+        Cfg::Bare => None,
+        Cfg::Record => {
+            let mut p = Proc::spawn(Command::new(&env.bin).args(["-v", "record", "-q", "--pid", &pid.to_string(), "-o"]).arg(dir.join("out")))?;
+            p.wait_line("attached to", Duration::from_secs(20))?;
+            Some(p)
+        }
+        Cfg::Daemon => {
+            let mut p = Proc::spawn(&mut daemon_cmd(env, &dir.join("daemon-data")))?;
+            p.wait_line(&format!("monitoring pid {pid} "), Duration::from_secs(20))?;
+            Some(p)
+        }
+        Cfg::PySpy | Cfg::PySpyNb => {
+            let mut c = Command::new(&env.pyspy);
+            c.args(["record", "-r", &STALLPROF_DEFAULT_HZ.to_string(), "-f", "raw", "-o"]).arg(dir.join("pyspy.raw"));
+            if cfg == Cfg::PySpyNb {
+                c.arg("--nonblocking");
+            }
+            c.args(["--pid", &pid.to_string()]);
+            let p = Proc::spawn(&mut c)?;
+            thread::sleep(Duration::from_millis(500));
+            Some(p)
+        }
+    };
+    // Warm-up (connections, the agent's first-seen work), then the measurement.
+    let _ = Command::new("wrk").args(["-t1", "-c32", "-d1s", &url]).output();
+    let pre = agent.as_ref().and_then(|a| cpu_secs(a.pid(), env.clk_tck));
+    let t0 = Instant::now();
+    let out = Command::new("wrk").args(["-t1", "-c32", &format!("-d{secs}s"), "--latency", &url]).output()?;
+    let wall = t0.elapsed().as_secs_f64();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    fs::write(dir.join("wrk.txt"), &text)?;
+    let (agent_cpu_pct, agent_rss_mib) = match &agent {
+        Some(a) => (
+            cpu_secs(a.pid(), env.clk_tck).zip(pre).map(|(b, a0)| (b - a0) / wall * 100.0),
+            vm_hwm_mib(a.pid()),
+        ),
+        None => (None, None),
+    };
+    if let Some(a) = agent.as_mut() {
+        a.stop(Duration::from_secs(30));
+        fs::write(dir.join("agent.log"), a.text())?;
+    }
+    let (rps, p99_ms) = parse_wrk(&text).with_context(|| format!("unparsable wrk output:\n{text}"))?;
+    Ok(OvhRun { rps, p99_ms, agent_cpu_pct, agent_rss_mib })
+}
+
+fn overhead(env: &Env, plan: &Plan) -> Result<String> {
+    eprintln!("bench: section 2, overhead on the target");
+    let cfgs = [Cfg::Bare, Cfg::Record, Cfg::Daemon, Cfg::PySpy, Cfg::PySpyNb];
+    let mut runs: Vec<Vec<Option<OvhRun>>> = (0..cfgs.len()).map(|_| Vec::new()).collect();
+    let mut errors = Vec::new();
+    for round in 0..plan.ovh_rounds {
+        // Bare first in every round, the others rotated: each configuration
+        // sits next to a bare run of the same minute.
+        let mut order: Vec<usize> = (1..cfgs.len()).collect();
+        order.rotate_left(round % (cfgs.len() - 1));
+        order.insert(0, 0);
+        for &i in &order {
+            let dir = env.work.join(format!("overhead/{round}-{i}"));
+            eprintln!("bench: overhead round {round} {}", cfgs[i].name());
+            match overhead_once(env, cfgs[i], plan.ovh_secs, &dir) {
+                Ok(r) => runs[i].push(Some(r)),
+                Err(e) => {
+                    eprintln!("bench: {e:#}");
+                    errors.push(format!("- round {round}, {}: {}", cfgs[i].name(), format!("{e:#}").lines().next().unwrap_or("")));
+                    runs[i].push(None);
+                }
+            }
+        }
+    }
+    let mut s = String::new();
+    let _ = writeln!(s, "## 2. Overhead on the target\n");
+    let _ = writeln!(
+        s,
+        "Target: `bench/http_service.py`, an asyncio HTTP/1.1 keep-alive service on 127.0.0.1 (each request \
+         JSON-encodes a 40-field object on the loop), loaded by `wrk -t1 -c32 -d{}s --latency` after a 1 s \
+         warm-up, with a fresh server per run. {} rounds; each round runs bare first, then the other \
+         configurations in a rotated order. Ratios are each run divided by the same round's bare run: \
+         median (min–max). Nothing is pinned: server, wrk and agent share the 2 vCPUs, so any agent CPU \
+         is taken from the target or the load generator, as it would be on a busy host.\n",
+        plan.ovh_secs, plan.ovh_rounds
+    );
+    let _ = writeln!(s, "| configuration | requests/s | p99 (ms) | throughput ratio | p99 ratio | agent CPU % of one core | agent peak RSS (MiB) |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let mut tp_ratio: BTreeMap<usize, f64> = BTreeMap::new();
+    for (i, cfg) in cfgs.iter().enumerate() {
+        let ok: Vec<&OvhRun> = runs[i].iter().flatten().collect();
+        let rps: Vec<f64> = ok.iter().map(|r| r.rps).collect();
+        let p99: Vec<f64> = ok.iter().map(|r| r.p99_ms).collect();
+        let mut rr = Vec::new();
+        let mut pr = Vec::new();
+        for (a, b) in runs[i].iter().zip(runs[0].iter()) {
+            if let (Some(a), Some(b)) = (a, b) {
+                rr.push(a.rps / b.rps);
+                pr.push(a.p99_ms / b.p99_ms);
+            }
+        }
+        if !rr.is_empty() {
+            tp_ratio.insert(i, median(&rr));
+        }
+        let cpu: Vec<f64> = ok.iter().filter_map(|r| r.agent_cpu_pct).collect();
+        let rss: Vec<f64> = ok.iter().filter_map(|r| r.agent_rss_mib).collect();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            cfg.name(),
+            spread(&rps, 0),
+            spread(&p99, 2),
+            if i == 0 { "1".into() } else { spread(&rr, 3) },
+            if i == 0 { "1".into() } else { spread(&pr, 2) },
+            if i == 0 { "—".into() } else { spread(&cpu, 1) },
+            if i == 0 { "—".into() } else { spread(&rss, 0) },
+        );
+    }
+    if !errors.is_empty() {
+        let _ = writeln!(s, "\nRuns that failed:\n\n{}", errors.join("\n"));
+    }
+    let rec = tp_ratio.get(&1).copied();
+    let dmn = tp_ratio.get(&2).copied();
+    let pys = [tp_ratio.get(&3).copied(), tp_ratio.get(&4).copied()];
+    let _ = writeln!(s, "\nTargets:\n");
+    let _ = writeln!(
+        s,
+        "- ≥ 99.5% of bare throughput at default settings: `record` {}, daemon {}.",
+        verdict_ratio(rec),
+        verdict_ratio(dmn)
+    );
+    let best_pyspy = pys.iter().flatten().copied().fold(f64::NEG_INFINITY, f64::max);
+    let _ = writeln!(
+        s,
+        "- overhead lower than py-spy's at equal sampling rate (999 Hz): {}",
+        match rec {
+            Some(r) if best_pyspy.is_finite() => format!(
+                "stallprof keeps {:.1}% vs py-spy's best {:.1}% — **{}**.",
+                r * 100.0,
+                best_pyspy * 100.0,
+                if r > best_pyspy { "met" } else { "missed" }
+            ),
+            _ => "not measured (runs failed).".into(),
+        }
+    );
+    let _ = writeln!(
+        s,
+        "\nThe daemon watches every event-loop process on the host, here including wrk itself and whatever \
+         the other users of the machine ran; its CPU is its whole cost, not the part due to the service.\n"
+    );
+    let _ = writeln!(s, "Commands (one round):\n\n```sh");
+    let _ = writeln!(s, "$PY bench/http_service.py port.txt &            # writes \"PORT PID TID\"");
+    let _ = writeln!(s, "wrk -t1 -c32 -d1s http://127.0.0.1:$PORT/        # warm-up");
+    let _ = writeln!(s, "wrk -t1 -c32 -d{}s --latency http://127.0.0.1:$PORT/", plan.ovh_secs);
+    let _ = writeln!(s, "# the same, with one of these running (started after the server, stopped with SIGINT after wrk):");
+    let _ = writeln!(s, "$SP -v record -q --pid $PID -o out               # measured from its \"attached to\" line");
+    let _ = writeln!(s, "$SP -v daemon --listen 127.0.0.1:{DAEMON_PORT} --data-dir d   # from its \"monitoring pid $PID\" line");
+    let _ = writeln!(s, "$PYSPY record -r {STALLPROF_DEFAULT_HZ} -f raw -o raw.txt --pid $PID");
+    let _ = writeln!(s, "$PYSPY record -r {STALLPROF_DEFAULT_HZ} -f raw -o raw.txt --nonblocking --pid $PID");
+    let _ = writeln!(s, "# agent CPU: utime+stime from /proc/$AGENT/stat across the wrk run; RSS: VmHWM from /proc/$AGENT/status");
+    let _ = writeln!(s, "```\n");
+    Ok(s)
+}
+
+fn verdict_ratio(r: Option<f64>) -> String {
+    match r {
+        Some(r) => format!("{:.1}% — **{}**", r * 100.0, if r >= 0.995 { "met" } else { "missed" }),
+        None => "not measured".into(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 3. Agent cost
+
+/// `stallprof record --pid` on a target for `secs`: attach (log and wall),
+/// CPU %, peak RSS, the stalls.json summary (executors, lost events).
+struct AgentRun {
+    attach_log_ms: Option<f64>,
+    attach_wall_ms: f64,
+    python_ready_ms: Option<f64>,
+    cpu_pct: f64,
+    rss_mib: f64,
+    executors: Option<usize>,
+    lost: Option<u64>,
+    drops: String,
+}
+
+fn record_for(env: &Env, pid: u32, secs: u32, extra: &[&str], dir: &Path, python: bool) -> Result<AgentRun> {
+    let out = dir.join("out");
+    let mut cmd = Command::new(&env.bin);
+    cmd.args(["-v", "record", "-q", "--pid", &pid.to_string()]).args(extra).arg("-o").arg(&out);
+    let mut p = Proc::spawn(&mut cmd)?;
+    let attached = p.wait_line("attached to", Duration::from_secs(30))?;
+    let attach_wall_ms = attached.duration_since(p.started).as_secs_f64() * 1e3;
+    let attach_log_ms = p
+        .text()
+        .lines()
+        .find(|l| l.contains("attached to"))
+        .and_then(|l| l.split(" in ").nth(1))
+        .and_then(|x| x.trim().trim_end_matches("ms").trim().parse().ok());
+    let python_ready_ms = if python {
+        p.wait_line("Python stacks on", Duration::from_secs(10)).ok().map(|t| t.duration_since(p.started).as_secs_f64() * 1e3)
+    } else {
+        None
+    };
+    let c0 = cpu_secs(p.pid(), env.clk_tck).unwrap_or(0.0);
+    let t0 = Instant::now();
+    thread::sleep(Duration::from_secs(secs as u64));
+    let cpu_pct = (cpu_secs(p.pid(), env.clk_tck).unwrap_or(c0) - c0) / t0.elapsed().as_secs_f64() * 100.0;
+    let rss_mib = vm_hwm_mib(p.pid()).unwrap_or(f64::NAN);
+    p.stop(Duration::from_secs(60));
+    fs::write(dir.join("agent.log"), p.text())?;
+    let summary = super::output(Command::new(&env.python).args([
+        "-c",
+        "import json,sys; r=json.load(open(sys.argv[1])); \
+         print(len(r.get('executor_threads',[])), r.get('lost_events',0), \
+         ','.join(f'{k}={v}' for k,v in sorted(r.get('drops',{}).items())) or '-')",
+        &out.join("stalls.json").display().to_string(),
+    ]))
+    .unwrap_or_default();
+    let mut it = summary.split_whitespace();
+    Ok(AgentRun {
+        attach_log_ms,
+        attach_wall_ms,
+        python_ready_ms,
+        cpu_pct,
+        rss_mib,
+        executors: it.next().and_then(|x| x.parse().ok()),
+        lost: it.next().and_then(|x| x.parse().ok()),
+        drops: it.next().unwrap_or("?").to_string(),
+    })
+}
+
+fn storm(env: &Env, threads: u32, rate: u32, busy_us: u32, secs: u32, result: &Path) -> Result<Proc> {
+    Proc::spawn(Command::new(&env.event_storm).args([
+        threads.to_string(),
+        rate.to_string(),
+        busy_us.to_string(),
+        secs.to_string(),
+        result.display().to_string(),
+    ]))
+}
+
+fn storm_rate(result: &Path) -> Option<f64> {
+    let s = fs::read_to_string(result).ok()?;
+    let mut it = 0.0;
+    let mut ns = 0.0;
+    for kv in s.split_whitespace() {
+        match kv.split_once('=') {
+            Some(("iterations", v)) => it = v.parse().ok()?,
+            Some(("elapsed_ns", v)) => ns = v.parse().ok()?,
+            _ => {}
+        }
+    }
+    (ns > 0.0).then(|| it / (ns / 1e9))
+}
+
+fn agent(env: &Env, plan: &Plan) -> Result<String> {
+    eprintln!("bench: section 3, agent cost");
+    let mut s = String::new();
+    let _ = writeln!(s, "## 3. Agent cost\n");
+
+    // Attach time and idle cost, on a C loop and on an idle asyncio service.
+    let mut attach_rows = String::new();
+    for (label, python) in [("C epoll loop (event_storm, 1 thread, 100 Hz)", false), ("asyncio service, idle (http_service.py)", true)] {
+        let mut log_ms = Vec::new();
+        let mut wall_ms = Vec::new();
+        let mut py_ms = Vec::new();
+        let mut cpu = Vec::new();
+        let mut rss = Vec::new();
+        for rep in 0..plan.attach_reps {
+            let dir = env.work.join(format!("agent/attach-{}-{rep}", if python { "py" } else { "c" }));
+            fs::create_dir_all(&dir)?;
+            let (_target, pid) = if python {
+                let pf = dir.join("port");
+                let p = Proc::spawn(Command::new(&env.python).arg(env.root.join("bench/http_service.py")).arg(&pf))?;
+                let info = wait_file(&pf, Duration::from_secs(10))?;
+                let pid: u32 = info.split_whitespace().nth(1).context("port file")?.parse()?;
+                (p, pid)
+            } else {
+                let p = storm(env, 1, 100, 0, 0, &dir.join("storm.txt"))?;
+                let pid = p.pid();
+                thread::sleep(Duration::from_millis(200));
+                (p, pid)
+            };
+            match record_for(env, pid, 3, &[], &dir, python) {
+                Ok(r) => {
+                    log_ms.extend(r.attach_log_ms);
+                    wall_ms.push(r.attach_wall_ms);
+                    py_ms.extend(r.python_ready_ms);
+                    cpu.push(r.cpu_pct);
+                    rss.push(r.rss_mib);
+                }
+                Err(e) => eprintln!("bench: attach run failed: {e:#}"),
+            }
+        }
+        let _ = writeln!(
+            attach_rows,
+            "| {label} | {} | {} | {} | {} | {} |",
+            spread(&log_ms, 0),
+            spread(&wall_ms, 0),
+            if python { spread(&py_ms, 0) } else { "—".into() },
+            spread(&cpu, 2),
+            spread(&rss, 0)
+        );
+        if !python {
+            let m = median(&wall_ms);
+            let _ = writeln!(
+                attach_rows,
+                "|  | target: attach < 500 ms → **{}** |  |  |  |  |",
+                if m.is_finite() && m < 500.0 { "met" } else { "missed" }
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "**Attach and idle cost** ({} runs each; `stallprof -v record -q --pid PID`, 3 s after attach). \
+         *logged* is record.rs's own \"attached to PID in N ms\" (probe load + attach, from before \
+         `Probes::attach` to release of the target); *wall* is from spawning the stallprof process to \
+         that line reaching the bench (process start, BTF/ELF load, everything). For CPython, *Python \
+         frames* is when the log says \"Python stacks on\" (interpreter found, thread states published).\n",
+        plan.attach_reps
+    );
+    let _ = writeln!(s, "| target | attach, logged (ms) | attach, wall (ms) | Python frames (ms, wall) | CPU % of one core, idle target | peak RSS (MiB) |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    s.push_str(&attach_rows);
+
+    // Event rate before the first drop.
+    let _ = writeln!(
+        s,
+        "\n**Event rate before the first drop.** `event_storm 2 RATE 0 5`: two epoll loops, each woken by \
+         its timerfd RATE times a second and parking again at once — two wait events per iteration \
+         (enter, exit), the cheapest and most numerous events stallprof handles. One `record --pid \
+         --duration 3s` per step; drops are `stalls.json`'s `lost_events` (ring buffer full) and `drops`. \
+         The achieved rate is what the loops really did (they and the agent share 2 vCPUs).\n"
+    );
+    let _ = writeln!(s, "| requested iterations/s (2 threads) | achieved iterations/s | ≈ wait events/s | stallprof CPU % | peak RSS (MiB) | lost events | drop counters |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let mut first_drop: Option<f64> = None;
+    let mut last_clean: Option<f64> = None;
+    let rates: &[u32] = if plan.quick { &[500, 5_000, 25_000, 100_000] } else { &[500, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000] };
+    for &rate in rates {
+        let dir = env.work.join(format!("agent/storm-{rate}"));
+        fs::create_dir_all(&dir)?;
+        let res = dir.join("storm.txt");
+        let mut target = storm(env, 2, rate, 0, 5, &res)?;
+        thread::sleep(Duration::from_millis(300));
+        let r = record_for(env, target.pid(), 3, &["--duration", "3s"], &dir, false);
+        target.wait(Duration::from_secs(10));
+        let achieved = storm_rate(&res).unwrap_or(f64::NAN);
+        match r {
+            Ok(r) => {
+                let lost = r.lost.unwrap_or(0);
+                if lost > 0 && first_drop.is_none() {
+                    first_drop = Some(achieved);
+                }
+                if lost == 0 && first_drop.is_none() {
+                    last_clean = Some(achieved);
+                }
+                let _ = writeln!(
+                    s,
+                    "| {} | {:.0} | {:.0} | {:.1} | {:.0} | {} | {} |",
+                    2 * rate,
+                    achieved,
+                    2.0 * achieved,
+                    r.cpu_pct,
+                    r.rss_mib,
+                    r.lost.map(|x| x.to_string()).unwrap_or("?".into()),
+                    r.drops
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(s, "| {} | {achieved:.0} | — | — | — | run failed: {} | |", 2 * rate, format!("{e:#}").lines().next().unwrap_or(""));
+            }
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\n{}\n",
+        match (last_clean, first_drop) {
+            (Some(c), Some(d)) => format!(
+                "No drop up to ≈{:.0} wait events/s; the first lost events at ≈{:.0}/s.",
+                2.0 * c,
+                2.0 * d
+            ),
+            (Some(c), None) => format!(
+                "No event was lost at any step: the sustained rate is at least ≈{:.0} wait events/s, where the \
+                 generator (on the same 2 vCPUs) was the limit, not the agent.",
+                2.0 * c
+            ),
+            (None, Some(d)) => format!("Events were lost already at the first step (≈{:.0}/s).", 2.0 * d),
+            _ => "Not measured (runs failed).".into(),
+        }
+    );
+    // Stack-carrying events: busy loop threads sampled at rising frequency.
+    let _ = writeln!(
+        s,
+        "**Stack events.** Each CPU sample or switch-out of a *busy* loop thread carries registers, a \
+         16 KiB user-stack copy and Python frames (~19 KiB). `event_storm 2 100 9000 6`: two loops busy \
+         9 ms of every 10 ms (busy periods under the 50 ms threshold, so every sample is taken, unwound \
+         and then dropped with its period), recorded at rising `-F`. Stack events/s ≈ F × the loops' \
+         CPU (cores, from /proc/PID/stat).\n"
+    );
+    let _ = writeln!(s, "| -F (Hz) | loops' CPU (cores) | ≈ stack events/s | stallprof CPU % | peak RSS (MiB) | lost events | drop counters |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let freqs: &[u32] = if plan.quick { &[999, 4999, 10_000] } else { &[999, 2999, 4999, 7999, 10_000] };
+    for &hz in freqs {
+        let dir = env.work.join(format!("agent/stack-{hz}"));
+        fs::create_dir_all(&dir)?;
+        let mut target = storm(env, 2, 100, 9000, 6, &dir.join("storm.txt"))?;
+        thread::sleep(Duration::from_millis(300));
+        let tpid = target.pid();
+        let c0 = cpu_secs(tpid, env.clk_tck);
+        let t0 = Instant::now();
+        let r = record_for(env, tpid, 3, &["--duration", "3s", "-F", &hz.to_string()], &dir, false);
+        let cores = cpu_secs(tpid, env.clk_tck).zip(c0).map(|(b, a)| (b - a) / t0.elapsed().as_secs_f64());
+        target.wait(Duration::from_secs(10));
+        match r {
+            Ok(r) => {
+                let _ = writeln!(
+                    s,
+                    "| {hz} | {} | {} | {:.1} | {:.0} | {} | {} |",
+                    cores.map(|c| format!("{c:.2}")).unwrap_or("?".into()),
+                    cores.map(|c| format!("{:.0}", c * hz as f64)).unwrap_or("?".into()),
+                    r.cpu_pct,
+                    r.rss_mib,
+                    r.lost.map(|x| x.to_string()).unwrap_or("?".into()),
+                    r.drops
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(s, "| {hz} | — | — | — | — | run failed: {} | |", format!("{e:#}").lines().next().unwrap_or(""));
+            }
+        }
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(s, "Commands:\n\n```sh");
+    let _ = writeln!(s, "cc -O2 -pthread -o event_storm bench/event_storm.c");
+    let _ = writeln!(s, "./event_storm 1 100 0 0 &                     # attach target (C)");
+    let _ = writeln!(s, "$PY bench/http_service.py port.txt &          # attach target (asyncio)");
+    let _ = writeln!(s, "$SP -v record -q --pid $PID -o out            # attach: its \"attached to\" line; CPU/RSS: /proc/$SP_PID/{{stat,status}}");
+    let _ = writeln!(s, "./event_storm 2 $RATE 0 5 result.txt & $SP -v record -q --pid $! --duration 3s -o out");
+    let _ = writeln!(s, "```\n");
+    Ok(s)
+}
+
+// ---------------------------------------------------------------------------
+// 4. Scaling
+
+fn scaling(env: &Env, plan: &Plan) -> Result<String> {
+    eprintln!("bench: section 4, scaling");
+    let mut s = String::new();
+    let _ = writeln!(s, "## 4. Scaling\n");
+    let _ = writeln!(
+        s,
+        "**Executor threads.** `event_storm N 100 200 0`: N epoll loops each ticking at 100 Hz with 200 µs \
+         of work per tick (2% busy each; 100 threads ≈ 20% of a core and 20 000 wait events/s). \
+         `stallprof -v record -q --pid PID`, measured for {} s after attach; {} run(s) per N, interleaved.\n",
+        plan.scale_secs, plan.scale_reps
+    );
+    let _ = writeln!(s, "| executor threads | attach, logged (ms) | attach, wall (ms) | CPU % of one core | peak RSS (MiB) | executors found | lost events |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let ns = [1u32, 10, 100];
+    let mut res: BTreeMap<u32, Vec<AgentRun>> = BTreeMap::new();
+    for rep in 0..plan.scale_reps {
+        for &n in &ns {
+            let dir = env.work.join(format!("scaling/threads-{n}-{rep}"));
+            fs::create_dir_all(&dir)?;
+            let target = storm(env, n, 100, 200, 0, &dir.join("storm.txt"))?;
+            thread::sleep(Duration::from_millis(500));
+            match record_for(env, target.pid(), plan.scale_secs, &[], &dir, false) {
+                Ok(r) => res.entry(n).or_default().push(r),
+                Err(e) => eprintln!("bench: scaling run failed: {e:#}"),
+            }
+            drop(target);
+        }
+    }
+    for &n in &ns {
+        let rs = res.get(&n).map(|v| v.as_slice()).unwrap_or(&[]);
+        let f = |g: &dyn Fn(&AgentRun) -> Option<f64>| rs.iter().filter_map(g).collect::<Vec<f64>>();
+        let _ = writeln!(
+            s,
+            "| {n} | {} | {} | {} | {} | {} | {} |",
+            spread(&f(&|r| r.attach_log_ms), 0),
+            spread(&f(&|r| Some(r.attach_wall_ms)), 0),
+            spread(&f(&|r| Some(r.cpu_pct)), 1),
+            spread(&f(&|r| Some(r.rss_mib)), 0),
+            spread(&f(&|r| r.executors.map(|x| x as f64)), 0),
+            spread(&f(&|r| r.lost.map(|x| x as f64)), 0),
+        );
+    }
+
+    // Daemon: 1..20 monitored processes.
+    let _ = writeln!(
+        s,
+        "\n**Monitored processes (daemon).** `stallprof -v daemon` (defaults) with K copies of \
+         `event_storm 1 100 200 0` started after it; once it logs \"monitoring pid\" for all K, its CPU \
+         is measured for {} s, then its peak RSS. A fresh daemon per K. The daemon is host-wide: it also \
+         monitors any other event-loop process on the machine (the \"monitored in all\" column counts its \
+         \"monitoring pid\" lines during the run).\n",
+        plan.scale_secs
+    );
+    let _ = writeln!(s, "| K bench processes | monitored in all | CPU % of one core | peak RSS (MiB) | ready after (ms, wall) |");
+    let _ = writeln!(s, "|---|---|---|---|---|");
+    let ks: &[usize] = &[1, 5, 10, 20];
+    for &k in ks {
+        let mut cpu = Vec::new();
+        let mut rss = Vec::new();
+        let mut mon = Vec::new();
+        let mut ready = Vec::new();
+        for rep in 0..plan.scale_reps {
+            let dir = env.work.join(format!("scaling/daemon-{k}-{rep}"));
+            fs::create_dir_all(&dir)?;
+            let r = (|| -> Result<(f64, f64, f64, f64)> {
+                let mut d = Proc::spawn(&mut daemon_cmd(env, &dir.join("data")))?;
+                let t_ready = d.wait_line("probes attached host-wide", Duration::from_secs(30))?;
+                let ready_ms = t_ready.duration_since(d.started).as_secs_f64() * 1e3;
+                let mut targets = Vec::new();
+                for i in 0..k {
+                    targets.push(storm(env, 1, 100, 200, 0, &dir.join(format!("storm-{i}.txt")))?);
+                }
+                for t in &targets {
+                    d.wait_line(&format!("monitoring pid {} ", t.pid()), Duration::from_secs(30))?;
+                }
+                thread::sleep(Duration::from_millis(500));
+                let c0 = cpu_secs(d.pid(), env.clk_tck).unwrap_or(0.0);
+                let t0 = Instant::now();
+                thread::sleep(Duration::from_secs(plan.scale_secs as u64));
+                let cpu = (cpu_secs(d.pid(), env.clk_tck).unwrap_or(c0) - c0) / t0.elapsed().as_secs_f64() * 100.0;
+                let rss = vm_hwm_mib(d.pid()).unwrap_or(f64::NAN);
+                let monitored = d.text().lines().filter(|l| l.contains("monitoring pid")).count() as f64;
+                drop(targets);
+                d.stop(Duration::from_secs(60));
+                fs::write(dir.join("daemon.log"), d.text())?;
+                Ok((cpu, rss, monitored, ready_ms))
+            })();
+            match r {
+                Ok((c, m, n, rd)) => {
+                    cpu.push(c);
+                    rss.push(m);
+                    mon.push(n);
+                    ready.push(rd);
+                }
+                Err(e) => eprintln!("bench: daemon scaling run failed: {e:#}"),
+            }
+        }
+        let _ = writeln!(s, "| {k} | {} | {} | {} | {} |", spread(&mon, 0), spread(&cpu, 1), spread(&rss, 0), spread(&ready, 0));
+    }
+    let _ = writeln!(s, "\nCommands:\n\n```sh");
+    let _ = writeln!(s, "./event_storm $N 100 200 0 & $SP -v record -q --pid $! -o out      # N = 1, 10, 100");
+    let _ = writeln!(s, "$SP -v daemon --listen 127.0.0.1:{DAEMON_PORT} --data-dir d &");
+    let _ = writeln!(s, "for i in $(seq $K); do ./event_storm 1 100 200 0 & done                 # K = 1, 5, 10, 20");
+    let _ = writeln!(s, "```\n");
+    Ok(s)
+}
