@@ -109,6 +109,10 @@ pub struct Stall {
     pub runqueue_ns: u64,
     #[serde(default)]
     pub incomplete: bool,
+    /// asyncio: the coroutine the task running at the stall was started
+    /// from (outermost Python frame under the task step), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coroutine: Option<String>,
     pub stacks: Vec<StackPart>,
 }
 

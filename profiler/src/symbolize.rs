@@ -351,6 +351,17 @@ fn gil_holder(res: &mut dyn Resolve, pid: u32, stacks: &StackTable, id: u32) -> 
     }
 }
 
+/// The coroutine an asyncio task step was running: the first Python frame
+/// after the C task step (`task_step`) or the pure-Python `Task.__step`.
+/// Handles (`Handle._run`) without a task have no coroutine.
+fn asyncio_coroutine(frames: &[Frame]) -> Option<String> {
+    let step = frames.iter().rposition(|f| {
+        (f.kind == FrameKind::Native && (f.name == "task_step" || f.name == "task_step_impl"))
+            || (f.kind == FrameKind::Python && f.name.contains("Task.__step"))
+    })?;
+    frames[step + 1..].iter().find(|f| f.kind == FrameKind::Python && !f.name.contains("Task.__step")).map(Frame::label)
+}
+
 /// Symbolize a finished stall.
 pub fn to_stall(raw: &RawStall, stacks: &StackTable, res: &mut dyn Resolve, thread_name: &str) -> Stall {
     let mut parts: Vec<StackPart> = raw
@@ -383,7 +394,9 @@ pub fn to_stall(raw: &RawStall, stacks: &StackTable, res: &mut dyn Resolve, thre
         })
         .collect();
     parts.sort_by(|a, b| b.weight_ns.cmp(&a.weight_ns));
+    let coroutine = parts.first().and_then(|p| asyncio_coroutine(&p.frames));
     Stall {
+        coroutine,
         tid: raw.tid,
         thread_name: thread_name.to_string(),
         start_ns: raw.start_ns,

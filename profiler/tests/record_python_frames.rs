@@ -124,7 +124,7 @@ impl PFrame {
 impl PStack {
     fn folded(&self) -> String {
         let mut s = self.frames.iter().map(PFrame::label).collect::<Vec<_>>().join(";");
-        let _ = write!(s, " [{} {}{} {:.2} ms]", self.kind, self.syscall.as_deref().unwrap_or("-"), "", ms(self.weight_ns));
+        let _ = write!(s, " [{} {} {:.2} ms]", self.kind, self.syscall.as_deref().unwrap_or("-"), ms(self.weight_ns));
         s
     }
 }
@@ -716,7 +716,6 @@ fn check_gil(test: &str, py: &'static Python) {
     let mut c = Checks::new(run.context());
     check_contract(&mut c, &run);
     let tid = run.loop_tid();
-    let first = regexes.iter().map(|u| u.start_ns).min().unwrap();
     let last = regexes.iter().map(|u| u.end_ns).max().unwrap();
     // The loop's stalls during the matches. (Interpreter shutdown, after the
     // last match, is a stall too -- the loop thread never parks again -- and
@@ -737,7 +736,6 @@ fn check_gil(test: &str, py: &'static Python) {
     for s in stalls.iter().filter(|s| !regexes.iter().any(|u| s.overlaps(u.start_ns, u.end_ns))) {
         c.fail(format!("a stall of the loop outside the matches: {}", s.summary()));
     }
-    let _ = first;
     let total: u64 = stalls.iter().map(|s| s.duration_ns).sum();
     let gil: Vec<&PStack> = stalls.iter().flat_map(|s| &s.stacks).filter(|p| p.kind == "gil_wait").collect();
     let gil_ns: u64 = gil.iter().map(|p| p.weight_ns).sum();

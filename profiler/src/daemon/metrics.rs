@@ -295,6 +295,7 @@ mod tests {
             off_cpu_ns: 40_000_000,
             runqueue_ns: 0,
             incomplete: false,
+            coroutine: None,
             stacks: vec![part(PartKind::OnCpu, 60_000_000), part(PartKind::OffCpu, 40_000_000)],
         };
         m.observe(&labels, &s);

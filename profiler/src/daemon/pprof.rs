@@ -313,6 +313,7 @@ mod tests {
             off_cpu_ns: 30,
             runqueue_ns: 0,
             incomplete: false,
+            coroutine: None,
             stacks: vec![
                 part(&["main", "spin"], PartKind::OnCpu, 40),
                 part(&["main", "spin"], PartKind::OnCpu, 20),
