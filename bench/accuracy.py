@@ -6,6 +6,8 @@ Usage:
     VICTIM  c_loop | blocking_client | gateway | gil | tokio | node
     TOOL    stallprof (OUTPUT = stalls.json)
             watchdog  (OUTPUT = bench/watchdog.py's log)
+            stallprof-native  (the same, but a culprit also matches its
+                      native callee: NATIVE_ALIASES, for Node's interpreted JS)
             pyspy     (OUTPUT = py-spy raw output; shares only)
 
 Prints `key<TAB>value` lines: truth, counted, detected, in_window, recall,
@@ -86,10 +88,20 @@ def truth_of(victim, log):
                     causes["other"] = rest
                 tr.append((s, e, causes))
     elif victim == "gil":
+        # The loop's stall is a late heartbeat (due -> ran); the part of it
+        # during which hog() held the GIL (the worker's regex records) is the
+        # GIL wait, the rest (run-queue wait once the GIL is free, the
+        # heartbeat itself, a GC pass) is "other".
         funcs = ["gil_wait"]
+        held = [(r["start_ns"], r["end_ns"]) for r in log if r.get("kind") == "regex"]
         for r in log:
             if r.get("kind") == "late":
-                tr.append((r["start_ns"], r["end_ns"], {"gil_wait": r["end_ns"] - r["start_ns"]}))
+                s, e = r["start_ns"], r["end_ns"]
+                g = sum(overlap(s, e, h0, h1) for h0, h1 in held)
+                causes = {"gil_wait": g}
+                if e - s - g > 0:
+                    causes["other"] = e - s - g
+                tr.append((s, e, causes))
     else:
         sys.exit(f"unknown victim {victim}")
     return tr, loop_tid, funcs
@@ -108,7 +120,20 @@ def frame_is(name, func):
     return base == func or base.endswith("::" + func) or base.endswith("." + func)
 
 
-def stallprof_stalls(path, victim, funcs):
+# The native code each culprit spends its time in, for "stallprof-native":
+# a JS function run by V8's interpreter has no perf-map name of its own (only
+# compiled code does), so its stacks show the callee, not the function.
+NATIVE_ALIASES = {
+    "deriveKey": ["PKCS5_PBKDF2_HMAC", "node::crypto::PBKDF2Traits::DeriveBits"],
+    "parseBig": ["v8::internal::Builtin_JsonParse", "v8::internal::JsonParser<unsigned char>::ParseJson"],
+}
+
+
+def frame_is_alias(name, func):
+    return any(name.startswith(a) for a in NATIVE_ALIASES.get(func, []))
+
+
+def stallprof_stalls(path, victim, funcs, aliases=False):
     rec = json.load(open(path))
     out = []
     for s in rec["stalls"]:
@@ -121,7 +146,8 @@ def stallprof_stalls(path, victim, funcs):
                     cause = "gil_wait"
             else:
                 for f in reversed(st["frames"]):
-                    hit = next((fn for fn in funcs if frame_is(f["name"], fn)), None)
+                    hit = next((fn for fn in funcs if frame_is(f["name"], fn)
+                                or (aliases and frame_is_alias(f["name"], fn))), None)
                     if hit:
                         cause = hit
                         break
@@ -193,8 +219,8 @@ def main():
             print(f"share:{k}\t{p_true.get(k, 0):.3f}:{sh.get(k, 0):.3f}")
         return
 
-    if tool == "stallprof":
-        stalls, _ = stallprof_stalls(output, victim, funcs)
+    if tool in ("stallprof", "stallprof-native"):
+        stalls, _ = stallprof_stalls(output, victim, funcs, aliases=tool == "stallprof-native")
     elif tool == "watchdog":
         stalls = watchdog_stalls(output, victim, funcs)
     else:

@@ -469,8 +469,10 @@ fn record_tokio(test: &str, flavor: &str) {
     if !require_root_and_bpf(test) {
         return;
     }
-    let exe = tokio_victim();
+    // Build under the lock too: a cargo build on 2 cores would distort
+    // another test's recording.
     let _serial = serial();
+    let exe = tokio_victim();
     let dir = Scratch::new(test);
     let log = dir.join("victim.jsonl");
     let out = dir.join("out");

@@ -30,7 +30,7 @@
 //!   clock_nanosleep for time.sleep, select/pselect6 on 3.10);
 //! - gil: gil_wait stacks carry >= 70% of the loop's stall time outside the
 //!   run queue (run-queue time is the machine's load; see check_gil), and
-//!   >= 90% of them name the holder "gil-hog" (its tid) with `hog`
+//!   at least 90% of them name the holder "gil-hog" (its tid) with `hog`
 //!   (py_gil.py, on the re.match line) in its frames and marker.
 //!
 //! Shares are printed (`--nocapture`) as `SHARE victim python cause measured

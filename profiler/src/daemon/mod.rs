@@ -116,7 +116,7 @@ const HOUSEKEEP_EVERY: Duration = Duration::from_secs(1);
 pub const MAX_STACKS: usize = 50_000;
 /// ... or after this many processes were forgotten (its symbolizer keeps a
 /// maps snapshot and caches per process it has seen).
-pub const MAX_FORGOTTEN: usize = 2_000;
+pub const MAX_FORGOTTEN: usize = 256;
 /// Recent stalls kept for `/debug/pprof/profile` and the index page.
 pub const RECENT_BUDGET: usize = 16 << 20;
 pub const RECENT_MAX: usize = 10_000;
