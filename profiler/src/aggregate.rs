@@ -103,7 +103,10 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
                 PartKind::OnCpu if gc => "garbage collection (on-CPU)".to_string(),
                 PartKind::OnCpu => "on-CPU".to_string(),
                 PartKind::OffCpu => format!("off-CPU in {}", p.syscall.as_deref().unwrap_or("?")),
-                PartKind::Runqueue => "run queue".to_string(),
+                PartKind::Runqueue => match &p.gil_holder {
+                    Some(h) => format!("run queue, between waits for the GIL held by {}", h.describe()),
+                    None => "run queue".to_string(),
+                },
                 PartKind::GilWait => match &p.gil_holder {
                     Some(h) => format!("waiting for the GIL held by {}", h.describe()),
                     None => "waiting for the GIL".to_string(),

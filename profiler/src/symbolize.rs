@@ -383,11 +383,15 @@ pub fn to_stall(raw: &RawStall, stacks: &StackTable, res: &mut dyn Resolve, thre
                 PartKind::Runqueue => frames.push(Frame::marker("[runqueue]")),
                 PartKind::GilWait => {} // marked below, with the holder
             }
+            // Run-queue time after a timed GIL wait keeps the holder too:
+            // the wait would not have been there without it.
             let gil_holder = match (p.kind, p.stack) {
-                (PartKind::GilWait, Some(id)) => Some(gil_holder(res, raw.tgid, stacks, id)),
+                (PartKind::GilWait | PartKind::Runqueue, Some(id)) if stacks.get(id).gil_holder != 0 => {
+                    Some(gil_holder(res, raw.tgid, stacks, id))
+                }
                 _ => None,
             };
-            if let Some(h) = &gil_holder {
+            if let (PartKind::GilWait, Some(h)) = (p.kind, &gil_holder) {
                 frames.push(Frame::marker(format!("[gil wait: held by {}]", h.describe())));
             }
             StackPart { frames, weight_ns: p.weight_ns, kind: p.kind, syscall, waker_tid: p.waker, gil_holder }

@@ -43,7 +43,11 @@ const FIRST_STALL_AFTER_NS: u64 = 500 * MS;
 const NODE: &str = "/usr/bin/node";
 /// Exactly how the issue runs Node. (`--interpreted-frames-native-stack` is
 /// deliberately NOT added: the test is about what --perf-basic-prof gives.)
-const NODE_FLAGS: &[&str] = &["--perf-basic-prof"];
+/// `--perf-basic-prof` writes /tmp/perf-PID.map; without
+/// `--interpreted-frames-native-stack` every interpreted JS function runs in
+/// the one shared `InterpreterEntryTrampoline` and cannot be told apart
+/// (Node's own guidance for Linux perf uses both).
+const NODE_FLAGS: &[&str] = &["--perf-basic-prof", "--interpreted-frames-native-stack"];
 
 // ---------------------------------------------------------------------------
 // Frame matching

@@ -392,7 +392,14 @@ fn check_contract(c: &mut Checks, run: &Run) {
                 format!("{who}: stack kind {:?}", p.kind)
             });
             c.check(!p.frames.is_empty(), || format!("{who}: a stack with no frames"));
-            c.check((p.kind == "gil_wait") == p.gil_holder.is_some(), || {
+            // gil_wait stacks always name the holder; run-queue time right
+            // after a timed GIL wait may too; nothing else does.
+            let holder_ok = match p.kind.as_str() {
+                "gil_wait" => p.gil_holder.is_some(),
+                "runqueue" => true,
+                _ => p.gil_holder.is_none(),
+            };
+            c.check(holder_ok, || {
                 format!("{who}: {} stack with gil_holder {:?}: {}", p.kind, p.gil_holder, p.folded())
             });
             for f in &p.frames {

@@ -583,6 +583,12 @@ impl Collector {
         self.session = Session::new(self.cfg.threshold_ns, None);
         self.forgotten_since_reset = 0;
         self.sh.metrics.session_resets.inc();
+        // Hand the freed caches back to the kernel: glibc keeps freed heap
+        // in its arenas, and RSS is what the bound is judged by.
+        #[cfg(target_env = "gnu")]
+        unsafe {
+            libc::malloc_trim(0);
+        }
     }
 
     /// Close the window: write its reports, apply retention.
