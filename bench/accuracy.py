@@ -142,7 +142,9 @@ def stallprof_stalls(path, victim, funcs, aliases=False):
             cause = "other"
             if victim == "gil":
                 holder = st.get("gil_holder") or {}
-                if st["kind"] == "gil_wait" and any(frame_is(f["name"], "hog") for f in holder.get("frames", [])):
+                # A GIL wait, or run-queue time between the waiter's timed
+                # GIL waits, that names hog() as the holder.
+                if st["kind"] in ("gil_wait", "runqueue") and any(frame_is(f["name"], "hog") for f in holder.get("frames", [])):
                     cause = "gil_wait"
             else:
                 for f in reversed(st["frames"]):

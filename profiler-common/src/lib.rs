@@ -26,6 +26,11 @@ pub const USER_STACK_COPY: usize = 16 << 10;
 /// two seconds of a busy 2-core host at 999 Hz, so a reader pausing for a
 /// slow first symbolization loses nothing.
 pub const RINGBUF_BYTES: u32 = 64 << 20;
+/// Events are submitted without waking the reader until this much data is
+/// waiting; the reader also drains on a short timer (`record`: 20 ms). A
+/// wakeup per event would make the reader preempt the very loop thread it
+/// watches, whose preemption is an event: a feedback loop.
+pub const RINGBUF_WAKEUP_BYTES: u64 = 1 << 20;
 /// Executor-thread table: threads of the target that ever entered a wait.
 /// 16k covers thread pools far beyond any event-loop service.
 pub const MAX_THREADS: u32 = 16384;
@@ -46,6 +51,11 @@ pub mod kind {
     pub const SAMPLE: u32 = 6;
     /// A thread of the target exited (`SchedEvent`, arg = 1 when the whole process is gone).
     pub const EXIT: u32 = 7;
+    /// A busy tracked thread was preempted (still runnable): no stack is
+    /// copied, its run-queue time goes to its latest on-CPU sample's stack
+    /// (`SchedEvent`). Preemptions of a busy loop are frequent under load,
+    /// blocking switch-outs are not; this keeps the common case cheap.
+    pub const PREEMPTED: u32 = 8;
 }
 
 /// Wait syscalls (x86-64 numbers) that may be an event loop's park point.

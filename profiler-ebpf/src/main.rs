@@ -13,7 +13,7 @@
 
 use aya_ebpf::{
     EbpfContext, Global,
-    bindings::BPF_F_USER_STACK,
+    bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel, bpf_probe_read_user,
@@ -25,7 +25,7 @@ use aya_ebpf::{
 };
 use profiler_common::{
     Drop, EventHeader, GIL_STRUCT_SPAN, MAX_KSTACK, MAX_PY_PROCS, MAX_THREADS, MAX_USTACK,
-    PY_HOLDER_FRAMES, PyProc, RINGBUF_BYTES, SchedEvent, StackEvent, ThreadState, USER_STACK_COPY,
+    PY_HOLDER_FRAMES, PyProc, RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, SchedEvent, StackEvent, TASK_REPORT_MAX, ThreadState, USER_STACK_COPY,
     UserRegs, WaitEvent, kind, py_status,
     python::{PY_BOUNDARY, PY_FRAME_MODEL_FRAME_OBJECT, PY_MAX_FRAMES, PY_OFFSET_NONE, PyFrame, PyOffsets},
     sysno, wait_key,
@@ -99,12 +99,23 @@ fn parked(tid: u32, st: &ThreadState) -> bool {
     }
 }
 
+/// Submit flags: wake the reader only once a batch has built up (see
+/// `RINGBUF_WAKEUP_BYTES`).
+#[inline(always)]
+fn wakeup_flags() -> u64 {
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= RINGBUF_WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}
+
 #[inline(always)]
 fn emit<T: 'static>(ev: T) {
     match EVENTS.reserve::<T>(0) {
         Some(mut slot) => {
             slot.write(ev);
-            slot.submit(0);
+            slot.submit(wakeup_flags());
         }
         None => count(Drop::RingbufFull),
     }
@@ -497,7 +508,7 @@ fn emit_stack_event<C: EbpfContext>(ctx: &C, kind: u32, tid: u32, tgid: u32, sta
     fill_stacks(ctx, ev, switch_out);
     let futex_addr = if switch_out && orig_ax == sysno::FUTEX as i64 { arg0 } else { 0 };
     fill_python(ev, tid, tgid, futex_addr);
-    slot.submit(0);
+    slot.submit(wakeup_flags());
 }
 
 /// `sched:sched_switch`: a busy tracked thread leaving the CPU (with its
@@ -512,7 +523,11 @@ pub fn sp_sched_switch(ctx: TracePointContext) -> u32 {
         let st = unsafe { &mut *st };
         if !parked(prev, st) {
             let state = unsafe { ctx.read_at::<i64>(32) }.unwrap_or(0);
-            emit_stack_event(&ctx, kind::SWITCH_OUT, prev, tgid, state);
+            if state == 0 || state & TASK_REPORT_MAX != 0 {
+                emit(SchedEvent { hdr: header(kind::PREEMPTED, prev, tgid), arg: 0, _pad: 0 });
+            } else {
+                emit_stack_event(&ctx, kind::SWITCH_OUT, prev, tgid, state);
+            }
             st.off_reported = 1;
         }
     }

@@ -6,7 +6,7 @@
 //! golden tests.
 use profiler_common::{
     EventHeader, MAX_KSTACK, MAX_USTACK, PY_HOLDER_FRAMES, SchedEvent, StackEvent, USER_STACK_COPY, UserRegs, WaitEvent, kind,
-    python::{PY_MAX_FRAMES, PyFrame},
+    python::PY_MAX_FRAMES,
 };
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -48,6 +48,8 @@ pub enum Event {
     /// A busy thread left the CPU. `runnable`: preempted rather than blocked.
     /// `syscall`: the syscall it was in, if any.
     SwitchOut { tid: u32, tgid: u32, ts: u64, runnable: bool, syscall: Option<u32>, stack: RawStack },
+    /// A busy thread was preempted (still runnable); no stack.
+    Preempted { tid: u32, tgid: u32, ts: u64 },
     SwitchIn { tid: u32, tgid: u32, ts: u64 },
     Wakeup { tid: u32, tgid: u32, ts: u64, waker: u32 },
     Sample { tid: u32, tgid: u32, ts: u64, stack: RawStack },
@@ -62,6 +64,7 @@ impl Event {
             | Event::WaitExit { tid, .. }
             | Event::SwitchOut { tid, .. }
             | Event::SwitchIn { tid, .. }
+            | Event::Preempted { tid, .. }
             | Event::Wakeup { tid, .. }
             | Event::Sample { tid, .. }
             | Event::Exit { tid, .. } => tid,
@@ -74,6 +77,7 @@ impl Event {
             | Event::WaitExit { ts, .. }
             | Event::SwitchOut { ts, .. }
             | Event::SwitchIn { ts, .. }
+            | Event::Preempted { ts, .. }
             | Event::Wakeup { ts, .. }
             | Event::Sample { ts, .. }
             | Event::Exit { ts, .. } => ts,
@@ -99,20 +103,39 @@ fn read<T: Copy>(bytes: &[u8], kind: u32) -> Result<T, EventError> {
     Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
 
-fn stack_of(ev: &StackEvent) -> RawStack {
-    let k = (ev.kstack_len as usize).min(MAX_KSTACK);
-    let u = (ev.ustack_len as usize).min(MAX_USTACK);
-    let p = (ev.py_len as usize).min(PY_MAX_FRAMES);
-    let h = (ev.holder_py_len as usize).min(PY_HOLDER_FRAMES);
-    let pairs = |fs: &[PyFrame]| fs.iter().map(|f| (f.code, f.instr)).collect();
-    RawStack {
-        kernel: ev.kstack[..k].to_vec(),
-        user: ev.ustack[..u].iter().copied().take_while(|&a| a != 0).collect(),
-        python: pairs(&ev.py[..p]),
-        py_status: ev.py_status,
-        gil_holder: ev.gil_holder,
-        holder_python: if ev.gil_holder != 0 { pairs(&ev.holder_py[..h]) } else { Vec::new() },
+/// Read the stack parts of a `StackEvent` in place: the record is ~19 KiB,
+/// mostly the user-stack copy that only the unwinder looks at (through
+/// [`stack_copy`]), so it is never copied whole.
+fn stack_of(bytes: &[u8], kind: u32) -> Result<(RawStack, i64, i64), EventError> {
+    macro_rules! field {
+        ($name:ident, $ty:ty) => {
+            read::<$ty>(bytes.get(std::mem::offset_of!(StackEvent, $name)..).unwrap_or(&[]), kind)?
+        };
     }
+    let (k, u, p, h) = (
+        (field!(kstack_len, u32) as usize).min(MAX_KSTACK),
+        (field!(ustack_len, u32) as usize).min(MAX_USTACK),
+        (field!(py_len, u32) as usize).min(PY_MAX_FRAMES),
+        (field!(holder_py_len, u32) as usize).min(PY_HOLDER_FRAMES),
+    );
+    let words = |at: usize, n: usize| -> Result<Vec<u64>, EventError> {
+        let raw = bytes.get(at..at + n * 8).ok_or(EventError::Short { kind, len: bytes.len() })?;
+        Ok(raw.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect())
+    };
+    let pairs = |at: usize, n: usize| -> Result<Vec<(u64, u64)>, EventError> {
+        let w = words(at, 2 * n)?;
+        Ok(w.chunks_exact(2).map(|c| (c[0], c[1])).collect())
+    };
+    let gil_holder = field!(gil_holder, u64);
+    let stack = RawStack {
+        kernel: words(std::mem::offset_of!(StackEvent, kstack), k)?,
+        user: words(std::mem::offset_of!(StackEvent, ustack), u)?.into_iter().take_while(|&a| a != 0).collect(),
+        python: pairs(std::mem::offset_of!(StackEvent, py), p)?,
+        py_status: field!(py_status, u32),
+        gil_holder,
+        holder_python: if gil_holder != 0 { pairs(std::mem::offset_of!(StackEvent, holder_py), h)? } else { Vec::new() },
+    };
+    Ok((stack, field!(state, i64), field!(syscall, i64)))
 }
 
 /// Decode one ring-buffer record.
@@ -129,19 +152,23 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
             }
         }
         kind::SWITCH_OUT | kind::SAMPLE => {
-            let s: StackEvent = read(bytes, hdr.kind)?;
-            let stack = stack_of(&s);
+            if bytes.len() < size_of::<StackEvent>() {
+                return Err(EventError::Short { kind: hdr.kind, len: bytes.len() });
+            }
+            let (stack, state, syscall) = stack_of(bytes, hdr.kind)?;
             if hdr.kind == kind::SAMPLE {
                 Event::Sample { tid, tgid, ts, stack }
             } else {
-                let syscall = (s.syscall >= 0).then_some(s.syscall as u32);
-                Event::SwitchOut { tid, tgid, ts, runnable: s.runnable(), syscall, stack }
+                let runnable = state == 0 || state & profiler_common::TASK_REPORT_MAX != 0;
+                let syscall = (syscall >= 0).then_some(syscall as u32);
+                Event::SwitchOut { tid, tgid, ts, runnable, syscall, stack }
             }
         }
-        kind::SWITCH_IN | kind::WAKEUP | kind::EXIT => {
+        kind::SWITCH_IN | kind::WAKEUP | kind::EXIT | kind::PREEMPTED => {
             let s: SchedEvent = read(bytes, hdr.kind)?;
             match hdr.kind {
                 kind::SWITCH_IN => Event::SwitchIn { tid, tgid, ts },
+                kind::PREEMPTED => Event::Preempted { tid, tgid, ts },
                 kind::WAKEUP => Event::Wakeup { tid, tgid, ts, waker: s.arg },
                 _ => Event::Exit { tid, tgid, ts, process: s.arg != 0 },
             }

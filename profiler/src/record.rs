@@ -224,6 +224,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
     // interpreter or runtime should be found before its first stall.
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     let mut ticks = 0u32;
+    let mut drain_tick = tokio::time::interval(Duration::from_millis(20));
     let mut ended_by = "target exit";
     let mut status_shown = false;
     loop {
@@ -237,6 +238,10 @@ async fn record(cfg: RecordConfig) -> Result<String> {
             _ = sigterm.recv() => { ended_by = "SIGTERM"; break; }
             _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() => {
                 ended_by = "duration"; break;
+            }
+            _ = drain_tick.tick() => {
+                // Events are submitted without wakeups (see RINGBUF_WAKEUP_BYTES).
+                sess.drain(ring.get_mut(), Some(&mut probes));
             }
             _ = tick.tick() => {
                 ticks += 1;

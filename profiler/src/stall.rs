@@ -171,6 +171,8 @@ struct Pending {
 #[derive(Debug, Default)]
 struct Busy {
     start: u64,
+    /// The latest on-CPU sample's stack: where a preempted thread was.
+    last_sample: Option<StackId>,
     samples: HashMap<StackId, u64>,
     /// (stack, syscall, waker) -> (blocked ns, run-queue ns)
     offs: HashMap<(StackId, Option<u32>, Option<u32>), (u64, u64)>,
@@ -309,6 +311,18 @@ impl Tracker {
                     None => self.stats.events_outside_busy += 1,
                 }
             }
+            Event::Preempted { ts, .. } => {
+                match self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
+                    Some(b) => {
+                        let stack = match b.last_sample {
+                            Some(s) => s,
+                            None => self.stacks.intern(RawStack::default()),
+                        };
+                        b.pending = Some(Pending { out: ts.max(b.start), runnable: true, syscall: None, stack, wake: None });
+                    }
+                    None => self.stats.events_outside_busy += 1,
+                }
+            }
             Event::Wakeup { ts, waker, .. } => {
                 if let Some(p) = self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()).and_then(|b| b.pending.as_mut())
                     && p.wake.is_none()
@@ -336,6 +350,7 @@ impl Tracker {
                 if let Some(b) = self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
                     let id = self.stacks.intern(stack);
                     *b.samples.entry(id).or_default() += 1;
+                    b.last_sample = Some(id);
                     self.stats.samples += 1;
                 }
             }

@@ -159,9 +159,16 @@ impl BlazeResolver {
     /// Resolve Python frames now, while the process and its code objects
     /// are alive (a stall is symbolized later, and the process may be gone
     /// by then). Each call re-validates the code objects (address reuse).
+    ///
+    /// A (code, instr) pair already resolved is not read again: re-checking
+    /// every frame of every new stack costs a `pread` each, thousands a
+    /// second for a busy interpreter. The check against a reused code-object
+    /// address then only happens for pairs not seen before (for 3.11+, `instr`
+    /// is an address inside the code object, so a new object at an old
+    /// address rarely repeats a pair).
     pub fn warm_python(&mut self, pid: u32, frames: &[(u64, u64)]) {
         for &(code, instr) in frames {
-            if code == 0 {
+            if code == 0 || self.py_frames.contains_key(&(pid, code, instr)) {
                 continue;
             }
             let f = self.python_live(pid, code, instr);

@@ -67,11 +67,16 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{Error as FhError, ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
+use gimli::{
+    BaseAddresses, CallFrameInstruction, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice,
+    Evaluation, EvaluationResult, Expression, LittleEndian, Location, Reader, Register,
+    RegisterRule, UnitOffset, UnwindContext, UnwindSection, Value, X86_64,
+};
 use object::{Object, ObjectSection, ObjectSegment, ReadRef};
 
 /// Most addresses returned for one stack (the first, `ip`, included).
@@ -148,6 +153,8 @@ struct ElfUnwindInfo {
     eh_frame: Option<(Range<u64>, Data)>,
     eh_frame_hdr: Option<(Range<u64>, Data)>,
     debug_frame: Option<Data>,
+    /// FDEs framehop cannot evaluate, found on first need (see [`SlowFdes`]).
+    slow: OnceLock<SlowFdes>,
 }
 
 impl ElfUnwindInfo {
@@ -219,6 +226,40 @@ impl ElfUnwindInfo {
             eh_frame,
             eh_frame_hdr,
             debug_frame,
+            slow: OnceLock::new(),
+        })
+    }
+
+    /// The CFI section framehop uses for this file (`.eh_frame`, else
+    /// `.debug_frame`), with its base addresses (as framehop sets them).
+    fn cfi(&self) -> Option<(CfiSection<'_>, BaseAddresses)> {
+        let start = |r: &Option<Range<u64>>| r.as_ref().map_or(0, |r| r.start);
+        let bases = BaseAddresses::default()
+            .set_eh_frame(self.eh_frame.as_ref().map_or(0, |e| e.0.start))
+            .set_eh_frame_hdr(self.eh_frame_hdr.as_ref().map_or(0, |e| e.0.start))
+            .set_text(start(&self.text_svma))
+            .set_got(start(&self.got_svma));
+        let section = match (&self.eh_frame, &self.debug_frame) {
+            (Some((_, d)), _) => {
+                let mut s = EhFrame::new(d, LittleEndian);
+                s.set_address_size(8);
+                CfiSection::Eh(s)
+            }
+            (None, Some(d)) => {
+                let mut s = DebugFrame::new(d, LittleEndian);
+                s.set_address_size(8);
+                CfiSection::Debug(s)
+            }
+            (None, None) => return None,
+        };
+        Some((section, bases))
+    }
+
+    fn slow_fdes(&self) -> &SlowFdes {
+        self.slow.get_or_init(|| match self.cfi() {
+            Some((CfiSection::Eh(s), bases)) => SlowFdes::scan(&s, &bases),
+            Some((CfiSection::Debug(s), bases)) => SlowFdes::scan(&s, &bases),
+            None => SlowFdes::default(),
         })
     }
 
@@ -258,7 +299,8 @@ impl ElfUnwindInfo {
         Some(start.wrapping_sub(svma))
     }
 
-    fn module(&self, name: &str, avma: Range<u64>, file_offset: u64) -> Option<Module<Data>> {
+    /// The framehop module for a mapping of this file, and its load bias.
+    fn module(&self, name: &str, avma: Range<u64>, file_offset: u64) -> Option<(Module<Data>, u64)> {
         let bias = self.bias(avma.start, file_offset)?;
         let base_avma = bias.checked_add(self.base_svma)?;
         if base_avma > avma.start {
@@ -275,8 +317,435 @@ impl ElfUnwindInfo {
             debug_frame: self.debug_frame.clone(),
             ..Default::default()
         };
-        Some(Module::new(name.to_string(), avma, base_avma, info))
+        Some((Module::new(name.to_string(), avma, base_avma, info), bias))
     }
+}
+
+// ---- Slow path: frames framehop cannot unwind, evaluated with gimli --------
+//
+// framehop turns each CFI row into a cached rule (CFA = rsp/rbp + offset,
+// rbp and return address at CFA + offset). Rows it cannot turn into such a
+// rule it evaluates once per frame, but without memory reads and knowing only
+// rsp, rbp and rip; when that fails it silently uses the frame-pointer rule,
+// which in a function whose rbp is an ordinary register produces garbage (and
+// caches that rule). Hand-written assembly (OpenSSL's SHA, AES, bignum code:
+// `DW_CFA_def_cfa_expression (DW_OP_breg7 (rsp): 152; DW_OP_deref;
+// DW_OP_plus_uconst: 8)` after realigning the stack), GCC's stack-realigning
+// prologues and glibc's signal trampoline have such rows.
+//
+// So every FDE with a rule framehop would get wrong (CFA from an expression or
+// from a register other than rsp/rbp, rbp or the return address from an
+// expression) is listed per file, and frames in those FDEs are unwound here
+// instead: gimli computes the row, expressions are evaluated with rsp, rbp and
+// rip (other registers: give up) and memory reads served from the copied
+// stack window. Other frames cost one binary search in an (almost always
+// empty) list.
+
+type Slice<'a> = EndianSlice<'a, LittleEndian>;
+
+/// Error for a frame the slow path cannot unwind (ends the walk as Failed).
+const SLOW_FAILED: FhError = FhError::DidNotAdvance;
+
+/// Most operations evaluated in one DWARF expression.
+const MAX_EXPR_STEPS: u32 = 256;
+
+/// Most CFI entries scanned in one file for [`SlowFdes`].
+const MAX_SCANNED_ENTRIES: usize = 1 << 22;
+
+/// Bytes above `sp` searched by [`saved_sp_scan`].
+const SAVED_SP_SCAN: u64 = 8192;
+
+/// One module's CFI section, as gimli reads it.
+enum CfiSection<'a> {
+    Eh(EhFrame<Slice<'a>>),
+    Debug(DebugFrame<Slice<'a>>),
+}
+
+/// The FDEs of one file that framehop cannot evaluate.
+#[derive(Default)]
+struct SlowFdes {
+    /// `(start SVMA, end SVMA, FDE offset in the section)`, sorted by start.
+    fdes: Vec<(u64, u64, usize)>,
+}
+
+impl SlowFdes {
+    fn scan<'d, S: UnwindSection<Slice<'d>>>(section: &S, bases: &BaseAddresses) -> Self {
+        let mut fdes = Vec::new();
+        let mut cie_slow: HashMap<usize, bool> = HashMap::new();
+        let mut last_cie: Option<gimli::CommonInformationEntry<Slice<'d>>> = None;
+        let mut entries = section.entries(bases);
+        for _ in 0..MAX_SCANNED_ENTRIES {
+            let partial = match entries.next() {
+                Ok(Some(CieOrFde::Fde(p))) => p,
+                Ok(Some(CieOrFde::Cie(_))) => continue,
+                Ok(None) | Err(_) => break,
+            };
+            let fde = partial.parse(|section: &S, bases, offset| {
+                if let Some(c) = &last_cie {
+                    if c.offset() == <S::Offset as gimli::UnwindOffset<usize>>::into(offset) {
+                        return Ok(c.clone());
+                    }
+                }
+                let c = section.cie_from_offset(bases, offset)?;
+                last_cie = Some(c.clone());
+                Ok(c)
+            });
+            let Ok(fde) = fde else { continue };
+            let cie = fde.cie();
+            let slow = *cie_slow
+                .entry(cie.offset())
+                .or_insert_with(|| needs_slow_path(cie.instructions(section, bases)))
+                || needs_slow_path(fde.instructions(section, bases));
+            if slow && fde.len() > 0 {
+                let start = fde.initial_address();
+                fdes.push((start, start.saturating_add(fde.len()), fde.offset()));
+            }
+        }
+        fdes.sort_unstable_by_key(|f| f.0);
+        SlowFdes { fdes }
+    }
+
+    /// The FDE offset covering `svma`, if that FDE needs the slow path.
+    #[inline]
+    fn find(&self, svma: u64) -> Option<usize> {
+        if self.fdes.is_empty() {
+            return None;
+        }
+        let i = self.fdes.partition_point(|f| f.0 <= svma).checked_sub(1)?;
+        let (_, end, offset) = self.fdes[i];
+        (svma < end).then_some(offset)
+    }
+}
+
+/// Whether CFI instructions set a rule framehop cannot evaluate.
+fn needs_slow_path(mut insns: gimli::CallFrameInstructionIter<'_, Slice<'_>>) -> bool {
+    let plain_cfa = |r: Register| r == X86_64::RSP || r == X86_64::RBP;
+    let used = |r: Register| r == X86_64::RBP || r == X86_64::RA;
+    while let Ok(Some(insn)) = insns.next() {
+        match insn {
+            CallFrameInstruction::DefCfaExpression { .. } => return true,
+            CallFrameInstruction::DefCfa { register, .. }
+            | CallFrameInstruction::DefCfaSf { register, .. }
+            | CallFrameInstruction::DefCfaRegister { register }
+                if !plain_cfa(register) =>
+            {
+                return true;
+            }
+            CallFrameInstruction::Expression { register, .. }
+            | CallFrameInstruction::ValExpression { register, .. }
+                if used(register) =>
+            {
+                return true;
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+/// A process mapping's file (for its CFI) and load bias (AVMA - SVMA).
+#[derive(Clone)]
+struct ModuleCfi {
+    info: Arc<ElfUnwindInfo>,
+    bias: u64,
+}
+
+impl PartialEq for ModuleCfi {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.info, &other.info) && self.bias == other.bias
+    }
+}
+
+impl Eq for ModuleCfi {}
+
+impl std::fmt::Debug for ModuleCfi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ModuleCfi {{ bias: {:#x} }}", self.bias)
+    }
+}
+
+impl ModuleCfi {
+    /// The slow-path FDE covering `addr`, if any.
+    #[inline]
+    fn slow_fde(&self, addr: u64) -> Option<usize> {
+        self.info.slow_fdes().find(addr.wrapping_sub(self.bias))
+    }
+}
+
+/// The copied stack: the bytes at `[start, start + bytes.len())`.
+#[derive(Clone, Copy)]
+struct Window<'a> {
+    start: u64,
+    bytes: &'a [u8],
+}
+
+impl<'a> Window<'a> {
+    fn new(sp: u64, stack: &'a [u8]) -> Self {
+        // Clamp so that start + len cannot overflow.
+        let len = (stack.len() as u64).min(u64::MAX - sp) as usize;
+        Window {
+            start: sp,
+            bytes: &stack[..len],
+        }
+    }
+
+    fn end(&self) -> u64 {
+        self.start + self.bytes.len() as u64
+    }
+
+    /// Little-endian value of `size` (1..=8) bytes at `addr`.
+    #[inline]
+    fn read(&self, addr: u64, size: usize) -> Option<u64> {
+        if size == 0 || size > 8 {
+            return None;
+        }
+        let off = usize::try_from(addr.checked_sub(self.start)?).ok()?;
+        let src = self.bytes.get(off..off.checked_add(size)?)?;
+        let mut word = [0u8; 8];
+        word[..size].copy_from_slice(src);
+        Some(u64::from_le_bytes(word))
+    }
+}
+
+/// Value of a register in a frame, where known.
+fn reg_value(regs: &UnwindRegsX86_64, r: Register) -> Option<u64> {
+    match r {
+        X86_64::RSP => Some(regs.sp()),
+        X86_64::RBP => Some(regs.bp()),
+        X86_64::RA => Some(regs.ip()),
+        _ => None,
+    }
+}
+
+enum ExprError {
+    /// Needed the stack at this address, outside the window.
+    Read(u64),
+    /// An unknown register, an unsupported operation, a malformed expression.
+    Unsupported,
+}
+
+impl ExprError {
+    fn into_fh(self) -> FhError {
+        match self {
+            ExprError::Read(a) => FhError::CouldNotReadStack(a),
+            ExprError::Unsupported => SLOW_FAILED,
+        }
+    }
+}
+
+/// Evaluate a CFI expression (`initial`: the CFA, pushed first for register
+/// rules) to the address or value it computes.
+fn eval_expr(
+    expr: Expression<Slice<'_>>,
+    encoding: gimli::Encoding,
+    regs: &UnwindRegsX86_64,
+    win: Window<'_>,
+    initial: Option<u64>,
+) -> Result<u64, ExprError> {
+    let mut eval = Evaluation::new(expr.0, encoding);
+    eval.set_max_iterations(MAX_EXPR_STEPS);
+    if let Some(v) = initial {
+        eval.set_initial_value(v);
+    }
+    let generic = UnitOffset(0);
+    let mut step = eval.evaluate();
+    loop {
+        step = match step.map_err(|_| ExprError::Unsupported)? {
+            EvaluationResult::Complete => break,
+            EvaluationResult::RequiresRegister {
+                register,
+                base_type,
+            } if base_type == generic => {
+                let v = reg_value(regs, register).ok_or(ExprError::Unsupported)?;
+                eval.resume_with_register(Value::Generic(v))
+            }
+            EvaluationResult::RequiresMemory {
+                address,
+                size,
+                space: None,
+                base_type,
+            } if base_type == generic => {
+                let v = win
+                    .read(address, size as usize)
+                    .ok_or(ExprError::Read(address))?;
+                eval.resume_with_memory(Value::Generic(v))
+            }
+            _ => return Err(ExprError::Unsupported),
+        };
+    }
+    match eval.as_result() {
+        [gimli::Piece {
+            location: Location::Address { address },
+            ..
+        }] => Ok(*address),
+        [gimli::Piece {
+            location: Location::Value { value },
+            ..
+        }] => value.to_u64(u64::MAX).map_err(|_| ExprError::Unsupported),
+        _ => Err(ExprError::Unsupported),
+    }
+}
+
+/// The CFA of a frame whose rule `DW_OP_breg7 (rsp): N; DW_OP_deref;
+/// DW_OP_plus_uconst: M` with N < 0 reads the saved entry stack pointer from
+/// the red zone below `sp`, which the window does not hold. OpenSSL's AVX2 SHA
+/// loops do this over most of their body (`push 0x78(%rsp); lea 8(%rsp),
+/// %rsp` moves a copy of it down with the stack), but the original copy (and
+/// earlier ones) stay above `sp`. So take the first 8-byte slot above `sp`
+/// holding a value V that points above the slot into the window such that
+/// `accept(V + M)` (the caller's frame that CFA gives looks right); then
+/// CFA = V + M. Stale copies from earlier calls are why `accept` checks.
+fn saved_sp_scan(
+    expr: Expression<Slice<'_>>,
+    win: Window<'_>,
+    accept: &mut dyn FnMut(u64) -> bool,
+) -> Option<u64> {
+    let mut r = expr.0;
+    let op = |r: &mut Slice<'_>, want: gimli::DwOp| r.read_u8().ok() == Some(want.0);
+    if !op(&mut r, gimli::DW_OP_breg7) || r.read_sleb128().ok()? >= 0 {
+        return None;
+    }
+    if !op(&mut r, gimli::DW_OP_deref) || !op(&mut r, gimli::DW_OP_plus_uconst) {
+        return None;
+    }
+    let m = r.read_uleb128().ok()?;
+    if !r.is_empty() {
+        return None;
+    }
+    let scan_end = win.end().min(win.start.saturating_add(SAVED_SP_SCAN));
+    let mut slot = win.start;
+    while slot.checked_add(8).is_some_and(|e| e <= scan_end) {
+        let v = win.read(slot, 8)?;
+        if v > slot && v % 8 == 0 {
+            if let Some(cfa) = v.checked_add(m).filter(|&c| accept(c)) {
+                return Some(cfa);
+            }
+        }
+        slot += 8;
+    }
+    None
+}
+
+/// Unwind the frame at `lookup` (the ip for the first frame, return address
+/// - 1 after) from its CFI row in the slow-path FDE at `fde_offset`, setting
+/// `regs` to the caller's. `Ok(None)`: the outermost frame (no return address).
+/// `plausible` tells whether caller registers look right (used only where the
+/// CFA has to be guessed, see [`saved_sp_scan`]).
+fn slow_step(
+    cfi: &ModuleCfi,
+    fde_offset: usize,
+    lookup: u64,
+    regs: &mut UnwindRegsX86_64,
+    ctx: &mut UnwindContext<usize>,
+    win: Window<'_>,
+    plausible: &mut dyn FnMut(&UnwindRegsX86_64) -> bool,
+) -> Result<Option<u64>, FhError> {
+    let (section, bases) = cfi.info.cfi().ok_or(SLOW_FAILED)?;
+    let svma = lookup.wrapping_sub(cfi.bias);
+    match section {
+        CfiSection::Eh(s) => slow_step_in(&s, &bases, fde_offset, svma, regs, ctx, win, plausible),
+        CfiSection::Debug(s) => {
+            slow_step_in(&s, &bases, fde_offset, svma, regs, ctx, win, plausible)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn slow_step_in<'d, S: UnwindSection<Slice<'d>>>(
+    section: &S,
+    bases: &BaseAddresses,
+    fde_offset: usize,
+    svma: u64,
+    regs: &mut UnwindRegsX86_64,
+    ctx: &mut UnwindContext<usize>,
+    win: Window<'_>,
+    plausible: &mut dyn FnMut(&UnwindRegsX86_64) -> bool,
+) -> Result<Option<u64>, FhError> {
+    let fde = section
+        .fde_from_offset(bases, S::Offset::from(fde_offset), S::cie_from_offset)
+        .map_err(|_| SLOW_FAILED)?;
+    let encoding = fde.cie().encoding();
+    let row = fde
+        .unwind_info_for_address(section, bases, ctx, svma)
+        .map_err(|_| SLOW_FAILED)?;
+    let cfa_rule = row.cfa().clone();
+    let bp_rule = row.register(X86_64::RBP);
+    let ra_rule = row.register(X86_64::RA);
+    let cur = *regs;
+
+    // Caller registers for a CFA; `Ok(None)`: no return address (outermost).
+    let caller = |cfa: u64| -> Result<Option<UnwindRegsX86_64>, FhError> {
+        // The return address sits at or above CFA - 8 >= sp.
+        if cfa <= cur.sp() {
+            return Err(SLOW_FAILED);
+        }
+        let ra = match &ra_rule {
+            None | Some(RegisterRule::Undefined) => return Ok(None),
+            Some(rule) => {
+                eval_rule(section, rule.clone(), cfa, encoding, &cur, win)?.ok_or(SLOW_FAILED)?
+            }
+        };
+        // As framehop: rbp we cannot recover keeps its value.
+        let bp = match &bp_rule {
+            Some(rule) => eval_rule(section, rule.clone(), cfa, encoding, &cur, win)
+                .ok()
+                .flatten()
+                .unwrap_or(cur.bp()),
+            None => cur.bp(),
+        };
+        Ok(Some(UnwindRegsX86_64::new(ra, cfa, bp)))
+    };
+
+    let cfa = match cfa_rule {
+        CfaRule::RegisterAndOffset { register, offset } => reg_value(&cur, register)
+            .and_then(|v| v.checked_add_signed(offset))
+            .ok_or(SLOW_FAILED)?,
+        CfaRule::Expression(e) => {
+            let expr = e.get(section).map_err(|_| SLOW_FAILED)?;
+            match eval_expr(expr.clone(), encoding, &cur, win, None) {
+                Ok(cfa) => cfa,
+                Err(ExprError::Read(a)) if a < win.start => {
+                    let mut accept = |cfa: u64| {
+                        matches!(caller(cfa), Ok(Some(c)) if c.ip() != 0 && plausible(&c))
+                    };
+                    saved_sp_scan(expr, win, &mut accept).ok_or(FhError::CouldNotReadStack(a))?
+                }
+                Err(e) => return Err(e.into_fh()),
+            }
+        }
+    };
+    let Some(next) = caller(cfa)? else {
+        return Ok(None);
+    };
+    *regs = next;
+    Ok(Some(next.ip()))
+}
+
+/// A register's value in the caller under `rule`; `Ok(None)`: unchanged or
+/// undefined.
+fn eval_rule<'d, S: UnwindSection<Slice<'d>>>(
+    section: &S,
+    rule: RegisterRule<usize>,
+    cfa: u64,
+    encoding: gimli::Encoding,
+    regs: &UnwindRegsX86_64,
+    win: Window<'_>,
+) -> Result<Option<u64>, FhError> {
+    let read = |a: u64| win.read(a, 8).ok_or(FhError::CouldNotReadStack(a));
+    let expr = |e: &gimli::UnwindExpression<usize>| -> Result<u64, FhError> {
+        let e = e.get(section).map_err(|_| SLOW_FAILED)?;
+        eval_expr(e, encoding, regs, win, Some(cfa)).map_err(ExprError::into_fh)
+    };
+    let at = |o: i64| cfa.checked_add_signed(o).ok_or(SLOW_FAILED);
+    Ok(Some(match rule {
+        RegisterRule::Undefined | RegisterRule::SameValue => return Ok(None),
+        RegisterRule::Offset(o) => read(at(o)?)?,
+        RegisterRule::ValOffset(o) => at(o)?,
+        RegisterRule::Register(r) => reg_value(regs, r).ok_or(SLOW_FAILED)?,
+        RegisterRule::Expression(e) => read(expr(&e)?)?,
+        RegisterRule::ValExpression(e) => expr(&e)?,
+        _ => return Err(SLOW_FAILED),
+    }))
 }
 
 /// What an executable mapping holds.
@@ -302,6 +771,8 @@ struct ExecMapping {
     kind: MapKind,
     /// Whether a framehop module was added for it (keyed by `start`).
     has_module: bool,
+    /// Its file's CFI, for frames framehop cannot unwind.
+    cfi: Option<ModuleCfi>,
 }
 
 impl ExecMapping {
@@ -367,6 +838,7 @@ fn parse_maps(text: &str) -> Vec<ExecMapping> {
             offset,
             kind,
             has_module: false,
+            cfi: None,
         });
     }
     out.sort_by_key(|m| m.start);
@@ -386,8 +858,22 @@ struct Proc {
 
 impl Proc {
     fn is_exec(&self, addr: u64) -> bool {
+        self.mapping(addr).is_some()
+    }
+
+    #[inline]
+    fn mapping(&self, addr: u64) -> Option<&ExecMapping> {
         let i = self.maps.partition_point(|m| m.start <= addr);
-        i > 0 && addr < self.maps[i - 1].end
+        let m = &self.maps[i.checked_sub(1)?];
+        (addr < m.end).then_some(m)
+    }
+
+    /// The module and FDE offset when the frame at `addr` (a lookup address)
+    /// must take the slow path.
+    #[inline]
+    fn slow_fde(&self, addr: u64) -> Option<(&ModuleCfi, usize)> {
+        let cfi = self.mapping(addr)?.cfi.as_ref()?;
+        Some((cfi, cfi.slow_fde(addr)?))
     }
 }
 
@@ -400,6 +886,8 @@ pub struct Unwinder {
     files: HashMap<FileKey, Option<Arc<ElfUnwindInfo>>>,
     /// This process's vDSO, parsed on first need (`Some(None)`: unavailable).
     vdso: Option<Option<Arc<ElfUnwindInfo>>>,
+    /// gimli's CFI evaluation state for the slow path.
+    gimli_ctx: Box<UnwindContext<usize>>,
 }
 
 impl Default for Unwinder {
@@ -415,6 +903,7 @@ impl Unwinder {
             procs: HashMap::new(),
             files: HashMap::new(),
             vdso: None,
+            gimli_ctx: Box::new(UnwindContext::new()),
         }
     }
 
@@ -433,6 +922,10 @@ impl Unwinder {
             self.procs.insert(pid, proc);
         }
         let (frames, outcome, missed) = self.walk(pid, regs, stack);
+        if std::env::var_os("SPDBG").is_some() && outcome == UnwindOutcome::Failed {
+            let p = &self.procs[&pid];
+            eprintln!("SPDBG pid {pid} failed n={} missed={missed} ip={:#x} maps={} node_mapped={} may_refresh={} interval={:?} alive={}", frames.len(), regs.ip, p.maps.len(), p.is_exec(0x1d53dc0), self.may_refresh(pid), p.refresh_interval, p.alive);
+        }
         if !missed || !self.may_refresh(pid) {
             return (frames, outcome);
         }
@@ -459,50 +952,78 @@ impl Unwinder {
 
     /// Walk the stack. Returns (addresses, outcome, whether an address fell
     /// outside every known executable mapping).
+    ///
+    /// Frame by frame: framehop unwinds each frame, except frames in an FDE
+    /// framehop would get wrong, which [`slow_step`] unwinds from gimli.
     fn walk(&mut self, pid: u32, regs: &UserRegs, stack: &[u8]) -> (Vec<u64>, UnwindOutcome, bool) {
         let Some(proc) = self.procs.get(&pid) else {
             return (vec![regs.ip], UnwindOutcome::Failed, false);
         };
-        let sp = regs.sp;
-        // Window [sp, end); clamp so that sp + len cannot overflow.
-        let len = (stack.len() as u64).min(u64::MAX - sp);
-        let end = sp + len;
-        let mut read_stack = |addr: u64| -> Result<u64, ()> {
-            let off = addr.checked_sub(sp).ok_or(())?;
-            if off.checked_add(8).is_none_or(|e| e > len) {
-                return Err(());
-            }
-            let off = off as usize;
-            let bytes: [u8; 8] = stack[off..off + 8].try_into().map_err(|_| ())?;
-            Ok(u64::from_le_bytes(bytes))
-        };
+        let win = Window::new(regs.sp, stack);
+        let end = win.end();
+        let mut read_stack = |addr: u64| win.read(addr, 8).ok_or(());
         let check_exec = !proc.maps.is_empty();
         let mut frames = Vec::with_capacity(32);
         let mut missed = false;
-        let fh_regs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
-        let mut iter = proc
-            .fh
-            .iter_frames(regs.ip, fh_regs, &mut self.cache, &mut read_stack);
+        let mut fh_regs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
+        let mut addr = FrameAddress::from_instruction_pointer(regs.ip);
         let outcome = loop {
+            let a = addr.address();
+            if check_exec && !proc.is_exec(a) {
+                missed = true;
+                if frames.is_empty() {
+                    // Keep the sampled ip even if we cannot place it.
+                    frames.push(a);
+                }
+                break UnwindOutcome::Failed;
+            }
+            frames.push(a);
             if frames.len() >= MAX_FRAMES {
                 break UnwindOutcome::Truncated;
             }
-            match iter.next() {
-                Ok(Some(frame)) => {
-                    let addr = match frame {
-                        FrameAddress::InstructionPointer(a) => a,
-                        FrameAddress::ReturnAddress(a) => a.get(),
-                    };
-                    if check_exec && !proc.is_exec(addr) {
-                        missed = true;
-                        if frames.is_empty() {
-                            // Keep the sampled ip even if we cannot place it.
-                            frames.push(addr);
+            let lookup = addr.address_for_lookup();
+            let step = match proc.slow_fde(lookup) {
+                Some((cfi, fde)) => {
+                    let cache = &mut self.cache;
+                    // Caller registers look right if their return address is
+                    // code and one more step from there gets to code too.
+                    let mut plausible = |caller: &UnwindRegsX86_64| {
+                        let Some(ret) = FrameAddress::from_return_address(caller.ip())
+                            .filter(|_| proc.is_exec(caller.ip()))
+                        else {
+                            return false;
+                        };
+                        if proc.slow_fde(ret.address_for_lookup()).is_some() {
+                            return true;
                         }
-                        break UnwindOutcome::Failed;
-                    }
-                    frames.push(addr);
+                        let mut r = *caller;
+                        let mut read = |a: u64| win.read(a, 8).ok_or(());
+                        match proc.fh.unwind_frame(ret, &mut r, cache, &mut read) {
+                            Ok(Some(next)) => proc.is_exec(next),
+                            Ok(None) => true,
+                            Err(FhError::CouldNotReadStack(a)) => a >= end.saturating_sub(8),
+                            Err(_) => false,
+                        }
+                    };
+                    slow_step(
+                        cfi,
+                        fde,
+                        lookup,
+                        &mut fh_regs,
+                        &mut self.gimli_ctx,
+                        win,
+                        &mut plausible,
+                    )
                 }
+                None => proc
+                    .fh
+                    .unwind_frame(addr, &mut fh_regs, &mut self.cache, &mut read_stack),
+            };
+            match step {
+                Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
+                    Some(next) => addr = next,
+                    None => break UnwindOutcome::Complete,
+                },
                 Ok(None) => break UnwindOutcome::Complete,
                 Err(FhError::ReturnAddressIsNull) => break UnwindOutcome::Complete,
                 Err(FhError::CouldNotReadStack(a))
@@ -575,11 +1096,13 @@ impl Unwinder {
         for mut m in new {
             if let Some(o) = find_same(&old, &m) {
                 m.has_module = o.has_module;
+                m.cfi = o.cfi.clone();
             } else {
                 changed = true;
-                if let Some(module) = self.module_for(pid, &m) {
+                if let Some((module, cfi)) = self.module_for(pid, &m) {
                     proc.fh.add_module(module);
                     m.has_module = true;
+                    m.cfi = Some(cfi);
                 }
             }
             maps.push(m);
@@ -589,7 +1112,8 @@ impl Unwinder {
         changed
     }
 
-    fn module_for(&mut self, pid: u32, m: &ExecMapping) -> Option<Module<Data>> {
+    fn module_for(&mut self, pid: u32, m: &ExecMapping) -> Option<(Module<Data>, ModuleCfi)> {
+        let with_cfi = |info: Arc<ElfUnwindInfo>, (module, bias)| (module, ModuleCfi { info, bias });
         match &m.kind {
             MapKind::Anon => None,
             MapKind::Vdso => {
@@ -597,7 +1121,8 @@ impl Unwinder {
                     .vdso
                     .get_or_insert_with(|| own_vdso().map(Arc::new))
                     .clone()?;
-                info.module("[vdso]", m.start..m.end, 0)
+                let module = info.module("[vdso]", m.start..m.end, 0)?;
+                Some(with_cfi(info, module))
             }
             MapKind::File { path, .. } => {
                 let file = open_mapped_file(pid, m.start, m.end, path)?;
@@ -621,7 +1146,8 @@ impl Unwinder {
                         parsed
                     })
                     .clone()?;
-                info.module(path, m.start..m.end, m.offset)
+                let module = info.module(path, m.start..m.end, m.offset)?;
+                Some(with_cfi(info, module))
             }
         }
     }
@@ -888,6 +1414,267 @@ mod tests {
         unwinder.forget(pid);
     }
 
+    // Hand-written frames whose CFA is a DWARF expression, as in OpenSSL's
+    // assembly: the function realigns its stack, saves the entry rsp at
+    // [rsp+40] and says `DW_CFA_def_cfa_expression (DW_OP_breg7 (rsp): 40;
+    // DW_OP_deref; DW_OP_plus_uconst: 8)`. rbp is an ordinary register pointing
+    // at junk, so a frame-pointer guess goes wrong.
+    //
+    // `stallprof_test_cfa_expr(cb, arg)` calls `cb(arg)` from there.
+    // `stallprof_test_cfa_redzone(out, len)` then moves rsp down 128 bytes and
+    // keeps a copy of the entry rsp in the red zone (`DW_OP_breg7 (rsp): -8`),
+    // like OpenSSL's AVX2 SHA loops, and captures itself: `out` gets rip, rsp,
+    // rbp and `len` stack bytes from rsp.
+    std::arch::global_asm!(
+        ".text",
+        ".p2align 4",
+        ".globl stallprof_test_cfa_expr",
+        ".type stallprof_test_cfa_expr,@function",
+        "stallprof_test_cfa_expr:",
+        ".cfi_startproc",
+        "mov rax, rsp",
+        ".cfi_def_cfa_register rax",
+        "push rbx",
+        ".cfi_offset rbx, -16",
+        "push rbp",
+        ".cfi_offset rbp, -24",
+        "sub rsp, 96",
+        "and rsp, -64",
+        "mov [rsp+40], rax",
+        ".cfi_escape 0x0f, 0x05, 0x77, 0x28, 0x06, 0x23, 0x08",
+        "mov rbx, rdi",
+        "mov rdi, rsi",
+        "mov rbp, rsp",
+        "mov qword ptr [rsp], 0x1234567",
+        "mov qword ptr [rsp+8], 0x7654321",
+        "call rbx",
+        "mov rax, [rsp+40]",
+        "mov rbp, [rax-16]",
+        "mov rbx, [rax-8]",
+        "mov rsp, rax",
+        ".cfi_def_cfa rsp, 8",
+        ".cfi_restore rbx",
+        ".cfi_restore rbp",
+        "ret",
+        ".cfi_endproc",
+        ".size stallprof_test_cfa_expr, .-stallprof_test_cfa_expr",
+        "",
+        ".p2align 4",
+        ".globl stallprof_test_cfa_redzone",
+        ".type stallprof_test_cfa_redzone,@function",
+        "stallprof_test_cfa_redzone:",
+        ".cfi_startproc",
+        "mov rax, rsp",
+        ".cfi_def_cfa_register rax",
+        "push rbx",
+        ".cfi_offset rbx, -16",
+        "push rbp",
+        ".cfi_offset rbp, -24",
+        "sub rsp, 96",
+        "and rsp, -64",
+        "mov [rsp+40], rax",
+        ".cfi_escape 0x0f, 0x05, 0x77, 0x28, 0x06, 0x23, 0x08",
+        "mov rbp, rsp",
+        "mov qword ptr [rsp], 0x1234567",
+        "mov qword ptr [rsp+8], 0x7654321",
+        "mov qword ptr [rsp+16], 0",
+        "mov qword ptr [rsp+24], 0",
+        "mov qword ptr [rsp+32], 0",
+        "lea rsp, [rsp-128]",
+        // CFA = [rsp+168] + 8
+        ".cfi_escape 0x0f, 0x06, 0x77, 0xa8, 0x01, 0x06, 0x23, 0x08",
+        "mov ecx, 16",
+        "2:",
+        "mov qword ptr [rsp+rcx*8-8], 0",
+        "dec ecx",
+        "jnz 2b",
+        "mov [rsp-8], rax",
+        // CFA = [rsp-8] + 8
+        ".cfi_escape 0x0f, 0x05, 0x77, 0x78, 0x06, 0x23, 0x08",
+        "lea rax, [rip]",
+        "mov [rdi], rax",
+        "mov [rdi+8], rsp",
+        "mov [rdi+16], rbp",
+        "mov rcx, rsi",
+        "lea rdi, [rdi+24]",
+        "mov rsi, rsp",
+        "rep movsb",
+        "mov rax, [rsp+168]",
+        "mov rbp, [rax-16]",
+        "mov rbx, [rax-8]",
+        "mov rsp, rax",
+        ".cfi_def_cfa rsp, 8",
+        ".cfi_restore rbx",
+        ".cfi_restore rbp",
+        "ret",
+        ".cfi_endproc",
+        ".size stallprof_test_cfa_redzone, .-stallprof_test_cfa_redzone",
+    );
+
+    unsafe extern "C" {
+        fn stallprof_test_cfa_expr(cb: extern "C" fn(*mut u8), arg: *mut u8);
+        fn stallprof_test_cfa_redzone(out: *mut u8, len: u64);
+    }
+
+    type Captured = Option<(UserRegs, Vec<u8>)>;
+
+    #[inline(never)]
+    extern "C" fn cfa_expr_callback(out: *mut u8) {
+        let regs = capture_regs!();
+        let stack = read_own_memory(regs.sp, 16 * 1024);
+        // SAFETY: `out` is the `Captured` that cfa_expr_level_two passed.
+        unsafe { *(out as *mut Captured) = Some((regs, stack)) };
+        black_box(out);
+    }
+
+    #[inline(never)]
+    fn cfa_expr_level_two() -> (UserRegs, Vec<u8>) {
+        let mut out: Captured = None;
+        // SAFETY: the asm function calls the callback with `arg` and returns.
+        unsafe { stallprof_test_cfa_expr(cfa_expr_callback, &mut out as *mut Captured as *mut u8) };
+        black_box(out).unwrap()
+    }
+
+    #[inline(never)]
+    fn cfa_expr_level_one() -> (UserRegs, Vec<u8>) {
+        let r = cfa_expr_level_two();
+        black_box(&r);
+        r
+    }
+
+    #[inline(never)]
+    fn cfa_redzone_level_two() -> (UserRegs, Vec<u8>) {
+        let here = capture_regs!();
+        // The asm copies from its own rsp, below ours, with plain loads: stay
+        // within this thread's stack (/proc/self/mem would also read a guard
+        // page above it).
+        let top = {
+            // SAFETY: plain libc calls on this thread's attributes.
+            unsafe {
+                let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+                assert_eq!(libc::pthread_getattr_np(libc::pthread_self(), &mut attr), 0);
+                let (mut addr, mut size) = (std::ptr::null_mut(), 0usize);
+                assert_eq!(libc::pthread_attr_getstack(&attr, &mut addr, &mut size), 0);
+                libc::pthread_attr_destroy(&mut attr);
+                addr as u64 + size as u64
+            }
+        };
+        let len = top.saturating_sub(here.sp).min(16 * 1024);
+        let mut out = vec![0u8; 24 + len as usize];
+        // SAFETY: `out` holds 24 + len bytes; the asm reads `len` stack bytes
+        // from its rsp, which is below ours, so they are mapped.
+        unsafe { stallprof_test_cfa_redzone(out.as_mut_ptr(), len) };
+        let word = |i: usize| u64::from_le_bytes(out[i * 8..i * 8 + 8].try_into().unwrap());
+        let regs = UserRegs {
+            ip: word(0),
+            sp: word(1),
+            bp: word(2),
+        };
+        let stack = out[24..].to_vec();
+        black_box(&stack);
+        (regs, stack)
+    }
+
+    #[inline(never)]
+    fn cfa_redzone_level_one() -> (UserRegs, Vec<u8>) {
+        let r = cfa_redzone_level_two();
+        black_box(&r);
+        r
+    }
+
+    #[test]
+    fn unwinds_through_cfa_expression() {
+        let (regs, stack) = cfa_expr_level_one();
+        let pid = std::process::id();
+        let mut unwinder = Unwinder::new();
+        let (frames, outcome) = unwinder.unwind(pid, &regs, &stack);
+        let names = symbolize_pid(pid, &frames);
+        let order = find_in_order(
+            &names,
+            &[
+                "cfa_expr_callback",
+                "stallprof_test_cfa_expr",
+                "cfa_expr_level_two",
+                "cfa_expr_level_one",
+                "unwinds_through_cfa_expression",
+            ],
+        );
+        assert_eq!(
+            order,
+            Some(vec![0, 1, 2, 3, 4]),
+            "outcome {outcome:?}, frames {names:#?}"
+        );
+        assert_ne!(outcome, UnwindOutcome::Failed, "{names:#?}");
+        // The asm frame took the slow path; the callback's did not.
+        let proc = &unwinder.procs[&pid];
+        assert!(proc.slow_fde(frames[1] - 1).is_some());
+        assert!(proc.slow_fde(frames[0]).is_none());
+        assert!(proc.slow_fde(frames[2] - 1).is_none());
+    }
+
+    #[test]
+    fn unwinds_through_red_zone_cfa_expression() {
+        let (regs, stack) = cfa_redzone_level_one();
+        assert!(stack.len() >= 1024, "copied {} stack bytes", stack.len());
+        let pid = std::process::id();
+        let mut unwinder = Unwinder::new();
+        let (frames, outcome) = unwinder.unwind(pid, &regs, &stack);
+        let names = symbolize_pid(pid, &frames);
+        let order = find_in_order(
+            &names,
+            &[
+                "stallprof_test_cfa_redzone",
+                "cfa_redzone_level_two",
+                "cfa_redzone_level_one",
+                "unwinds_through_red_zone_cfa_expression",
+            ],
+        );
+        assert_eq!(
+            order,
+            Some(vec![0, 1, 2, 3]),
+            "outcome {outcome:?}, frames {names:#?}"
+        );
+        assert_ne!(outcome, UnwindOutcome::Failed, "{names:#?}");
+    }
+
+    #[test]
+    fn evaluates_cfi_expressions() {
+        let encoding = gimli::Encoding {
+            address_size: 8,
+            format: gimli::Format::Dwarf32,
+            version: 1,
+        };
+        let sp = 0x7ffd_0000_1000u64;
+        let mut stack = vec![0u8; 256];
+        stack[152..160].copy_from_slice(&(sp + 0x200).to_le_bytes());
+        let win = Window::new(sp, &stack);
+        let regs = UnwindRegsX86_64::new(0x40_1236, sp, 0);
+        let eval = |bytes: &[u8]| {
+            let e = Expression(EndianSlice::new(bytes, LittleEndian));
+            match eval_expr(e, encoding, &regs, win, None) {
+                Ok(v) => Ok(v),
+                Err(ExprError::Read(a)) => Err(Some(a)),
+                Err(ExprError::Unsupported) => Err(None),
+            }
+        };
+        // OpenSSL: DW_OP_breg7 (rsp): 152; DW_OP_deref; DW_OP_plus_uconst: 8.
+        assert_eq!(eval(&[0x77, 0x98, 0x01, 0x06, 0x23, 0x08]), Ok(sp + 0x208));
+        // Outside the window, below and above.
+        assert_eq!(eval(&[0x77, 0x78, 0x06]), Err(Some(sp - 8)));
+        assert_eq!(eval(&[0x77, 0x80, 0x02, 0x06]), Err(Some(sp + 256)));
+        // PLT: rsp + 8 + ((rip & 15) >= 11) << 3, rip = ...6 -> +8.
+        let plt = [
+            0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22,
+        ];
+        assert_eq!(eval(&plt), Ok(sp + 8));
+        // An unknown register (rax) and a loop that never ends.
+        assert_eq!(eval(&[0x70, 0x00]), Err(None));
+        assert_eq!(eval(&[0x2f, 0xfd, 0xff]), Err(None));
+        // Garbage.
+        assert_eq!(eval(&[0x06]), Err(None));
+        assert_eq!(eval(&[0xff, 0xff]), Err(None));
+    }
+
     #[test]
     fn unwinds_c_without_frame_pointers_eh_frame() {
         unwind_c_victim("eh_frame", &["-O2", "-fomit-frame-pointer"], true);
@@ -932,6 +1719,25 @@ mod tests {
         eprintln!(
             "cold (maps + ELF parse) {cold:?}; warm {warm:?} per unwind of {} frames; {cache:?}",
             frames.len()
+        );
+    }
+
+    /// Cost of finding the slow-path FDEs of one file, once per file (run with
+    /// `--ignored --nocapture`; `STALLPROF_BENCH_ELF` picks the file, default
+    /// this test binary).
+    #[test]
+    #[ignore]
+    fn bench_slow_fde_scan() {
+        let path = std::env::var("STALLPROF_BENCH_ELF").unwrap_or_else(|_| "/proc/self/exe".into());
+        let data = std::fs::read(&path).unwrap();
+        let t = Instant::now();
+        let info = ElfUnwindInfo::parse(&data[..]).unwrap();
+        let parsed = t.elapsed();
+        let t = Instant::now();
+        let n = info.slow_fdes().fdes.len();
+        eprintln!(
+            "{path}: parse {parsed:?}, slow-FDE scan {:?}: {n} slow FDEs",
+            t.elapsed()
         );
     }
 

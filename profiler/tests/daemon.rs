@@ -452,7 +452,7 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
         }
     }
     let threads = sample(&fams, "stallprof_tracked_threads", &[]).unwrap_or(0.0);
-    c.check(threads >= 2.0, || format!("stallprof_tracked_threads is {threads}"));
+    c.check(threads >= 1.0, || format!("stallprof_tracked_threads is {threads}"));
     let rss = sample(&fams, "process_resident_memory_bytes", &[]).unwrap_or(0.0);
     c.check(rss > 1e6, || format!("process_resident_memory_bytes is {rss}"));
 

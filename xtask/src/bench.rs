@@ -59,6 +59,7 @@ struct Plan {
 
 struct Env {
     root: PathBuf,
+    commit: String,
     bin: PathBuf,
     python: String,
     python_version: String,
@@ -121,10 +122,19 @@ pub fn run(quick: bool, only: &[String]) -> Result<()> {
 
 fn prepare() -> Result<Env> {
     let root = super::root();
-    let bin = super::build()?;
+    let built = super::build()?;
     let stamp = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
     let work = root.join(format!("target/bench/run-{stamp}"));
     fs::create_dir_all(&work)?;
+    // target/ may be shared with other builds: measure one fixed copy.
+    let bin = work.join("stallprof");
+    fs::copy(&built, &bin).context("copying the stallprof binary")?;
+    let commit = Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .current_dir(&root)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
 
     // The interpreter itself, not a pyenv shim (a shell script that execs it).
     let python = super::output(Command::new("python3").args(["-c", "import sys; print(sys.executable)"]))
@@ -186,7 +196,7 @@ fn prepare() -> Result<Env> {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(100.0);
-    Ok(Env { root, bin, python, python_version, pyspy, work, event_storm, c_loop, tokio_victim, node, clk_tck })
+    Ok(Env { root, commit, bin, python, python_version, pyspy, work, event_storm, c_loop, tokio_victim, node, clk_tck })
 }
 
 // ---------------------------------------------------------------------------
@@ -392,7 +402,7 @@ fn header(env: &Env, plan: &Plan, only: &[String], took: Duration) -> String {
         if plan.quick { " --quick" } else { "" },
         only.iter().map(|o| format!(" --only {o}")).collect::<String>()
     );
-    let _ = writeln!(s, "- date: {}", date.trim());
+    let _ = writeln!(s, "- date: {}; stallprof built from `{}` (release)", date.trim(), env.commit);
     let _ = writeln!(
         s,
         "- machine: {cpus} vCPUs ({model}), kernel {}; a **shared, noisy** VM: other engineers' builds and \
@@ -415,7 +425,7 @@ fn header(env: &Env, plan: &Plan, only: &[String], took: Duration) -> String {
     );
     let _ = writeln!(
         s,
-        "\nReproduce everything with `sudo cargo xtask bench` (~20 min) or one section with \
+        "\nReproduce everything with `sudo cargo xtask bench` (full run, estimated ~20 min; `--quick` ~5 min) or one section with \
          `cargo xtask bench --only accuracy|overhead|agent|scaling`; the commands each figure comes from \
          are given in its section. `$SP` is `target/release/stallprof`, `$PY` the Python above, \
          `$PYSPY` `target/bench-venv/bin/py-spy`, `V` `profiler/tests/victims`.\n"
@@ -615,7 +625,7 @@ fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
          - **TV**: total-variation distance, in points, between the true per-cause shares of the stall time \
          (per culprit function; the gateway's time between steps is `other`; on the GIL victim the \
          truth is each late heartbeat's overlap with the worker's `hog()` regex calls, `gil_wait`, the \
-         rest `other`; stallprof's `gil_wait` must name `hog` as the holder) and the tool's (stallprof: stack weights by innermost culprit frame; \
+         rest `other`; stallprof's `gil_wait` — or run-queue time between timed GIL waits — must name `hog` as the holder) and the tool's (stallprof: stack weights by innermost culprit frame; \
          watchdog: a stall's blocked time split over the ≤2 stacks it caught, `unknown` if none; py-spy: \
          the loop thread's non-idle samples inside the event loop — py-spy has no timestamps in its raw \
          output, so these are shares of the whole run, which in these victims is stall time plus µs of heartbeat). \
@@ -667,17 +677,26 @@ fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
          whatever else the loop ran. py-spy ran at its default {PYSPY_ACC_RATE} Hz here (the overhead \
          section runs it at stallprof's rate).\n"
     );
-    let _ = writeln!(
-        s,
-        "Reading the misses: (a) Node — V8 gives perf-map names only to compiled code, so functions still \
-         run by the interpreter (`deriveKey`, `parseBig` here) appear as unnamed interpreter frames; the \
-         stacks name their native callees (OpenSSL's `PKCS5_PBKDF2_HMAC`, V8's `JsonParser`), which the \
-         second Node row accepts as the culprit (`NATIVE_ALIASES` in bench/accuracy.py). (b) GIL — \
-         CPython's GIL waiter sleeps in a 5 ms timed futex wait and wakes to re-request the GIL; on a \
-         loaded machine each wake-up waits for a CPU, and stallprof books that as `runqueue` (a \
-         `[runqueue]` stack under the futex wait) rather than `gil_wait`, while the victim's truth counts the \
-         whole time `hog()` held the GIL.\n"
-    );
+    let tv_of = |victim: &str, tool: &str| {
+        scores.get(&(victim.to_string(), tool.to_string())).map(|sc| median(sc.get("tv_points"))).unwrap_or(f64::NAN)
+    };
+    if tv_of("node", "stallprof") > 5.0 {
+        let _ = writeln!(
+            s,
+            "Reading the Node miss: V8 gives perf-map names only to compiled code, so functions still run by \
+             the interpreter (`deriveKey`, `parseBig` here) appear as unnamed interpreter frames; the stacks \
+             name their native callees (OpenSSL's `PKCS5_PBKDF2_HMAC`, V8's `JsonParser`), which the second \
+             Node row accepts as the culprit (`NATIVE_ALIASES` in bench/accuracy.py). The victim runs with \
+             `--perf-basic-prof` only, as the issue does.\n"
+        );
+    }
+    if tv_of("gil", "stallprof") > 5.0 {
+        let _ = writeln!(
+            s,
+            "Reading the GIL miss: the difference is time stallprof does not tie to `hog()` — see the shares \
+             column; the raw stalls.json of each run is in the run directory.\n"
+        );
+    }
     let _ = writeln!(s, "Commands (one run; `LOG` is the victim's log, `bench/accuracy.py VICTIM LOG {ACC_THRESHOLD_MS} TOOL OUTPUT` scores it):\n");
     let _ = writeln!(s, "```sh");
     let _ = writeln!(s, "cc -O1 -g -fomit-frame-pointer -pthread -o c_loop $V/c_loop.c");

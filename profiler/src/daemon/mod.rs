@@ -566,7 +566,9 @@ impl Collector {
         // Memory bound of the stall-assembly state.
         let stacks = self.session.stack_table_len();
         let big = stacks > MAX_STACKS || self.forgotten_since_reset > MAX_FORGOTTEN;
-        if big && (!self.session.executor_busy() || stacks > 2 * MAX_STACKS) {
+        // Wait for a moment with no loop busy (nothing is cut), but not forever.
+        let forced = stacks > 2 * MAX_STACKS || self.forgotten_since_reset > 2 * MAX_FORGOTTEN;
+        if (big && !self.session.executor_busy()) || forced {
             self.reset_session();
         }
     }
