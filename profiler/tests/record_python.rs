@@ -19,6 +19,11 @@ const THRESHOLD: &str = "40ms";
 const THRESHOLD_NS: u64 = 40 * MS;
 
 fn record_python_victim(test: &str, python: &str) {
+    record_python_victim_with(test, python, &[]);
+}
+
+/// `extra`: more victim arguments (`--loop uvloop --path DIR`, `--loop select`).
+fn record_python_victim_with(test: &str, python: &str, extra: &[&std::ffi::OsStr]) {
     if !require_root_and_bpf(test) {
         return;
     }
@@ -43,7 +48,10 @@ fn record_python_victim(test: &str, python: &str) {
             python.as_ref(),
             script.as_os_str(),
             log.as_os_str(),
-        ],
+        ]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect::<Vec<_>>(),
         Duration::from_secs(90),
     );
     assert!(run.status.success(), "stallprof record -- {python} victim failed:\n{}", run.describe());
@@ -150,4 +158,39 @@ fn record_python_blocking_client_pyenv_311() {
 #[test]
 fn record_python_blocking_client_debian_311() {
     record_python_victim("record_python_blocking_client_debian_311", "/usr/bin/python3.11");
+}
+
+/// uvloop (libuv's epoll loop, from PyPI) parks the same way: same checks.
+#[test]
+fn record_python_blocking_client_uvloop_311() {
+    let python = "/root/.pyenv/versions/3.11.7/bin/python3";
+    if !require_root_and_bpf("record_python_blocking_client_uvloop_311") {
+        return;
+    }
+    let deps = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-deps/uvloop-py311");
+    if !deps.join("uvloop").exists() {
+        let st = std::process::Command::new(python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
+            .arg(&deps)
+            .arg("uvloop==0.21.0")
+            .status()
+            .expect("running pip");
+        assert!(st.success(), "installing uvloop from PyPI into {} failed", deps.display());
+    }
+    record_python_victim_with(
+        "record_python_blocking_client_uvloop_311",
+        python,
+        &["--loop".as_ref(), "uvloop".as_ref(), "--path".as_ref(), deps.as_os_str()],
+    );
+}
+
+/// A loop parked in select() (asyncio on a SelectSelector), not epoll: the
+/// client's poll() on its socket still does not end the stall.
+#[test]
+fn record_python_blocking_client_select_loop_311() {
+    record_python_victim_with(
+        "record_python_blocking_client_select_loop_311",
+        "/root/.pyenv/versions/3.11.7/bin/python3",
+        &["--loop".as_ref(), "select".as_ref()],
+    );
 }

@@ -143,8 +143,11 @@ async def main(log, addr, rounds, start_file):
 
 def parse_args(argv):
     if len(argv) < 2 or argv[1].startswith("-"):
-        sys.exit("usage: py_blocking_client.py LOG_PATH [--start-file PATH] [--rounds N]")
+        sys.exit("usage: py_blocking_client.py LOG_PATH [--start-file PATH] [--rounds N] "
+                 "[--loop asyncio|uvloop|select] [--path DIR]")
     log_path, start_file, rounds = argv[1], None, 4
+    global LOOP
+
     rest = argv[2:]
     while rest:
         flag = rest.pop(0)
@@ -152,12 +155,31 @@ def parse_args(argv):
             start_file = rest.pop(0)
         elif flag == "--rounds" and rest:
             rounds = int(rest.pop(0))
+        elif flag == "--loop" and rest:
+            LOOP = rest.pop(0)
+        elif flag == "--path" and rest:
+            sys.path.insert(0, rest.pop(0))
         else:
             sys.exit(f"py_blocking_client.py: unknown argument {flag!r}")
     return log_path, start_file, rounds
 
 
+# Which event loop parks the thread: asyncio's default (epoll), uvloop
+# (libuv's epoll, from PyPI), or asyncio on a select()-based selector.
+LOOP = "asyncio"
+
+
 if __name__ == "__main__":
     log_path, start_file, rounds = parse_args(sys.argv)
     addr = start_server()
-    asyncio.run(main(Log(log_path), addr, rounds, start_file))
+    coro = main(Log(log_path), addr, rounds, start_file)
+    if LOOP == "uvloop":
+        import uvloop
+        uvloop.run(coro)
+    elif LOOP == "select":
+        import selectors
+        loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
+        loop.run_until_complete(coro)
+        loop.close()
+    else:
+        asyncio.run(coro)
