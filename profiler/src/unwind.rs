@@ -27,6 +27,13 @@
 //! to the frame-pointer rule (`rbp` chain); a zero `rbp`, a zero return address
 //! or a CFI row with an undefined return address ends the walk cleanly.
 //!
+//! framehop cannot evaluate CFA expressions that read memory (OpenSSL's
+//! hand-written assembly, GCC's stack-realigning prologues, signal
+//! trampolines) and silently falls back to the frame-pointer rule there. The
+//! walk therefore goes frame by frame: frames inside an FDE with such a rule
+//! (listed once per file) are unwound with gimli from the copied stack instead
+//! (see "Slow path" below); all others by framehop.
+//!
 //! Modules come from `/proc/PID/maps` (executable mappings). Each ELF is opened
 //! through `/proc/PID/map_files/START-END` (works for deleted files and other
 //! mount namespaces), falling back to `/proc/PID/root/PATH`, then `PATH`, and
@@ -300,7 +307,12 @@ impl ElfUnwindInfo {
     }
 
     /// The framehop module for a mapping of this file, and its load bias.
-    fn module(&self, name: &str, avma: Range<u64>, file_offset: u64) -> Option<(Module<Data>, u64)> {
+    fn module(
+        &self,
+        name: &str,
+        avma: Range<u64>,
+        file_offset: u64,
+    ) -> Option<(Module<Data>, u64)> {
         let bias = self.bias(avma.start, file_offset)?;
         let base_avma = bias.checked_add(self.base_svma)?;
         if base_avma > avma.start {
@@ -381,10 +393,10 @@ impl SlowFdes {
                 Ok(None) | Err(_) => break,
             };
             let fde = partial.parse(|section: &S, bases, offset| {
-                if let Some(c) = &last_cie {
-                    if c.offset() == <S::Offset as gimli::UnwindOffset<usize>>::into(offset) {
-                        return Ok(c.clone());
-                    }
+                if let Some(c) = &last_cie
+                    && c.offset() == <S::Offset as gimli::UnwindOffset<usize>>::into(offset)
+                {
+                    return Ok(c.clone());
                 }
                 let c = section.cie_from_offset(bases, offset)?;
                 last_cie = Some(c.clone());
@@ -574,14 +586,18 @@ fn eval_expr(
         };
     }
     match eval.as_result() {
-        [gimli::Piece {
-            location: Location::Address { address },
-            ..
-        }] => Ok(*address),
-        [gimli::Piece {
-            location: Location::Value { value },
-            ..
-        }] => value.to_u64(u64::MAX).map_err(|_| ExprError::Unsupported),
+        [
+            gimli::Piece {
+                location: Location::Address { address },
+                ..
+            },
+        ] => Ok(*address),
+        [
+            gimli::Piece {
+                location: Location::Value { value },
+                ..
+            },
+        ] => value.to_u64(u64::MAX).map_err(|_| ExprError::Unsupported),
         _ => Err(ExprError::Unsupported),
     }
 }
@@ -616,21 +632,22 @@ fn saved_sp_scan(
     let mut slot = win.start;
     while slot.checked_add(8).is_some_and(|e| e <= scan_end) {
         let v = win.read(slot, 8)?;
-        if v > slot && v % 8 == 0 {
-            if let Some(cfa) = v.checked_add(m).filter(|&c| accept(c)) {
-                return Some(cfa);
-            }
+        if v > slot
+            && v % 8 == 0
+            && let Some(cfa) = v.checked_add(m).filter(|&c| accept(c))
+        {
+            return Some(cfa);
         }
         slot += 8;
     }
     None
 }
 
-/// Unwind the frame at `lookup` (the ip for the first frame, return address
-/// - 1 after) from its CFI row in the slow-path FDE at `fde_offset`, setting
-/// `regs` to the caller's. `Ok(None)`: the outermost frame (no return address).
-/// `plausible` tells whether caller registers look right (used only where the
-/// CFA has to be guessed, see [`saved_sp_scan`]).
+/// Unwind the frame at `lookup` (the ip for the first frame, the return
+/// address minus 1 after) from its CFI row in the slow-path FDE at
+/// `fde_offset`, setting `regs` to the caller's. `Ok(None)`: the outermost
+/// frame (no return address). `plausible` tells whether caller registers look
+/// right (used only where the CFA has to be guessed, see [`saved_sp_scan`]).
 fn slow_step(
     cfi: &ModuleCfi,
     fde_offset: usize,
@@ -702,12 +719,10 @@ fn slow_step_in<'d, S: UnwindSection<Slice<'d>>>(
             .ok_or(SLOW_FAILED)?,
         CfaRule::Expression(e) => {
             let expr = e.get(section).map_err(|_| SLOW_FAILED)?;
-            match eval_expr(expr.clone(), encoding, &cur, win, None) {
+            match eval_expr(expr, encoding, &cur, win, None) {
                 Ok(cfa) => cfa,
                 Err(ExprError::Read(a)) if a < win.start => {
-                    let mut accept = |cfa: u64| {
-                        matches!(caller(cfa), Ok(Some(c)) if c.ip() != 0 && plausible(&c))
-                    };
+                    let mut accept = |cfa: u64| matches!(caller(cfa), Ok(Some(c)) if c.ip() != 0 && plausible(&c));
                     saved_sp_scan(expr, win, &mut accept).ok_or(FhError::CouldNotReadStack(a))?
                 }
                 Err(e) => return Err(e.into_fh()),
@@ -922,10 +937,6 @@ impl Unwinder {
             self.procs.insert(pid, proc);
         }
         let (frames, outcome, missed) = self.walk(pid, regs, stack);
-        if std::env::var_os("SPDBG").is_some() && outcome == UnwindOutcome::Failed {
-            let p = &self.procs[&pid];
-            eprintln!("SPDBG pid {pid} failed n={} missed={missed} ip={:#x} maps={} node_mapped={} may_refresh={} interval={:?} alive={}", frames.len(), regs.ip, p.maps.len(), p.is_exec(0x1d53dc0), self.may_refresh(pid), p.refresh_interval, p.alive);
-        }
         if !missed || !self.may_refresh(pid) {
             return (frames, outcome);
         }
@@ -1113,7 +1124,8 @@ impl Unwinder {
     }
 
     fn module_for(&mut self, pid: u32, m: &ExecMapping) -> Option<(Module<Data>, ModuleCfi)> {
-        let with_cfi = |info: Arc<ElfUnwindInfo>, (module, bias)| (module, ModuleCfi { info, bias });
+        let with_cfi =
+            |info: Arc<ElfUnwindInfo>, (module, bias)| (module, ModuleCfi { info, bias });
         match &m.kind {
             MapKind::Anon => None,
             MapKind::Vdso => {
@@ -1720,6 +1732,23 @@ mod tests {
             "cold (maps + ELF parse) {cold:?}; warm {warm:?} per unwind of {} frames; {cache:?}",
             frames.len()
         );
+        // Stacks through a frame that takes the gimli slow path.
+        for (what, (regs, stack)) in [
+            ("CFA expression", cfa_expr_level_one()),
+            ("red-zone CFA expression", cfa_redzone_level_one()),
+        ] {
+            let (frames, _) = unwinder.unwind(pid, &regs, &stack);
+            let n = 20_000;
+            let t = Instant::now();
+            for _ in 0..n {
+                black_box(unwinder.unwind(pid, black_box(&regs), black_box(&stack)));
+            }
+            eprintln!(
+                "{what}: {:?} per unwind of {} frames",
+                t.elapsed() / n,
+                frames.len()
+            );
+        }
     }
 
     /// Cost of finding the slow-path FDEs of one file, once per file (run with
