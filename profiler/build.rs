@@ -32,7 +32,11 @@ fn main() {
     }
     let ebpf_dir = ebpf.to_str().expect("utf-8 path");
     aya_build::build_ebpf(
-        [aya_build::Package { name: "profiler-ebpf", root_dir: ebpf_dir, ..Default::default() }],
+        [aya_build::Package {
+            name: "profiler-ebpf",
+            root_dir: ebpf_dir,
+            ..Default::default()
+        }],
         aya_build::Toolchain::Nightly,
     )
     .expect("building the eBPF programs failed (see the warnings above)");

@@ -17,7 +17,10 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::{bpf_get_current_task_btf, bpf_get_stack, bpf_loop, bpf_probe_read_user as read_user_raw, bpf_task_pt_regs},
+        generated::{
+            bpf_get_current_task_btf, bpf_get_stack, bpf_loop,
+            bpf_probe_read_user as read_user_raw, bpf_task_pt_regs,
+        },
     },
     macros::{map, perf_event, tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray, RingBuf},
@@ -25,9 +28,11 @@ use aya_ebpf::{
 };
 use profiler_common::{
     Drop, EventHeader, GIL_STRUCT_SPAN, MAX_KSTACK, MAX_PY_PROCS, MAX_THREADS, MAX_USTACK,
-    PY_HOLDER_FRAMES, PyProc, RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, SchedEvent, StackEvent, TASK_REPORT_MAX, ThreadState, USER_STACK_COPY,
-    UserRegs, WaitEvent, kind, py_status,
-    python::{PY_BOUNDARY, PY_FRAME_MODEL_FRAME_OBJECT, PY_MAX_FRAMES, PY_OFFSET_NONE, PyFrame, PyOffsets},
+    PY_HOLDER_FRAMES, PyProc, RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, SchedEvent, StackEvent,
+    TASK_REPORT_MAX, ThreadState, USER_STACK_COPY, UserRegs, WaitEvent, kind, py_status,
+    python::{
+        PY_BOUNDARY, PY_FRAME_MODEL_FRAME_OBJECT, PY_MAX_FRAMES, PY_OFFSET_NONE, PyFrame, PyOffsets,
+    },
     sysno, wait_key,
 };
 
@@ -155,13 +160,24 @@ pub fn sp_wait_enter(ctx: TracePointContext) -> u32 {
     match THREADS.get_ptr_mut(&tid) {
         Some(st) => unsafe { (*st).wait_key = key },
         None => {
-            let st = ThreadState { wait_key: key, tgid, off_reported: 0, in_park: 0, _pad: 0 };
+            let st = ThreadState {
+                wait_key: key,
+                tgid,
+                off_reported: 0,
+                in_park: 0,
+                _pad: 0,
+            };
             if THREADS.insert(&tid, &st, 0).is_err() {
                 count(Drop::ThreadTableFull);
             }
         }
     }
-    emit(WaitEvent { hdr: header(kind::WAIT_ENTER, tid, tgid), nr, fd, ret: 0 });
+    emit(WaitEvent {
+        hdr: header(kind::WAIT_ENTER, tid, tgid),
+        nr,
+        fd,
+        ret: 0,
+    });
     0
 }
 
@@ -173,7 +189,9 @@ pub fn sp_wait_exit(ctx: TracePointContext) -> u32 {
     if !is_target(tgid) {
         return 0;
     }
-    let Some(st) = THREADS.get_ptr_mut(&tid) else { return 0 };
+    let Some(st) = THREADS.get_ptr_mut(&tid) else {
+        return 0;
+    };
     let key = unsafe { (*st).wait_key };
     if key == 0 {
         return 0; // a sleep (see sp_wait_enter), or entered before attach
@@ -181,7 +199,12 @@ pub fn sp_wait_exit(ctx: TracePointContext) -> u32 {
     unsafe { (*st).wait_key = 0 };
     let nr = unsafe { ctx.read_at::<i32>(8) }.unwrap_or(-1) as u32;
     let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(0);
-    emit(WaitEvent { hdr: header(kind::WAIT_EXIT, tid, tgid), nr, fd: key as u32 as i32, ret });
+    emit(WaitEvent {
+        hdr: header(kind::WAIT_EXIT, tid, tgid),
+        nr,
+        fd: key as u32 as i32,
+        ret,
+    });
     0
 }
 
@@ -228,7 +251,9 @@ fn push_frame(w: &mut PyScratch, code: u64, instr: u64) {
 /// points at the scratch slot number. Returns 1 to stop the loop.
 extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let slot = unsafe { *(ctx as *const u32) };
-    let Some(w) = PY_SCRATCH.get_ptr_mut(slot) else { return 1 };
+    let Some(w) = PY_SCRATCH.get_ptr_mut(slot) else {
+        return 1;
+    };
     let w = unsafe { &mut *w };
     let p = w.p;
     if p == 0 {
@@ -241,7 +266,8 @@ extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     }
     let o = w.o;
     let shim = o.frame_owner != PY_OFFSET_NONE
-        && unsafe { bpf_probe_read_user((p + o.frame_owner as u64) as *const u8) }.unwrap_or(0) as u16
+        && unsafe { bpf_probe_read_user((p + o.frame_owner as u64) as *const u8) }.unwrap_or(0)
+            as u16
             == o.owner_cstack;
     if shim {
         // 3.12+: a C-stack shim sits below each eval-loop activation.
@@ -252,7 +278,8 @@ extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
             return 1;
         };
         let instr = if o.frame_model == PY_FRAME_MODEL_FRAME_OBJECT || o.frame_instr_size == 4 {
-            unsafe { bpf_probe_read_user((p + o.frame_instr as u64) as *const i32) }.unwrap_or(-1) as i64 as u64
+            unsafe { bpf_probe_read_user((p + o.frame_instr as u64) as *const i32) }.unwrap_or(-1)
+                as i64 as u64
         } else {
             read_u64(p + o.frame_instr as u64).unwrap_or(0)
         };
@@ -261,7 +288,9 @@ extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
         // an activation carries is_entry.
         let entry = o.frame_model == PY_FRAME_MODEL_FRAME_OBJECT
             || (o.frame_is_entry != PY_OFFSET_NONE
-                && unsafe { bpf_probe_read_user((p + o.frame_is_entry as u64) as *const u8) }.unwrap_or(0) != 0);
+                && unsafe { bpf_probe_read_user((p + o.frame_is_entry as u64) as *const u8) }
+                    .unwrap_or(0)
+                    != 0);
         if entry && w.n < w.max && (w.n as usize) < PY_MAX_FRAMES {
             push_frame(w, PY_BOUNDARY.code, PY_BOUNDARY.instr);
         }
@@ -291,7 +320,9 @@ fn walk_python(o: &PyOffsets, tstate: u64, slot: u32, max: u32) -> (u32, u32) {
             None => return (0, py_status::READ_FAILED),
         }
     }
-    let Some(w) = PY_SCRATCH.get_ptr_mut(slot) else { return (0, py_status::READ_FAILED) };
+    let Some(w) = PY_SCRATCH.get_ptr_mut(slot) else {
+        return (0, py_status::READ_FAILED);
+    };
     unsafe {
         (*w).o = *o;
         (*w).p = p;
@@ -302,7 +333,12 @@ fn walk_python(o: &PyOffsets, tstate: u64, slot: u32, max: u32) -> (u32, u32) {
     let mut ctx: u32 = slot;
     // Boundaries take slots too; the step budget allows for them.
     unsafe {
-        bpf_loop((2 * PY_MAX_FRAMES) as u32, walk_step as *mut _, (&mut ctx as *mut u32).cast(), 0);
+        bpf_loop(
+            (2 * PY_MAX_FRAMES) as u32,
+            walk_step as *mut _,
+            (&mut ctx as *mut u32).cast(),
+            0,
+        );
         ((*w).n, (*w).status)
     }
 }
@@ -325,8 +361,12 @@ fn copy_scratch(slot: u32, dst: *mut PyFrame, frames: usize) {
 /// a switch-out into a wait for the GIL, the holder and its frames.
 #[inline(always)]
 fn fill_python(ev: *mut StackEvent, tid: u32, tgid: u32, futex_addr: u64) {
-    let Some(tstate) = (unsafe { PY_THREADS.get(&tid) }).copied() else { return };
-    let Some(proc_) = (unsafe { PY_PROCS.get(&tgid) }) else { return };
+    let Some(tstate) = (unsafe { PY_THREADS.get(&tid) }).copied() else {
+        return;
+    };
+    let Some(proc_) = (unsafe { PY_PROCS.get(&tgid) }) else {
+        return;
+    };
     let o = &proc_.offsets;
     let (n, status) = walk_python(o, tstate, 0, PY_MAX_FRAMES as u32);
     copy_scratch(0, unsafe { (*ev).py.as_mut_ptr() }, PY_MAX_FRAMES);
@@ -347,7 +387,9 @@ fn fill_python(ev: *mut StackEvent, tid: u32, tgid: u32, futex_addr: u64) {
         return;
     }
     let locked = unsafe { bpf_probe_read_user(proc_.gil_locked as *const i32) }.unwrap_or(0);
-    let Some(holder) = read_u64(proc_.gil_last_holder) else { return };
+    let Some(holder) = read_u64(proc_.gil_last_holder) else {
+        return;
+    };
     if locked == 0 || holder == 0 || holder == tstate {
         return;
     }
@@ -371,14 +413,29 @@ fn runtime_park(enter: bool) -> u32 {
     match THREADS.get_ptr_mut(&tid) {
         Some(st) => unsafe { (*st).in_park = enter as u32 },
         None => {
-            let st = ThreadState { wait_key: 0, tgid, off_reported: 0, in_park: enter as u32, _pad: 0 };
+            let st = ThreadState {
+                wait_key: 0,
+                tgid,
+                off_reported: 0,
+                in_park: enter as u32,
+                _pad: 0,
+            };
             if THREADS.insert(&tid, &st, 0).is_err() {
                 count(Drop::ThreadTableFull);
             }
         }
     }
-    let kind = if enter { kind::WAIT_ENTER } else { kind::WAIT_EXIT };
-    emit(WaitEvent { hdr: header(kind, tid, tgid), nr: sysno::RUNTIME_PARK, fd: 0, ret: 0 });
+    let kind = if enter {
+        kind::WAIT_ENTER
+    } else {
+        kind::WAIT_EXIT
+    };
+    emit(WaitEvent {
+        hdr: header(kind, tid, tgid),
+        nr: sysno::RUNTIME_PARK,
+        fd: 0,
+        ret: 0,
+    });
     0
 }
 
@@ -401,7 +458,12 @@ pub fn sp_park_exit(_ctx: RetProbeContext) -> u32 {
 #[inline(always)]
 fn fill_stacks<C: EbpfContext>(ctx: &C, ev: *mut StackEvent, kernel_expected: bool) {
     unsafe {
-        let k = bpf_get_stack(ctx.as_ptr(), (*ev).kstack.as_mut_ptr().cast(), (MAX_KSTACK * 8) as u32, 0);
+        let k = bpf_get_stack(
+            ctx.as_ptr(),
+            (*ev).kstack.as_mut_ptr().cast(),
+            (MAX_KSTACK * 8) as u32,
+            0,
+        );
         (*ev).kstack_len = if k > 0 {
             (k as u32) / 8
         } else {
@@ -483,7 +545,11 @@ fn user_regs() -> (UserRegs, i64, u64) {
             return (UserRegs::default(), -1, 0);
         }
         let rd = |off: usize| bpf_probe_read_kernel((regs + off) as *const u64).unwrap_or(0);
-        let r = UserRegs { ip: rd(IP), sp: rd(SP), bp: rd(BP) };
+        let r = UserRegs {
+            ip: rd(IP),
+            sp: rd(SP),
+            bp: rd(BP),
+        };
         (r, rd(ORIG_AX) as i64, rd(DI))
     }
 }
@@ -506,7 +572,11 @@ fn emit_stack_event<C: EbpfContext>(ctx: &C, kind: u32, tid: u32, tgid: u32, sta
         (*ev).holder_py_len = 0;
     }
     fill_stacks(ctx, ev, switch_out);
-    let futex_addr = if switch_out && orig_ax == sysno::FUTEX as i64 { arg0 } else { 0 };
+    let futex_addr = if switch_out && orig_ax == sysno::FUTEX as i64 {
+        arg0
+    } else {
+        0
+    };
     fill_python(ev, tid, tgid, futex_addr);
     slot.submit(wakeup_flags());
 }
@@ -524,7 +594,11 @@ pub fn sp_sched_switch(ctx: TracePointContext) -> u32 {
         if !parked(prev, st) {
             let state = unsafe { ctx.read_at::<i64>(32) }.unwrap_or(0);
             if state == 0 || state & TASK_REPORT_MAX != 0 {
-                emit(SchedEvent { hdr: header(kind::PREEMPTED, prev, tgid), arg: 0, _pad: 0 });
+                emit(SchedEvent {
+                    hdr: header(kind::PREEMPTED, prev, tgid),
+                    arg: 0,
+                    _pad: 0,
+                });
             } else {
                 emit_stack_event(&ctx, kind::SWITCH_OUT, prev, tgid, state);
             }
@@ -536,7 +610,11 @@ pub fn sp_sched_switch(ctx: TracePointContext) -> u32 {
         let st = unsafe { &mut *st };
         if st.off_reported != 0 {
             st.off_reported = 0;
-            emit(SchedEvent { hdr: header(kind::SWITCH_IN, next, st.tgid), arg: 0, _pad: 0 });
+            emit(SchedEvent {
+                hdr: header(kind::SWITCH_IN, next, st.tgid),
+                arg: 0,
+                _pad: 0,
+            });
         }
     }
     0
@@ -551,7 +629,11 @@ pub fn sp_sched_wakeup(ctx: TracePointContext) -> u32 {
         let st = unsafe { &*st };
         if st.off_reported != 0 {
             let waker = bpf_get_current_pid_tgid() as u32;
-            emit(SchedEvent { hdr: header(kind::WAKEUP, tid, st.tgid), arg: waker, _pad: 0 });
+            emit(SchedEvent {
+                hdr: header(kind::WAKEUP, tid, st.tgid),
+                arg: waker,
+                _pad: 0,
+            });
         }
     }
     0
@@ -572,7 +654,11 @@ pub fn sp_exit(ctx: TracePointContext) -> u32 {
     // In daemon mode only tracked threads matter; a targeted process always
     // reports so that the recorder learns the target is gone.
     if tracked || TARGET_TGID.load() != 0 {
-        emit(SchedEvent { hdr: header(kind::EXIT, tid, tgid), arg: group_dead, _pad: 0 });
+        emit(SchedEvent {
+            hdr: header(kind::EXIT, tid, tgid),
+            arg: group_dead,
+            _pad: 0,
+        });
     }
     0
 }
@@ -587,7 +673,9 @@ pub fn sp_sample(ctx: PerfEventContext) -> u32 {
     if !is_target(tgid) {
         return 0;
     }
-    let Some(st) = (unsafe { THREADS.get(&tid) }) else { return 0 };
+    let Some(st) = (unsafe { THREADS.get(&tid) }) else {
+        return 0;
+    };
     if parked(tid, st) {
         return 0;
     }

@@ -12,8 +12,17 @@ pub fn folded_ns(stalls: &[Stall]) -> BTreeMap<String, u64> {
     let mut acc: BTreeMap<String, u64> = BTreeMap::new();
     for s in stalls {
         for p in &s.stacks {
-            let key = p.frames.iter().map(Frame::label).collect::<Vec<_>>().join(";");
-            let key = if key.is_empty() { "[unknown]".to_string() } else { key };
+            let key = p
+                .frames
+                .iter()
+                .map(Frame::label)
+                .collect::<Vec<_>>()
+                .join(";");
+            let key = if key.is_empty() {
+                "[unknown]".to_string()
+            } else {
+                key
+            };
             *acc.entry(key).or_default() += p.weight_ns;
         }
     }
@@ -32,26 +41,52 @@ pub fn folded_lines(stalls: &[Stall]) -> Vec<String> {
 /// The C runtime and the vDSO: their frames are the means of blocking
 /// (`read`, `nanosleep`), never the culprit.
 fn is_system_lib(f: &Frame) -> bool {
-    let Some(m) = f.module.as_deref() else { return f.name.starts_with('[') };
+    let Some(m) = f.module.as_deref() else {
+        return f.name.starts_with('[');
+    };
     m.starts_with('[')
-        || ["libc.so", "libc-", "ld-linux", "libpthread", "libm.so", "librt", "libdl", "libgcc_s", "libstdc++"]
-            .iter()
-            .any(|p| m.starts_with(p))
+        || [
+            "libc.so",
+            "libc-",
+            "ld-linux",
+            "libpthread",
+            "libm.so",
+            "librt",
+            "libdl",
+            "libgcc_s",
+            "libstdc++",
+        ]
+        .iter()
+        .any(|p| m.starts_with(p))
 }
 
 /// Rust's standard library and async runtimes: like libc, the means, not
 /// the culprit (`Timespec::now` under a spin loop, tokio's poll machinery).
 fn is_runtime_frame(f: &Frame) -> bool {
     let n = f.name.trim_start_matches('<');
-    ["std::", "core::", "alloc::", "tokio::", "futures_", "futures::", "__rust"].iter().any(|p| n.starts_with(p))
+    [
+        "std::",
+        "core::",
+        "alloc::",
+        "tokio::",
+        "futures_",
+        "futures::",
+        "__rust",
+    ]
+    .iter()
+    .any(|p| n.starts_with(p))
 }
 
 /// The frame to blame for a part: the innermost Python frame if any, else
 /// the innermost native frame outside the C runtime and the Rust standard
 /// library / async runtime, preferring one with source information.
 pub fn culprit(p: &StackPart) -> Option<&Frame> {
-    let user =
-        || p.frames.iter().rev().filter(|f| f.kind == FrameKind::Native && !is_system_lib(f) && !is_runtime_frame(f));
+    let user = || {
+        p.frames
+            .iter()
+            .rev()
+            .filter(|f| f.kind == FrameKind::Native && !is_system_lib(f) && !is_runtime_frame(f))
+    };
     p.frames
         .iter()
         .rev()
@@ -98,13 +133,19 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
     let mut by: HashMap<String, u64> = HashMap::new();
     for s in &rec.stalls {
         for p in &s.stacks {
-            let gc = p.frames.iter().any(|f| f.kind == FrameKind::Marker && f.name == "[gc]");
+            let gc = p
+                .frames
+                .iter()
+                .any(|f| f.kind == FrameKind::Marker && f.name == "[gc]");
             let what = match p.kind {
                 PartKind::OnCpu if gc => "garbage collection (on-CPU)".to_string(),
                 PartKind::OnCpu => "on-CPU".to_string(),
                 PartKind::OffCpu => format!("off-CPU in {}", p.syscall.as_deref().unwrap_or("?")),
                 PartKind::Runqueue => match &p.gil_holder {
-                    Some(h) => format!("run queue, between waits for the GIL held by {}", h.describe()),
+                    Some(h) => format!(
+                        "run queue, between waits for the GIL held by {}",
+                        h.describe()
+                    ),
                     None => "run queue".to_string(),
                 },
                 PartKind::GilWait => match &p.gil_holder {
@@ -121,7 +162,15 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
     }
     let mut culprits: Vec<Culprit> = by
         .into_iter()
-        .map(|(label, ns)| Culprit { label, ns, share: if total > 0 { ns as f64 / total as f64 } else { 0.0 } })
+        .map(|(label, ns)| Culprit {
+            label,
+            ns,
+            share: if total > 0 {
+                ns as f64 / total as f64
+            } else {
+                0.0
+            },
+        })
         .collect();
     culprits.sort_by(|a, b| b.ns.cmp(&a.ns).then_with(|| a.label.cmp(&b.label)));
     culprits.truncate(top);
@@ -143,8 +192,20 @@ mod tests {
     use super::*;
 
     fn f(name: &str, file: Option<&str>, kind: FrameKind) -> Frame {
-        let module = (kind == FrameKind::Native).then(|| if file.is_some() { "app".into() } else { "libc.so.6".into() });
-        Frame { name: name.into(), file: file.map(Into::into), line: file.map(|_| 7), kind, module }
+        let module = (kind == FrameKind::Native).then(|| {
+            if file.is_some() {
+                "app".into()
+            } else {
+                "libc.so.6".into()
+            }
+        });
+        Frame {
+            name: name.into(),
+            file: file.map(Into::into),
+            line: file.map(|_| 7),
+            kind,
+            module,
+        }
     }
 
     #[test]

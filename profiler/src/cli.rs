@@ -113,12 +113,16 @@ pub enum DurationError {
 /// Parse `50ms`, `0.2s`, `2s`, `1m`, `750us`, `100ns` into nanoseconds.
 pub fn parse_duration(s: &str) -> Result<u64, DurationError> {
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     if num.is_empty() || num.chars().filter(|&c| c == '.').count() > 1 {
         return Err(DurationError::Malformed(s.to_string()));
     }
-    let value: f64 = num.parse().map_err(|_| DurationError::Malformed(s.to_string()))?;
+    let value: f64 = num
+        .parse()
+        .map_err(|_| DurationError::Malformed(s.to_string()))?;
     let scale = match unit.trim() {
         "ns" => 1.0,
         "us" | "µs" => 1e3,
@@ -160,23 +164,49 @@ mod tests {
         assert_eq!(parse_duration("2s"), Ok(2_000_000_000));
         assert_eq!(parse_duration("1m"), Ok(60_000_000_000));
         assert_eq!(parse_duration("750us"), Ok(750_000));
-        assert!(matches!(parse_duration("banana"), Err(DurationError::Malformed(_))));
-        assert!(matches!(parse_duration("50"), Err(DurationError::Malformed(_))));
-        assert!(matches!(parse_duration("5 parsecs"), Err(DurationError::Unit(_))));
-        assert!(matches!(parse_duration("1.2.3s"), Err(DurationError::Malformed(_))));
+        assert!(matches!(
+            parse_duration("banana"),
+            Err(DurationError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse_duration("50"),
+            Err(DurationError::Malformed(_))
+        ));
+        assert!(matches!(
+            parse_duration("5 parsecs"),
+            Err(DurationError::Unit(_))
+        ));
+        assert!(matches!(
+            parse_duration("1.2.3s"),
+            Err(DurationError::Malformed(_))
+        ));
     }
 
     #[test]
     fn record_takes_command_after_dashes() {
-        let cli = Cli::try_parse_from(["stallprof", "record", "--threshold", "10ms", "--", "python3", "-c", "pass"]).unwrap();
-        let Command::Record(r) = cli.command else { panic!() };
+        let cli = Cli::try_parse_from([
+            "stallprof",
+            "record",
+            "--threshold",
+            "10ms",
+            "--",
+            "python3",
+            "-c",
+            "pass",
+        ])
+        .unwrap();
+        let Command::Record(r) = cli.command else {
+            panic!()
+        };
         assert_eq!(r.command, ["python3", "-c", "pass"]);
         assert_eq!(r.stall.threshold, 10_000_000);
     }
 
     #[test]
     fn bad_threshold_names_the_format() {
-        let err = Cli::try_parse_from(["stallprof", "record", "--threshold", "banana", "--", "true"]).unwrap_err();
+        let err =
+            Cli::try_parse_from(["stallprof", "record", "--threshold", "banana", "--", "true"])
+                .unwrap_err();
         assert!(err.to_string().contains("e.g. 50ms"), "{err}");
     }
 }

@@ -5,8 +5,8 @@
 //! same pipeline serves live recording, replay of a saved `events.jsonl`, and
 //! golden tests.
 use profiler_common::{
-    EventHeader, MAX_KSTACK, MAX_USTACK, PY_HOLDER_FRAMES, SchedEvent, StackEvent, USER_STACK_COPY, UserRegs, WaitEvent, kind,
-    python::PY_MAX_FRAMES,
+    EventHeader, MAX_KSTACK, MAX_USTACK, PY_HOLDER_FRAMES, SchedEvent, StackEvent, USER_STACK_COPY,
+    UserRegs, WaitEvent, kind, python::PY_MAX_FRAMES,
 };
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -43,18 +43,61 @@ fn is_zero(v: &u32) -> bool {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "ev", rename_all = "snake_case")]
 pub enum Event {
-    WaitEnter { tid: u32, tgid: u32, ts: u64, nr: u32, fd: i32 },
-    WaitExit { tid: u32, tgid: u32, ts: u64, nr: u32, fd: i32, ret: i64 },
+    WaitEnter {
+        tid: u32,
+        tgid: u32,
+        ts: u64,
+        nr: u32,
+        fd: i32,
+    },
+    WaitExit {
+        tid: u32,
+        tgid: u32,
+        ts: u64,
+        nr: u32,
+        fd: i32,
+        ret: i64,
+    },
     /// A busy thread left the CPU. `runnable`: preempted rather than blocked.
     /// `syscall`: the syscall it was in, if any.
-    SwitchOut { tid: u32, tgid: u32, ts: u64, runnable: bool, syscall: Option<u32>, stack: RawStack },
+    SwitchOut {
+        tid: u32,
+        tgid: u32,
+        ts: u64,
+        runnable: bool,
+        syscall: Option<u32>,
+        stack: RawStack,
+    },
     /// A busy thread was preempted (still runnable); no stack.
-    Preempted { tid: u32, tgid: u32, ts: u64 },
-    SwitchIn { tid: u32, tgid: u32, ts: u64 },
-    Wakeup { tid: u32, tgid: u32, ts: u64, waker: u32 },
-    Sample { tid: u32, tgid: u32, ts: u64, stack: RawStack },
+    Preempted {
+        tid: u32,
+        tgid: u32,
+        ts: u64,
+    },
+    SwitchIn {
+        tid: u32,
+        tgid: u32,
+        ts: u64,
+    },
+    Wakeup {
+        tid: u32,
+        tgid: u32,
+        ts: u64,
+        waker: u32,
+    },
+    Sample {
+        tid: u32,
+        tgid: u32,
+        ts: u64,
+        stack: RawStack,
+    },
     /// A thread exited; `process` when it was the last one.
-    Exit { tid: u32, tgid: u32, ts: u64, process: bool },
+    Exit {
+        tid: u32,
+        tgid: u32,
+        ts: u64,
+        process: bool,
+    },
 }
 
 impl Event {
@@ -89,13 +132,18 @@ impl Event {
 pub enum EventError {
     #[error("ring-buffer record of {len} bytes is too short for event kind {kind}")]
     Short { kind: u32, len: usize },
-    #[error("unknown event kind {0}: the eBPF object and the agent were built from different sources")]
+    #[error(
+        "unknown event kind {0}: the eBPF object and the agent were built from different sources"
+    )]
     Kind(u32),
 }
 
 fn read<T: Copy>(bytes: &[u8], kind: u32) -> Result<T, EventError> {
     if bytes.len() < size_of::<T>() {
-        return Err(EventError::Short { kind, len: bytes.len() });
+        return Err(EventError::Short {
+            kind,
+            len: bytes.len(),
+        });
     }
     // SAFETY: the length is checked; T is a repr(C) Pod type from
     // profiler-common, valid for any bit pattern; read_unaligned copes with
@@ -109,7 +157,12 @@ fn read<T: Copy>(bytes: &[u8], kind: u32) -> Result<T, EventError> {
 fn stack_of(bytes: &[u8], kind: u32) -> Result<(RawStack, i64, i64), EventError> {
     macro_rules! field {
         ($name:ident, $ty:ty) => {
-            read::<$ty>(bytes.get(std::mem::offset_of!(StackEvent, $name)..).unwrap_or(&[]), kind)?
+            read::<$ty>(
+                bytes
+                    .get(std::mem::offset_of!(StackEvent, $name)..)
+                    .unwrap_or(&[]),
+                kind,
+            )?
         };
     }
     let (k, u, p, h) = (
@@ -119,8 +172,14 @@ fn stack_of(bytes: &[u8], kind: u32) -> Result<(RawStack, i64, i64), EventError>
         (field!(holder_py_len, u32) as usize).min(PY_HOLDER_FRAMES),
     );
     let words = |at: usize, n: usize| -> Result<Vec<u64>, EventError> {
-        let raw = bytes.get(at..at + n * 8).ok_or(EventError::Short { kind, len: bytes.len() })?;
-        Ok(raw.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect())
+        let raw = bytes.get(at..at + n * 8).ok_or(EventError::Short {
+            kind,
+            len: bytes.len(),
+        })?;
+        Ok(raw
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+            .collect())
     };
     let pairs = |at: usize, n: usize| -> Result<Vec<(u64, u64)>, EventError> {
         let w = words(at, 2 * n)?;
@@ -129,11 +188,18 @@ fn stack_of(bytes: &[u8], kind: u32) -> Result<(RawStack, i64, i64), EventError>
     let gil_holder = field!(gil_holder, u64);
     let stack = RawStack {
         kernel: words(std::mem::offset_of!(StackEvent, kstack), k)?,
-        user: words(std::mem::offset_of!(StackEvent, ustack), u)?.into_iter().take_while(|&a| a != 0).collect(),
+        user: words(std::mem::offset_of!(StackEvent, ustack), u)?
+            .into_iter()
+            .take_while(|&a| a != 0)
+            .collect(),
         python: pairs(std::mem::offset_of!(StackEvent, py), p)?,
         py_status: field!(py_status, u32),
         gil_holder,
-        holder_python: if gil_holder != 0 { pairs(std::mem::offset_of!(StackEvent, holder_py), h)? } else { Vec::new() },
+        holder_python: if gil_holder != 0 {
+            pairs(std::mem::offset_of!(StackEvent, holder_py), h)?
+        } else {
+            Vec::new()
+        },
     };
     Ok((stack, field!(state, i64), field!(syscall, i64)))
 }
@@ -146,22 +212,50 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
         kind::WAIT_ENTER | kind::WAIT_EXIT => {
             let w: WaitEvent = read(bytes, hdr.kind)?;
             if hdr.kind == kind::WAIT_ENTER {
-                Event::WaitEnter { tid, tgid, ts, nr: w.nr, fd: w.fd }
+                Event::WaitEnter {
+                    tid,
+                    tgid,
+                    ts,
+                    nr: w.nr,
+                    fd: w.fd,
+                }
             } else {
-                Event::WaitExit { tid, tgid, ts, nr: w.nr, fd: w.fd, ret: w.ret }
+                Event::WaitExit {
+                    tid,
+                    tgid,
+                    ts,
+                    nr: w.nr,
+                    fd: w.fd,
+                    ret: w.ret,
+                }
             }
         }
         kind::SWITCH_OUT | kind::SAMPLE => {
             if bytes.len() < size_of::<StackEvent>() {
-                return Err(EventError::Short { kind: hdr.kind, len: bytes.len() });
+                return Err(EventError::Short {
+                    kind: hdr.kind,
+                    len: bytes.len(),
+                });
             }
             let (stack, state, syscall) = stack_of(bytes, hdr.kind)?;
             if hdr.kind == kind::SAMPLE {
-                Event::Sample { tid, tgid, ts, stack }
+                Event::Sample {
+                    tid,
+                    tgid,
+                    ts,
+                    stack,
+                }
             } else {
                 let runnable = state == 0 || state & profiler_common::TASK_REPORT_MAX != 0;
                 let syscall = (syscall >= 0).then_some(syscall as u32);
-                Event::SwitchOut { tid, tgid, ts, runnable, syscall, stack }
+                Event::SwitchOut {
+                    tid,
+                    tgid,
+                    ts,
+                    runnable,
+                    syscall,
+                    stack,
+                }
             }
         }
         kind::SWITCH_IN | kind::WAKEUP | kind::EXIT | kind::PREEMPTED => {
@@ -169,8 +263,18 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
             match hdr.kind {
                 kind::SWITCH_IN => Event::SwitchIn { tid, tgid, ts },
                 kind::PREEMPTED => Event::Preempted { tid, tgid, ts },
-                kind::WAKEUP => Event::Wakeup { tid, tgid, ts, waker: s.arg },
-                _ => Event::Exit { tid, tgid, ts, process: s.arg != 0 },
+                kind::WAKEUP => Event::Wakeup {
+                    tid,
+                    tgid,
+                    ts,
+                    waker: s.arg,
+                },
+                _ => Event::Exit {
+                    tid,
+                    tgid,
+                    ts,
+                    process: s.arg != 0,
+                },
             }
         }
         other => return Err(EventError::Kind(other)),
@@ -204,35 +308,63 @@ mod tests {
     #[test]
     fn wait_roundtrip() {
         let w = WaitEvent {
-            hdr: EventHeader { kind: kind::WAIT_EXIT, tid: 7, tgid: 5, cpu: 1, ts_ns: 99 },
+            hdr: EventHeader {
+                kind: kind::WAIT_EXIT,
+                tid: 7,
+                tgid: 5,
+                cpu: 1,
+                ts_ns: 99,
+            },
             nr: 232,
             fd: 3,
             ret: 1,
         };
         assert_eq!(
             parse(&bytes_of(&w)).unwrap(),
-            Event::WaitExit { tid: 7, tgid: 5, ts: 99, nr: 232, fd: 3, ret: 1 }
+            Event::WaitExit {
+                tid: 7,
+                tgid: 5,
+                ts: 99,
+                nr: 232,
+                fd: 3,
+                ret: 1
+            }
         );
     }
 
     #[test]
     fn short_and_unknown_records_are_errors() {
         assert!(matches!(parse(&[0u8; 4]), Err(EventError::Short { .. })));
-        let h = EventHeader { kind: 99, ..Default::default() };
+        let h = EventHeader {
+            kind: 99,
+            ..Default::default()
+        };
         assert_eq!(parse(&bytes_of(&h)), Err(EventError::Kind(99)));
     }
 
     #[test]
     fn stack_event_trims_to_lengths() {
         let mut s: StackEvent = unsafe { std::mem::zeroed() };
-        s.hdr = EventHeader { kind: kind::SWITCH_OUT, tid: 1, tgid: 1, cpu: 0, ts_ns: 5 };
+        s.hdr = EventHeader {
+            kind: kind::SWITCH_OUT,
+            tid: 1,
+            tgid: 1,
+            cpu: 0,
+            ts_ns: 5,
+        };
         s.state = 1; // TASK_INTERRUPTIBLE: blocked
         s.syscall = 0; // read
         s.kstack_len = 2;
         s.kstack[..3].copy_from_slice(&[10, 11, 12]);
         s.ustack_len = 1;
         s.ustack[0] = 20;
-        let Event::SwitchOut { runnable, syscall, stack, .. } = parse(&bytes_of(&s)).unwrap() else {
+        let Event::SwitchOut {
+            runnable,
+            syscall,
+            stack,
+            ..
+        } = parse(&bytes_of(&s)).unwrap()
+        else {
             panic!()
         };
         assert!(!runnable);

@@ -16,9 +16,11 @@ fn main() -> ExitCode {
         2 => "debug",
         _ => "trace",
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(format!("stallprof={level}")))
-        .format_timestamp_millis()
-        .init();
+    env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or(format!("stallprof={level}")),
+    )
+    .format_timestamp_millis()
+    .init();
     let result = match cli.command {
         Command::Record(a) => RecordConfig::from_args(a).and_then(record::run),
         Command::Report(a) => report::run(a),

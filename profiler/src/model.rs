@@ -33,11 +33,23 @@ pub struct Frame {
 
 impl Frame {
     pub fn new(name: impl Into<String>, kind: FrameKind) -> Frame {
-        Frame { name: name.into(), file: None, line: None, kind, module: None }
+        Frame {
+            name: name.into(),
+            file: None,
+            line: None,
+            kind,
+            module: None,
+        }
     }
 
     pub fn marker(name: impl Into<String>) -> Frame {
-        Frame { name: name.into(), file: None, line: None, kind: FrameKind::Marker, module: None }
+        Frame {
+            name: name.into(),
+            file: None,
+            line: None,
+            kind: FrameKind::Marker,
+            module: None,
+        }
     }
 
     /// Folded-stack text: the plain name first, then `(file:line)` with the

@@ -70,7 +70,12 @@ pub fn groups(walk: Vec<Option<Frame>>) -> Vec<Vec<Frame>> {
 /// marker goes above the collector's entry frame.
 pub fn merge(native: Vec<Frame>, mut groups: Vec<Vec<Frame>>, py_status: u32) -> Vec<Frame> {
     let truncated = py_status == profiler_common::py_status::TRUNCATED;
-    let evals: Vec<usize> = native.iter().enumerate().filter(|(_, f)| is_eval_frame(f)).map(|(i, _)| i).collect();
+    let evals: Vec<usize> = native
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| is_eval_frame(f))
+        .map(|(i, _)| i)
+        .collect();
     let mut out = Vec::with_capacity(native.len() + groups.iter().map(Vec::len).sum::<usize>() + 2);
     if truncated {
         groups.insert(0, vec![Frame::marker("[truncated]")]);
@@ -138,24 +143,51 @@ mod tests {
     /// `main -> eval[a, b] -> builtin_exec -> eval[c] -> zlib_compress`
     #[test]
     fn c_frames_stay_between_their_python_callers() {
-        let native = vec![n("main"), n("_PyEval_EvalFrameDefault"), n("builtin_exec"), n("_PyEval_EvalFrameDefault"), n("deflate")];
+        let native = vec![
+            n("main"),
+            n("_PyEval_EvalFrameDefault"),
+            n("builtin_exec"),
+            n("_PyEval_EvalFrameDefault"),
+            n("deflate"),
+        ];
         // Walk order: innermost first, boundary after each activation's entry.
         let walk = vec![Some(p("c")), None, Some(p("b")), Some(p("a")), None];
         let merged = merge(native, groups(walk), profiler_common::py_status::COMPLETE);
-        assert_eq!(names(&merged), ["main", "a", "b", "builtin_exec", "c", "deflate"]);
+        assert_eq!(
+            names(&merged),
+            ["main", "a", "b", "builtin_exec", "c", "deflate"]
+        );
     }
 
     #[test]
     fn without_native_eval_frames_python_goes_on_top() {
-        let merged = merge(vec![n("start"), n("read")], groups(vec![Some(p("inner")), Some(p("outer"))]), 1);
+        let merged = merge(
+            vec![n("start"), n("read")],
+            groups(vec![Some(p("inner")), Some(p("outer"))]),
+            1,
+        );
         assert_eq!(names(&merged), ["start", "read", "outer", "inner"]);
     }
 
     #[test]
     fn gc_is_marked_under_the_allocating_frame() {
-        let native = vec![n("_PyEval_EvalFrameDefault"), n("_Py_HandlePending"), n("_Py_RunGC"), n("gc_collect_main")];
+        let native = vec![
+            n("_PyEval_EvalFrameDefault"),
+            n("_Py_HandlePending"),
+            n("_Py_RunGC"),
+            n("gc_collect_main"),
+        ];
         let merged = merge(native, groups(vec![Some(p("load_tokenizer"))]), 1);
-        assert_eq!(names(&merged), ["load_tokenizer", "_Py_HandlePending", "[gc]", "_Py_RunGC", "gc_collect_main"]);
+        assert_eq!(
+            names(&merged),
+            [
+                "load_tokenizer",
+                "_Py_HandlePending",
+                "[gc]",
+                "_Py_RunGC",
+                "gc_collect_main"
+            ]
+        );
     }
 
     #[test]
@@ -183,7 +215,11 @@ impl PyResolver {
         match crate::python::detect(pid) {
             Ok(Some(interp)) => {
                 let code = interp.code_resolver();
-                Some(PyResolver { interp, code, threads: HashMap::new() })
+                Some(PyResolver {
+                    interp,
+                    code,
+                    threads: HashMap::new(),
+                })
             }
             Ok(None) => None,
             Err(e) => {

@@ -15,7 +15,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use log::info;
-use tokio::{io::unix::AsyncFd, signal::unix::{SignalKind, signal}};
+use tokio::{
+    io::unix::AsyncFd,
+    signal::unix::{SignalKind, signal},
+};
 
 use crate::{
     cli::{RecordArgs, fmt_ns},
@@ -45,7 +48,10 @@ pub enum Target {
 }
 
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
@@ -56,7 +62,11 @@ fn find_in_path(cmd: &str) -> Option<PathBuf> {
         return p.is_file().then_some(p);
     }
     std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).map(|d| d.join(cmd)).find(|p| p.is_file()))
+        .map(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(cmd))
+                .find(|p| p.is_file())
+        })
         .unwrap_or(None)
 }
 
@@ -71,19 +81,30 @@ impl RecordConfig {
             }
             (None, false) => {
                 if find_in_path(&a.command[0]).is_none() {
-                    bail!("command not found: {} (give a path or put it on PATH)", a.command[0]);
+                    bail!(
+                        "command not found: {} (give a path or put it on PATH)",
+                        a.command[0]
+                    );
                 }
                 Target::Command(a.command)
             }
             (Some(_), false) => bail!("give either --pid PID or -- CMD, not both"),
-            (None, true) => bail!("nothing to record: give --pid PID, or a command after --, e.g. stallprof record -- python3 app.py"),
+            (None, true) => bail!(
+                "nothing to record: give --pid PID, or a command after --, e.g. stallprof record -- python3 app.py"
+            ),
         };
         let output = a.output.unwrap_or_else(|| {
             let who = match &target {
                 Target::Pid(p) => p.to_string(),
-                Target::Command(c) => Path::new(&c[0]).file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+                Target::Command(c) => Path::new(&c[0])
+                    .file_name()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
             };
-            let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
             PathBuf::from(format!("stallprof-{who}-{secs}"))
         });
         Ok(RecordConfig {
@@ -140,7 +161,11 @@ impl Launched {
             pid => {
                 unsafe { libc::close(rd) };
                 let go = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(wr) };
-                Ok(Launched { pid: pid as u32, go: Some(go), status: None })
+                Ok(Launched {
+                    pid: pid as u32,
+                    go: Some(go),
+                    status: None,
+                })
             }
         }
     }
@@ -156,7 +181,8 @@ impl Launched {
     fn try_wait(&mut self) -> Option<i32> {
         if self.status.is_none() {
             let mut st = 0;
-            if unsafe { libc::waitpid(self.pid as i32, &mut st, libc::WNOHANG) } == self.pid as i32 {
+            if unsafe { libc::waitpid(self.pid as i32, &mut st, libc::WNOHANG) } == self.pid as i32
+            {
                 self.status = Some(st);
             }
         }
@@ -174,7 +200,9 @@ impl Drop for Launched {
 fn process_alive(pid: u32) -> bool {
     // Zombies count as gone: their threads no longer run.
     match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Ok(s) => !s
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
         Err(_) => false,
     }
 }
@@ -182,7 +210,9 @@ fn process_alive(pid: u32) -> bool {
 /// Run a recording to the end and write its outputs. Returns the summary text.
 pub fn run(cfg: RecordConfig) -> Result<String> {
     render::prepare_dir(&cfg.output)?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(record(cfg))
 }
 
@@ -288,9 +318,15 @@ async fn record(cfg: RecordConfig) -> Result<String> {
     for (k, v) in sess.agent_drops() {
         drops.insert((*k).to_string(), *v);
     }
-    let lost_events = drops.get(profiler_common::Drop::RingbufFull.name()).copied().unwrap_or(0);
+    let lost_events = drops
+        .get(profiler_common::Drop::RingbufFull.name())
+        .copied()
+        .unwrap_or(0);
     let comm = comm.unwrap_or_else(|| match &cfg.target {
-        Target::Command(c) => Path::new(&c[0]).file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+        Target::Command(c) => Path::new(&c[0])
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         Target::Pid(_) => "?".into(),
     });
     let mut stalls: Vec<Stall> = sess.take_stalls().into_iter().map(|(_, s)| s).collect();
@@ -318,11 +354,15 @@ async fn record(cfg: RecordConfig) -> Result<String> {
                 text.push_str("  note: the command could not be executed (exit 127)\n")
             }
             Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) != 0 => {
-                text.push_str(&format!("  note: the command exited with status {}\n", libc::WEXITSTATUS(st)))
+                text.push_str(&format!(
+                    "  note: the command exited with status {}\n",
+                    libc::WEXITSTATUS(st)
+                ))
             }
-            Some(st) if libc::WIFSIGNALED(st) => {
-                text.push_str(&format!("  note: the command was killed by signal {}\n", libc::WTERMSIG(st)))
-            }
+            Some(st) if libc::WIFSIGNALED(st) => text.push_str(&format!(
+                "  note: the command was killed by signal {}\n",
+                libc::WTERMSIG(st)
+            )),
             _ => {}
         }
     }

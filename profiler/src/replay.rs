@@ -25,7 +25,8 @@ pub fn read_events(path: &Path) -> Result<Vec<Event>> {
         .enumerate()
         .map(|(i, line)| {
             let line = line?;
-            serde_json::from_str(&line).with_context(|| format!("{}:{}: not an event", path.display(), i + 1))
+            serde_json::from_str(&line)
+                .with_context(|| format!("{}:{}: not an event", path.display(), i + 1))
         })
         .collect()
 }
@@ -33,11 +34,17 @@ pub fn read_events(path: &Path) -> Result<Vec<Event>> {
 /// Read `symbols.json` written by `record --save-events`.
 pub fn read_symbols(path: &Path) -> Result<TableResolver> {
     let bytes = fs::read(path).with_context(|| format!("opening {}", path.display()))?;
-    serde_json::from_slice(&bytes).with_context(|| format!("{} is not a symbol table", path.display()))
+    serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not a symbol table", path.display()))
 }
 
 /// Run events through stall assembly and symbolization.
-pub fn replay(events: Vec<Event>, cfg: TrackerConfig, res: &mut dyn Resolve, end_ns: Option<u64>) -> Vec<Stall> {
+pub fn replay(
+    events: Vec<Event>,
+    cfg: TrackerConfig,
+    res: &mut dyn Resolve,
+    end_ns: Option<u64>,
+) -> Vec<Stall> {
     let mut tracker = Tracker::new(cfg);
     let mut out = Vec::new();
     let mut last = 0;

@@ -6,7 +6,10 @@ use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 
-use crate::{cli::{ReportArgs, fmt_ns}, render};
+use crate::{
+    cli::{ReportArgs, fmt_ns},
+    render,
+};
 
 pub fn run(a: ReportArgs) -> Result<String> {
     let mut rec = render::read_json(&a.input)?;
@@ -21,8 +24,15 @@ pub fn run(a: ReportArgs) -> Result<String> {
         rec.stalls.retain(|s| s.duration_ns >= t);
         rec.threshold_ns = t;
     }
-    let out: PathBuf = a.output.unwrap_or_else(|| if a.input.is_dir() { a.input.clone() } else {
-        a.input.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."))
+    let out: PathBuf = a.output.unwrap_or_else(|| {
+        if a.input.is_dir() {
+            a.input.clone()
+        } else {
+            a.input
+                .parent()
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("."))
+        }
     });
     render::prepare_dir(&out)?;
     let files = render::write_all(&rec, &out)?;

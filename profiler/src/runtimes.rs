@@ -33,7 +33,9 @@ pub struct ParkPoint {
 
 /// Executable file mappings of a process, as paths the agent can open.
 fn mapped_binaries(pid: u32) -> Vec<PathBuf> {
-    let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else { return Vec::new() };
+    let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for line in maps.lines() {
@@ -44,7 +46,11 @@ fn mapped_binaries(pid: u32) -> Vec<PathBuf> {
             continue;
         }
         let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
-        out.push(if via_root.exists() { via_root } else { PathBuf::from(path) });
+        out.push(if via_root.exists() {
+            via_root
+        } else {
+            PathBuf::from(path)
+        });
     }
     out
 }
@@ -55,11 +61,17 @@ pub fn tokio_park_points(pid: u32) -> Vec<ParkPoint> {
     let mut points = Vec::new();
     for bin in mapped_binaries(pid) {
         let Ok(data) = fs::read(&bin) else { continue };
-        let Ok(file) = object::File::parse(&*data) else { continue };
+        let Ok(file) = object::File::parse(&*data) else {
+            continue;
+        };
         let mut found: Vec<Option<(usize, String, String)>> = vec![None; TOKIO_PARKS.len()];
         for sym in file.symbols() {
             let Ok(name) = sym.name() else { continue };
-            if !name.contains("tokio") || !name.contains("park") || sym.address() == 0 || !sym.is_definition() {
+            if !name.contains("tokio")
+                || !name.contains("park")
+                || sym.address() == 0
+                || !sym.is_definition()
+            {
                 continue;
             }
             let demangled = format!("{:#}", rustc_demangle::demangle(name));
@@ -72,7 +84,11 @@ pub fn tokio_park_points(pid: u32) -> Vec<ParkPoint> {
             }
         }
         for (_, symbol, demangled) in found.into_iter().flatten() {
-            points.push(ParkPoint { binary: bin.clone(), symbol, demangled });
+            points.push(ParkPoint {
+                binary: bin.clone(),
+                symbol,
+                demangled,
+            });
         }
     }
     points

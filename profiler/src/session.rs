@@ -30,7 +30,9 @@ use crate::{
 };
 
 pub fn read_comm(pid: u32, tid: u32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok().map(|s| s.trim_end().to_string())
+    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
 }
 
 /// A launched command before its exec is still an image of this program:
@@ -53,7 +55,12 @@ struct PythonWatch {
 
 impl PythonWatch {
     fn new() -> Self {
-        PythonWatch { interp: None, known: HashMap::new(), attempts: 0, given_up: false }
+        PythonWatch {
+            interp: None,
+            known: HashMap::new(),
+            attempts: 0,
+            given_up: false,
+        }
     }
 
     fn poll(&mut self, pid: u32, probes: &mut Probes) {
@@ -68,9 +75,15 @@ impl PythonWatch {
                             gil_locked: gil.map_or(0, |g| g.locked),
                             gil_last_holder: gil.map_or(0, |g| g.last_holder),
                         };
-                        info!("pid {pid}: CPython {} ({}); Python stacks on", interp.version_string(), interp.path());
+                        info!(
+                            "pid {pid}: CPython {} ({}); Python stacks on",
+                            interp.version_string(),
+                            interp.path()
+                        );
                         if gil.is_none() {
-                            warn!("pid {pid}: GIL not found; GIL waits will show as plain off-CPU time");
+                            warn!(
+                                "pid {pid}: GIL not found; GIL waits will show as plain off-CPU time"
+                            );
                         }
                         probes.set_python_proc(pid, proc_);
                         self.interp = Some(interp);
@@ -88,9 +101,17 @@ impl PythonWatch {
         match interp.thread_states() {
             Ok(now) => {
                 let now: HashMap<u32, u64> = now.into_iter().collect();
-                let fresh: Vec<(u32, u64)> =
-                    now.iter().filter(|(t, s)| self.known.get(t) != Some(s)).map(|(&t, &s)| (t, s)).collect();
-                let gone: Vec<u32> = self.known.keys().filter(|t| !now.contains_key(t)).copied().collect();
+                let fresh: Vec<(u32, u64)> = now
+                    .iter()
+                    .filter(|(t, s)| self.known.get(t) != Some(s))
+                    .map(|(&t, &s)| (t, s))
+                    .collect();
+                let gone: Vec<u32> = self
+                    .known
+                    .keys()
+                    .filter(|t| !now.contains_key(t))
+                    .copied()
+                    .collect();
                 if !fresh.is_empty() || !gone.is_empty() {
                     probes.set_python_threads(&fresh, &gone);
                 }
@@ -135,7 +156,9 @@ impl RuntimeWatch {
         for p in &points {
             match probes.attach_park(p, per_process.then_some(pid)) {
                 Ok(()) => self.done = true,
-                Err(e) => warn!("pid {pid}: tokio park probes unavailable, its workers are tracked by epoll only: {e}"),
+                Err(e) => warn!(
+                    "pid {pid}: tokio park probes unavailable, its workers are tracked by epoll only: {e}"
+                ),
             }
         }
         if !points.is_empty() {
@@ -144,8 +167,13 @@ impl RuntimeWatch {
     }
 }
 
+/// How long stalls of a process with a perf map wait before symbolization.
+const JIT_NAME_DELAY: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Everything a live session accumulates.
 pub struct Session {
+    /// Stalls held back for JIT names: (due, thread name, stall).
+    pending: Vec<(std::time::Instant, String, crate::stall::RawStall)>,
     tracker: Tracker,
     resolver: BlazeResolver,
     unwinder: Unwinder,
@@ -164,6 +192,7 @@ pub struct Session {
 impl Session {
     pub fn new(threshold_ns: u64, tids: Option<HashSet<u32>>) -> Session {
         Session {
+            pending: Vec::new(),
             tracker: Tracker::new(TrackerConfig { threshold_ns, tids }),
             resolver: BlazeResolver::new(),
             unwinder: Unwinder::new(),
@@ -194,7 +223,8 @@ impl Session {
         }
         if let Some(table) = &self.symbols {
             let path = dir.join("symbols.json");
-            fs::write(&path, serde_json::to_vec(table)?).with_context(|| format!("writing {}", path.display()))?;
+            fs::write(&path, serde_json::to_vec(table)?)
+                .with_context(|| format!("writing {}", path.display()))?;
         }
         Ok(())
     }
@@ -211,10 +241,17 @@ impl Session {
     /// Periodic upkeep for live processes: maps snapshots for symbolization
     /// and the Python thread tables BPF walks from.
     pub fn tick(&mut self, pids: &[u32], probes: &mut Probes) {
+        self.flush_pending(false);
         for &pid in pids {
             self.resolver.refresh(pid);
-            self.python.entry(pid).or_insert_with(PythonWatch::new).poll(pid, probes);
-            self.runtimes.entry(pid).or_default().poll(pid, probes, true);
+            self.python
+                .entry(pid)
+                .or_insert_with(PythonWatch::new)
+                .poll(pid, probes);
+            self.runtimes
+                .entry(pid)
+                .or_default()
+                .poll(pid, probes, true);
         }
     }
 
@@ -237,7 +274,11 @@ impl Session {
     }
 
     /// Decode, unwind and track every record in the ring buffer.
-    pub fn drain(&mut self, ring: &mut aya::maps::RingBuf<aya::maps::MapData>, mut probes: Option<&mut Probes>) {
+    pub fn drain(
+        &mut self,
+        ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+        mut probes: Option<&mut Probes>,
+    ) {
         while let Some(item) = ring.next() {
             self.handle_record(&item, probes.as_deref_mut());
         }
@@ -262,13 +303,23 @@ impl Session {
     /// Replace the frame-pointer user stack of a stack event with the one
     /// unwound from the copied stack bytes, unless that failed early.
     fn unwind_user(&mut self, ev: &mut Event, bytes: &[u8]) {
-        let (Event::Sample { tgid, stack, .. } | Event::SwitchOut { tgid, stack, .. }) = ev else { return };
-        let Some((regs, copy)) = event::stack_copy(bytes) else { return };
-        let regs = UserRegs { ip: regs.ip, sp: regs.sp, bp: regs.bp };
+        let (Event::Sample { tgid, stack, .. } | Event::SwitchOut { tgid, stack, .. }) = ev else {
+            return;
+        };
+        let Some((regs, copy)) = event::stack_copy(bytes) else {
+            return;
+        };
+        let regs = UserRegs {
+            ip: regs.ip,
+            sp: regs.sp,
+            bp: regs.bp,
+        };
         let (addrs, outcome) = self.unwinder.unwind(*tgid, &regs, copy);
         match outcome {
             UnwindOutcome::Complete => {}
-            UnwindOutcome::Truncated => *self.agent_drops.entry("unwind_truncated").or_default() += 1,
+            UnwindOutcome::Truncated => {
+                *self.agent_drops.entry("unwind_truncated").or_default() += 1
+            }
             UnwindOutcome::Failed => *self.agent_drops.entry("unwind_failed").or_default() += 1,
         }
         if outcome != UnwindOutcome::Failed || addrs.len() >= stack.user.len() {
@@ -281,7 +332,12 @@ impl Session {
             let _ = serde_json::to_writer(&mut *w, &ev);
             let _ = w.write_all(b"\n");
         }
-        if let Event::Exit { process: true, tgid, .. } = ev {
+        if let Event::Exit {
+            process: true,
+            tgid,
+            ..
+        } = ev
+        {
             self.exited.insert(tgid);
         }
         if let Event::Sample { tgid, stack, .. } | Event::SwitchOut { tgid, stack, .. } = &ev
@@ -310,19 +366,53 @@ impl Session {
                 }
                 Output::Stall(raw) => {
                     let name = self.thread_name(raw.tgid, raw.tid);
-                    let s = match self.symbols.as_mut() {
-                        Some(table) => {
-                            let mut rec = Recorder { inner: &mut self.resolver, table: std::mem::take(table) };
-                            let s = to_stall(&raw, &self.tracker.stacks, &mut rec, &name);
-                            *table = rec.table;
-                            s
-                        }
-                        None => to_stall(&raw, &self.tracker.stacks, &mut self.resolver, &name),
-                    };
-                    info!("stall on {} ({}) of {}: {}", raw.tid, name, raw.tgid, fmt_ns(s.duration_ns));
-                    self.stalls.push((raw.tgid, s));
+                    // A JIT runtime writes its perf map through a buffer:
+                    // names of code compiled just before the stall may not
+                    // be in the file yet. Give it a moment.
+                    if Path::new(&format!("/tmp/perf-{}.map", raw.tgid)).exists() {
+                        let due = std::time::Instant::now() + JIT_NAME_DELAY;
+                        self.pending.push((due, name, raw));
+                    } else {
+                        self.symbolize(raw, &name);
+                    }
                 }
             }
+        }
+    }
+
+    fn symbolize(&mut self, raw: crate::stall::RawStall, name: &str) {
+        let s = match self.symbols.as_mut() {
+            Some(table) => {
+                let mut rec = Recorder {
+                    inner: &mut self.resolver,
+                    table: std::mem::take(table),
+                };
+                let s = to_stall(&raw, &self.tracker.stacks, &mut rec, name);
+                *table = rec.table;
+                s
+            }
+            None => to_stall(&raw, &self.tracker.stacks, &mut self.resolver, name),
+        };
+        info!(
+            "stall on {} ({}) of {}: {}",
+            raw.tid,
+            name,
+            raw.tgid,
+            fmt_ns(s.duration_ns)
+        );
+        self.stalls.push((raw.tgid, s));
+    }
+
+    /// Symbolize held-back stalls that are due (all of them with `all`).
+    fn flush_pending(&mut self, all: bool) {
+        let now = std::time::Instant::now();
+        let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|p| all || p.0 <= now);
+        self.pending = keep;
+        for (_, name, raw) in due {
+            self.resolver.refresh(raw.tgid);
+            self.symbolize(raw, &name);
         }
     }
 
@@ -331,6 +421,7 @@ impl Session {
         let mut out = Vec::new();
         self.tracker.finish(ts, &mut out);
         self.outputs(out, None);
+        self.flush_pending(true);
     }
 
     /// Stalls finished since the last call, with their process id.
@@ -343,12 +434,20 @@ impl Session {
     }
 
     pub fn worst_ns(&self) -> u64 {
-        self.stalls.iter().map(|(_, s)| s.duration_ns).max().unwrap_or(0)
+        self.stalls
+            .iter()
+            .map(|(_, s)| s.duration_ns)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The longest busy period in progress right now, in ns.
     pub fn busy_now_ns(&self, now: u64) -> u64 {
-        self.tracker.busy_threads().map(|(_, s)| now.saturating_sub(s)).max().unwrap_or(0)
+        self.tracker
+            .busy_threads()
+            .map(|(_, s)| now.saturating_sub(s))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Executor threads found, for one process.
@@ -356,7 +455,10 @@ impl Session {
         self.executors
             .iter()
             .filter(|(_, (tgid, _))| *tgid == pid)
-            .map(|(&tid, (_, name))| ThreadInfo { tid, name: name.clone() })
+            .map(|(&tid, (_, name))| ThreadInfo {
+                tid,
+                name: name.clone(),
+            })
             .collect()
     }
 
@@ -380,7 +482,12 @@ impl Session {
     /// Daemon: forget the executor threads (and their names) of a process
     /// that exited or exec'd, so that churn does not grow these tables.
     pub fn forget_executors(&mut self, pid: u32) {
-        let tids: Vec<u32> = self.executors.iter().filter(|(_, (tgid, _))| *tgid == pid).map(|(&t, _)| t).collect();
+        let tids: Vec<u32> = self
+            .executors
+            .iter()
+            .filter(|(_, (tgid, _))| *tgid == pid)
+            .map(|(&t, _)| t)
+            .collect();
         for t in tids {
             self.executors.remove(&t);
             self.names.remove(&t);
@@ -395,7 +502,9 @@ impl Session {
 
     /// Daemon: whether an executor thread is inside a busy period now.
     pub fn executor_busy(&self) -> bool {
-        self.tracker.busy_threads().any(|(tid, _)| self.executors.contains_key(&tid))
+        self.tracker
+            .busy_threads()
+            .any(|(tid, _)| self.executors.contains_key(&tid))
     }
 
     /// Daemon: [`Session::drain`], except that stack events (samples,
@@ -403,7 +512,11 @@ impl Session {
     /// they are unwound. Host-wide, most threads that ever waited in
     /// poll/select are not event loops, and their stacks can never be part
     /// of a reported stall. Returns how many were dropped.
-    pub fn drain_executors(&mut self, ring: &mut aya::maps::RingBuf<aya::maps::MapData>, probes: &mut Probes) -> u64 {
+    pub fn drain_executors(
+        &mut self,
+        ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+        probes: &mut Probes,
+    ) -> u64 {
         let mut skipped = 0;
         while let Some(item) = ring.next() {
             if let Ok(ev) = event::parse(&item)

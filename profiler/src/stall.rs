@@ -139,7 +139,10 @@ impl RawStall {
 pub enum Output {
     Stall(RawStall),
     /// The loop's wait for `tid` is `key` (see `profiler_common::wait_key`).
-    LoopKey { tid: u32, key: u64 },
+    LoopKey {
+        tid: u32,
+        key: u64,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -249,7 +252,12 @@ pub struct Tracker {
 
 impl Tracker {
     pub fn new(cfg: TrackerConfig) -> Self {
-        Tracker { cfg, threads: HashMap::new(), stacks: StackTable::default(), stats: TrackerStats::default() }
+        Tracker {
+            cfg,
+            threads: HashMap::new(),
+            stacks: StackTable::default(),
+            stats: TrackerStats::default(),
+        }
     }
 
     pub fn stacks(&self) -> &StackTable {
@@ -267,7 +275,9 @@ impl Tracker {
 
     /// Threads currently inside a busy period: (tid, start).
     pub fn busy_threads(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
-        self.threads.iter().filter_map(|(&t, th)| th.busy.as_ref().map(|b| (t, b.start)))
+        self.threads
+            .iter()
+            .filter_map(|(&t, th)| th.busy.as_ref().map(|b| (t, b.start)))
     }
 
     /// Feed one event; finished stalls and loop-key decisions go to `out`.
@@ -279,7 +289,9 @@ impl Tracker {
             return;
         }
         match ev {
-            Event::WaitEnter { tgid, ts, nr, fd, .. } => {
+            Event::WaitEnter {
+                tgid, ts, nr, fd, ..
+            } => {
                 let th = self.threads.entry(tid).or_default();
                 th.tgid = tgid;
                 let key = wait_key(nr, fd);
@@ -294,23 +306,38 @@ impl Tracker {
                     self.close(tid, tgid, b, ts, false, out);
                 }
             }
-            Event::WaitExit { tgid, ts, nr, fd, .. } => {
+            Event::WaitExit {
+                tgid, ts, nr, fd, ..
+            } => {
                 let th = self.threads.entry(tid).or_default();
                 th.tgid = tgid;
                 if th.is_park(wait_key(nr, fd)) && th.busy.is_none() {
-                    th.busy = Some(Busy { start: ts, ..Default::default() });
+                    th.busy = Some(Busy {
+                        start: ts,
+                        ..Default::default()
+                    });
                     self.stats.busy_periods += 1;
                 }
             }
-            Event::SwitchOut { ts, runnable, syscall, stack, .. } => {
-                match self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
-                    Some(b) => {
-                        let stack = self.stacks.intern(stack);
-                        b.pending = Some(Pending { out: ts.max(b.start), runnable, syscall, stack, wake: None });
-                    }
-                    None => self.stats.events_outside_busy += 1,
+            Event::SwitchOut {
+                ts,
+                runnable,
+                syscall,
+                stack,
+                ..
+            } => match self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
+                Some(b) => {
+                    let stack = self.stacks.intern(stack);
+                    b.pending = Some(Pending {
+                        out: ts.max(b.start),
+                        runnable,
+                        syscall,
+                        stack,
+                        wake: None,
+                    });
                 }
-            }
+                None => self.stats.events_outside_busy += 1,
+            },
             Event::Preempted { ts, .. } => {
                 match self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
                     Some(b) => {
@@ -318,13 +345,23 @@ impl Tracker {
                             Some(s) => s,
                             None => self.stacks.intern(RawStack::default()),
                         };
-                        b.pending = Some(Pending { out: ts.max(b.start), runnable: true, syscall: None, stack, wake: None });
+                        b.pending = Some(Pending {
+                            out: ts.max(b.start),
+                            runnable: true,
+                            syscall: None,
+                            stack,
+                            wake: None,
+                        });
                     }
                     None => self.stats.events_outside_busy += 1,
                 }
             }
             Event::Wakeup { ts, waker, .. } => {
-                if let Some(p) = self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()).and_then(|b| b.pending.as_mut())
+                if let Some(p) = self
+                    .threads
+                    .get_mut(&tid)
+                    .and_then(|t| t.busy.as_mut())
+                    .and_then(|b| b.pending.as_mut())
                     && p.wake.is_none()
                 {
                     p.wake = Some((ts, waker));
@@ -338,7 +375,9 @@ impl Tracker {
                     let (blocked, runq, waker) = if p.runnable {
                         (0, end - p.out, None)
                     } else {
-                        let (w, waker) = p.wake.map_or((end, None), |(w, who)| (w.clamp(p.out, end), Some(who)));
+                        let (w, waker) = p
+                            .wake
+                            .map_or((end, None), |(w, who)| (w.clamp(p.out, end), Some(who)));
                         (w - p.out, end - w, waker)
                     };
                     let e = b.offs.entry((p.stack, p.syscall, waker)).or_default();
@@ -380,7 +419,15 @@ impl Tracker {
         }
     }
 
-    fn close(&mut self, tid: u32, tgid: u32, mut b: Busy, end: u64, incomplete: bool, out: &mut Vec<Output>) {
+    fn close(
+        &mut self,
+        tid: u32,
+        tgid: u32,
+        mut b: Busy,
+        end: u64,
+        incomplete: bool,
+        out: &mut Vec<Output>,
+    ) {
         let end = end.max(b.start);
         let duration = end - b.start;
         if duration < self.cfg.threshold_ns {
@@ -389,7 +436,11 @@ impl Tracker {
         // Still off-CPU at the end (only possible when incomplete).
         if let Some(p) = b.pending.take() {
             let e = b.offs.entry((p.stack, p.syscall, None)).or_default();
-            if p.runnable { e.1 += end - p.out } else { e.0 += end - p.out }
+            if p.runnable {
+                e.1 += end - p.out
+            } else {
+                e.0 += end - p.out
+            }
         }
         let mut parts = Vec::new();
         let (mut off, mut runq) = (0u64, 0u64);
@@ -399,11 +450,27 @@ impl Tracker {
             off += blocked;
             runq += rq;
             if blocked > 0 {
-                let kind = if self.stacks.get(stack).gil_holder != 0 { PartKind::GilWait } else { PartKind::OffCpu };
-                parts.push(RawPart { stack: Some(stack), weight_ns: blocked, kind, syscall, waker });
+                let kind = if self.stacks.get(stack).gil_holder != 0 {
+                    PartKind::GilWait
+                } else {
+                    PartKind::OffCpu
+                };
+                parts.push(RawPart {
+                    stack: Some(stack),
+                    weight_ns: blocked,
+                    kind,
+                    syscall,
+                    waker,
+                });
             }
             if rq > 0 {
-                parts.push(RawPart { stack: Some(stack), weight_ns: rq, kind: PartKind::Runqueue, syscall: None, waker: None });
+                parts.push(RawPart {
+                    stack: Some(stack),
+                    weight_ns: rq,
+                    kind: PartKind::Runqueue,
+                    syscall: None,
+                    waker: None,
+                });
             }
         }
         // Clock skew between CPUs can make the parts exceed the wall time by
@@ -428,7 +495,13 @@ impl Tracker {
 /// Spread `total` ns over sampled stacks in proportion to their counts,
 /// exactly (largest remainders get the leftover nanoseconds).
 fn spread(total: u64, samples: HashMap<StackId, u64>) -> Vec<RawPart> {
-    let part = |stack, weight_ns| RawPart { stack, weight_ns, kind: PartKind::OnCpu, syscall: None, waker: None };
+    let part = |stack, weight_ns| RawPart {
+        stack,
+        weight_ns,
+        kind: PartKind::OnCpu,
+        syscall: None,
+        waker: None,
+    };
     if total == 0 {
         return Vec::new();
     }
@@ -453,7 +526,10 @@ fn spread(total: u64, samples: HashMap<StackId, u64>) -> Vec<RawPart> {
         left -= 1;
     }
     v.sort_by_key(|x| x.0);
-    v.into_iter().filter(|x| x.1 > 0).map(|(s, w, _)| part(Some(s), w)).collect()
+    v.into_iter()
+        .filter(|x| x.1 > 0)
+        .map(|(s, w, _)| part(Some(s), w))
+        .collect()
 }
 
 #[cfg(test)]
@@ -464,28 +540,56 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     fn tracker(threshold_ms: u64) -> Tracker {
-        Tracker::new(TrackerConfig { threshold_ns: threshold_ms * MS, tids: None })
+        Tracker::new(TrackerConfig {
+            threshold_ns: threshold_ms * MS,
+            tids: None,
+        })
     }
 
     fn stack(user: u64) -> RawStack {
-        RawStack { user: vec![user], ..Default::default() }
+        RawStack {
+            user: vec![user],
+            ..Default::default()
+        }
     }
 
     fn enter(ts: u64, nr: u32, fd: i32) -> Event {
-        Event::WaitEnter { tid: 1, tgid: 1, ts: ts * MS, nr, fd }
+        Event::WaitEnter {
+            tid: 1,
+            tgid: 1,
+            ts: ts * MS,
+            nr,
+            fd,
+        }
     }
     fn exit(ts: u64, nr: u32, fd: i32) -> Event {
-        Event::WaitExit { tid: 1, tgid: 1, ts: ts * MS, nr, fd, ret: 0 }
+        Event::WaitExit {
+            tid: 1,
+            tgid: 1,
+            ts: ts * MS,
+            nr,
+            fd,
+            ret: 0,
+        }
     }
     fn sample(ts: u64, user: u64) -> Event {
-        Event::Sample { tid: 1, tgid: 1, ts: ts * MS, stack: stack(user) }
+        Event::Sample {
+            tid: 1,
+            tgid: 1,
+            ts: ts * MS,
+            stack: stack(user),
+        }
     }
 
     /// Two parks on epoll fd 3 at t=0: the loop key is known from then on.
     fn warmed(threshold_ms: u64) -> Tracker {
         let mut t = tracker(threshold_ms);
         let mut out = Vec::new();
-        for e in [enter(0, EPOLL_WAIT, 3), exit(0, EPOLL_WAIT, 3), enter(0, EPOLL_WAIT, 3)] {
+        for e in [
+            enter(0, EPOLL_WAIT, 3),
+            exit(0, EPOLL_WAIT, 3),
+            enter(0, EPOLL_WAIT, 3),
+        ] {
             t.push(e, &mut out);
         }
         t
@@ -511,12 +615,20 @@ mod tests {
     #[test]
     fn spin_stall_spreads_on_cpu_over_samples() {
         let mut t = tracker(50);
-        let s = run(&mut t, vec![
-            enter(0, EPOLL_WAIT, 3), exit(1, EPOLL_WAIT, 3),
-            enter(1, EPOLL_WAIT, 3), exit(2, EPOLL_WAIT, 3),
-            sample(10, 0xA), sample(40, 0xA), sample(70, 0xA), sample(90, 0xB),
-            enter(102, EPOLL_WAIT, 3),
-        ]);
+        let s = run(
+            &mut t,
+            vec![
+                enter(0, EPOLL_WAIT, 3),
+                exit(1, EPOLL_WAIT, 3),
+                enter(1, EPOLL_WAIT, 3),
+                exit(2, EPOLL_WAIT, 3),
+                sample(10, 0xA),
+                sample(40, 0xA),
+                sample(70, 0xA),
+                sample(90, 0xB),
+                enter(102, EPOLL_WAIT, 3),
+            ],
+        );
         assert_eq!(s.len(), 1);
         let s = &s[0];
         assert_eq!((s.start_ns, s.end_ns), (2 * MS, 102 * MS));
@@ -537,7 +649,14 @@ mod tests {
     #[test]
     fn short_busy_is_not_a_stall() {
         let mut t = warmed(50);
-        let s = run(&mut t, vec![exit(0, EPOLL_WAIT, 3), sample(10, 1), enter(20, EPOLL_WAIT, 3)]);
+        let s = run(
+            &mut t,
+            vec![
+                exit(0, EPOLL_WAIT, 3),
+                sample(10, 1),
+                enter(20, EPOLL_WAIT, 3),
+            ],
+        );
         assert!(s.is_empty());
         assert_eq!(t.stats.busy_periods, 2); // the warm-up one and this one
     }
@@ -552,24 +671,56 @@ mod tests {
     fn inner_poll_does_not_split_and_time_splits_exactly() {
         let mut t = tracker(50);
         let mut out = Vec::new();
-        for e in [enter(0, EPOLL_WAIT, 5), exit(1, EPOLL_WAIT, 5), enter(2, EPOLL_WAIT, 5)] {
+        for e in [
+            enter(0, EPOLL_WAIT, 5),
+            exit(1, EPOLL_WAIT, 5),
+            enter(2, EPOLL_WAIT, 5),
+        ] {
             t.push(e, &mut out);
         }
-        assert_eq!(out, vec![Output::LoopKey { tid: 1, key: wait_key(EPOLL_WAIT, 5) }]);
-        let s = run(&mut t, vec![
-            exit(10, EPOLL_WAIT, 5),
-            enter(20, POLL, 9),
-            Event::SwitchOut { tid: 1, tgid: 1, ts: 20 * MS, runnable: false, syscall: Some(POLL), stack: stack(0xC) },
-            Event::Wakeup { tid: 1, tgid: 1, ts: 80 * MS, waker: 77 },
-            Event::SwitchIn { tid: 1, tgid: 1, ts: 85 * MS },
-            exit(85, POLL, 9),
-            sample(87, 0xD),
-            enter(90, EPOLL_WAIT, 5),
-        ]);
+        assert_eq!(
+            out,
+            vec![Output::LoopKey {
+                tid: 1,
+                key: wait_key(EPOLL_WAIT, 5)
+            }]
+        );
+        let s = run(
+            &mut t,
+            vec![
+                exit(10, EPOLL_WAIT, 5),
+                enter(20, POLL, 9),
+                Event::SwitchOut {
+                    tid: 1,
+                    tgid: 1,
+                    ts: 20 * MS,
+                    runnable: false,
+                    syscall: Some(POLL),
+                    stack: stack(0xC),
+                },
+                Event::Wakeup {
+                    tid: 1,
+                    tgid: 1,
+                    ts: 80 * MS,
+                    waker: 77,
+                },
+                Event::SwitchIn {
+                    tid: 1,
+                    tgid: 1,
+                    ts: 85 * MS,
+                },
+                exit(85, POLL, 9),
+                sample(87, 0xD),
+                enter(90, EPOLL_WAIT, 5),
+            ],
+        );
         assert_eq!(s.len(), 1);
         let s = &s[0];
         assert_eq!(s.end_ns - s.start_ns, 80 * MS);
-        assert_eq!((s.on_cpu_ns, s.off_cpu_ns, s.runqueue_ns), (15 * MS, 60 * MS, 5 * MS));
+        assert_eq!(
+            (s.on_cpu_ns, s.off_cpu_ns, s.runqueue_ns),
+            (15 * MS, 60 * MS, 5 * MS)
+        );
         let total: u64 = s.parts.iter().map(|p| p.weight_ns).sum();
         assert_eq!(total, 80 * MS);
         let off = s.parts.iter().find(|p| p.kind == PartKind::OffCpu).unwrap();
@@ -580,15 +731,36 @@ mod tests {
     #[test]
     fn preemption_is_runqueue() {
         let mut t = warmed(10);
-        let s = run(&mut t, vec![
-            exit(0, EPOLL_WAIT, 3),
-            Event::SwitchOut { tid: 1, tgid: 1, ts: 5 * MS, runnable: true, syscall: None, stack: stack(1) },
-            Event::SwitchIn { tid: 1, tgid: 1, ts: 25 * MS },
-            enter(30, EPOLL_WAIT, 3),
-        ]);
-        assert_eq!((s[0].on_cpu_ns, s[0].off_cpu_ns, s[0].runqueue_ns), (10 * MS, 0, 20 * MS));
+        let s = run(
+            &mut t,
+            vec![
+                exit(0, EPOLL_WAIT, 3),
+                Event::SwitchOut {
+                    tid: 1,
+                    tgid: 1,
+                    ts: 5 * MS,
+                    runnable: true,
+                    syscall: None,
+                    stack: stack(1),
+                },
+                Event::SwitchIn {
+                    tid: 1,
+                    tgid: 1,
+                    ts: 25 * MS,
+                },
+                enter(30, EPOLL_WAIT, 3),
+            ],
+        );
+        assert_eq!(
+            (s[0].on_cpu_ns, s[0].off_cpu_ns, s[0].runqueue_ns),
+            (10 * MS, 0, 20 * MS)
+        );
         // No samples: the on-CPU part is present but has no stack.
-        assert!(s[0].parts.iter().any(|p| p.kind == PartKind::OnCpu && p.stack.is_none()));
+        assert!(
+            s[0].parts
+                .iter()
+                .any(|p| p.kind == PartKind::OnCpu && p.stack.is_none())
+        );
     }
 
     /// A thread that never uses epoll parks in poll once the same set repeats.
@@ -600,7 +772,10 @@ mod tests {
             t.push(enter(i * 2, POLL, 4), &mut out);
             t.push(exit(i * 2 + 1, POLL, 4), &mut out);
         }
-        assert!(out.contains(&Output::LoopKey { tid: 1, key: wait_key(POLL, 4) }));
+        assert!(out.contains(&Output::LoopKey {
+            tid: 1,
+            key: wait_key(POLL, 4)
+        }));
     }
 
     /// tokio: the park function is the loop's wait; the epoll_wait the I/O
@@ -612,13 +787,25 @@ mod tests {
     fn runtime_park_wins_over_epoll() {
         use profiler_common::sysno::RUNTIME_PARK;
         let mut t = tracker(50);
-        let s = run(&mut t, vec![
-            enter(0, EPOLL_WAIT, 5), exit(1, EPOLL_WAIT, 5), enter(2, EPOLL_WAIT, 5), exit(3, EPOLL_WAIT, 5),
-            enter(4, RUNTIME_PARK, 0), enter(4, EPOLL_WAIT, 5), exit(9, EPOLL_WAIT, 5), exit(10, RUNTIME_PARK, 0),
-            sample(40, 0xA),
-            enter(70, RUNTIME_PARK, 0), enter(70, EPOLL_WAIT, 5), exit(80, EPOLL_WAIT, 5), exit(81, RUNTIME_PARK, 0),
-            enter(85, RUNTIME_PARK, 0),
-        ]);
+        let s = run(
+            &mut t,
+            vec![
+                enter(0, EPOLL_WAIT, 5),
+                exit(1, EPOLL_WAIT, 5),
+                enter(2, EPOLL_WAIT, 5),
+                exit(3, EPOLL_WAIT, 5),
+                enter(4, RUNTIME_PARK, 0),
+                enter(4, EPOLL_WAIT, 5),
+                exit(9, EPOLL_WAIT, 5),
+                exit(10, RUNTIME_PARK, 0),
+                sample(40, 0xA),
+                enter(70, RUNTIME_PARK, 0),
+                enter(70, EPOLL_WAIT, 5),
+                exit(80, EPOLL_WAIT, 5),
+                exit(81, RUNTIME_PARK, 0),
+                enter(85, RUNTIME_PARK, 0),
+            ],
+        );
         assert_eq!(s.len(), 1);
         assert_eq!((s[0].start_ns, s[0].end_ns), (10 * MS, 70 * MS));
     }
@@ -636,7 +823,13 @@ mod tests {
                 ts += 2;
             }
         }
-        let keys: Vec<_> = out.iter().filter_map(|o| match o { Output::LoopKey { key, .. } => Some(*key as u32), _ => None }).collect();
+        let keys: Vec<_> = out
+            .iter()
+            .filter_map(|o| match o {
+                Output::LoopKey { key, .. } => Some(*key as u32),
+                _ => None,
+            })
+            .collect();
         assert_eq!(keys, [3, 7]);
     }
 
@@ -646,7 +839,17 @@ mod tests {
         let mut t = warmed(50);
         let mut out = Vec::new();
         t.push(exit(0, EPOLL_WAIT, 3), &mut out);
-        t.push(Event::SwitchOut { tid: 1, tgid: 1, ts: MS, runnable: false, syscall: Some(35), stack: stack(2) }, &mut out);
+        t.push(
+            Event::SwitchOut {
+                tid: 1,
+                tgid: 1,
+                ts: MS,
+                runnable: false,
+                syscall: Some(35),
+                stack: stack(2),
+            },
+            &mut out,
+        );
         t.finish(200 * MS, &mut out);
         let Output::Stall(s) = &out[0] else { panic!() };
         assert!(s.incomplete);

@@ -65,13 +65,22 @@ impl Maps {
                 continue;
             };
             let path = it.collect::<Vec<_>>().join(" ");
-            let Some((s, e)) = range.split_once('-') else { continue };
-            let (Ok(start), Ok(end), Ok(offset)) =
-                (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16), u64::from_str_radix(off, 16))
-            else {
+            let Some((s, e)) = range.split_once('-') else {
                 continue;
             };
-            entries.push(Mapping { start, end, offset, path });
+            let (Ok(start), Ok(end), Ok(offset)) = (
+                u64::from_str_radix(s, 16),
+                u64::from_str_radix(e, 16),
+                u64::from_str_radix(off, 16),
+            ) else {
+                continue;
+            };
+            entries.push(Mapping {
+                start,
+                end,
+                offset,
+                path,
+            });
         }
         Some(Maps { entries })
     }
@@ -84,38 +93,59 @@ impl Maps {
 
 /// JIT symbols a runtime writes to `/tmp/perf-PID.map` (`START SIZE NAME`
 /// per line, hex; e.g. `node --perf-basic-prof`), re-read when it grows.
+/// Code moves and addresses are reused, so ranges overlap: for an address,
+/// the entry written last wins.
 #[derive(Default, Debug)]
 struct PerfMap {
     len: u64,
-    entries: Vec<(u64, u64, String)>,
+    /// (start, size, line number, name), sorted by start.
+    entries: Vec<(u64, u64, usize, String)>,
+    /// Largest entry size, bounding how far back a lookup looks.
+    max_size: u64,
 }
 
 impl PerfMap {
     fn refresh(&mut self, pid: u32) {
         let path = format!("/proc/{pid}/root/tmp/perf-{pid}.map");
-        let path = if Path::new(&path).exists() { path } else { format!("/tmp/perf-{pid}.map") };
-        let Ok(meta) = fs::metadata(&path) else { return };
+        let path = if Path::new(&path).exists() {
+            path
+        } else {
+            format!("/tmp/perf-{pid}.map")
+        };
+        let Ok(meta) = fs::metadata(&path) else {
+            return;
+        };
         if meta.len() == self.len {
             return;
         }
-        let Ok(text) = fs::read_to_string(&path) else { return };
+        let Ok(text) = fs::read_to_string(&path) else {
+            return;
+        };
         self.len = meta.len();
         self.entries = text
             .lines()
-            .filter_map(|l| {
+            .enumerate()
+            .filter_map(|(seq, l)| {
                 let mut it = l.splitn(3, ' ');
                 let start = u64::from_str_radix(it.next()?.trim_start_matches("0x"), 16).ok()?;
                 let size = u64::from_str_radix(it.next()?.trim_start_matches("0x"), 16).ok()?;
-                Some((start, size, it.next()?.to_string()))
+                Some((start, size, seq, it.next()?.to_string()))
             })
             .collect();
-        // Later entries win for the same address (code moved and re-jitted).
-        self.entries.sort_by_key(|e| e.0);
+        self.entries.sort_by_key(|e| (e.0, e.2));
+        self.max_size = self.entries.iter().map(|e| e.1).max().unwrap_or(0);
     }
 
     fn find(&self, addr: u64) -> Option<&str> {
-        let i = self.entries.partition_point(|e| e.0 <= addr);
-        self.entries[..i].iter().rev().take(8).find(|e| addr < e.0 + e.1).map(|e| e.2.as_str())
+        let end = self.entries.partition_point(|e| e.0 <= addr);
+        let lowest = addr.saturating_sub(self.max_size);
+        self.entries[..end]
+            .iter()
+            .rev()
+            .take_while(|e| e.0 >= lowest)
+            .filter(|e| addr < e.0 + e.1)
+            .max_by_key(|e| e.2)
+            .map(|e| e.3.as_str())
     }
 }
 
@@ -179,7 +209,10 @@ impl BlazeResolver {
     }
 
     fn python_live(&mut self, pid: u32, code: u64, instr: u64) -> Frame {
-        let resolver = self.python.entry(pid).or_insert_with(|| PyResolver::for_pid(pid));
+        let resolver = self
+            .python
+            .entry(pid)
+            .or_insert_with(|| PyResolver::for_pid(pid));
         match resolver.as_mut().and_then(|r| r.resolve(code, instr)) {
             Some(info) => Frame {
                 file: Some(info.filename),
@@ -202,6 +235,9 @@ impl BlazeResolver {
         if let Some(m) = Maps::read(pid) {
             self.maps.insert(pid, m);
         }
+        if let Some(pm) = self.perf_maps.get_mut(&pid) {
+            pm.refresh(pid);
+        }
     }
 
     fn mapping(&mut self, pid: u32, addr: u64) -> Option<Mapping> {
@@ -217,7 +253,11 @@ impl BlazeResolver {
     /// while it lives, else as named.
     fn open_path(pid: u32, path: &str) -> PathBuf {
         let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
-        if via_root.exists() { via_root } else { PathBuf::from(path) }
+        if via_root.exists() {
+            via_root
+        } else {
+            PathBuf::from(path)
+        }
     }
 
     fn symbolize_file(&self, path: &Path, offset: u64) -> Vec<Frame> {
@@ -244,10 +284,22 @@ impl BlazeResolver {
             .unwrap_or((None, None))
         };
         let (file, line) = loc(sym.code_info.as_deref());
-        let mut frames = vec![Frame { name: sym.name.to_string(), file, line, kind: FrameKind::Native, module: None }];
+        let mut frames = vec![Frame {
+            name: sym.name.to_string(),
+            file,
+            line,
+            kind: FrameKind::Native,
+            module: None,
+        }];
         for f in sym.inlined.iter() {
             let (file, line) = loc(f.code_info.as_ref());
-            frames.push(Frame { name: f.name.to_string(), file, line, kind: FrameKind::Native, module: None });
+            frames.push(Frame {
+                name: f.name.to_string(),
+                file,
+                line,
+                kind: FrameKind::Native,
+                module: None,
+            });
         }
         frames
     }
@@ -263,16 +315,29 @@ impl Resolve for BlazeResolver {
                 pm.refresh(pid);
             }
             if let Some(name) = pm.find(addr) {
-                return vec![Frame { module: Some("[jit]".into()), ..Frame::new(name, FrameKind::Native) }];
+                return vec![Frame {
+                    module: Some("[jit]".into()),
+                    ..Frame::new(name, FrameKind::Native)
+                }];
             }
         }
         let Some(m) = m else {
-            return vec![Frame::new(format!("[unknown {addr:#x}]"), FrameKind::Native)];
+            return vec![Frame::new(
+                format!("[unknown {addr:#x}]"),
+                FrameKind::Native,
+            )];
         };
         if !m.path.starts_with('/') {
             // [vdso], [heap], anonymous (JIT) memory.
-            let name = if m.path.is_empty() { "[anon]".to_string() } else { m.path.clone() };
-            return vec![Frame { module: Some(name.clone()), ..Frame::new(name, FrameKind::Native) }];
+            let name = if m.path.is_empty() {
+                "[anon]".to_string()
+            } else {
+                m.path.clone()
+            };
+            return vec![Frame {
+                module: Some(name.clone()),
+                ..Frame::new(name, FrameKind::Native)
+            }];
         }
         let offset = addr - m.start + m.offset;
         let key = (m.path.clone(), offset);
@@ -283,7 +348,10 @@ impl Resolve for BlazeResolver {
         let mut frames = self.symbolize_file(&path, offset);
         let base = m.path.rsplit('/').next().unwrap_or(&m.path).to_string();
         if frames.is_empty() {
-            frames.push(Frame::new(format!("[{base}+{offset:#x}]"), FrameKind::Native));
+            frames.push(Frame::new(
+                format!("[{base}+{offset:#x}]"),
+                FrameKind::Native,
+            ));
         }
         for f in frames.iter_mut() {
             f.module = Some(base.clone());
@@ -314,16 +382,22 @@ impl Resolve for BlazeResolver {
     }
 
     fn python_thread(&mut self, pid: u32, tstate: u64) -> Option<(u32, String)> {
-        let resolver = self.python.entry(pid).or_insert_with(|| PyResolver::for_pid(pid));
+        let resolver = self
+            .python
+            .entry(pid)
+            .or_insert_with(|| PyResolver::for_pid(pid));
         let tid = resolver.as_mut()?.thread_of(tstate)?;
-        let name = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).map(|s| s.trim_end().to_string());
+        let name = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+            .map(|s| s.trim_end().to_string());
         Some((tid, name.unwrap_or_else(|_| "?".into())))
     }
 }
 
 /// x86-64 syscall name, e.g. 0 -> "read".
 pub fn syscall_name(nr: u32) -> String {
-    syscalls::Sysno::new(nr as usize).map(|s| s.name().to_string()).unwrap_or_else(|| format!("syscall_{nr}"))
+    syscalls::Sysno::new(nr as usize)
+        .map(|s| s.name().to_string())
+        .unwrap_or_else(|| format!("syscall_{nr}"))
 }
 
 /// Frames of one raw stack, outermost first: user (with Python frames merged
@@ -338,7 +412,11 @@ pub fn frames_of(res: &mut dyn Resolve, pid: u32, stacks: &StackTable, id: u32) 
         user.extend(res.user(pid, a));
     }
     if !raw.python.is_empty() {
-        let walk = raw.python.iter().map(|&(c, i)| (c != 0).then(|| res.python(pid, c, i))).collect();
+        let walk = raw
+            .python
+            .iter()
+            .map(|&(c, i)| (c != 0).then(|| res.python(pid, c, i)))
+            .collect();
         user = crate::pyframes::merge(user, crate::pyframes::groups(walk), raw.py_status);
     }
     let mut frames = user;
@@ -354,7 +432,13 @@ fn gil_holder(res: &mut dyn Resolve, pid: u32, stacks: &StackTable, id: u32) -> 
     GilHolder {
         tid: who.as_ref().map(|w| w.0),
         thread_name: who.map(|w| w.1),
-        frames: raw.holder_python.iter().rev().filter(|f| f.0 != 0).map(|&(c, i)| res.python(pid, c, i)).collect(),
+        frames: raw
+            .holder_python
+            .iter()
+            .rev()
+            .filter(|f| f.0 != 0)
+            .map(|&(c, i)| res.python(pid, c, i))
+            .collect(),
     }
 }
 
@@ -366,11 +450,19 @@ fn asyncio_coroutine(frames: &[Frame]) -> Option<String> {
         (f.kind == FrameKind::Native && (f.name == "task_step" || f.name == "task_step_impl"))
             || (f.kind == FrameKind::Python && f.name.contains("Task.__step"))
     })?;
-    frames[step + 1..].iter().find(|f| f.kind == FrameKind::Python && !f.name.contains("Task.__step")).map(Frame::label)
+    frames[step + 1..]
+        .iter()
+        .find(|f| f.kind == FrameKind::Python && !f.name.contains("Task.__step"))
+        .map(Frame::label)
 }
 
 /// Symbolize a finished stall.
-pub fn to_stall(raw: &RawStall, stacks: &StackTable, res: &mut dyn Resolve, thread_name: &str) -> Stall {
+pub fn to_stall(
+    raw: &RawStall,
+    stacks: &StackTable,
+    res: &mut dyn Resolve,
+    thread_name: &str,
+) -> Stall {
     let mut parts: Vec<StackPart> = raw
         .parts
         .iter()
@@ -381,7 +473,9 @@ pub fn to_stall(raw: &RawStall, stacks: &StackTable, res: &mut dyn Resolve, thre
             };
             let syscall = p.syscall.map(syscall_name);
             match p.kind {
-                PartKind::OnCpu if p.stack.is_none() => frames.push(Frame::marker("[on-cpu: between samples]")),
+                PartKind::OnCpu if p.stack.is_none() => {
+                    frames.push(Frame::marker("[on-cpu: between samples]"))
+                }
                 PartKind::OnCpu => {}
                 PartKind::OffCpu => frames.push(Frame::marker(format!(
                     "[off-cpu: {}]",
@@ -393,15 +487,27 @@ pub fn to_stall(raw: &RawStall, stacks: &StackTable, res: &mut dyn Resolve, thre
             // Run-queue time after a timed GIL wait keeps the holder too:
             // the wait would not have been there without it.
             let gil_holder = match (p.kind, p.stack) {
-                (PartKind::GilWait | PartKind::Runqueue, Some(id)) if stacks.get(id).gil_holder != 0 => {
+                (PartKind::GilWait | PartKind::Runqueue, Some(id))
+                    if stacks.get(id).gil_holder != 0 =>
+                {
                     Some(gil_holder(res, raw.tgid, stacks, id))
                 }
                 _ => None,
             };
             if let (PartKind::GilWait, Some(h)) = (p.kind, &gil_holder) {
-                frames.push(Frame::marker(format!("[gil wait: held by {}]", h.describe())));
+                frames.push(Frame::marker(format!(
+                    "[gil wait: held by {}]",
+                    h.describe()
+                )));
             }
-            StackPart { frames, weight_ns: p.weight_ns, kind: p.kind, syscall, waker_tid: p.waker, gil_holder }
+            StackPart {
+                frames,
+                weight_ns: p.weight_ns,
+                kind: p.kind,
+                syscall,
+                waker_tid: p.waker,
+                gil_holder,
+            }
         })
         .collect();
     parts.sort_by(|a, b| b.weight_ns.cmp(&a.weight_ns));
@@ -453,18 +559,24 @@ impl Resolve for Recorder<'_> {
     }
     fn kernel(&mut self, addr: u64) -> Frame {
         let f = self.inner.kernel(addr);
-        self.table.kernel.insert(format!("{addr:#x}"), f.name.clone());
+        self.table
+            .kernel
+            .insert(format!("{addr:#x}"), f.name.clone());
         f
     }
     fn python(&mut self, pid: u32, code: u64, instr: u64) -> Frame {
         let f = self.inner.python(pid, code, instr);
-        self.table.python.insert(format!("{code:#x}:{instr:#x}"), f.clone());
+        self.table
+            .python
+            .insert(format!("{code:#x}:{instr:#x}"), f.clone());
         f
     }
     fn python_thread(&mut self, pid: u32, tstate: u64) -> Option<(u32, String)> {
         let t = self.inner.python_thread(pid, tstate);
         if let Some(t) = &t {
-            self.table.python_threads.insert(format!("{tstate:#x}"), t.clone());
+            self.table
+                .python_threads
+                .insert(format!("{tstate:#x}"), t.clone());
         }
         t
     }
@@ -478,7 +590,11 @@ impl Resolve for TableResolver {
             .unwrap_or_else(|| vec![Frame::marker(format!("[unknown {addr:#x}]"))])
     }
     fn kernel(&mut self, addr: u64) -> Frame {
-        let name = self.kernel.get(&format!("{addr:#x}")).cloned().unwrap_or_else(|| format!("[kernel {addr:#x}]"));
+        let name = self
+            .kernel
+            .get(&format!("{addr:#x}"))
+            .cloned()
+            .unwrap_or_else(|| format!("[kernel {addr:#x}]"));
         Frame::new(name, FrameKind::Kernel)
     }
     fn python(&mut self, _pid: u32, code: u64, instr: u64) -> Frame {
@@ -500,14 +616,41 @@ mod tests {
     fn maps_lookup() {
         let maps = Maps {
             entries: vec![
-                Mapping { start: 0x1000, end: 0x2000, offset: 0, path: "/a".into() },
-                Mapping { start: 0x3000, end: 0x4000, offset: 0x1000, path: "/b".into() },
+                Mapping {
+                    start: 0x1000,
+                    end: 0x2000,
+                    offset: 0,
+                    path: "/a".into(),
+                },
+                Mapping {
+                    start: 0x3000,
+                    end: 0x4000,
+                    offset: 0x1000,
+                    path: "/b".into(),
+                },
             ],
         };
         assert_eq!(maps.find(0x1800).unwrap().path, "/a");
         assert!(maps.find(0x2800).is_none());
         assert_eq!(maps.find(0x3000).unwrap().path, "/b");
         assert!(maps.find(0x500).is_none());
+    }
+
+    #[test]
+    fn perf_map_latest_entry_wins() {
+        let pm = PerfMap {
+            len: 0,
+            entries: vec![
+                (0x1000, 0x100, 0, "old".into()),
+                (0x1040, 0x10, 2, "small".into()),
+                (0x1080, 0x100, 1, "mid".into()),
+            ],
+            max_size: 0x100,
+        };
+        assert_eq!(pm.find(0x1045), Some("small"));
+        assert_eq!(pm.find(0x1090), Some("mid"));
+        assert_eq!(pm.find(0x1010), Some("old"));
+        assert_eq!(pm.find(0x1300), None);
     }
 
     #[test]
@@ -527,7 +670,9 @@ mod tests {
         let mut r = BlazeResolver::new();
         let frames = r.user(std::process::id(), addr);
         assert!(
-            frames.iter().any(|f| f.name.contains("marker_fn_for_symbolize_test")),
+            frames
+                .iter()
+                .any(|f| f.name.contains("marker_fn_for_symbolize_test")),
             "{frames:?}"
         );
     }

@@ -3,8 +3,14 @@
 use std::process::Command;
 
 fn stallprof(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_stallprof")).args(args).output().unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_stallprof"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn tmp(name: &str) -> std::path::PathBuf {
@@ -15,10 +21,16 @@ fn tmp(name: &str) -> std::path::PathBuf {
 
 #[test]
 fn help_ends_with_examples() {
-    let out = Command::new(env!("CARGO_BIN_EXE_stallprof")).args(["record", "--help"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_stallprof"))
+        .args(["record", "--help"])
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    assert!(text.contains("EXAMPLES:") && text.contains("stallprof record --pid"), "{text}");
+    assert!(
+        text.contains("EXAMPLES:") && text.contains("stallprof record --pid"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -32,7 +44,10 @@ fn nothing_to_record_says_how() {
 fn unknown_command_is_named() {
     let (code, err) = stallprof(&["record", "--", "/nonexistent/stallprof-no-such-cmd"]);
     assert_ne!(code, 0);
-    assert!(err.contains("command not found") && err.contains("stallprof-no-such-cmd"), "{err}");
+    assert!(
+        err.contains("command not found") && err.contains("stallprof-no-such-cmd"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -51,7 +66,10 @@ fn unwritable_output_names_the_flag() {
 fn report_of_a_missing_recording() {
     let (code, err) = stallprof(&["report", "/nonexistent/stallprof-rec"]);
     assert_ne!(code, 0);
-    assert!(err.contains("cannot read the recording") && err.contains("stalls.json"), "{err}");
+    assert!(
+        err.contains("cannot read the recording") && err.contains("stalls.json"),
+        "{err}"
+    );
 }
 
 /// Not root: the message says to use sudo or grant capabilities; nothing is
@@ -64,15 +82,30 @@ fn not_root_names_the_remedy() {
             eprintln!("SKIPPED not_root_names_the_remedy: needs root to switch to nobody");
             return;
         }
-        panic!("not_root_names_the_remedy needs root (to run stallprof as nobody); run the tests as root");
+        panic!(
+            "not_root_names_the_remedy needs root (to run stallprof as nobody); run the tests as root"
+        );
     }
     let dir = tmp("nobody");
     std::fs::create_dir_all(&dir).unwrap();
-    let _ = Command::new("chmod").args(["777", dir.to_str().unwrap()]).status();
+    let _ = Command::new("chmod")
+        .args(["777", dir.to_str().unwrap()])
+        .status();
     let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
         .arg(env!("CARGO_BIN_EXE_stallprof"))
-        .args(["record", "-o", dir.join("out").to_str().unwrap(), "--", "true"])
+        .args([
+            "record",
+            "-o",
+            dir.join("out").to_str().unwrap(),
+            "--",
+            "true",
+        ])
         .output()
         .expect("setpriv (util-linux) is needed for this test");
     let err = String::from_utf8_lossy(&out.stderr);

@@ -122,7 +122,12 @@ fn parse_metrics(dir: &Path, text: &str) -> Vec<Value> {
     let (m, s) = (dir.join("metrics.txt"), dir.join("prom_parse.py"));
     std::fs::write(&m, text).unwrap();
     std::fs::write(&s, PROM_PARSE).unwrap();
-    let out = Command::new("python3").arg(&s).arg(&m).env("PYTHONPATH", deps_dir().join("py")).output().unwrap();
+    let out = Command::new("python3")
+        .arg(&s)
+        .arg(&m)
+        .env("PYTHONPATH", deps_dir().join("py"))
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "the Prometheus OpenMetrics parser rejected /metrics:\n{}\n--- exposition ---\n{text}",
@@ -141,7 +146,12 @@ fn read_pprof(dir: &Path, file: &Path) -> Value {
         .env("NODE_PATH", deps_dir().join("node/node_modules"))
         .output()
         .unwrap_or_else(|e| panic!("running node to read a pprof file: {e} (install nodejs)"));
-    assert!(out.status.success(), "pprof-format could not read {}:\n{}", file.display(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "pprof-format could not read {}:\n{}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -149,7 +159,12 @@ fn read_pprof(dir: &Path, file: &Path) -> Value {
 fn sample(fams: &[Value], name: &str, want: &[(&str, &str)]) -> Option<f64> {
     fams.iter()
         .flat_map(|f| f["samples"].as_array().unwrap().iter())
-        .find(|s| s["name"] == name && want.iter().all(|(k, v)| s["labels"][*k].as_str() == Some(*v)))
+        .find(|s| {
+            s["name"] == name
+                && want
+                    .iter()
+                    .all(|(k, v)| s["labels"][*k].as_str() == Some(*v))
+        })
         .map(|s| s["value"].as_f64().unwrap())
 }
 
@@ -161,19 +176,33 @@ fn family<'a>(fams: &'a [Value], name: &str) -> Option<&'a Value> {
 // HTTP (loopback only) and the daemon process
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// GET over loopback: (status, body).
 fn http_get(port: u16, path: &str, timeout: Duration) -> std::io::Result<(u16, Vec<u8>)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(timeout))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf)?;
-    let split = buf.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| std::io::Error::other("no header end"))?;
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no header end"))?;
     let head = String::from_utf8_lossy(&buf[..split]).into_owned();
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     Ok((status, buf[split + 4..].to_vec()))
 }
 
@@ -189,16 +218,27 @@ struct Daemon {
 }
 
 fn start_daemon(config: &Path, port: u16) -> Daemon {
-    let mut prof = Profiler::spawn(&["daemon".to_string(), "--config".into(), config.display().to_string(), "-v".into()]);
+    let mut prof = Profiler::spawn(&[
+        "daemon".to_string(),
+        "--config".into(),
+        config.display().to_string(),
+        "-v".into(),
+    ]);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(out) = prof.try_finished() {
-            panic!("stallprof daemon exited while starting:\n{}", out.describe());
+            panic!(
+                "stallprof daemon exited while starting:\n{}",
+                out.describe()
+            );
         }
         if http_get(port, "/healthz", Duration::from_secs(2)).is_ok_and(|(s, _)| s == 200) {
             break;
         }
-        assert!(Instant::now() < deadline, "stallprof daemon did not answer on 127.0.0.1:{port} within 30 s");
+        assert!(
+            Instant::now() < deadline,
+            "stallprof daemon did not answer on 127.0.0.1:{port} within 30 s"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     Daemon { prof, port }
@@ -207,7 +247,11 @@ fn start_daemon(config: &Path, port: u16) -> Daemon {
 /// BPF program ids held open by a process (its fds' fdinfo).
 fn prog_ids_of(pid: u32) -> BTreeSet<u64> {
     let mut ids = BTreeSet::new();
-    for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).into_iter().flatten().flatten() {
+    for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();
         for l in text.lines() {
             if let Some(v) = l.strip_prefix("prog_id:") {
@@ -219,23 +263,43 @@ fn prog_ids_of(pid: u32) -> BTreeSet<u64> {
 }
 
 fn loaded_prog_ids() -> BTreeSet<u64> {
-    let out = Command::new("bpftool").args(["-j", "prog", "list"]).output().expect("bpftool (apt-get install bpftool)");
+    let out = Command::new("bpftool")
+        .args(["-j", "prog", "list"])
+        .output()
+        .expect("bpftool (apt-get install bpftool)");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v.as_array().unwrap().iter().filter_map(|p| p["id"].as_u64()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["id"].as_u64())
+        .collect()
 }
 
 /// Waits until `pred(metrics)` holds.
-fn wait_metrics(d: &mut Daemon, dir: &Path, what: &str, timeout: Duration, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+fn wait_metrics(
+    d: &mut Daemon,
+    dir: &Path,
+    what: &str,
+    timeout: Duration,
+    pred: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(out) = d.prof.try_finished() {
-            panic!("stallprof daemon exited while waiting for {what}:\n{}", out.describe());
+            panic!(
+                "stallprof daemon exited while waiting for {what}:\n{}",
+                out.describe()
+            );
         }
         let fams = parse_metrics(dir, &metrics_text(d.port));
         if pred(&fams) {
             return fams;
         }
-        assert!(Instant::now() < deadline, "waited {timeout:?} for {what}; /metrics:\n{}", metrics_text(d.port));
+        assert!(
+            Instant::now() < deadline,
+            "waited {timeout:?} for {what}; /metrics:\n{}",
+            metrics_text(d.port)
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -259,10 +323,17 @@ fn spawn_c_loop(bin: &Path, log: &Path, start: &Path, schedule: Option<&str>) ->
 /// Spawns a c_loop with a given pid, by setting the kernel's last-pid
 /// counter just below it (root, initial pid namespace). Retries when
 /// another process takes the pid first.
-fn spawn_c_loop_with_pid(want: u32, bin: &Path, log: &Path, start: &Path, schedule: &str) -> Victim {
+fn spawn_c_loop_with_pid(
+    want: u32,
+    bin: &Path,
+    log: &Path,
+    start: &Path,
+    schedule: &str,
+) -> Victim {
     for _ in 0..50 {
-        std::fs::write("/proc/sys/kernel/ns_last_pid", (want - 1).to_string())
-            .expect("writing /proc/sys/kernel/ns_last_pid (needs root in the initial pid namespace)");
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (want - 1).to_string()).expect(
+            "writing /proc/sys/kernel/ns_last_pid (needs root in the initial pid namespace)",
+        );
         let v = spawn_c_loop(bin, log, start, Some(schedule));
         if v.pid() == want {
             return v;
@@ -274,7 +345,10 @@ fn spawn_c_loop_with_pid(want: u32, bin: &Path, log: &Path, start: &Path, schedu
 }
 
 fn spawn_python(log: &Path, start: &Path, rounds: u32) -> Victim {
-    assert!(Path::new(PY).exists(), "{PY} is needed (apt-get install python3.11)");
+    assert!(
+        Path::new(PY).exists(),
+        "{PY} is needed (apt-get install python3.11)"
+    );
     Victim::spawn(
         Command::new(PY)
             .arg(victims_dir().join("py_blocking_client.py"))
@@ -294,7 +368,9 @@ fn report_stalls(data: &Path, comm: &str, pid: u32) -> Vec<Value> {
             let name = p.file_name().to_string_lossy().into_owned();
             let base = format!("{comm}-{pid}");
             if name == base || name.starts_with(&format!("{base}-")) {
-                let rec: Value = serde_json::from_slice(&std::fs::read(p.path().join("stalls.json")).unwrap()).unwrap();
+                let rec: Value =
+                    serde_json::from_slice(&std::fs::read(p.path().join("stalls.json")).unwrap())
+                        .unwrap();
                 all.extend(rec["stalls"].as_array().unwrap().iter().cloned());
             }
         }
@@ -320,46 +396,121 @@ fn check_c_metrics(c: &mut Checks, fams: &[Value], pid: u32, exe: &Path, truth: 
     let p = pid.to_string();
     let l = [("pid", p.as_str())];
     let count = sample(fams, "stallprof_stall_duration_seconds_count", &l).unwrap_or(-1.0);
-    c.check(count == truth.len() as f64, || format!("pid {pid}: stall count {count}, the victim logged {}", truth.len()));
+    c.check(count == truth.len() as f64, || {
+        format!(
+            "pid {pid}: stall count {count}, the victim logged {}",
+            truth.len()
+        )
+    });
     let sum = sample(fams, "stallprof_stall_duration_seconds_sum", &l).unwrap_or(-1.0);
     let want: u64 = truth.iter().map(Truth::duration_ns).sum();
     let tol = 3 * MS * truth.len() as u64;
     c.check((sum * 1e9 - want as f64).abs() <= tol as f64, || {
-        format!("pid {pid}: stall seconds sum {sum:.4}, the victim's busy periods sum to {:.4}", want as f64 / 1e9)
+        format!(
+            "pid {pid}: stall seconds sum {sum:.4}, the victim's busy periods sum to {:.4}",
+            want as f64 / 1e9
+        )
     });
-    let inf = sample(fams, "stallprof_stall_duration_seconds_bucket", &[("pid", &p), ("le", "+Inf")]).unwrap_or(-1.0);
-    c.check(inf == count, || format!("pid {pid}: +Inf bucket {inf} != count {count}"));
+    let inf = sample(
+        fams,
+        "stallprof_stall_duration_seconds_bucket",
+        &[("pid", &p), ("le", "+Inf")],
+    )
+    .unwrap_or(-1.0);
+    c.check(inf == count, || {
+        format!("pid {pid}: +Inf bucket {inf} != count {count}")
+    });
     for le in ["0.05", "0.1", "0.25"] {
         let bound = (le.parse::<f64>().unwrap() * 1e9) as u64;
-        let got = sample(fams, "stallprof_stall_duration_seconds_bucket", &[("pid", &p), ("le", le)]).unwrap_or(-1.0);
-        let lo = truth.iter().filter(|t| t.duration_ns() + 3 * MS <= bound).count() as f64;
-        let hi = truth.iter().filter(|t| t.duration_ns() <= bound + 3 * MS).count() as f64;
-        c.check(got >= lo && got <= hi, || format!("pid {pid}: bucket le={le} holds {got}, want {lo}..={hi}"));
+        let got = sample(
+            fams,
+            "stallprof_stall_duration_seconds_bucket",
+            &[("pid", &p), ("le", le)],
+        )
+        .unwrap_or(-1.0);
+        let lo = truth
+            .iter()
+            .filter(|t| t.duration_ns() + 3 * MS <= bound)
+            .count() as f64;
+        let hi = truth
+            .iter()
+            .filter(|t| t.duration_ns() <= bound + 3 * MS)
+            .count() as f64;
+        c.check(got >= lo && got <= hi, || {
+            format!("pid {pid}: bucket le={le} holds {got}, want {lo}..={hi}")
+        });
     }
-    let kind = |k: &str| sample(fams, "stallprof_stall_seconds_total", &[("pid", &p), ("kind", k)]).unwrap_or(-1.0);
-    let (on, off, rq, gil) = (kind("on_cpu"), kind("off_cpu"), kind("runqueue"), kind("gil_wait"));
-    c.check((on + off + rq + gil - sum).abs() < 1e-6 * truth.len() as f64 + 1e-9, || {
-        format!("pid {pid}: on {on} + off {off} + runqueue {rq} + gil {gil} != sum {sum}")
+    let kind = |k: &str| {
+        sample(
+            fams,
+            "stallprof_stall_seconds_total",
+            &[("pid", &p), ("kind", k)],
+        )
+        .unwrap_or(-1.0)
+    };
+    let (on, off, rq, gil) = (
+        kind("on_cpu"),
+        kind("off_cpu"),
+        kind("runqueue"),
+        kind("gil_wait"),
+    );
+    c.check(
+        (on + off + rq + gil - sum).abs() < 1e-6 * truth.len() as f64 + 1e-9,
+        || format!("pid {pid}: on {on} + off {off} + runqueue {rq} + gil {gil} != sum {sum}"),
+    );
+    c.check(gil == 0.0, || {
+        format!("pid {pid}: a C program waited {gil} s for a GIL")
     });
-    c.check(gil == 0.0, || format!("pid {pid}: a C program waited {gil} s for a GIL"));
     let cpu: u64 = truth.iter().map(|t| t.cpu_ns).sum();
-    c.check((on * 1e9 - cpu as f64).abs() <= (tol + cpu / 20) as f64, || {
-        format!("pid {pid}: on_cpu {on:.4} s, the victim's thread CPU time in its stalls {:.4} s", cpu as f64 / 1e9)
-    });
-    let blocked: u64 = truth.iter().filter(|t| t.kind != "spin").map(Truth::duration_ns).sum();
+    c.check(
+        (on * 1e9 - cpu as f64).abs() <= (tol + cpu / 20) as f64,
+        || {
+            format!(
+                "pid {pid}: on_cpu {on:.4} s, the victim's thread CPU time in its stalls {:.4} s",
+                cpu as f64 / 1e9
+            )
+        },
+    );
+    let blocked: u64 = truth
+        .iter()
+        .filter(|t| t.kind != "spin")
+        .map(Truth::duration_ns)
+        .sum();
     c.check(off * 1e9 >= blocked as f64 * 0.9, || {
-        format!("pid {pid}: off_cpu {off:.4} s, the victim slept/read for {:.4} s", blocked as f64 / 1e9)
+        format!(
+            "pid {pid}: off_cpu {off:.4} s, the victim slept/read for {:.4} s",
+            blocked as f64 / 1e9
+        )
     });
     let labels = fams
         .iter()
         .flat_map(|f| f["samples"].as_array().unwrap().iter())
-        .find(|s| s["name"] == "stallprof_stall_duration_seconds_count" && s["labels"]["pid"] == p.as_str())
+        .find(|s| {
+            s["name"] == "stallprof_stall_duration_seconds_count"
+                && s["labels"]["pid"] == p.as_str()
+        })
         .map(|s| s["labels"].clone())
         .unwrap_or_default();
-    c.check(labels["comm"] == "c_loop", || format!("pid {pid}: labels {labels}"));
-    c.check(labels["exe"].as_str() == Some(&*exe.display().to_string()), || format!("pid {pid}: exe label {}, want {}", labels["exe"], exe.display()));
-    c.check(labels["runtime"] == "native", || format!("pid {pid}: runtime label {}", labels["runtime"]));
-    c.check(labels.get("cgroup").is_some() && labels.get("container").is_some(), || format!("pid {pid}: labels {labels}"));
+    c.check(labels["comm"] == "c_loop", || {
+        format!("pid {pid}: labels {labels}")
+    });
+    c.check(
+        labels["exe"].as_str() == Some(&*exe.display().to_string()),
+        || {
+            format!(
+                "pid {pid}: exe label {}, want {}",
+                labels["exe"],
+                exe.display()
+            )
+        },
+    );
+    c.check(labels["runtime"] == "native", || {
+        format!("pid {pid}: runtime label {}", labels["runtime"])
+    });
+    c.check(
+        labels.get("cgroup").is_some() && labels.get("container").is_some(),
+        || format!("pid {pid}: labels {labels}"),
+    );
 }
 
 fn c_truth(log: &Path) -> Vec<Truth> {
@@ -383,11 +534,18 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
     let port = free_port();
     // A one-hour window: nothing is written before SIGTERM, so every report
     // on disk afterwards was flushed by it.
-    let cfg = write_config(&dir.path, port, "window = \"1h\"\n[limits]\nforget_after = \"5m\"\n");
+    let cfg = write_config(
+        &dir.path,
+        port,
+        "window = \"1h\"\n[limits]\nforget_after = \"5m\"\n",
+    );
     let c_bin = build_c_loop(&dir.path, false);
     let mut d = start_daemon(&cfg, port);
     let daemon_progs = prog_ids_of(d.prof.pid());
-    assert!(daemon_progs.len() >= 5, "the daemon holds only {daemon_progs:?} BPF programs");
+    assert!(
+        daemon_progs.len() >= 5,
+        "the daemon holds only {daemon_progs:?} BPF programs"
+    );
 
     // --- victims started after the daemon
     let (log_a, start_a) = (dir.join("a.log"), dir.join("a.start"));
@@ -395,14 +553,22 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
     let mut a = spawn_c_loop(&c_bin, &log_a, &start_a, None);
     let p1 = spawn_python(&log_p, &start_p, 2);
     let (pid_a, pid_p1) = (a.pid(), p1.pid());
-    wait_metrics(&mut d, &dir.path, "both victims' loop threads", Duration::from_secs(15), |f| {
-        loop_threads(f, pid_a) >= 1.0 && loop_threads(f, pid_p1) >= 1.0
-    });
+    wait_metrics(
+        &mut d,
+        &dir.path,
+        "both victims' loop threads",
+        Duration::from_secs(15),
+        |f| loop_threads(f, pid_a) >= 1.0 && loop_threads(f, pid_p1) >= 1.0,
+    );
     std::thread::sleep(Duration::from_millis(1000)); // CPython detection (ticks every 250 ms)
 
     // pprof over HTTP, the way Parca scrapes: the stalls of the next 5 s.
     let pprof_http = std::thread::spawn(move || {
-        http_get(port, &format!("/debug/pprof/profile?seconds=5&pid={pid_a}"), Duration::from_secs(30))
+        http_get(
+            port,
+            &format!("/debug/pprof/profile?seconds=5&pid={pid_a}"),
+            Duration::from_secs(30),
+        )
     });
     std::thread::sleep(Duration::from_millis(100));
     std::fs::write(&start_a, b"go").unwrap();
@@ -413,26 +579,67 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
     a.assert_running();
 
     let truth_a = c_truth(&log_a);
-    assert_eq!(truth_a.len(), 12, "c_loop's default schedule has 12 stalls:\n{}", truth_table(&truth_a));
+    assert_eq!(
+        truth_a.len(),
+        12,
+        "c_loop's default schedule has 12 stalls:\n{}",
+        truth_table(&truth_a)
+    );
     let py_truth = python_truth(&read_log(&log_p));
-    assert_eq!(py_truth.len(), 4, "py_blocking_client --rounds 2 makes 4 stalled calls:\n{}", truth_table(&py_truth));
+    assert_eq!(
+        py_truth.len(),
+        4,
+        "py_blocking_client --rounds 2 makes 4 stalled calls:\n{}",
+        truth_table(&py_truth)
+    );
     let fams = parse_metrics(&dir.path, &metrics_text(port));
-    let mut c = Checks::new(format!("C victim:\n{}\nPython victim:\n{}", truth_table(&truth_a), truth_table(&py_truth)));
+    let mut c = Checks::new(format!(
+        "C victim:\n{}\nPython victim:\n{}",
+        truth_table(&truth_a),
+        truth_table(&py_truth)
+    ));
     check_c_metrics(&mut c, &fams, pid_a, &c_bin, &truth_a);
 
     // Python: every stalled call counted; an extra, incomplete stall may
     // close the loop at interpreter exit.
     let pp = pid_p1.to_string();
-    let py_count = sample(&fams, "stallprof_stall_duration_seconds_count", &[("pid", &pp)]).unwrap_or(-1.0);
-    let py_incomplete = sample(&fams, "stallprof_stalls_incomplete_total", &[("pid", &pp)]).unwrap_or(0.0);
-    c.check(py_count - py_incomplete == 4.0, || format!("python pid {pid_p1}: {py_count} stalls ({py_incomplete} incomplete), want 4"));
-    let py_sum = sample(&fams, "stallprof_stall_duration_seconds_sum", &[("pid", &pp)]).unwrap_or(0.0);
+    let py_count = sample(
+        &fams,
+        "stallprof_stall_duration_seconds_count",
+        &[("pid", &pp)],
+    )
+    .unwrap_or(-1.0);
+    let py_incomplete =
+        sample(&fams, "stallprof_stalls_incomplete_total", &[("pid", &pp)]).unwrap_or(0.0);
+    c.check(py_count - py_incomplete == 4.0, || {
+        format!("python pid {pid_p1}: {py_count} stalls ({py_incomplete} incomplete), want 4")
+    });
+    let py_sum = sample(
+        &fams,
+        "stallprof_stall_duration_seconds_sum",
+        &[("pid", &pp)],
+    )
+    .unwrap_or(0.0);
     let py_want: u64 = py_truth.iter().map(Truth::duration_ns).sum();
-    c.check(py_sum * 1e9 >= py_want as f64 - 2e6, || format!("python: stall sum {py_sum:.4} s < the calls' {:.4} s", py_want as f64 / 1e9));
-    let py_off = sample(&fams, "stallprof_stall_seconds_total", &[("pid", &pp), ("kind", "off_cpu")]).unwrap_or(0.0);
-    c.check(py_off >= 0.12, || format!("python: off_cpu {py_off} s, but time.sleep(0.12) alone blocks 0.12 s"));
+    c.check(py_sum * 1e9 >= py_want as f64 - 2e6, || {
+        format!(
+            "python: stall sum {py_sum:.4} s < the calls' {:.4} s",
+            py_want as f64 / 1e9
+        )
+    });
+    let py_off = sample(
+        &fams,
+        "stallprof_stall_seconds_total",
+        &[("pid", &pp), ("kind", "off_cpu")],
+    )
+    .unwrap_or(0.0);
+    c.check(py_off >= 0.12, || {
+        format!("python: off_cpu {py_off} s, but time.sleep(0.12) alone blocks 0.12 s")
+    });
     c.check(
-        fams.iter().flat_map(|f| f["samples"].as_array().unwrap().iter()).any(|s| s["labels"]["pid"] == pp.as_str() && s["labels"]["runtime"] == "cpython"),
+        fams.iter()
+            .flat_map(|f| f["samples"].as_array().unwrap().iter())
+            .any(|s| s["labels"]["pid"] == pp.as_str() && s["labels"]["runtime"] == "cpython"),
         || format!("python pid {pid_p1}: no series with runtime=\"cpython\""),
     );
 
@@ -447,14 +654,20 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
         ("process_resident_memory_bytes", "gauge", "bytes"),
     ] {
         match family(&fams, name) {
-            Some(f) => c.check(f["type"] == ty && f["unit"] == unit, || format!("{name}: type {} unit {:?}", f["type"], f["unit"])),
+            Some(f) => c.check(f["type"] == ty && f["unit"] == unit, || {
+                format!("{name}: type {} unit {:?}", f["type"], f["unit"])
+            }),
             None => c.fail(format!("no metric family {name}")),
         }
     }
     let threads = sample(&fams, "stallprof_tracked_threads", &[]).unwrap_or(0.0);
-    c.check(threads >= 1.0, || format!("stallprof_tracked_threads is {threads}"));
+    c.check(threads >= 1.0, || {
+        format!("stallprof_tracked_threads is {threads}")
+    });
     let rss = sample(&fams, "process_resident_memory_bytes", &[]).unwrap_or(0.0);
-    c.check(rss > 1e6, || format!("process_resident_memory_bytes is {rss}"));
+    c.check(rss > 1e6, || {
+        format!("process_resident_memory_bytes is {rss}")
+    });
 
     // pprof over HTTP.
     match pprof_http.join().unwrap() {
@@ -462,20 +675,42 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
             let f = dir.join("http.pb.gz");
             std::fs::write(&f, &body).unwrap();
             let prof = read_pprof(&dir.path, &f);
-            c.check(prof["sample_types"] == serde_json::json!([["stall", "nanoseconds"]]), || format!("sample types {}", prof["sample_types"]));
-            let total: f64 = prof["samples"].as_array().unwrap().iter().map(|s| s["value"][0].as_f64().unwrap()).sum();
+            c.check(
+                prof["sample_types"] == serde_json::json!([["stall", "nanoseconds"]]),
+                || format!("sample types {}", prof["sample_types"]),
+            );
+            let total: f64 = prof["samples"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["value"][0].as_f64().unwrap())
+                .sum();
             let want: u64 = truth_a.iter().map(Truth::duration_ns).sum();
             c.check((total - want as f64).abs() <= (3 * MS * 12) as f64, || {
-                format!("HTTP pprof holds {:.4} s of stalls, the victim's 12 stalls {:.4} s", total / 1e9, want as f64 / 1e9)
+                format!(
+                    "HTTP pprof holds {:.4} s of stalls, the victim's 12 stalls {:.4} s",
+                    total / 1e9,
+                    want as f64 / 1e9
+                )
             });
             for func in ["spin_for_ms", "sleep_for_ms", "read_slow_pipe"] {
                 c.check(
-                    prof["samples"].as_array().unwrap().iter().any(|s| s["frames"].as_array().unwrap().iter().any(|f| f.as_str().unwrap().split('|').any(|n| n == func))),
+                    prof["samples"].as_array().unwrap().iter().any(|s| {
+                        s["frames"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .any(|f| f.as_str().unwrap().split('|').any(|n| n == func))
+                    }),
                     || format!("HTTP pprof has no {func} frame"),
                 );
             }
             c.check(
-                prof["samples"].as_array().unwrap().iter().all(|s| s["labels"]["pid"] == pid_a as u64),
+                prof["samples"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|s| s["labels"]["pid"] == pid_a as u64),
                 || "HTTP pprof (?pid=) has samples of other processes".into(),
             );
         }
@@ -485,7 +720,10 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
     // Index page.
     let (st, idx) = http_get(port, "/", Duration::from_secs(5)).unwrap();
     let idx = String::from_utf8_lossy(&idx);
-    c.check(st == 200 && idx.contains("c_loop") && idx.contains(&pid_a.to_string()), || format!("index page ({st}):\n{idx:.3000}"));
+    c.check(
+        st == 200 && idx.contains("c_loop") && idx.contains(&pid_a.to_string()),
+        || format!("index page ({st}):\n{idx:.3000}"),
+    );
 
     // --- exit and restart: the C victim with its own pid again, Python anew.
     drop(a);
@@ -495,11 +733,21 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
     let (log_q, start_q) = (dir.join("q.log"), dir.join("q.start"));
     let p2 = spawn_python(&log_q, &start_q, 1);
     let pid_p2 = p2.pid();
-    let fams = wait_metrics(&mut d, &dir.path, "the restarted victims' loop threads", Duration::from_secs(15), |f| {
-        loop_threads(f, pid_a) >= 1.0 && loop_threads(f, pid_p2) >= 1.0
+    let fams = wait_metrics(
+        &mut d,
+        &dir.path,
+        "the restarted victims' loop threads",
+        Duration::from_secs(15),
+        |f| loop_threads(f, pid_a) >= 1.0 && loop_threads(f, pid_p2) >= 1.0,
+    );
+    let fresh = sample(
+        &fams,
+        "stallprof_stall_duration_seconds_count",
+        &[("pid", &pid_a.to_string())],
+    );
+    c.check(fresh == Some(0.0), || {
+        format!("pid {pid_a} reused: its new process starts with {fresh:?} stalls, want 0")
     });
-    let fresh = sample(&fams, "stallprof_stall_duration_seconds_count", &[("pid", &pid_a.to_string())]);
-    c.check(fresh == Some(0.0), || format!("pid {pid_a} reused: its new process starts with {fresh:?} stalls, want 0"));
     std::thread::sleep(Duration::from_millis(1000));
     std::fs::write(&start_b, b"go").unwrap();
     std::fs::write(&start_q, b"go").unwrap();
@@ -509,28 +757,55 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
     let truth_b = c_truth(&log_b);
     assert_eq!(truth_b.len(), 2, "{}", truth_table(&truth_b));
     let fams = parse_metrics(&dir.path, &metrics_text(port));
-    let mut cb = Checks::new(format!("restarted C victim (pid {pid_a} reused):\n{}", truth_table(&truth_b)));
+    let mut cb = Checks::new(format!(
+        "restarted C victim (pid {pid_a} reused):\n{}",
+        truth_table(&truth_b)
+    ));
     check_c_metrics(&mut cb, &fams, pid_a, &c_bin, &truth_b);
     let q = pid_p2.to_string();
-    let q_count = sample(&fams, "stallprof_stall_duration_seconds_count", &[("pid", &q)]).unwrap_or(-1.0);
+    let q_count = sample(
+        &fams,
+        "stallprof_stall_duration_seconds_count",
+        &[("pid", &q)],
+    )
+    .unwrap_or(-1.0);
     let q_inc = sample(&fams, "stallprof_stalls_incomplete_total", &[("pid", &q)]).unwrap_or(0.0);
-    cb.check(q_count - q_inc == 3.0, || format!("second python pid {pid_p2}: {q_count} stalls ({q_inc} incomplete), want 3"));
+    cb.check(q_count - q_inc == 3.0, || {
+        format!("second python pid {pid_p2}: {q_count} stalls ({q_inc} incomplete), want 3")
+    });
     // The first Python process exited; its series stay for forget_after.
-    let p1_count = sample(&fams, "stallprof_stall_duration_seconds_count", &[("pid", &pp)]);
-    cb.check(p1_count == Some(py_count), || format!("exited python pid {pid_p1}: count {p1_count:?}, was {py_count}"));
+    let p1_count = sample(
+        &fams,
+        "stallprof_stall_duration_seconds_count",
+        &[("pid", &pp)],
+    );
+    cb.check(p1_count == Some(py_count), || {
+        format!("exited python pid {pid_p1}: count {p1_count:?}, was {py_count}")
+    });
 
     // --- SIGTERM: flush the window, detach.
     d.prof.signal(libc::SIGTERM);
     let Daemon { prof, .. } = d;
     let run = prof.wait(Duration::from_secs(30));
-    cb.check(run.status.success() && run.stdout.contains("stopped by SIGTERM"), || format!("daemon after SIGTERM:\n{}", run.describe()));
+    cb.check(
+        run.status.success() && run.stdout.contains("stopped by SIGTERM"),
+        || format!("daemon after SIGTERM:\n{}", run.describe()),
+    );
     let deadline = Instant::now() + Duration::from_secs(3);
-    let mut left: BTreeSet<u64> = daemon_progs.intersection(&loaded_prog_ids()).copied().collect();
+    let mut left: BTreeSet<u64> = daemon_progs
+        .intersection(&loaded_prog_ids())
+        .copied()
+        .collect();
     while !left.is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
-        left = daemon_progs.intersection(&loaded_prog_ids()).copied().collect();
+        left = daemon_progs
+            .intersection(&loaded_prog_ids())
+            .copied()
+            .collect();
     }
-    cb.check(left.is_empty(), || format!("BPF programs of the daemon still loaded after it exited: {left:?}"));
+    cb.check(left.is_empty(), || {
+        format!("BPF programs of the daemon still loaded after it exited: {left:?}")
+    });
 
     // Every stall of both C processes (same pid, same comm) is in the flushed reports.
     let data = dir.join("data");
@@ -538,31 +813,73 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
     for t in truth_a.iter().chain(&truth_b) {
         let n = on_disk
             .iter()
-            .filter(|s| s["start_ns"].as_u64().unwrap() < t.end_ns && s["end_ns"].as_u64().unwrap() > t.start_ns)
+            .filter(|s| {
+                s["start_ns"].as_u64().unwrap() < t.end_ns
+                    && s["end_ns"].as_u64().unwrap() > t.start_ns
+            })
             .count();
-        cb.check(n == 1, || format!("{} stall at {} is in the flushed reports {n} times, want 1", t.kind, t.start_ns));
+        cb.check(n == 1, || {
+            format!(
+                "{} stall at {} is in the flushed reports {n} times, want 1",
+                t.kind, t.start_ns
+            )
+        });
     }
-    cb.check(on_disk.len() == 14, || format!("{} C stalls on disk, want 14", on_disk.len()));
+    cb.check(on_disk.len() == 14, || {
+        format!("{} C stalls on disk, want 14", on_disk.len())
+    });
     // The flushed pprof files read back, and hold the same stall time as the JSON.
     let mut pb_files = 0;
     for w in std::fs::read_dir(&data).unwrap().flatten() {
         for p in std::fs::read_dir(w.path()).unwrap().flatten() {
-            let rec: Value = serde_json::from_slice(&std::fs::read(p.path().join("stalls.json")).unwrap()).unwrap();
-            let want: u64 = rec["stalls"].as_array().unwrap().iter().map(|s| s["duration_ns"].as_u64().unwrap()).sum();
+            let rec: Value =
+                serde_json::from_slice(&std::fs::read(p.path().join("stalls.json")).unwrap())
+                    .unwrap();
+            let want: u64 = rec["stalls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["duration_ns"].as_u64().unwrap())
+                .sum();
             let prof = read_pprof(&dir.path, &p.path().join("stalls.pb.gz"));
-            let total: u64 = prof["samples"].as_array().unwrap().iter().map(|s| s["value"][0].as_u64().unwrap()).sum();
-            cb.check(total == want, || format!("{}: pprof total {total} ns, stalls.json {want} ns", p.path().display()));
+            let total: u64 = prof["samples"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["value"][0].as_u64().unwrap())
+                .sum();
+            cb.check(total == want, || {
+                format!(
+                    "{}: pprof total {total} ns, stalls.json {want} ns",
+                    p.path().display()
+                )
+            });
             let svg = std::fs::read_to_string(p.path().join("stalls.svg")).unwrap_or_default();
-            cb.check(svg.contains("<svg"), || format!("{}: no SVG flamegraph", p.path().display()));
+            cb.check(svg.contains("<svg"), || {
+                format!("{}: no SVG flamegraph", p.path().display())
+            });
             pb_files += 1;
         }
     }
-    cb.check(pb_files >= 4, || format!("{pb_files} process reports flushed, want the 2 C and 2 Python processes"));
+    cb.check(pb_files >= 4, || {
+        format!("{pb_files} process reports flushed, want the 2 C and 2 Python processes")
+    });
     drop(b);
     drop(p1);
     drop(p2);
     c.finish();
-    cb.add_context(&format!("daemon stderr:\n{}", run.stderr.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")));
+    cb.add_context(&format!(
+        "daemon stderr:\n{}",
+        run.stderr
+            .lines()
+            .rev()
+            .take(40)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    ));
     cb.finish();
 }
 
@@ -594,9 +911,20 @@ fn daemon_retention_limits_hold() {
     let c_bin = build_c_loop(&dir.path, false);
     let mut d = start_daemon(&cfg, port);
     let (log, start) = (dir.join("r.log"), dir.join("r.start"));
-    let v = spawn_c_loop(&c_bin, &log, &start, Some(&"spin:50,idle:3,sleep:50,idle:3,".repeat(30)));
+    let v = spawn_c_loop(
+        &c_bin,
+        &log,
+        &start,
+        Some(&"spin:50,idle:3,sleep:50,idle:3,".repeat(30)),
+    );
     let pid = v.pid();
-    wait_metrics(&mut d, &dir.path, "the victim's loop thread", Duration::from_secs(15), |f| loop_threads(f, pid) >= 1.0);
+    wait_metrics(
+        &mut d,
+        &dir.path,
+        "the victim's loop thread",
+        Duration::from_secs(15),
+        |f| loop_threads(f, pid) >= 1.0,
+    );
     std::fs::write(&start, b"go").unwrap();
     let data = dir.join("data");
     let mut seen: BTreeSet<String> = BTreeSet::new();
@@ -605,7 +933,10 @@ fn daemon_retention_limits_hold() {
     let mut pprof_checked = 0;
     let t0 = Instant::now();
     while !log_has_kind(&log, "done") && t0.elapsed() < Duration::from_secs(40) {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
         let mut sizes: BTreeMap<String, u64> = BTreeMap::new();
         for w in std::fs::read_dir(&data).unwrap().flatten() {
             let name = w.file_name().to_string_lossy().into_owned();
@@ -622,10 +953,20 @@ fn daemon_retention_limits_hold() {
         let newest = sizes.values().last().copied().unwrap_or(0);
         max_seen = max_seen.max(total);
         // Between a window's write and its sweep the newest may be extra.
-        c.check(total <= MAX_BYTES + newest, || format!("data dir holds {total} bytes over {} windows, limit {MAX_BYTES}", sizes.len()));
+        c.check(total <= MAX_BYTES + newest, || {
+            format!(
+                "data dir holds {total} bytes over {} windows, limit {MAX_BYTES}",
+                sizes.len()
+            )
+        });
         for name in sizes.keys() {
             let start_s = windows_start(name);
-            c.check(now.saturating_sub(start_s) <= MAX_AGE_S + 3, || format!("window {name} is {} s old, max_age {MAX_AGE_S} s", now - start_s));
+            c.check(now.saturating_sub(start_s) <= MAX_AGE_S + 3, || {
+                format!(
+                    "window {name} is {} s old, max_age {MAX_AGE_S} s",
+                    now - start_s
+                )
+            });
             seen.insert(name.clone());
         }
         // Read a pprof file of a finished window.
@@ -633,43 +974,82 @@ fn daemon_retention_limits_hold() {
             && let Some(name) = sizes.keys().next()
         {
             let pdir = data.join(name).join(format!("c_loop-{pid}"));
-            if let (Ok(json), true) = (std::fs::read(pdir.join("stalls.json")), pdir.join("stalls.pb.gz").exists()) {
+            if let (Ok(json), true) = (
+                std::fs::read(pdir.join("stalls.json")),
+                pdir.join("stalls.pb.gz").exists(),
+            ) {
                 let rec: Value = serde_json::from_slice(&json).unwrap();
-                let want: u64 = rec["stalls"].as_array().unwrap().iter().map(|s| s["duration_ns"].as_u64().unwrap()).sum();
+                let want: u64 = rec["stalls"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| s["duration_ns"].as_u64().unwrap())
+                    .sum();
                 let copy = dir.join("w.pb.gz");
                 if std::fs::copy(pdir.join("stalls.pb.gz"), &copy).is_ok() {
                     let prof = read_pprof(&dir.path, &copy);
-                    let total: u64 = prof["samples"].as_array().unwrap().iter().map(|s| s["value"][0].as_u64().unwrap()).sum();
-                    c.check(total == want, || format!("{name}: pprof total {total} ns, stalls.json {want} ns"));
+                    let total: u64 = prof["samples"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|s| s["value"][0].as_u64().unwrap())
+                        .sum();
+                    c.check(total == want, || {
+                        format!("{name}: pprof total {total} ns, stalls.json {want} ns")
+                    });
                     pprof_checked += 1;
                 }
             }
         }
         std::thread::sleep(Duration::from_millis(300));
     }
-    c.check(log_has_kind(&log, "done"), || "the victim did not finish its schedule in 40 s".into());
-    c.check(pprof_checked > 0, || "no window's pprof file could be read while the daemon ran".into());
+    c.check(log_has_kind(&log, "done"), || {
+        "the victim did not finish its schedule in 40 s".into()
+    });
+    c.check(pprof_checked > 0, || {
+        "no window's pprof file could be read while the daemon ran".into()
+    });
     let kept_now = std::fs::read_dir(&data).unwrap().count();
-    c.check(seen.len() > kept_now && seen.len() >= 5, || format!("{} windows seen, {kept_now} kept: retention removed none", seen.len()));
+    c.check(seen.len() > kept_now && seen.len() >= 5, || {
+        format!(
+            "{} windows seen, {kept_now} kept: retention removed none",
+            seen.len()
+        )
+    });
     // The index links to a flamegraph that is served.
     let (st, idx) = http_get(port, "/", Duration::from_secs(5)).unwrap();
     let idx = String::from_utf8_lossy(&idx).into_owned();
-    let link = idx.split("href=\"").skip(1).filter_map(|s| s.split('"').next()).find(|h| h.starts_with("/reports/") && h.ends_with(".svg"));
+    let link = idx
+        .split("href=\"")
+        .skip(1)
+        .filter_map(|s| s.split('"').next())
+        .find(|h| h.starts_with("/reports/") && h.ends_with(".svg"));
     match link {
         Some(l) => {
             let (st2, svg) = http_get(port, l, Duration::from_secs(5)).unwrap();
-            c.check(st2 == 200 && String::from_utf8_lossy(&svg).contains("<svg"), || format!("GET {l}: {st2}"));
+            c.check(
+                st2 == 200 && String::from_utf8_lossy(&svg).contains("<svg"),
+                || format!("GET {l}: {st2}"),
+            );
         }
-        None => c.fail(format!("index page ({st}) links no flamegraph:\n{idx:.3000}")),
+        None => c.fail(format!(
+            "index page ({st}) links no flamegraph:\n{idx:.3000}"
+        )),
     }
     let fams = parse_metrics(&dir.path, &metrics_text(port));
     let reported = sample(&fams, "stallprof_reports_bytes", &[]).unwrap_or(-1.0);
-    c.check(reported >= 0.0 && reported <= MAX_BYTES as f64, || format!("stallprof_reports_bytes {reported} over the limit {MAX_BYTES}"));
+    c.check(reported >= 0.0 && reported <= MAX_BYTES as f64, || {
+        format!("stallprof_reports_bytes {reported} over the limit {MAX_BYTES}")
+    });
     d.prof.signal(libc::SIGTERM);
     let run = d.prof.wait(Duration::from_secs(30));
-    c.check(run.status.success(), || format!("daemon after SIGTERM:\n{}", run.describe()));
+    c.check(run.status.success(), || {
+        format!("daemon after SIGTERM:\n{}", run.describe())
+    });
     let total: u64 = walk_size(&data);
-    c.check(total <= MAX_BYTES, || format!("after exit the data dir holds {total} bytes, limit {MAX_BYTES}"));
+    c.check(total <= MAX_BYTES, || {
+        format!("after exit the data dir holds {total} bytes, limit {MAX_BYTES}")
+    });
     drop(v);
     c.add_context(&format!("max seen {max_seen} bytes; windows seen {seen:?}"));
     c.finish();
@@ -680,25 +1060,36 @@ fn walk_size(p: &Path) -> u64 {
         .into_iter()
         .flatten()
         .flatten()
-        .map(|e| if e.file_type().unwrap().is_dir() { walk_size(&e.path()) } else { e.metadata().map(|m| m.len()).unwrap_or(0) })
+        .map(|e| {
+            if e.file_type().unwrap().is_dir() {
+                walk_size(&e.path())
+            } else {
+                e.metadata().map(|m| m.len()).unwrap_or(0)
+            }
+        })
         .sum()
 }
 
 /// Seconds since the epoch of a window directory named `YYYYMMDDTHHMMSSZ[-n]`.
 fn windows_start(name: &str) -> u64 {
-    let out = Command::new("date").args(["-u", "-d"]).arg(format!(
-        "{}-{}-{} {}:{}:{}",
-        &name[0..4],
-        &name[4..6],
-        &name[6..8],
-        &name[9..11],
-        &name[11..13],
-        &name[13..15]
-    ))
-    .arg("+%s")
-    .output()
-    .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or_else(|_| panic!("window dir name {name:?}"))
+    let out = Command::new("date")
+        .args(["-u", "-d"])
+        .arg(format!(
+            "{}-{}-{} {}:{}:{}",
+            &name[0..4],
+            &name[4..6],
+            &name[6..8],
+            &name[9..11],
+            &name[11..13],
+            &name[13..15]
+        ))
+        .arg("+%s")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("window dir name {name:?}"))
 }
 
 /// `--check-config` validates without root and without loading anything;
@@ -713,10 +1104,28 @@ fn daemon_check_config() {
          [limits]\nmax_processes = 50\n[[include]]\ncomm = \"python*\"\n[[exclude]]\ncgroup = \"*system.slice*\"\n",
     )
     .unwrap();
-    let out = run_stallprof(&["daemon".to_string(), "--config".into(), good.display().to_string(), "--check-config".into()], Duration::from_secs(10));
+    let out = run_stallprof(
+        &[
+            "daemon".to_string(),
+            "--config".into(),
+            good.display().to_string(),
+            "--check-config".into(),
+        ],
+        Duration::from_secs(10),
+    );
     assert!(out.status.success(), "{}", out.describe());
-    for want in ["127.0.0.1:9999", "25.0ms", "max_processes 50", "comm=python*", "cgroup=*system.slice*"] {
-        assert!(out.stdout.contains(want), "--check-config output lacks {want:?}:\n{}", out.stdout);
+    for want in [
+        "127.0.0.1:9999",
+        "25.0ms",
+        "max_processes 50",
+        "comm=python*",
+        "cgroup=*system.slice*",
+    ] {
+        assert!(
+            out.stdout.contains(want),
+            "--check-config output lacks {want:?}:\n{}",
+            out.stdout
+        );
     }
     for (text, key) in [
         ("treshold = \"25ms\"\n", "treshold"),
@@ -727,7 +1136,19 @@ fn daemon_check_config() {
     ] {
         let bad = dir.join("bad.toml");
         std::fs::write(&bad, text).unwrap();
-        let out = run_stallprof(&["daemon".to_string(), "--config".into(), bad.display().to_string(), "--check-config".into()], Duration::from_secs(10));
-        assert!(!out.status.success() && out.stderr.contains(key), "config {text:?} should fail naming {key:?}:\n{}", out.describe());
+        let out = run_stallprof(
+            &[
+                "daemon".to_string(),
+                "--config".into(),
+                bad.display().to_string(),
+                "--check-config".into(),
+            ],
+            Duration::from_secs(10),
+        );
+        assert!(
+            !out.status.success() && out.stderr.contains(key),
+            "config {text:?} should fail naming {key:?}:\n{}",
+            out.describe()
+        );
     }
 }

@@ -8,14 +8,32 @@ use std::{fs, path::PathBuf};
 use stallprof::{aggregate, replay, stall::TrackerConfig};
 
 fn case(name: &str, threshold_ns: u64) {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
     let events = replay::read_events(&dir.join("events.jsonl")).unwrap();
     let mut symbols = replay::read_symbols(&dir.join("symbols.json")).unwrap();
-    let stalls = replay::replay(events, TrackerConfig { threshold_ns, tids: None }, &mut symbols, None);
+    let stalls = replay::replay(
+        events,
+        TrackerConfig {
+            threshold_ns,
+            tids: None,
+        },
+        &mut symbols,
+        None,
+    );
     assert!(!stalls.is_empty(), "{name}: no stalls replayed");
     for s in &stalls {
-        assert_eq!(s.on_cpu_ns + s.off_cpu_ns + s.runqueue_ns, s.duration_ns, "{name}: time split of {s:?}");
-        assert_eq!(s.stacks.iter().map(|p| p.weight_ns).sum::<u64>(), s.duration_ns, "{name}: stack weights");
+        assert_eq!(
+            s.on_cpu_ns + s.off_cpu_ns + s.runqueue_ns,
+            s.duration_ns,
+            "{name}: time split of {s:?}"
+        );
+        assert_eq!(
+            s.stacks.iter().map(|p| p.weight_ns).sum::<u64>(),
+            s.duration_ns,
+            "{name}: stack weights"
+        );
         assert!(s.duration_ns >= threshold_ns);
     }
     let mut got = aggregate::folded_lines(&stalls).join("\n");
@@ -23,7 +41,10 @@ fn case(name: &str, threshold_ns: u64) {
     let summary = format!(
         "stalls {}\n{}",
         stalls.len(),
-        stalls.iter().map(|s| format!("{} {} {}\n", s.start_ns, s.duration_ns, s.on_cpu_ns)).collect::<String>()
+        stalls
+            .iter()
+            .map(|s| format!("{} {} {}\n", s.start_ns, s.duration_ns, s.on_cpu_ns))
+            .collect::<String>()
     );
     let expected_path = dir.join("expected.folded");
     let summary_path = dir.join("expected.stalls");
@@ -32,9 +53,14 @@ fn case(name: &str, threshold_ns: u64) {
         fs::write(&summary_path, &summary).unwrap();
         return;
     }
-    let expected = fs::read_to_string(&expected_path).expect("expected.folded (bless with STALLPROF_BLESS=1)");
+    let expected =
+        fs::read_to_string(&expected_path).expect("expected.folded (bless with STALLPROF_BLESS=1)");
     assert_eq!(got, expected, "{name}: folded output changed");
-    assert_eq!(summary, fs::read_to_string(&summary_path).unwrap(), "{name}: stall timings changed");
+    assert_eq!(
+        summary,
+        fs::read_to_string(&summary_path).unwrap(),
+        "{name}: stall timings changed"
+    );
 }
 
 /// The C epoll victim: spin, nanosleep and pipe stalls.

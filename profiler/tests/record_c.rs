@@ -26,9 +26,21 @@ struct Culprit {
 }
 
 const CULPRITS: [Culprit; 3] = [
-    Culprit { kind: "spin", func: "spin_for_ms", syscalls: None },
-    Culprit { kind: "sleep", func: "sleep_for_ms", syscalls: Some(&["nanosleep", "clock_nanosleep"]) },
-    Culprit { kind: "pipe", func: "read_slow_pipe", syscalls: Some(&["read"]) },
+    Culprit {
+        kind: "spin",
+        func: "spin_for_ms",
+        syscalls: None,
+    },
+    Culprit {
+        kind: "sleep",
+        func: "sleep_for_ms",
+        syscalls: Some(&["nanosleep", "clock_nanosleep"]),
+    },
+    Culprit {
+        kind: "pipe",
+        func: "read_slow_pipe",
+        syscalls: Some(&["read"]),
+    },
 ];
 
 fn culprit(kind: &str) -> &'static Culprit {
@@ -52,17 +64,33 @@ fn check_c_loop_recording(out_dir: &Path, log_path: &Path, victim_pid: u32, how:
         std::fs::read_to_string(log_path).unwrap_or_default()
     );
     let truth = c_loop_truth(&log);
-    assert_eq!(truth.len(), 12, "the default schedule has 12 stalls; victim log:\n{}", truth_table(&truth));
+    assert_eq!(
+        truth.len(),
+        12,
+        "the default schedule has 12 stalls; victim log:\n{}",
+        truth_table(&truth)
+    );
     for t in &truth {
         // A victim problem, not a profiler one: say so.
-        assert!(t.duration_ns() >= THRESHOLD_NS + 10 * MS, "victim stall shorter than planned: {t:?}");
+        assert!(
+            t.duration_ns() >= THRESHOLD_NS + 10 * MS,
+            "victim stall shorter than planned: {t:?}"
+        );
     }
     let rec = load_recording(out_dir);
 
-    let mut c = Checks::new(format!("recording via {how}\n{}\n{}", truth_table(&truth), stalls_table(&rec)));
+    let mut c = Checks::new(format!(
+        "recording via {how}\n{}\n{}",
+        truth_table(&truth),
+        stalls_table(&rec)
+    ));
     check_contract(&mut c, &rec, THRESHOLD_NS);
-    c.check(rec.pid == victim_pid, || format!("pid is {}, want the victim's {victim_pid}", rec.pid));
-    c.check(rec.comm == "c_loop", || format!("comm is {:?}, want \"c_loop\"", rec.comm));
+    c.check(rec.pid == victim_pid, || {
+        format!("pid is {}, want the victim's {victim_pid}", rec.pid)
+    });
+    c.check(rec.comm == "c_loop", || {
+        format!("comm is {:?}, want \"c_loop\"", rec.comm)
+    });
     let first = truth.iter().map(|t| t.start_ns).min().unwrap();
     let last = truth.iter().map(|t| t.end_ns).max().unwrap();
     c.check(rec.started_ns <= first && rec.ended_ns >= last, || {
@@ -75,29 +103,59 @@ fn check_c_loop_recording(out_dir: &Path, log_path: &Path, victim_pid: u32, how:
 
     // Every victim stall found, once, with the right times and causes.
     for t in &truth {
-        let who = format!("{} stall ({}, {:.2} ms at {})", t.kind, t.func, ms(t.duration_ns()), t.start_ns);
+        let who = format!(
+            "{} stall ({}, {:.2} ms at {})",
+            t.kind,
+            t.func,
+            ms(t.duration_ns()),
+            t.start_ns
+        );
         let found = overlapping(&rec, t);
         if found.len() != 1 {
-            c.fail(format!("{who}: {} overlapping stalls, want exactly 1", found.len()));
+            c.fail(format!(
+                "{who}: {} overlapping stalls, want exactly 1",
+                found.len()
+            ));
             continue;
         }
         let s = found[0];
-        c.check(s.tid as u64 == t.tid, || format!("{who}: reported on tid {}, want {}", s.tid, t.tid));
-        c.check(s.thread_name == "c_loop", || format!("{who}: thread_name {:?}", s.thread_name));
+        c.check(s.tid as u64 == t.tid, || {
+            format!("{who}: reported on tid {}, want {}", s.tid, t.tid)
+        });
+        c.check(s.thread_name == "c_loop", || {
+            format!("{who}: thread_name {:?}", s.thread_name)
+        });
         c.check(!s.incomplete, || format!("{who}: marked incomplete"));
         c.check(s.start_ns.abs_diff(t.start_ns) <= TOLERANCE_NS, || {
-            format!("{who}: starts {:+.2} ms from the victim's busy_start", (s.start_ns as f64 - t.start_ns as f64) / 1e6)
+            format!(
+                "{who}: starts {:+.2} ms from the victim's busy_start",
+                (s.start_ns as f64 - t.start_ns as f64) / 1e6
+            )
         });
         c.check(s.end_ns.abs_diff(t.end_ns) <= TOLERANCE_NS, || {
-            format!("{who}: ends {:+.2} ms from the victim's busy_end", (s.end_ns as f64 - t.end_ns as f64) / 1e6)
+            format!(
+                "{who}: ends {:+.2} ms from the victim's busy_end",
+                (s.end_ns as f64 - t.end_ns as f64) / 1e6
+            )
         });
-        c.check(s.duration_ns.abs_diff(t.duration_ns()) <= TOLERANCE_NS, || {
-            format!("{who}: duration {:.2} ms, victim measured {:.2} ms", ms(s.duration_ns), ms(t.duration_ns()))
-        });
+        c.check(
+            s.duration_ns.abs_diff(t.duration_ns()) <= TOLERANCE_NS,
+            || {
+                format!(
+                    "{who}: duration {:.2} ms, victim measured {:.2} ms",
+                    ms(s.duration_ns),
+                    ms(t.duration_ns())
+                )
+            },
+        );
         // The victim's own thread CPU clock says how long it was really on-CPU.
         let cpu_tol = (5 * MS).max(s.duration_ns / 20);
         c.check(s.on_cpu_ns.abs_diff(t.cpu_ns) <= cpu_tol, || {
-            format!("{who}: on_cpu {:.2} ms, victim's thread CPU time {:.2} ms", ms(s.on_cpu_ns), ms(t.cpu_ns))
+            format!(
+                "{who}: on_cpu {:.2} ms, victim's thread CPU time {:.2} ms",
+                ms(s.on_cpu_ns),
+                ms(t.cpu_ns)
+            )
         });
 
         let cul = culprit(&t.kind);
@@ -108,16 +166,27 @@ fn check_c_loop_recording(out_dir: &Path, log_path: &Path, victim_pid: u32, how:
                 // "mostly on-CPU" is on_cpu + runqueue (wanting the CPU); the
                 // CPU-clock check above pins on_cpu itself.
                 c.check(share(s.on_cpu_ns + s.runqueue_ns) >= 0.90, || {
-                    format!("{who}: on_cpu + runqueue is only {:.0}% of the stall", 100.0 * share(s.on_cpu_ns + s.runqueue_ns))
+                    format!(
+                        "{who}: on_cpu + runqueue is only {:.0}% of the stall",
+                        100.0 * share(s.on_cpu_ns + s.runqueue_ns)
+                    )
                 });
                 let w = s.weight_with(cul.func, Some("on_cpu"), None);
                 c.check(w > 0 && w as f64 >= 0.9 * s.on_cpu_ns as f64, || {
-                    format!("{who}: on-CPU stacks containing {} carry {:.2} of {:.2} on-CPU ms", cul.func, ms(w), ms(s.on_cpu_ns))
+                    format!(
+                        "{who}: on-CPU stacks containing {} carry {:.2} of {:.2} on-CPU ms",
+                        cul.func,
+                        ms(w),
+                        ms(s.on_cpu_ns)
+                    )
                 });
             }
             Some(syscalls) => {
                 c.check(share(s.off_cpu_ns) >= 0.80, || {
-                    format!("{who}: off_cpu is only {:.0}% of the stall", 100.0 * share(s.off_cpu_ns))
+                    format!(
+                        "{who}: off_cpu is only {:.0}% of the stall",
+                        100.0 * share(s.off_cpu_ns)
+                    )
                 });
                 let w = s.weight_with(cul.func, Some("off_cpu"), Some(syscalls));
                 c.check(share(w) >= 0.80, || {
@@ -135,7 +204,10 @@ fn check_c_loop_recording(out_dir: &Path, log_path: &Path, victim_pid: u32, how:
     // handles 10 ms timer ticks in microseconds.
     for s in &rec.stalls {
         if !truth.iter().any(|t| s.overlaps(t.start_ns, t.end_ns)) {
-            c.fail(format!("extra stall matching no victim stall: {}", s.summary()));
+            c.fail(format!(
+                "extra stall matching no victim stall: {}",
+                s.summary()
+            ));
         }
     }
 
@@ -143,9 +215,17 @@ fn check_c_loop_recording(out_dir: &Path, log_path: &Path, victim_pid: u32, how:
     let true_total: u64 = truth.iter().map(|t| t.duration_ns()).sum();
     let total: u64 = rec.stalls.iter().map(|s| s.duration_ns).sum();
     for cul in &CULPRITS {
-        let true_share =
-            truth.iter().filter(|t| t.kind == cul.kind).map(|t| t.duration_ns()).sum::<u64>() as f64 / true_total as f64;
-        let w: u64 = rec.stalls.iter().map(|s| s.weight_with(cul.func, None, None)).sum();
+        let true_share = truth
+            .iter()
+            .filter(|t| t.kind == cul.kind)
+            .map(|t| t.duration_ns())
+            .sum::<u64>() as f64
+            / true_total as f64;
+        let w: u64 = rec
+            .stalls
+            .iter()
+            .map(|s| s.weight_with(cul.func, None, None))
+            .sum();
         let share = w as f64 / total.max(1) as f64;
         c.check((share - true_share).abs() <= 0.05, || {
             format!(
@@ -160,20 +240,36 @@ fn check_c_loop_recording(out_dir: &Path, log_path: &Path, victim_pid: u32, how:
     // Names and lines, from DWARF: a culprit frame points into its own body.
     for cul in &CULPRITS {
         let (lo, hi) = c_function_lines(&c_loop_source(), cul.func);
-        let frames: Vec<&Frame> =
-            rec.stalls.iter().flat_map(|s| &s.stacks).flat_map(|st| &st.frames).filter(|f| f.name == cul.func).collect();
-        c.check(frames.iter().all(|f| f.kind == "native"), || format!("{} frames not all of kind \"native\"", cul.func));
+        let frames: Vec<&Frame> = rec
+            .stalls
+            .iter()
+            .flat_map(|s| &s.stacks)
+            .flat_map(|st| &st.frames)
+            .filter(|f| f.name == cul.func)
+            .collect();
+        c.check(frames.iter().all(|f| f.kind == "native"), || {
+            format!("{} frames not all of kind \"native\"", cul.func)
+        });
         let located: Vec<&&Frame> = frames
             .iter()
-            .filter(|f| f.file.as_deref().is_some_and(|p| p.ends_with("c_loop.c")) && f.line.is_some())
+            .filter(|f| {
+                f.file.as_deref().is_some_and(|p| p.ends_with("c_loop.c")) && f.line.is_some()
+            })
             .collect();
         c.check(!located.is_empty(), || {
-            format!("no {} frame with file c_loop.c and a line (saw {:?})", cul.func, frames.first())
+            format!(
+                "no {} frame with file c_loop.c and a line (saw {:?})",
+                cul.func,
+                frames.first()
+            )
         });
         for f in located {
             let line = f.line.unwrap();
             c.check((lo..=hi).contains(&line), || {
-                format!("{} frame at c_loop.c:{line}, outside its definition (lines {lo}..={hi})", cul.func)
+                format!(
+                    "{} frame at c_loop.c:{line}, outside its definition (lines {lo}..={hi})",
+                    cul.func
+                )
             });
         }
     }
@@ -182,23 +278,39 @@ fn check_c_loop_recording(out_dir: &Path, log_path: &Path, victim_pid: u32, how:
     let (folded_us, lines, folded) = folded_total_us(&out_dir.join("stalls.folded"));
     c.check(lines > 0, || "stalls.folded is empty".into());
     let total_us = total as f64 / 1000.0;
-    c.check((folded_us as f64 - total_us).abs() <= 0.01 * total_us, || {
-        format!("stalls.folded weights sum to {folded_us} µs, total stall time is {total_us:.0} µs")
-    });
+    c.check(
+        (folded_us as f64 - total_us).abs() <= 0.01 * total_us,
+        || {
+            format!(
+                "stalls.folded weights sum to {folded_us} µs, total stall time is {total_us:.0} µs"
+            )
+        },
+    );
     for cul in &CULPRITS {
-        c.check(folded.lines().any(|l| l.split(';').any(|f| frame_is(f, cul.func))), || {
-            format!("stalls.folded has no line through {}", cul.func)
-        });
+        c.check(
+            folded
+                .lines()
+                .any(|l| l.split(';').any(|f| frame_is(f, cul.func))),
+            || format!("stalls.folded has no line through {}", cul.func),
+        );
     }
 
     // stalls.svg: a flame graph that names the culprits.
     let svg = std::fs::read_to_string(out_dir.join("stalls.svg")).unwrap_or_default();
     let head = svg.trim_start();
-    c.check(head.starts_with("<?xml") || head.starts_with("<svg"), || {
-        format!("stalls.svg does not start with <?xml or <svg: {:?}", &head[..head.len().min(80)])
-    });
+    c.check(
+        head.starts_with("<?xml") || head.starts_with("<svg"),
+        || {
+            format!(
+                "stalls.svg does not start with <?xml or <svg: {:?}",
+                &head[..head.len().min(80)]
+            )
+        },
+    );
     for cul in &CULPRITS {
-        c.check(svg.contains(cul.func), || format!("stalls.svg never mentions {}", cul.func));
+        c.check(svg.contains(cul.func), || {
+            format!("stalls.svg never mentions {}", cul.func)
+        });
     }
 
     c.finish();
@@ -229,7 +341,11 @@ fn record_command_c_loop_matches_victim_clock() {
         ],
         Duration::from_secs(90),
     );
-    assert!(run.status.success(), "stallprof record -- c_loop failed:\n{}", run.describe());
+    assert!(
+        run.status.success(),
+        "stallprof record -- c_loop failed:\n{}",
+        run.describe()
+    );
     let ready = wait_for_log_kind(&log, "ready", Duration::from_secs(1));
     let pid = ready["pid"].as_u64().unwrap() as u32;
     check_c_loop_recording(&out, &log, pid, "record -- c_loop");
@@ -250,7 +366,11 @@ fn record_pid_c_loop_matches_victim_clock() {
     let out = dir.join("out");
 
     let mut victim = Victim::spawn(
-        std::process::Command::new(&exe).arg(&log).arg("--start-file").arg(&start).arg("--linger"),
+        std::process::Command::new(&exe)
+            .arg(&log)
+            .arg("--start-file")
+            .arg(&start)
+            .arg("--linger"),
     );
     wait_for_log_kind(&log, "ready", Duration::from_secs(10));
     victim.assert_running();
@@ -274,7 +394,11 @@ fn record_pid_c_loop_matches_victim_clock() {
     victim.assert_running(); // it lingers, ticking idle, until we kill it
     prof.signal(libc::SIGINT);
     let run = prof.wait(Duration::from_secs(30));
-    assert!(run.status.success(), "stallprof record --pid, stopped by SIGINT, failed:\n{}", run.describe());
+    assert!(
+        run.status.success(),
+        "stallprof record --pid, stopped by SIGINT, failed:\n{}",
+        run.describe()
+    );
     check_c_loop_recording(&out, &log, pid, "record --pid (stopped by SIGINT)");
 }
 
@@ -307,9 +431,15 @@ fn record_leaves_no_bpf_programs_loaded() {
     let mut seen = Vec::new();
     while seen.is_empty() && std::time::Instant::now() < deadline {
         if let Some(out) = prof.try_finished() {
-            panic!("stallprof record -- sleep 3 ended before any sp_* program was seen:\n{}", out.describe());
+            panic!(
+                "stallprof record -- sleep 3 ended before any sp_* program was seen:\n{}",
+                out.describe()
+            );
         }
-        seen = loaded_sp_programs().into_iter().filter(|p| !before.contains(p)).collect();
+        seen = loaded_sp_programs()
+            .into_iter()
+            .filter(|p| !before.contains(p))
+            .collect();
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(
@@ -318,14 +448,25 @@ fn record_leaves_no_bpf_programs_loaded() {
     );
     // Programs load one after another: take the full set once loading is done.
     std::thread::sleep(Duration::from_millis(500));
-    seen = loaded_sp_programs().into_iter().filter(|p| !before.contains(p)).collect();
+    seen = loaded_sp_programs()
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
     let run = prof.wait(Duration::from_secs(60));
-    assert!(run.status.success(), "stallprof record -- sleep 3 failed:\n{}", run.describe());
+    assert!(
+        run.status.success(),
+        "stallprof record -- sleep 3 failed:\n{}",
+        run.describe()
+    );
 
     // Programs are freed asynchronously after their last fd closes.
     // Only this run's programs count: another stallprof (a developer's, a
     // parallel test binary's) may be running beside it.
-    let ours = |all: Vec<_>| all.into_iter().filter(|p| seen.contains(p)).collect::<Vec<_>>();
+    let ours = |all: Vec<_>| {
+        all.into_iter()
+            .filter(|p| seen.contains(p))
+            .collect::<Vec<_>>()
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
     let mut left = ours(loaded_sp_programs());
     while !left.is_empty() && std::time::Instant::now() < deadline {
@@ -340,7 +481,11 @@ fn record_leaves_no_bpf_programs_loaded() {
 
     // `sleep` never waits in an event loop, so it has no busy periods.
     let rec = load_recording(&out);
-    assert!(rec.stalls.is_empty(), "stalls reported for `sleep 3`, which has no event loop:\n{}", stalls_table(&rec));
+    assert!(
+        rec.stalls.is_empty(),
+        "stalls reported for `sleep 3`, which has no event loop:\n{}",
+        stalls_table(&rec)
+    );
 }
 
 #[test]
@@ -352,22 +497,51 @@ fn record_pid_that_does_not_exist_names_the_pid() {
     let dir = Scratch::new("nopid");
     let out = dir.join("out");
     let run = run_stallprof(
-        &["record".to_string(), "-o".into(), out.display().to_string(), "--pid".into(), pid.to_string()],
+        &[
+            "record".to_string(),
+            "-o".into(),
+            out.display().to_string(),
+            "--pid".into(),
+            pid.to_string(),
+        ],
         Duration::from_secs(30),
     );
-    assert!(!run.status.success(), "stallprof record --pid {pid} (no such process) exited 0:\n{}", run.describe());
+    assert!(
+        !run.status.success(),
+        "stallprof record --pid {pid} (no such process) exited 0:\n{}",
+        run.describe()
+    );
     let text = format!("{}{}", run.stderr, run.stdout);
-    assert!(text.contains(&pid.to_string()), "the error does not mention pid {pid}:\n{}", run.describe());
+    assert!(
+        text.contains(&pid.to_string()),
+        "the error does not mention pid {pid}:\n{}",
+        run.describe()
+    );
 }
 
 #[test]
 fn record_threshold_banana_names_the_format() {
     // Argument parsing happens before anything privileged: no root needed.
-    let run = run_stallprof(&["record", "--threshold", "banana", "--", "true"], Duration::from_secs(30));
-    assert!(!run.status.success(), "`record --threshold banana` exited 0:\n{}", run.describe());
+    let run = run_stallprof(
+        &["record", "--threshold", "banana", "--", "true"],
+        Duration::from_secs(30),
+    );
+    assert!(
+        !run.status.success(),
+        "`record --threshold banana` exited 0:\n{}",
+        run.describe()
+    );
     let err = run.stderr.to_lowercase();
-    assert!(err.contains("threshold"), "the error does not name --threshold:\n{}", run.describe());
-    assert!(err.contains("banana"), "the error does not quote the bad value:\n{}", run.describe());
+    assert!(
+        err.contains("threshold"),
+        "the error does not name --threshold:\n{}",
+        run.describe()
+    );
+    assert!(
+        err.contains("banana"),
+        "the error does not quote the bad value:\n{}",
+        run.describe()
+    );
     assert!(
         err.contains("ms"),
         "the error does not show the expected duration format (e.g. 50ms):\n{}",

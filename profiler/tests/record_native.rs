@@ -64,7 +64,9 @@ fn native_is(name: &str, func: &str) -> bool {
 /// `JS:*deriveKey /path/node_loop.js:55:19` (`~` interpreted, `^` Sparkplug,
 /// `+` Maglev, `*` TurboFan; older V8 says `LazyCompile:` or `Function:`).
 fn js_function(name: &str) -> Option<&str> {
-    let rest = ["JS:", "LazyCompile:", "Function:"].iter().find_map(|p| name.strip_prefix(p))?;
+    let rest = ["JS:", "LazyCompile:", "Function:"]
+        .iter()
+        .find_map(|p| name.strip_prefix(p))?;
     let rest = rest.trim_start_matches(['~', '^', '+', '*']);
     Some(rest.split(' ').next().unwrap_or(""))
 }
@@ -85,7 +87,9 @@ fn culprit_weights(
     let mut through_loop = 0;
     for st in &s.stacks {
         // The innermost culprit frame: with recursion the outermost would do too.
-        let Some(ci) = st.frames.iter().rposition(is_culprit) else { continue };
+        let Some(ci) = st.frames.iter().rposition(is_culprit) else {
+            continue;
+        };
         with_culprit += st.weight_ns;
         if st.frames[..ci].iter().any(is_loop) {
             through_loop += st.weight_ns;
@@ -101,17 +105,30 @@ fn pct(part: u64, whole: u64) -> f64 {
 /// The heaviest stacks not through the culprit, innermost frames first: the
 /// evidence when a share is too low.
 fn missing_evidence(s: &Stall, is_culprit: &dyn Fn(&Frame) -> bool, n: usize) -> String {
-    let mut rest: Vec<&Stack> = s.stacks.iter().filter(|st| !st.frames.iter().any(is_culprit)).collect();
+    let mut rest: Vec<&Stack> = s
+        .stacks
+        .iter()
+        .filter(|st| !st.frames.iter().any(is_culprit))
+        .collect();
     rest.sort_by_key(|st| std::cmp::Reverse(st.weight_ns));
     let mut out = String::new();
     for st in rest.into_iter().take(n) {
-        let inner: Vec<&str> = st.frames.iter().rev().take(14).map(|f| f.name.as_str()).collect();
+        let inner: Vec<&str> = st
+            .frames
+            .iter()
+            .rev()
+            .take(14)
+            .map(|f| f.name.as_str())
+            .collect();
         let _ = write!(
             out,
             "\n        {:.2} ms {}{}: [innermost first] {}",
             ms(st.weight_ns),
             st.kind,
-            st.syscall.as_deref().map(|s| format!("/{s}")).unwrap_or_default(),
+            st.syscall
+                .as_deref()
+                .map(|s| format!("/{s}"))
+                .unwrap_or_default(),
             inner.join(" <- ")
         );
     }
@@ -132,10 +149,23 @@ fn brief_stalls_table(rec: &Recording) -> String {
     for st in &rec.stalls {
         let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
         for k in &st.stacks {
-            *by_kind.entry(format!("{}/{}", k.kind, k.syscall.as_deref().unwrap_or("-"))).or_default() += k.weight_ns;
+            *by_kind
+                .entry(format!(
+                    "{}/{}",
+                    k.kind,
+                    k.syscall.as_deref().unwrap_or("-")
+                ))
+                .or_default() += k.weight_ns;
         }
         let heavy = st.stacks.iter().max_by_key(|k| k.weight_ns).map(|k| {
-            k.frames.iter().rev().filter(|f| f.kind != "kernel").take(5).map(|f| f.name.as_str()).collect::<Vec<_>>().join(" <- ")
+            k.frames
+                .iter()
+                .rev()
+                .filter(|f| f.kind != "kernel")
+                .take(5)
+                .map(|f| f.name.as_str())
+                .collect::<Vec<_>>()
+                .join(" <- ")
         });
         let _ = writeln!(
             s,
@@ -149,7 +179,10 @@ fn brief_stalls_table(rec: &Recording) -> String {
             ms(st.off_cpu_ns),
             ms(st.runqueue_ns),
             if st.incomplete { " INCOMPLETE" } else { "" },
-            by_kind.iter().map(|(k, w)| format!("{k}={:.1}", ms(*w))).collect::<Vec<_>>(),
+            by_kind
+                .iter()
+                .map(|(k, w)| format!("{k}={:.1}", ms(*w)))
+                .collect::<Vec<_>>(),
             heavy.unwrap_or_default()
         );
     }
@@ -161,7 +194,10 @@ fn folded_excerpt(folded: &str, needle: Option<&str>, n: usize) -> String {
     let mut lines: Vec<(u64, &str)> = folded
         .lines()
         .filter(|l| needle.is_none_or(|x| l.contains(x)))
-        .filter_map(|l| l.rsplit_once(' ').map(|(st, w)| (w.trim().parse().unwrap_or(0), st)))
+        .filter_map(|l| {
+            l.rsplit_once(' ')
+                .map(|(st, w)| (w.trim().parse().unwrap_or(0), st))
+        })
         .collect();
     lines.sort_by_key(|(w, _)| std::cmp::Reverse(*w));
     let mut out = String::new();
@@ -179,13 +215,17 @@ fn folded_excerpt(folded: &str, needle: Option<&str>, n: usize) -> String {
 /// Records with start_ns/end_ns around the culprit call (tokio, Node).
 fn call_truth(log: &[serde_json::Value], kinds: &[&str]) -> Vec<Truth> {
     let num = |r: &serde_json::Value, k: &str| {
-        r[k].as_u64().unwrap_or_else(|| panic!("victim log record lacks numeric {k:?}: {r}"))
+        r[k].as_u64()
+            .unwrap_or_else(|| panic!("victim log record lacks numeric {k:?}: {r}"))
     };
     log.iter()
         .filter(|r| r["kind"].as_str().is_some_and(|k| kinds.contains(&k)))
         .map(|r| Truth {
             kind: r["kind"].as_str().unwrap().into(),
-            func: r["func"].as_str().unwrap_or_else(|| panic!("victim log record lacks func: {r}")).into(),
+            func: r["func"]
+                .as_str()
+                .unwrap_or_else(|| panic!("victim log record lacks func: {r}"))
+                .into(),
             tid: num(r, "tid"),
             start_ns: num(r, "start_ns"),
             end_ns: num(r, "end_ns"),
@@ -229,12 +269,20 @@ fn run_with_deadline(cmd: &mut Command, timeout: Duration) -> Output {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    Output { status, stdout: t_out.join().unwrap_or_default(), stderr: t_err.join().unwrap_or_default() }
+    Output {
+        status,
+        stdout: t_out.join().unwrap_or_default(),
+        stderr: t_err.join().unwrap_or_default(),
+    }
 }
 
 /// The workspace's target directory: stallprof is <target>/<profile>/stallprof.
 fn target_dir() -> PathBuf {
-    Path::new(stallprof_bin()).parent().and_then(Path::parent).unwrap().to_path_buf()
+    Path::new(stallprof_bin())
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .to_path_buf()
 }
 
 /// Builds tests/victims/tokio-victim (release, its own Cargo.lock) into
@@ -256,7 +304,13 @@ fn tokio_victim() -> PathBuf {
         .arg(&target);
     // Built exactly as its Cargo.toml says: no flags from the outer build
     // (e.g. -C force-frame-pointers) may leak in.
-    for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "CARGO_TARGET_DIR", "CARGO_BUILD_TARGET"] {
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+    ] {
         cmd.env_remove(var);
     }
     let out = run_with_deadline(&mut cmd, Duration::from_secs(600));
@@ -269,7 +323,11 @@ fn tokio_victim() -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     let exe = target.join("release/tokio-victim");
-    assert!(exe.exists(), "cargo built the tokio victim but {} is missing", exe.display());
+    assert!(
+        exe.exists(),
+        "cargo built the tokio victim but {} is missing",
+        exe.display()
+    );
     assert_no_frame_pointer_chain(&exe);
     *built = Some(exe.clone());
     exe
@@ -281,10 +339,17 @@ fn tokio_victim() -> PathBuf {
 /// as an ordinary callee-saved register.)
 fn assert_no_frame_pointer_chain(exe: &Path) {
     let out = run_with_deadline(
-        Command::new("objdump").args(["-d", "-C", "--no-show-raw-insn"]).arg(exe),
+        Command::new("objdump")
+            .args(["-d", "-C", "--no-show-raw-insn"])
+            .arg(exe),
         Duration::from_secs(120),
     );
-    assert!(out.status.success(), "objdump -d {} failed: {}", exe.display(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "objdump -d {} failed: {}",
+        exe.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let watched = |f: &str| {
         f.contains("<tokio_victim::")
@@ -300,11 +365,18 @@ fn assert_no_frame_pointer_chain(exe: &Path) {
             if watched(func) {
                 seen += 1;
             }
-        } else if watched(func) && line.contains("mov    %rsp,%rbp") && with_fp.last() != Some(&func) {
+        } else if watched(func)
+            && line.contains("mov    %rsp,%rbp")
+            && with_fp.last() != Some(&func)
+        {
             with_fp.push(func);
         }
     }
-    assert!(seen >= 4, "objdump of {} shows {seen} tokio_victim/tokio worker functions; symbols missing?", exe.display());
+    assert!(
+        seen >= 4,
+        "objdump of {} shows {seen} tokio_victim/tokio worker functions; symbols missing?",
+        exe.display()
+    );
     assert!(
         with_fp.is_empty(),
         "the tokio victim keeps frame pointers in {with_fp:?}: it must be built without them \
@@ -314,23 +386,44 @@ fn assert_no_frame_pointer_chain(exe: &Path) {
 
 /// `stallprof record --threshold 40ms -o OUT -- ARGV…`, which must succeed.
 fn record(argv: &[&OsStr], out: &Path, timeout: Duration) -> RunOutput {
-    let mut args: Vec<&OsStr> = vec!["record".as_ref(), "--threshold".as_ref(), THRESHOLD.as_ref(), "-o".as_ref()];
+    let mut args: Vec<&OsStr> = vec![
+        "record".as_ref(),
+        "--threshold".as_ref(),
+        THRESHOLD.as_ref(),
+        "-o".as_ref(),
+    ];
     args.push(out.as_os_str());
     args.push("--".as_ref());
     args.extend_from_slice(argv);
     let run = run_stallprof(&args, timeout);
-    assert!(run.status.success(), "stallprof {args:?} failed:\n{}", run.describe());
+    assert!(
+        run.status.success(),
+        "stallprof {args:?} failed:\n{}",
+        run.describe()
+    );
     run
 }
 
 /// The victim finished, and its log says it stalled as planned: `per_kind`
 /// calls of each kind, each well over the threshold, the first one well after
 /// start.
-fn victim_truth(log_path: &Path, kinds: &[&str], per_kind: usize) -> (serde_json::Value, Vec<Truth>) {
+fn victim_truth(
+    log_path: &Path,
+    kinds: &[&str],
+    per_kind: usize,
+) -> (serde_json::Value, Vec<Truth>) {
     let log = read_log(log_path);
     let raw = || std::fs::read_to_string(log_path).unwrap_or_default();
-    assert!(log.iter().any(|r| r["kind"] == "done"), "the victim did not finish its schedule; log:\n{}", raw());
-    let ready = log.iter().find(|r| r["kind"] == "ready").cloned().unwrap_or_else(|| panic!("no ready record:\n{}", raw()));
+    assert!(
+        log.iter().any(|r| r["kind"] == "done"),
+        "the victim did not finish its schedule; log:\n{}",
+        raw()
+    );
+    let ready = log
+        .iter()
+        .find(|r| r["kind"] == "ready")
+        .cloned()
+        .unwrap_or_else(|| panic!("no ready record:\n{}", raw()));
     let truth = call_truth(&log, kinds);
     for k in kinds {
         assert_eq!(
@@ -342,10 +435,15 @@ fn victim_truth(log_path: &Path, kinds: &[&str], per_kind: usize) -> (serde_json
     }
     // Victim problems, not profiler ones: say so.
     for t in &truth {
-        assert!(t.duration_ns() >= THRESHOLD_NS + 20 * MS, "victim call shorter than planned: {t:?}");
+        assert!(
+            t.duration_ns() >= THRESHOLD_NS + 20 * MS,
+            "victim call shorter than planned: {t:?}"
+        );
     }
     let first = truth.iter().map(|t| t.start_ns).min().unwrap();
-    let t0 = ready["mono_ns"].as_u64().unwrap_or_else(|| panic!("ready record lacks mono_ns: {ready}"));
+    let t0 = ready["mono_ns"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("ready record lacks mono_ns: {ready}"));
     assert!(
         first >= t0 + FIRST_STALL_AFTER_NS,
         "the victim's first stall comes {:.0} ms after it started, want ≥ {} ms",
@@ -378,19 +476,33 @@ struct Runtime<'a> {
 /// outer to it, the runtime's poll loop.
 fn check_calls(c: &mut Checks, rec: &Recording, truth: &[Truth], rt: &Runtime) {
     for t in truth {
-        let who = format!("{} ({}, {:.2} ms at {}, tid {})", t.kind, t.func, ms(t.duration_ns()), t.start_ns, t.tid);
+        let who = format!(
+            "{} ({}, {:.2} ms at {}, tid {})",
+            t.kind,
+            t.func,
+            ms(t.duration_ns()),
+            t.start_ns,
+            t.tid
+        );
         let all = overlapping(rec, t);
         let found: Vec<&&Stall> = all.iter().filter(|s| s.tid as u64 == t.tid).collect();
         if found.len() != 1 {
             c.fail(format!(
                 "{who}: {} overlapping stalls on its thread, want exactly 1 (on any thread: {:?})",
                 found.len(),
-                all.iter().map(|s| (s.tid, ms(s.duration_ns))).collect::<Vec<_>>()
+                all.iter()
+                    .map(|s| (s.tid, ms(s.duration_ns)))
+                    .collect::<Vec<_>>()
             ));
             continue;
         }
         let s = found[0];
-        c.check(s.thread_name == rt.thread_name, || format!("{who}: thread_name {:?}, want {:?}", s.thread_name, rt.thread_name));
+        c.check(s.thread_name == rt.thread_name, || {
+            format!(
+                "{who}: thread_name {:?}, want {:?}",
+                s.thread_name, rt.thread_name
+            )
+        });
         c.check(!s.incomplete, || format!("{who}: marked incomplete"));
         let is_culprit = |f: &Frame| (rt.is_culprit)(f, &t.func);
         // The busy period encloses the call, plus the little work around it
@@ -404,7 +516,10 @@ fn check_calls(c: &mut Checks, rec: &Recording, truth: &[Truth], rt: &Runtime) {
             .sum();
         let before = t.start_ns as i64 - s.start_ns as i64;
         let after = s.end_ns as i64 - t.end_ns as i64;
-        let (max_before, max_after) = (rt.slack_before_ns + rq_outside, rt.slack_after_ns + rq_outside);
+        let (max_before, max_after) = (
+            rt.slack_before_ns + rq_outside,
+            rt.slack_after_ns + rq_outside,
+        );
         c.check(before >= -(MS as i64) && before <= max_before as i64, || {
             format!(
                 "{who}: the stall starts {:+.2} ms before the call (want -1 ..= {:.2} ms: {:.0} ms + {:.2} ms run-queue outside {})",
@@ -453,8 +568,14 @@ fn check_calls(c: &mut Checks, rec: &Recording, truth: &[Truth], rt: &Runtime) {
         let first = truth.iter().map(|t| t.start_ns).min().unwrap();
         let last = truth.iter().map(|t| t.end_ns).max().unwrap();
         for s in rec.stalls.iter().filter(|s| s.overlaps(first, last)) {
-            if !truth.iter().any(|t| s.tid as u64 == t.tid && s.overlaps(t.start_ns, t.end_ns)) {
-                c.fail(format!("extra stall between the victim's calls, matching none: {}", s.summary()));
+            if !truth
+                .iter()
+                .any(|t| s.tid as u64 == t.tid && s.overlaps(t.start_ns, t.end_ns))
+            {
+                c.fail(format!(
+                    "extra stall between the victim's calls, matching none: {}",
+                    s.summary()
+                ));
             }
         }
     }
@@ -481,7 +602,12 @@ fn record_tokio(test: &str, flavor: &str) {
     let log = dir.join("victim.jsonl");
     let out = dir.join("out");
     record(
-        &[exe.as_os_str(), log.as_os_str(), "--flavor".as_ref(), flavor.as_ref()],
+        &[
+            exe.as_os_str(),
+            log.as_os_str(),
+            "--flavor".as_ref(),
+            flavor.as_ref(),
+        ],
         &out,
         Duration::from_secs(60),
     );
@@ -497,8 +623,12 @@ fn record_tokio(test: &str, flavor: &str) {
         folded_excerpt(&folded, None, 8)
     ));
     check_contract(&mut c, &rec, THRESHOLD_NS);
-    c.check(rec.pid == pid, || format!("pid is {}, want the victim's {pid}", rec.pid));
-    c.check(rec.comm == "tokio-victim", || format!("comm is {:?}, want \"tokio-victim\"", rec.comm));
+    c.check(rec.pid == pid, || {
+        format!("pid is {}, want the victim's {pid}", rec.pid)
+    });
+    c.check(rec.comm == "tokio-victim", || {
+        format!("comm is {:?}, want \"tokio-victim\"", rec.comm)
+    });
 
     // The poll loop: the worker's run loop, or block_on's loop on the
     // current-thread runtime. Both call Context::run_task, which polls the task.
@@ -509,7 +639,11 @@ fn record_tokio(test: &str, flavor: &str) {
     let is_loop = |f: &Frame| f.name == loop_frame;
     let is_culprit = |f: &Frame, func: &str| f.kind == "native" && native_is(&f.name, func);
     let rt = Runtime {
-        thread_name: if flavor == "multi" { "tokio-rt-worker" } else { "tokio-victim" },
+        thread_name: if flavor == "multi" {
+            "tokio-rt-worker"
+        } else {
+            "tokio-victim"
+        },
         is_culprit: &is_culprit,
         is_loop: &is_loop,
         loop_desc: loop_frame,
@@ -523,26 +657,48 @@ fn record_tokio(test: &str, flavor: &str) {
     // The time split follows the culprit: blocked in (clock_)nanosleep, or
     // on-CPU (on a busy machine: on-CPU or waiting for a CPU).
     for t in &truth {
-        let Some(s) = rec.stalls.iter().find(|s| s.tid as u64 == t.tid && s.overlaps(t.start_ns, t.end_ns)) else {
+        let Some(s) = rec
+            .stalls
+            .iter()
+            .find(|s| s.tid as u64 == t.tid && s.overlaps(t.start_ns, t.end_ns))
+        else {
             continue;
         };
-        let who = format!("{} ({:.2} ms at {})", t.func, ms(t.duration_ns()), t.start_ns);
+        let who = format!(
+            "{} ({:.2} ms at {})",
+            t.func,
+            ms(t.duration_ns()),
+            t.start_ns
+        );
         if t.kind == "sleep" {
             let slept = s.off_cpu_weight_in(&["clock_nanosleep", "nanosleep"]);
             c.check(pct(slept, s.duration_ns) >= 80.0, || {
-                format!("{who}: only {:.0}% of the stall is off-CPU in (clock_)nanosleep", pct(slept, s.duration_ns))
+                format!(
+                    "{who}: only {:.0}% of the stall is off-CPU in (clock_)nanosleep",
+                    pct(slept, s.duration_ns)
+                )
             });
         } else {
-            c.check(pct(s.on_cpu_ns + s.runqueue_ns, s.duration_ns) >= 90.0, || {
-                format!("{who}: on_cpu + runqueue is only {:.0}% of the stall", pct(s.on_cpu_ns + s.runqueue_ns, s.duration_ns))
-            });
+            c.check(
+                pct(s.on_cpu_ns + s.runqueue_ns, s.duration_ns) >= 90.0,
+                || {
+                    format!(
+                        "{who}: on_cpu + runqueue is only {:.0}% of the stall",
+                        pct(s.on_cpu_ns + s.runqueue_ns, s.duration_ns)
+                    )
+                },
+            );
         }
     }
 
     for func in ["blocking_sleep", "cpu_spin"] {
-        c.check(folded.lines().any(|l| l.split(';').any(|f| f.starts_with(&format!("tokio_victim::{func}")))), || {
-            format!("stalls.folded has no line through tokio_victim::{func}")
-        });
+        c.check(
+            folded.lines().any(|l| {
+                l.split(';')
+                    .any(|f| f.starts_with(&format!("tokio_victim::{func}")))
+            }),
+            || format!("stalls.folded has no line through tokio_victim::{func}"),
+        );
     }
     c.finish();
 }
@@ -550,13 +706,19 @@ fn record_tokio(test: &str, flavor: &str) {
 /// Multi-thread runtime, 2 workers: the task blocks whichever worker ran it.
 #[test]
 fn record_tokio_multi_thread_release_no_frame_pointers() {
-    record_tokio("record_tokio_multi_thread_release_no_frame_pointers", "multi");
+    record_tokio(
+        "record_tokio_multi_thread_release_no_frame_pointers",
+        "multi",
+    );
 }
 
 /// Current-thread runtime: the task blocks the thread inside block_on.
 #[test]
 fn record_tokio_current_thread_release_no_frame_pointers() {
-    record_tokio("record_tokio_current_thread_release_no_frame_pointers", "current");
+    record_tokio(
+        "record_tokio_current_thread_release_no_frame_pointers",
+        "current",
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -576,7 +738,10 @@ fn record_node_perf_basic_prof_pbkdf2_and_json_parse() {
     if !require_root_and_bpf(test) {
         return;
     }
-    assert!(Path::new(NODE).exists(), "{NODE} is missing: this test needs Node 20 there (see docs/testing.md)");
+    assert!(
+        Path::new(NODE).exists(),
+        "{NODE} is missing: this test needs Node 20 there (see docs/testing.md)"
+    );
     let _serial = serial();
     let dir = Scratch::new("node");
     let script = victims_dir().join("node_loop.js");
@@ -604,10 +769,15 @@ fn record_node_perf_basic_prof_pbkdf2_and_json_parse() {
         folded_excerpt(&folded, Some("JsonParser"), 4)
     ));
     check_contract(&mut c, &rec, THRESHOLD_NS);
-    c.check(rec.pid == pid, || format!("pid is {}, want the victim's {pid}", rec.pid));
-    c.check(rec.comm == "node", || format!("comm is {:?}, want \"node\"", rec.comm));
+    c.check(rec.pid == pid, || {
+        format!("pid is {}, want the victim's {pid}", rec.pid)
+    });
+    c.check(rec.comm == "node", || {
+        format!("comm is {:?}, want \"node\"", rec.comm)
+    });
 
-    let is_culprit = |f: &Frame, func: &str| f.kind == "native" && js_function(&f.name) == Some(func);
+    let is_culprit =
+        |f: &Frame, func: &str| f.kind == "native" && js_function(&f.name) == Some(func);
     let is_loop = |f: &Frame| f.name == "uv_run";
     let rt = Runtime {
         thread_name: "node",
@@ -626,21 +796,31 @@ fn record_node_perf_basic_prof_pbkdf2_and_json_parse() {
     // Evidence for a too-low share: how much of each stall the native part
     // of the culprit, and the trampolines of interpreted frames, account for.
     for t in &truth {
-        let Some(s) = rec.stalls.iter().find(|s| s.tid as u64 == t.tid && s.overlaps(t.start_ns, t.end_ns)) else {
+        let Some(s) = rec
+            .stalls
+            .iter()
+            .find(|s| s.tid as u64 == t.tid && s.overlaps(t.start_ns, t.end_ns))
+        else {
             continue;
         };
         let parts = node_native_part(&t.func);
         let native: u64 = s
             .stacks
             .iter()
-            .filter(|st| st.frames.iter().any(|f| parts.iter().any(|p| f.name.contains(p))))
+            .filter(|st| {
+                st.frames
+                    .iter()
+                    .any(|f| parts.iter().any(|p| f.name.contains(p)))
+            })
             .map(|st| st.weight_ns)
             .sum();
         let trampoline: u64 = s
             .stacks
             .iter()
             .filter(|st| {
-                st.frames.iter().any(|f| f.name.ends_with("InterpreterEntryTrampoline"))
+                st.frames
+                    .iter()
+                    .any(|f| f.name.ends_with("InterpreterEntryTrampoline"))
             })
             .map(|st| st.weight_ns)
             .sum();
@@ -656,16 +836,24 @@ fn record_node_perf_basic_prof_pbkdf2_and_json_parse() {
     // JS frames come from the perf map: kind native, module "[jit]", and name
     // the script's file.
     let mut js_frames = 0;
-    for f in raw["stalls"].as_array().unwrap().iter().flat_map(|s| s["stacks"].as_array().unwrap()).flat_map(|st| {
-        st["frames"].as_array().unwrap()
-    }) {
+    for f in raw["stalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["stacks"].as_array().unwrap())
+        .flat_map(|st| st["frames"].as_array().unwrap())
+    {
         let name = f["name"].as_str().unwrap_or("");
         if !matches!(js_function(name), Some("deriveKey" | "parseBig")) {
             continue;
         }
         js_frames += 1;
         let ok = f["kind"] == "native" && f["module"] == "[jit]" && name.contains("node_loop.js");
-        c.check(ok, || format!("JS culprit frame {f}: want kind native, module \"[jit]\", a name with node_loop.js"));
+        c.check(ok, || {
+            format!(
+                "JS culprit frame {f}: want kind native, module \"[jit]\", a name with node_loop.js"
+            )
+        });
         if !ok {
             break;
         }
@@ -686,7 +874,11 @@ fn record_node_perf_basic_prof_pbkdf2_and_json_parse() {
 // ---------------------------------------------------------------------------
 // C without frame pointers
 
-const C_CULPRITS: [(&str, &str); 3] = [("spin", "spin_for_ms"), ("sleep", "sleep_for_ms"), ("pipe", "read_slow_pipe")];
+const C_CULPRITS: [(&str, &str); 3] = [
+    ("spin", "spin_for_ms"),
+    ("sleep", "sleep_for_ms"),
+    ("pipe", "read_slow_pipe"),
+];
 
 fn build_c_loop_with(dir: &Path, flags: &[&str]) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
@@ -697,8 +889,14 @@ fn build_c_loop_with(dir: &Path, flags: &[&str]) -> PathBuf {
         .arg(&out)
         .arg(c_loop_source())
         .output()
-        .unwrap_or_else(|e| panic!("running cc to build the C victim: {e} (is a C compiler installed?)"));
-    assert!(result.status.success(), "cc {flags:?} c_loop.c failed:\n{}", String::from_utf8_lossy(&result.stderr));
+        .unwrap_or_else(|e| {
+            panic!("running cc to build the C victim: {e} (is a C compiler installed?)")
+        });
+    assert!(
+        result.status.success(),
+        "cc {flags:?} c_loop.c failed:\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
     out
 }
 
@@ -713,7 +911,11 @@ fn record_c_loop(dir: &Scratch, name: &str, flags: &[&str]) -> CRun {
     let exe = build_c_loop_with(&dir.join(name), flags);
     let log = dir.join(&format!("{name}.jsonl"));
     let out = dir.join(&format!("{name}-out"));
-    record(&[exe.as_os_str(), log.as_os_str()], &out, Duration::from_secs(60));
+    record(
+        &[exe.as_os_str(), log.as_os_str()],
+        &out,
+        Duration::from_secs(60),
+    );
     let entries = read_log(&log);
     assert!(
         entries.iter().any(|r| r["kind"] == "done"),
@@ -721,7 +923,12 @@ fn record_c_loop(dir: &Scratch, name: &str, flags: &[&str]) -> CRun {
         std::fs::read_to_string(&log).unwrap_or_default()
     );
     let truth = c_loop_truth(&entries);
-    assert_eq!(truth.len(), 12, "the default c_loop schedule has 12 stalls:\n{}", truth_table(&truth));
+    assert_eq!(
+        truth.len(),
+        12,
+        "the default c_loop schedule has 12 stalls:\n{}",
+        truth_table(&truth)
+    );
     CRun {
         how: format!("cc {}", flags.join(" ")),
         truth,
@@ -736,7 +943,12 @@ fn c_shares(run: &CRun) -> BTreeMap<&'static str, f64> {
     C_CULPRITS
         .iter()
         .map(|(_, func)| {
-            let w: u64 = run.rec.stalls.iter().map(|s| s.weight_with(func, None, None)).sum();
+            let w: u64 = run
+                .rec
+                .stalls
+                .iter()
+                .map(|s| s.weight_with(func, None, None))
+                .sum();
             (*func, w as f64 / total.max(1) as f64)
         })
         .collect()
@@ -757,15 +969,39 @@ fn record_c_loop_without_frame_pointers_attributes_like_with_them() {
     let mut ctx = String::new();
     for run in [&nofp, &fp] {
         let true_total: u64 = run.truth.iter().map(|t| t.duration_ns()).sum();
-        let _ = writeln!(ctx, "== {}\n{}{}", run.how, truth_table(&run.truth), brief_stalls_table(&run.rec));
+        let _ = writeln!(
+            ctx,
+            "== {}\n{}{}",
+            run.how,
+            truth_table(&run.truth),
+            brief_stalls_table(&run.rec)
+        );
         for (kind, func) in C_CULPRITS {
-            let true_share = run.truth.iter().filter(|t| t.kind == kind).map(|t| t.duration_ns()).sum::<u64>();
-            let _ = writeln!(ctx, "  {func}: {:.1}% of stall time by the victim's clock", pct(true_share, true_total));
+            let true_share = run
+                .truth
+                .iter()
+                .filter(|t| t.kind == kind)
+                .map(|t| t.duration_ns())
+                .sum::<u64>();
+            let _ = writeln!(
+                ctx,
+                "  {func}: {:.1}% of stall time by the victim's clock",
+                pct(true_share, true_total)
+            );
         }
-        let _ = write!(ctx, "  stalls.folded, heaviest lines:\n{}", folded_excerpt(&run.folded, None, 6));
+        let _ = write!(
+            ctx,
+            "  stalls.folded, heaviest lines:\n{}",
+            folded_excerpt(&run.folded, None, 6)
+        );
     }
-    let _ = writeln!(ctx, "shares without / with frame pointers: {s_nofp:.3?} / {s_fp:.3?}");
-    eprintln!("c_loop culprit shares of stall time, without / with frame pointers: {s_nofp:.3?} / {s_fp:.3?}");
+    let _ = writeln!(
+        ctx,
+        "shares without / with frame pointers: {s_nofp:.3?} / {s_fp:.3?}"
+    );
+    eprintln!(
+        "c_loop culprit shares of stall time, without / with frame pointers: {s_nofp:.3?} / {s_fp:.3?}"
+    );
     let mut c = Checks::new(ctx);
 
     for run in [&nofp, &fp] {
@@ -773,7 +1009,14 @@ fn record_c_loop_without_frame_pointers_attributes_like_with_them() {
         for t in &run.truth {
             let found = overlapping(&run.rec, t);
             c.check(found.len() == 1 && found[0].tid as u64 == t.tid, || {
-                format!("{}: {} stall at {} found as {} stalls, want 1 on tid {}", run.how, t.func, t.start_ns, found.len(), t.tid)
+                format!(
+                    "{}: {} stall at {} found as {} stalls, want 1 on tid {}",
+                    run.how,
+                    t.func,
+                    t.start_ns,
+                    found.len(),
+                    t.tid
+                )
             });
         }
         for (_, func) in C_CULPRITS {
@@ -790,7 +1033,11 @@ fn record_c_loop_without_frame_pointers_attributes_like_with_them() {
             }
             c.check(w > 0, || format!("{}: no stack contains {func}", run.how));
             c.check(w_main as f64 >= 0.9 * w as f64, || {
-                format!("{}: only {:.1}% of {func}'s weight is on stacks that reach main", run.how, pct(w_main, w))
+                format!(
+                    "{}: only {:.1}% of {func}'s weight is on stacks that reach main",
+                    run.how,
+                    pct(w_main, w)
+                )
             });
         }
     }

@@ -54,14 +54,20 @@ fn record_python_victim_with(test: &str, python: &str, extra: &[&std::ffi::OsStr
         .collect::<Vec<_>>(),
         Duration::from_secs(90),
     );
-    assert!(run.status.success(), "stallprof record -- {python} victim failed:\n{}", run.describe());
+    assert!(
+        run.status.success(),
+        "stallprof record -- {python} victim failed:\n{}",
+        run.describe()
+    );
     let entries = read_log(&log);
     assert!(
         entries.iter().any(|r| r["kind"] == "done"),
         "the victim did not finish; log:\n{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
-    let pid = entries.iter().find(|r| r["kind"] == "ready").unwrap()["pid"].as_u64().unwrap() as u32;
+    let pid = entries.iter().find(|r| r["kind"] == "ready").unwrap()["pid"]
+        .as_u64()
+        .unwrap() as u32;
     let truth = python_truth(&entries);
     let count = |k: &str| truth.iter().filter(|t| t.kind == k).count();
     assert!(
@@ -70,16 +76,31 @@ fn record_python_victim_with(test: &str, python: &str, extra: &[&std::ffi::OsStr
         truth_table(&truth)
     );
     for t in &truth {
-        assert!(t.duration_ns() >= THRESHOLD_NS + 20 * MS, "victim call shorter than planned: {t:?}");
+        assert!(
+            t.duration_ns() >= THRESHOLD_NS + 20 * MS,
+            "victim call shorter than planned: {t:?}"
+        );
     }
 
     let rec = load_recording(&out);
-    let mut c = Checks::new(format!("{python}\n{}\n{}", truth_table(&truth), stalls_table(&rec)));
+    let mut c = Checks::new(format!(
+        "{python}\n{}\n{}",
+        truth_table(&truth),
+        stalls_table(&rec)
+    ));
     check_contract(&mut c, &rec, THRESHOLD_NS);
-    c.check(rec.pid == pid, || format!("pid is {}, want the victim's {pid}", rec.pid));
+    c.check(rec.pid == pid, || {
+        format!("pid is {}, want the victim's {pid}", rec.pid)
+    });
 
     for t in &truth {
-        let who = format!("{} ({}, {:.2} ms at {})", t.kind, t.func, ms(t.duration_ns()), t.start_ns);
+        let who = format!(
+            "{} ({}, {:.2} ms at {})",
+            t.kind,
+            t.func,
+            ms(t.duration_ns()),
+            t.start_ns
+        );
         let found: Vec<&Stall> = overlapping(&rec, t);
         if found.len() != 1 {
             let hint = if t.kind == "blocking_client" && found.len() > 1 {
@@ -87,49 +108,89 @@ fn record_python_victim_with(test: &str, python: &str, extra: &[&std::ffi::OsStr
             } else {
                 ""
             };
-            c.fail(format!("{who}: {} overlapping stalls, want exactly 1{hint}", found.len()));
+            c.fail(format!(
+                "{who}: {} overlapping stalls, want exactly 1{hint}",
+                found.len()
+            ));
             continue;
         }
         let s = found[0];
-        c.check(s.tid as u64 == t.tid, || format!("{who}: reported on tid {}, want the loop's {}", s.tid, t.tid));
+        c.check(s.tid as u64 == t.tid, || {
+            format!(
+                "{who}: reported on tid {}, want the loop's {}",
+                s.tid, t.tid
+            )
+        });
         c.check(!s.incomplete, || format!("{who}: marked incomplete"));
         // The busy period encloses the call: it starts before and ends after,
         // by at most the few Python statements around it.
-        c.check(s.start_ns <= t.start_ns + MS && s.end_ns + MS >= t.end_ns, || {
-            format!("{who}: stall [{}, {}] does not cover the call", s.start_ns, s.end_ns)
-        });
-        c.check(s.duration_ns + MS >= t.duration_ns() && s.duration_ns <= t.duration_ns() + 10 * MS, || {
-            format!("{who}: stall lasts {:.2} ms, the call {:.2} ms (want call-1ms ..= call+10ms)", ms(s.duration_ns), ms(t.duration_ns()))
-        });
+        c.check(
+            s.start_ns <= t.start_ns + MS && s.end_ns + MS >= t.end_ns,
+            || {
+                format!(
+                    "{who}: stall [{}, {}] does not cover the call",
+                    s.start_ns, s.end_ns
+                )
+            },
+        );
+        c.check(
+            s.duration_ns + MS >= t.duration_ns() && s.duration_ns <= t.duration_ns() + 10 * MS,
+            || {
+                format!(
+                    "{who}: stall lasts {:.2} ms, the call {:.2} ms (want call-1ms ..= call+10ms)",
+                    ms(s.duration_ns),
+                    ms(t.duration_ns())
+                )
+            },
+        );
         let share = |w: u64| w as f64 / s.duration_ns.max(1) as f64;
         match t.kind.as_str() {
             "blocking_client" => {
                 c.check(share(s.off_cpu_ns) >= 0.70, || {
-                    format!("{who}: off_cpu is only {:.0}% of the stall", 100.0 * share(s.off_cpu_ns))
+                    format!(
+                        "{who}: off_cpu is only {:.0}% of the stall",
+                        100.0 * share(s.off_cpu_ns)
+                    )
                 });
                 let polled = s.off_cpu_weight_in(&["poll", "ppoll"]);
                 c.check(share(polled) >= 0.50, || {
-                    format!("{who}: only {:.0}% of the stall is off-CPU in poll/ppoll", 100.0 * share(polled))
+                    format!(
+                        "{who}: only {:.0}% of the stall is off-CPU in poll/ppoll",
+                        100.0 * share(polled)
+                    )
                 });
             }
             "sleep" => {
                 c.check(share(s.off_cpu_ns) >= 0.80, || {
-                    format!("{who}: off_cpu is only {:.0}% of the stall", 100.0 * share(s.off_cpu_ns))
+                    format!(
+                        "{who}: off_cpu is only {:.0}% of the stall",
+                        100.0 * share(s.off_cpu_ns)
+                    )
                 });
                 let slept = s.off_cpu_weight_in(&["clock_nanosleep", "nanosleep"]);
                 c.check(share(slept) >= 0.80, || {
-                    format!("{who}: only {:.0}% of the stall is off-CPU in (clock_)nanosleep", 100.0 * share(slept))
+                    format!(
+                        "{who}: only {:.0}% of the stall is off-CPU in (clock_)nanosleep",
+                        100.0 * share(slept)
+                    )
                 });
             }
             "cpu" => {
                 // On a busy machine the thread may wait in the runqueue; the
                 // victim's thread CPU clock pins how much it really ran.
                 c.check(share(s.on_cpu_ns + s.runqueue_ns) >= 0.90, || {
-                    format!("{who}: on_cpu + runqueue is only {:.0}% of the stall", 100.0 * share(s.on_cpu_ns + s.runqueue_ns))
+                    format!(
+                        "{who}: on_cpu + runqueue is only {:.0}% of the stall",
+                        100.0 * share(s.on_cpu_ns + s.runqueue_ns)
+                    )
                 });
                 let slack = s.duration_ns.saturating_sub(t.duration_ns()) + 5 * MS;
                 c.check(s.on_cpu_ns.abs_diff(t.cpu_ns) <= slack, || {
-                    format!("{who}: on_cpu {:.2} ms, the victim's thread CPU time {:.2} ms", ms(s.on_cpu_ns), ms(t.cpu_ns))
+                    format!(
+                        "{who}: on_cpu {:.2} ms, the victim's thread CPU time {:.2} ms",
+                        ms(s.on_cpu_ns),
+                        ms(t.cpu_ns)
+                    )
                 });
             }
             _ => unreachable!(),
@@ -142,7 +203,10 @@ fn record_python_victim_with(test: &str, python: &str, extra: &[&std::ffi::OsStr
     let last = truth.iter().map(|t| t.end_ns).max().unwrap();
     for s in rec.stalls.iter().filter(|s| s.overlaps(first, last)) {
         if !truth.iter().any(|t| s.overlaps(t.start_ns, t.end_ns)) {
-            c.fail(format!("extra stall between the victim's calls: {}", s.summary()));
+            c.fail(format!(
+                "extra stall between the victim's calls: {}",
+                s.summary()
+            ));
         }
     }
     c.finish();
@@ -150,14 +214,20 @@ fn record_python_victim_with(test: &str, python: &str, extra: &[&std::ffi::OsStr
 
 #[test]
 fn record_python_blocking_client_pyenv_311() {
-    record_python_victim("record_python_blocking_client_pyenv_311", "/root/.pyenv/versions/3.11.7/bin/python3");
+    record_python_victim(
+        "record_python_blocking_client_pyenv_311",
+        "/root/.pyenv/versions/3.11.7/bin/python3",
+    );
 }
 
 /// Debian's interpreter: static libpython, non-PIE, stripped. Stall detection
 /// must not depend on any of that.
 #[test]
 fn record_python_blocking_client_debian_311() {
-    record_python_victim("record_python_blocking_client_debian_311", "/usr/bin/python3.11");
+    record_python_victim(
+        "record_python_blocking_client_debian_311",
+        "/usr/bin/python3.11",
+    );
 }
 
 /// uvloop (libuv's epoll loop, from PyPI) parks the same way: same checks.
@@ -167,20 +237,37 @@ fn record_python_blocking_client_uvloop_311() {
     if !require_root_and_bpf("record_python_blocking_client_uvloop_311") {
         return;
     }
-    let deps = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-deps/uvloop-py311");
+    let deps = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/test-deps/uvloop-py311");
     if !deps.join("uvloop").exists() {
         let st = std::process::Command::new(python)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--target",
+            ])
             .arg(&deps)
             .arg("uvloop==0.21.0")
             .status()
             .expect("running pip");
-        assert!(st.success(), "installing uvloop from PyPI into {} failed", deps.display());
+        assert!(
+            st.success(),
+            "installing uvloop from PyPI into {} failed",
+            deps.display()
+        );
     }
     record_python_victim_with(
         "record_python_blocking_client_uvloop_311",
         python,
-        &["--loop".as_ref(), "uvloop".as_ref(), "--path".as_ref(), deps.as_os_str()],
+        &[
+            "--loop".as_ref(),
+            "uvloop".as_ref(),
+            "--path".as_ref(),
+            deps.as_os_str(),
+        ],
     );
 }
 

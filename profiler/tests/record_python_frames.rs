@@ -112,7 +112,10 @@ struct PFrame {
 
 impl PFrame {
     fn label(&self) -> String {
-        let base = self.file.as_deref().map(|f| f.rsplit('/').next().unwrap_or(f));
+        let base = self
+            .file
+            .as_deref()
+            .map(|f| f.rsplit('/').next().unwrap_or(f));
         match (base, self.line) {
             (Some(b), Some(l)) => format!("{} ({b}:{l})", self.name),
             (Some(b), None) => format!("{} ({b})", self.name),
@@ -123,8 +126,19 @@ impl PFrame {
 
 impl PStack {
     fn folded(&self) -> String {
-        let mut s = self.frames.iter().map(PFrame::label).collect::<Vec<_>>().join(";");
-        let _ = write!(s, " [{} {} {:.2} ms]", self.kind, self.syscall.as_deref().unwrap_or("-"), ms(self.weight_ns));
+        let mut s = self
+            .frames
+            .iter()
+            .map(PFrame::label)
+            .collect::<Vec<_>>()
+            .join(";");
+        let _ = write!(
+            s,
+            " [{} {} {:.2} ms]",
+            self.kind,
+            self.syscall.as_deref().unwrap_or("-"),
+            ms(self.weight_ns)
+        );
         s
     }
 }
@@ -137,7 +151,12 @@ impl PStall {
     fn summary(&self) -> String {
         let mut by: BTreeMap<String, u64> = BTreeMap::new();
         for s in &self.stacks {
-            *by.entry(format!("{}/{}", s.kind, s.syscall.as_deref().unwrap_or("-"))).or_default() += s.weight_ns;
+            *by.entry(format!(
+                "{}/{}",
+                s.kind,
+                s.syscall.as_deref().unwrap_or("-")
+            ))
+            .or_default() += s.weight_ns;
         }
         format!(
             "tid {} ({}) [{} .. {}] {:.2} ms (on {:.2} / off {:.2} / rq {:.2}){} {}",
@@ -150,7 +169,10 @@ impl PStall {
             ms(self.off_cpu_ns),
             ms(self.runqueue_ns),
             if self.incomplete { " INCOMPLETE" } else { "" },
-            by.iter().map(|(k, w)| format!("{k}={:.1}ms", ms(*w))).collect::<Vec<_>>().join(" ")
+            by.iter()
+                .map(|(k, w)| format!("{k}={:.1}ms", ms(*w)))
+                .collect::<Vec<_>>()
+                .join(" ")
         )
     }
 }
@@ -170,20 +192,48 @@ impl Python {
     /// The name a Python frame of `func` must carry: co_qualname on 3.11+,
     /// co_name on 3.10.
     fn frame_name<'a>(&self, f: &'a Func) -> &'a str {
-        if self.version >= (3, 11) { &f.qualname } else { &f.name }
+        if self.version >= (3, 11) {
+            &f.qualname
+        } else {
+            &f.name
+        }
     }
 
     /// Syscalls time.sleep() blocks in.
     fn sleep_syscalls(&self) -> &'static [&'static str] {
-        if self.version >= (3, 11) { &["clock_nanosleep", "nanosleep"] } else { &["select", "pselect6"] }
+        if self.version >= (3, 11) {
+            &["clock_nanosleep", "nanosleep"]
+        } else {
+            &["select", "pselect6"]
+        }
     }
 }
 
-const PY310: Python = Python { path: "/root/.pyenv/versions/3.10.13/bin/python3", version: (3, 10), symbols: true };
-const PY311: Python = Python { path: "/root/.pyenv/versions/3.11.7/bin/python3", version: (3, 11), symbols: true };
-const PY312: Python = Python { path: "/root/.pyenv/versions/3.12.1/bin/python3", version: (3, 12), symbols: true };
-const PY313: Python = Python { path: "/root/.pyenv/versions/3.13.0/bin/python3", version: (3, 13), symbols: true };
-const DEBIAN311: Python = Python { path: "/usr/bin/python3.11", version: (3, 11), symbols: false };
+const PY310: Python = Python {
+    path: "/root/.pyenv/versions/3.10.13/bin/python3",
+    version: (3, 10),
+    symbols: true,
+};
+const PY311: Python = Python {
+    path: "/root/.pyenv/versions/3.11.7/bin/python3",
+    version: (3, 11),
+    symbols: true,
+};
+const PY312: Python = Python {
+    path: "/root/.pyenv/versions/3.12.1/bin/python3",
+    version: (3, 12),
+    symbols: true,
+};
+const PY313: Python = Python {
+    path: "/root/.pyenv/versions/3.13.0/bin/python3",
+    version: (3, 13),
+    symbols: true,
+};
+const DEBIAN311: Python = Python {
+    path: "/usr/bin/python3.11",
+    version: (3, 11),
+    symbols: false,
+};
 
 /// One test per interpreter for a victim: `$victim::pyenv_3_10`, ...
 macro_rules! on_every_python {
@@ -235,7 +285,10 @@ struct Func {
 
 impl Func {
     fn from_log(v: &serde_json::Value) -> Func {
-        let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("victim func record lacks {k:?}: {v}")) as u32;
+        let n = |k: &str| {
+            v[k].as_u64()
+                .unwrap_or_else(|| panic!("victim func record lacks {k:?}: {v}")) as u32
+        };
         Func {
             name: v["name"].as_str().unwrap().into(),
             qualname: v["qualname"].as_str().unwrap().into(),
@@ -286,14 +339,23 @@ fn record(test: &str, py: &'static Python, file_name: &'static str, args: &[&str
     ];
     argv.extend(args.iter().map(Into::into));
     let run = run_stallprof(&argv, Duration::from_secs(60));
-    assert!(run.status.success(), "stallprof record -- {} {file_name} failed:\n{}", py.path, run.describe());
+    assert!(
+        run.status.success(),
+        "stallprof record -- {} {file_name} failed:\n{}",
+        py.path,
+        run.describe()
+    );
     let log = read_log(&log_path);
     assert!(
         log.iter().any(|r| r["kind"] == "done"),
         "the victim did not finish; log:\n{}",
         std::fs::read_to_string(&log_path).unwrap_or_default()
     );
-    let ready = log.iter().find(|r| r["kind"] == "ready").expect("no ready record").clone();
+    let ready = log
+        .iter()
+        .find(|r| r["kind"] == "ready")
+        .expect("no ready record")
+        .clone();
     let version = ready["python"].as_str().unwrap().to_string();
     assert!(
         version.starts_with(&format!("{}.{}.", py.version.0, py.version.1)),
@@ -302,10 +364,20 @@ fn record(test: &str, py: &'static Python, file_name: &'static str, args: &[&str
         py.version.0,
         py.version.1
     );
-    let json = std::fs::read_to_string(out.join("stalls.json")).unwrap_or_else(|e| panic!("reading stalls.json: {e}"));
-    let rec: Rec = serde_json::from_str(&json).unwrap_or_else(|e| panic!("stalls.json does not match the contract: {e}"));
+    let json = std::fs::read_to_string(out.join("stalls.json"))
+        .unwrap_or_else(|e| panic!("reading stalls.json: {e}"));
+    let rec: Rec = serde_json::from_str(&json)
+        .unwrap_or_else(|e| panic!("stalls.json does not match the contract: {e}"));
     let (_, _, folded) = folded_total_us(&out.join("stalls.folded"));
-    Some(Run { _dir: dir, log, ready, rec, folded, file_name, py })
+    Some(Run {
+        _dir: dir,
+        log,
+        ready,
+        rec,
+        folded,
+        file_name,
+        py,
+    })
 }
 
 impl Run {
@@ -325,7 +397,9 @@ impl Run {
     fn is_frame_of(&self, f: &PFrame, func: &Func) -> bool {
         f.kind == "python"
             && f.name == self.py.frame_name(func)
-            && f.file.as_deref().is_some_and(|p| p.ends_with(&format!("/{}", self.file_name)))
+            && f.file
+                .as_deref()
+                .is_some_and(|p| p.ends_with(&format!("/{}", self.file_name)))
     }
 
     /// Context for failure messages: the victim's log and every stall with
@@ -367,31 +441,66 @@ impl Run {
 /// parts: gil_wait stacks (which must name a holder) count as off-CPU.
 fn check_contract(c: &mut Checks, run: &Run) {
     let rec = &run.rec;
-    c.check(rec.clock == "monotonic", || format!("clock is {:?}", rec.clock));
-    c.check(rec.threshold_ns == THRESHOLD_NS, || format!("threshold_ns is {}", rec.threshold_ns));
-    c.check(rec.lost_events == 0, || format!("{} events lost (drops {:?})", rec.lost_events, rec.drops));
+    c.check(rec.clock == "monotonic", || {
+        format!("clock is {:?}", rec.clock)
+    });
+    c.check(rec.threshold_ns == THRESHOLD_NS, || {
+        format!("threshold_ns is {}", rec.threshold_ns)
+    });
+    c.check(rec.lost_events == 0, || {
+        format!("{} events lost (drops {:?})", rec.lost_events, rec.drops)
+    });
     let pid = run.ready["pid"].as_u64().unwrap() as u32;
-    c.check(rec.pid == pid, || format!("pid is {}, want the victim's {pid}", rec.pid));
+    c.check(rec.pid == pid, || {
+        format!("pid is {}, want the victim's {pid}", rec.pid)
+    });
     for (i, s) in rec.stalls.iter().enumerate() {
         let who = format!("stall #{i} ({})", s.summary());
-        c.check(s.end_ns - s.start_ns == s.duration_ns, || format!("{who}: end - start != duration"));
-        c.check(s.on_cpu_ns + s.off_cpu_ns + s.runqueue_ns == s.duration_ns, || {
-            format!("{who}: on_cpu + off_cpu + runqueue != duration")
+        c.check(s.end_ns - s.start_ns == s.duration_ns, || {
+            format!("{who}: end - start != duration")
         });
+        c.check(
+            s.on_cpu_ns + s.off_cpu_ns + s.runqueue_ns == s.duration_ns,
+            || format!("{who}: on_cpu + off_cpu + runqueue != duration"),
+        );
         let w: u64 = s.stacks.iter().map(|p| p.weight_ns).sum();
-        c.check(w == s.duration_ns, || format!("{who}: stack weights sum to {w}"));
-        let by_kind = |k: &[&str]| s.stacks.iter().filter(|p| k.contains(&p.kind.as_str())).map(|p| p.weight_ns).sum::<u64>();
-        c.check(by_kind(&["off_cpu", "gil_wait"]) == s.off_cpu_ns, || {
-            format!("{who}: off_cpu_ns != weight of off_cpu + gil_wait stacks ({})", by_kind(&["off_cpu", "gil_wait"]))
+        c.check(w == s.duration_ns, || {
+            format!("{who}: stack weights sum to {w}")
         });
-        c.check(by_kind(&["runqueue"]) == s.runqueue_ns, || format!("{who}: runqueue_ns != weight of runqueue stacks"));
-        c.check(s.duration_ns >= THRESHOLD_NS, || format!("{who}: shorter than the threshold"));
-        c.check(s.start_ns >= rec.started_ns && s.end_ns <= rec.ended_ns, || format!("{who}: outside the recording"));
+        let by_kind = |k: &[&str]| {
+            s.stacks
+                .iter()
+                .filter(|p| k.contains(&p.kind.as_str()))
+                .map(|p| p.weight_ns)
+                .sum::<u64>()
+        };
+        c.check(by_kind(&["off_cpu", "gil_wait"]) == s.off_cpu_ns, || {
+            format!(
+                "{who}: off_cpu_ns != weight of off_cpu + gil_wait stacks ({})",
+                by_kind(&["off_cpu", "gil_wait"])
+            )
+        });
+        c.check(by_kind(&["runqueue"]) == s.runqueue_ns, || {
+            format!("{who}: runqueue_ns != weight of runqueue stacks")
+        });
+        c.check(s.duration_ns >= THRESHOLD_NS, || {
+            format!("{who}: shorter than the threshold")
+        });
+        c.check(
+            s.start_ns >= rec.started_ns && s.end_ns <= rec.ended_ns,
+            || format!("{who}: outside the recording"),
+        );
         for p in &s.stacks {
-            c.check(matches!(p.kind.as_str(), "on_cpu" | "off_cpu" | "runqueue" | "gil_wait"), || {
-                format!("{who}: stack kind {:?}", p.kind)
+            c.check(
+                matches!(
+                    p.kind.as_str(),
+                    "on_cpu" | "off_cpu" | "runqueue" | "gil_wait"
+                ),
+                || format!("{who}: stack kind {:?}", p.kind),
+            );
+            c.check(!p.frames.is_empty(), || {
+                format!("{who}: a stack with no frames")
             });
-            c.check(!p.frames.is_empty(), || format!("{who}: a stack with no frames"));
             // gil_wait stacks always name the holder; run-queue time right
             // after a timed GIL wait may too; nothing else does.
             let holder_ok = match p.kind.as_str() {
@@ -400,14 +509,22 @@ fn check_contract(c: &mut Checks, run: &Run) {
                 _ => p.gil_holder.is_none(),
             };
             c.check(holder_ok, || {
-                format!("{who}: {} stack with gil_holder {:?}: {}", p.kind, p.gil_holder, p.folded())
+                format!(
+                    "{who}: {} stack with gil_holder {:?}: {}",
+                    p.kind,
+                    p.gil_holder,
+                    p.folded()
+                )
             });
             for f in &p.frames {
-                c.check(matches!(f.kind.as_str(), "native" | "kernel" | "python" | "marker"), || {
-                    format!("{who}: frame {:?} has kind {:?}", f.name, f.kind)
-                });
+                c.check(
+                    matches!(f.kind.as_str(), "native" | "kernel" | "python" | "marker"),
+                    || format!("{who}: frame {:?} has kind {:?}", f.name, f.kind),
+                );
                 if f.kind == "python" {
-                    c.check(f.file.is_some() && f.line.is_some(), || format!("{who}: python frame without file:line: {f:?}"));
+                    c.check(f.file.is_some() && f.line.is_some(), || {
+                        format!("{who}: python frame without file:line: {f:?}")
+                    });
                 }
             }
         }
@@ -421,7 +538,8 @@ struct Unit {
 }
 
 fn num(r: &serde_json::Value, k: &str) -> u64 {
-    r[k].as_u64().unwrap_or_else(|| panic!("victim record lacks numeric {k:?}: {r}"))
+    r[k].as_u64()
+        .unwrap_or_else(|| panic!("victim record lacks numeric {k:?}: {r}"))
 }
 
 /// Matches each logged unit to exactly one stall of the loop thread that
@@ -431,8 +549,17 @@ fn match_units<'a>(c: &mut Checks, run: &'a Run, units: &[Unit], what: &str) -> 
     let tid = run.loop_tid();
     let mut matched: Vec<&PStall> = Vec::new();
     for (i, u) in units.iter().enumerate() {
-        let who = format!("{what} #{i} ({:.2} ms at {})", ms(u.end_ns - u.start_ns), u.start_ns);
-        let found: Vec<&PStall> = run.rec.stalls.iter().filter(|s| s.overlaps(u.start_ns, u.end_ns)).collect();
+        let who = format!(
+            "{what} #{i} ({:.2} ms at {})",
+            ms(u.end_ns - u.start_ns),
+            u.start_ns
+        );
+        let found: Vec<&PStall> = run
+            .rec
+            .stalls
+            .iter()
+            .filter(|s| s.overlaps(u.start_ns, u.end_ns))
+            .collect();
         // Only the loop thread parks in epoll; another thread's stall here
         // means a thread that is no event loop was taken for one.
         for s in found.iter().filter(|s| s.tid != tid) {
@@ -446,15 +573,24 @@ fn match_units<'a>(c: &mut Checks, run: &'a Run, units: &[Unit], what: &str) -> 
         }
         let mine: Vec<&PStall> = found.iter().copied().filter(|s| s.tid == tid).collect();
         if mine.len() != 1 {
-            c.fail(format!("{who}: {} overlapping stalls of the loop thread, want exactly 1", mine.len()));
+            c.fail(format!(
+                "{who}: {} overlapping stalls of the loop thread, want exactly 1",
+                mine.len()
+            ));
             matched.extend(mine);
             continue;
         }
         let s = mine[0];
         c.check(!s.incomplete, || format!("{who}: marked incomplete"));
-        c.check(s.start_ns <= u.start_ns + MS && s.end_ns + MS >= u.end_ns, || {
-            format!("{who}: stall [{}, {}] does not cover it", s.start_ns, s.end_ns)
-        });
+        c.check(
+            s.start_ns <= u.start_ns + MS && s.end_ns + MS >= u.end_ns,
+            || {
+                format!(
+                    "{who}: stall [{}, {}] does not cover it",
+                    s.start_ns, s.end_ns
+                )
+            },
+        );
         matched.push(s);
     }
     matched.dedup_by_key(|s| s.start_ns);
@@ -462,7 +598,10 @@ fn match_units<'a>(c: &mut Checks, run: &'a Run, units: &[Unit], what: &str) -> 
     let last = units.iter().map(|u| u.end_ns).max().unwrap();
     for s in run.rec.stalls.iter().filter(|s| s.overlaps(first, last)) {
         if !units.iter().any(|u| s.overlaps(u.start_ns, u.end_ns)) {
-            c.fail(format!("extra stall between the victim's {what}s: {}", s.summary()));
+            c.fail(format!(
+                "extra stall between the victim's {what}s: {}",
+                s.summary()
+            ));
         }
     }
     matched
@@ -481,12 +620,23 @@ struct CauseMeasure {
 }
 
 fn measure(run: &Run, stalls: &[&PStall], func: &Func, syscalls: &[&str]) -> CauseMeasure {
-    let mut m = CauseMeasure { weight_ns: 0, syscall_ns: 0, block_line_ns: 0, bad_lines: Vec::new() };
+    let mut m = CauseMeasure {
+        weight_ns: 0,
+        syscall_ns: 0,
+        block_line_ns: 0,
+        bad_lines: Vec::new(),
+    };
     for s in stalls {
         for p in &s.stacks {
-            let Some(f) = p.frames.iter().find(|f| run.is_frame_of(f, func)) else { continue };
+            let Some(f) = p.frames.iter().find(|f| run.is_frame_of(f, func)) else {
+                continue;
+            };
             m.weight_ns += p.weight_ns;
-            if p.kind == "off_cpu" && p.syscall.as_deref().is_some_and(|sc| syscalls.contains(&sc)) {
+            if p.kind == "off_cpu"
+                && p.syscall
+                    .as_deref()
+                    .is_some_and(|sc| syscalls.contains(&sc))
+            {
                 m.syscall_ns += p.weight_ns;
             }
             let line = f.line.unwrap_or(0);
@@ -519,12 +669,23 @@ fn check_cause(
 ) -> CauseMeasure {
     let m = measure(run, stalls, func, &[]);
     let name = run.py.frame_name(func);
-    let who = format!("{name} ({}:{}-{})", run.file_name, func.first_line, func.last_line);
+    let who = format!(
+        "{name} ({}:{}-{})",
+        run.file_name, func.first_line, func.last_line
+    );
     c.check(m.weight_ns > 0, || {
-        format!("{who}: no stack has a python frame named {name:?} in a file ending in /{}", run.file_name)
+        format!(
+            "{who}: no stack has a python frame named {name:?} in a file ending in /{}",
+            run.file_name
+        )
     });
     c.check(m.bad_lines.is_empty(), || {
-        format!("{who}: the frame's line is outside the function in {} stacks, e.g. line {} in {}", m.bad_lines.len(), m.bad_lines[0].0, m.bad_lines[0].1)
+        format!(
+            "{who}: the frame's line is outside the function in {} stacks, e.g. line {} in {}",
+            m.bad_lines.len(),
+            m.bad_lines[0].0,
+            m.bad_lines[0].1
+        )
     });
     if func.single_statement {
         c.check(m.block_line_ns == m.weight_ns, || {
@@ -564,14 +725,36 @@ fn check_cause(
 // (a) the streaming gateway
 
 fn check_gateway(test: &str, py: &'static Python) {
-    let Some(run) = record(test, py, "py_gateway.py", &[]) else { return };
-    let steps = ["make_tls_contexts", "load_tokenizer", "compress_payload", "score_candidates"];
-    let requests: Vec<Unit> =
-        run.records("request").iter().map(|r| Unit { start_ns: num(r, "start_ns"), end_ns: num(r, "end_ns") }).collect();
+    let Some(run) = record(test, py, "py_gateway.py", &[]) else {
+        return;
+    };
+    let steps = [
+        "make_tls_contexts",
+        "load_tokenizer",
+        "compress_payload",
+        "score_candidates",
+    ];
+    let requests: Vec<Unit> = run
+        .records("request")
+        .iter()
+        .map(|r| Unit {
+            start_ns: num(r, "start_ns"),
+            end_ns: num(r, "end_ns"),
+        })
+        .collect();
     let mut c = Checks::new(run.context());
-    assert!(requests.len() >= 5, "victim logged {} requests, want 6:\n{}", requests.len(), run.context());
+    assert!(
+        requests.len() >= 5,
+        "victim logged {} requests, want 6:\n{}",
+        requests.len(),
+        run.context()
+    );
     for u in &requests {
-        assert!(u.end_ns - u.start_ns >= THRESHOLD_NS + 20 * MS, "a request shorter than planned:\n{}", run.context());
+        assert!(
+            u.end_ns - u.start_ns >= THRESHOLD_NS + 20 * MS,
+            "a request shorter than planned:\n{}",
+            run.context()
+        );
     }
     check_contract(&mut c, &run);
     let stalls = match_units(&mut c, &run, &requests, "request");
@@ -579,14 +762,32 @@ fn check_gateway(test: &str, py: &'static Python) {
     let truth_total: u64 = requests.iter().map(|u| u.end_ns - u.start_ns).sum();
     for step in steps {
         let func = run.func(step);
-        let truth: u64 = run.records("step").iter().filter(|r| r["func"] == step).map(|r| num(r, "end_ns") - num(r, "start_ns")).sum();
-        check_cause(&mut c, &run, "gateway", &stalls, &func, truth, truth_total, stall_total);
+        let truth: u64 = run
+            .records("step")
+            .iter()
+            .filter(|r| r["func"] == step)
+            .map(|r| num(r, "end_ns") - num(r, "start_ns"))
+            .sum();
+        check_cause(
+            &mut c,
+            &run,
+            "gateway",
+            &stalls,
+            &func,
+            truth,
+            truth_total,
+            stall_total,
+        );
     }
     if py.symbols {
         let gc: u64 = stalls
             .iter()
             .flat_map(|s| &s.stacks)
-            .filter(|p| p.frames.iter().any(|f| f.kind == "marker" && f.name == "[gc]"))
+            .filter(|p| {
+                p.frames
+                    .iter()
+                    .any(|f| f.kind == "marker" && f.name == "[gc]")
+            })
             .map(|p| p.weight_ns)
             .sum();
         println!(
@@ -604,22 +805,48 @@ fn check_gateway(test: &str, py: &'static Python) {
 // (b) the session handler
 
 fn check_session(test: &str, py: &'static Python) {
-    let Some(run) = record(test, py, "py_session.py", &[]) else { return };
-    let turns: Vec<Unit> =
-        run.records("turn").iter().map(|r| Unit { start_ns: num(r, "start_ns"), end_ns: num(r, "end_ns") }).collect();
-    assert!(turns.len() >= 3, "victim logged {} turns, want 4:\n{}", turns.len(), run.context());
+    let Some(run) = record(test, py, "py_session.py", &[]) else {
+        return;
+    };
+    let turns: Vec<Unit> = run
+        .records("turn")
+        .iter()
+        .map(|r| Unit {
+            start_ns: num(r, "start_ns"),
+            end_ns: num(r, "end_ns"),
+        })
+        .collect();
+    assert!(
+        turns.len() >= 3,
+        "victim logged {} turns, want 4:\n{}",
+        turns.len(),
+        run.context()
+    );
     let mut c = Checks::new(run.context());
     check_contract(&mut c, &run);
     let stalls = match_units(&mut c, &run, &turns, "turn");
     let stall_total: u64 = stalls.iter().map(|s| s.duration_ns).sum();
     let truth_total: u64 = turns.iter().map(|u| u.end_ns - u.start_ns).sum();
     let step_ns = |step: &str| -> u64 {
-        run.records("step").iter().filter(|r| r["func"] == step).map(|r| num(r, "end_ns") - num(r, "start_ns")).sum()
+        run.records("step")
+            .iter()
+            .filter(|r| r["func"] == step)
+            .map(|r| num(r, "end_ns") - num(r, "start_ns"))
+            .sum()
     };
 
     // The blocking client: waits in poll() on its socket, in recv()'s line.
     let client = run.func("stream_completion");
-    check_cause(&mut c, &run, "session", &stalls, &client, step_ns("stream_completion"), truth_total, stall_total);
+    check_cause(
+        &mut c,
+        &run,
+        "session",
+        &stalls,
+        &client,
+        step_ns("stream_completion"),
+        truth_total,
+        stall_total,
+    );
     let m = measure(&run, &stalls, &client, &["poll", "ppoll"]);
     let name = py.frame_name(&client);
     c.check(share(m.syscall_ns, m.weight_ns) >= 0.70, || {
@@ -642,13 +869,29 @@ fn check_session(test: &str, py: &'static Python) {
     // The webhook: the time.sleep(0.1) retry shows as the sleep syscall, on
     // the sleep's line, for as long as the victim slept.
     let hook = run.func("send_webhook");
-    check_cause(&mut c, &run, "session", &stalls, &hook, step_ns("send_webhook"), truth_total, stall_total);
+    check_cause(
+        &mut c,
+        &run,
+        "session",
+        &stalls,
+        &hook,
+        step_ns("send_webhook"),
+        truth_total,
+        stall_total,
+    );
     let sleeps = py.sleep_syscalls();
     let m = measure(&run, &stalls, &hook, sleeps);
     let slept_on_line = polled_on_line(&run, &stalls, &hook, sleeps);
     let name = py.frame_name(&hook);
-    let slept_truth: u64 = run.records("retry_sleep").iter().map(|r| num(r, "end_ns") - num(r, "start_ns")).sum();
-    let (measured, truth) = (share(m.syscall_ns, stall_total), share(slept_truth, truth_total));
+    let slept_truth: u64 = run
+        .records("retry_sleep")
+        .iter()
+        .map(|r| num(r, "end_ns") - num(r, "start_ns"))
+        .sum();
+    let (measured, truth) = (
+        share(m.syscall_ns, stall_total),
+        share(slept_truth, truth_total),
+    );
     println!(
         "SHARE session  {:<40} {:<34} measured {:5.1}%  truth {:5.1}%  (off-CPU in {sleeps:?} under it)",
         py.path,
@@ -674,7 +917,16 @@ fn check_session(test: &str, py: &'static Python) {
 
     // The parser: pure Python.
     let parser = run.func("parse_document");
-    check_cause(&mut c, &run, "session", &stalls, &parser, step_ns("parse_document"), truth_total, stall_total);
+    check_cause(
+        &mut c,
+        &run,
+        "session",
+        &stalls,
+        &parser,
+        step_ns("parse_document"),
+        truth_total,
+        stall_total,
+    );
     c.finish();
 }
 
@@ -683,8 +935,17 @@ fn polled_on_line(run: &Run, stalls: &[&PStall], func: &Func, syscalls: &[&str])
     stalls
         .iter()
         .flat_map(|s| &s.stacks)
-        .filter(|p| p.kind == "off_cpu" && p.syscall.as_deref().is_some_and(|sc| syscalls.contains(&sc)))
-        .filter(|p| p.frames.iter().any(|f| run.is_frame_of(f, func) && f.line == Some(func.block_line)))
+        .filter(|p| {
+            p.kind == "off_cpu"
+                && p.syscall
+                    .as_deref()
+                    .is_some_and(|sc| syscalls.contains(&sc))
+        })
+        .filter(|p| {
+            p.frames
+                .iter()
+                .any(|f| run.is_frame_of(f, func) && f.line == Some(func.block_line))
+        })
         .map(|p| p.weight_ns)
         .sum()
 }
@@ -693,13 +954,26 @@ fn polled_on_line(run: &Run, stalls: &[&PStall], func: &Func, syscalls: &[&str])
 // (c) the GIL hog
 
 fn check_gil(test: &str, py: &'static Python) {
-    let Some(run) = record(test, py, "py_gil.py", &[]) else { return };
+    let Some(run) = record(test, py, "py_gil.py", &[]) else {
+        return;
+    };
     let hog_tid = run.ready["hog_tid"].as_u64().unwrap() as u32;
     let hog = Func::from_log(&run.ready["hog"]);
-    let regexes: Vec<Unit> =
-        run.records("regex").iter().map(|r| Unit { start_ns: num(r, "start_ns"), end_ns: num(r, "end_ns") }).collect();
+    let regexes: Vec<Unit> = run
+        .records("regex")
+        .iter()
+        .map(|r| Unit {
+            start_ns: num(r, "start_ns"),
+            end_ns: num(r, "end_ns"),
+        })
+        .collect();
     let late = run.records("late");
-    assert!(regexes.len() >= 5, "victim logged {} regex rounds, want 6:\n{}", regexes.len(), run.context());
+    assert!(
+        regexes.len() >= 5,
+        "victim logged {} regex rounds, want 6:\n{}",
+        regexes.len(),
+        run.context()
+    );
     for r in run.records("regex") {
         // CPU time: on a loaded machine the wall time of a match is longer.
         let cpu = num(r, "cpu_ns");
@@ -731,38 +1005,74 @@ fn check_gil(test: &str, py: &'static Python) {
     let stalls: Vec<&PStall> = run.rec.stalls.iter().filter(during).collect();
     // Every time the loop noticed a match (a heartbeat late by more than the
     // threshold, plus margin) falls in a stall.
-    for r in late.iter().filter(|r| num(r, "late_ns") >= THRESHOLD_NS + 10 * MS) {
+    for r in late
+        .iter()
+        .filter(|r| num(r, "late_ns") >= THRESHOLD_NS + 10 * MS)
+    {
         let (a, b) = (num(r, "start_ns"), num(r, "end_ns"));
         c.check(stalls.iter().any(|s| s.overlaps(a, b)), || {
-            format!("the loop's heartbeat was {:.1} ms late at {b}, and no stall of the loop covers it", ms(b - a))
+            format!(
+                "the loop's heartbeat was {:.1} ms late at {b}, and no stall of the loop covers it",
+                ms(b - a)
+            )
         });
     }
     for s in run.rec.stalls.iter().filter(|s| s.tid != tid) {
-        c.fail(format!("a stall on tid {} ({}), not the loop thread: {}", s.tid, s.thread_name, s.summary()));
+        c.fail(format!(
+            "a stall on tid {} ({}), not the loop thread: {}",
+            s.tid,
+            s.thread_name,
+            s.summary()
+        ));
     }
-    for s in stalls.iter().filter(|s| !regexes.iter().any(|u| s.overlaps(u.start_ns, u.end_ns))) {
-        c.fail(format!("a stall of the loop outside the matches: {}", s.summary()));
+    for s in stalls
+        .iter()
+        .filter(|s| !regexes.iter().any(|u| s.overlaps(u.start_ns, u.end_ns)))
+    {
+        c.fail(format!(
+            "a stall of the loop outside the matches: {}",
+            s.summary()
+        ));
     }
     let total: u64 = stalls.iter().map(|s| s.duration_ns).sum();
-    let gil: Vec<&PStack> = stalls.iter().flat_map(|s| &s.stacks).filter(|p| p.kind == "gil_wait").collect();
+    let gil: Vec<&PStack> = stalls
+        .iter()
+        .flat_map(|s| &s.stacks)
+        .filter(|p| p.kind == "gil_wait")
+        .collect();
     let gil_ns: u64 = gil.iter().map(|p| p.weight_ns).sum();
     let by_hog = |p: &PStack| {
         p.gil_holder.as_ref().is_some_and(|h| {
             h.tid == Some(hog_tid)
                 && h.thread_name.as_deref() == Some("gil-hog")
-                && h.frames.iter().any(|f| f.kind == "python" && f.name == "hog" && f.file.as_deref().is_some_and(|p| p.ends_with("/py_gil.py")))
+                && h.frames.iter().any(|f| {
+                    f.kind == "python"
+                        && f.name == "hog"
+                        && f.file.as_deref().is_some_and(|p| p.ends_with("/py_gil.py"))
+                })
         })
     };
     let hog_ns: u64 = gil.iter().filter(|p| by_hog(p)).map(|p| p.weight_ns).sum();
     let on_line_ns: u64 = gil
         .iter()
         .filter(|p| by_hog(p))
-        .filter(|p| p.gil_holder.as_ref().unwrap().frames.iter().any(|f| f.name == "hog" && f.line == Some(hog.block_line)))
+        .filter(|p| {
+            p.gil_holder
+                .as_ref()
+                .unwrap()
+                .frames
+                .iter()
+                .any(|f| f.name == "hog" && f.line == Some(hog.block_line))
+        })
         .map(|p| p.weight_ns)
         .sum();
     let marked_ns: u64 = gil
         .iter()
-        .filter(|p| p.frames.iter().any(|f| f.kind == "marker" && f.name.starts_with("[gil wait: held by gil-hog (tid ")))
+        .filter(|p| {
+            p.frames.iter().any(|f| {
+                f.kind == "marker" && f.name.starts_with("[gil wait: held by gil-hog (tid ")
+            })
+        })
         .map(|p| p.weight_ns)
         .sum();
     let truth: u64 = late.iter().map(|r| num(r, "late_ns")).sum();
@@ -784,7 +1094,13 @@ fn check_gil(test: &str, py: &'static Python) {
         ms(total),
         ms(truth)
     );
-    c.check(stalls.len() >= regexes.len() - 1, || format!("{} stalls of the loop over {} matches", stalls.len(), regexes.len()));
+    c.check(stalls.len() >= regexes.len() - 1, || {
+        format!(
+            "{} stalls of the loop over {} matches",
+            stalls.len(),
+            regexes.len()
+        )
+    });
     c.check(share(gil_ns, not_runq) >= 0.70, || {
         format!(
             "gil_wait stacks carry {:.1} ms: {:.1}% of the loop's {:.1} ms of stalls outside the run queue ({:.1} ms in all), want >= 70%",
@@ -804,7 +1120,12 @@ fn check_gil(test: &str, py: &'static Python) {
         )
     });
     c.check(share(on_line_ns, hog_ns) >= 0.90, || {
-        format!("only {:.1} of {:.1} ms have the holder's hog on its re.match line {}", ms(on_line_ns), ms(hog_ns), hog.block_line)
+        format!(
+            "only {:.1} of {:.1} ms have the holder's hog on its re.match line {}",
+            ms(on_line_ns),
+            ms(hog_ns),
+            hog.block_line
+        )
     });
     c.check(share(marked_ns, gil_ns) >= 0.90, || {
         format!("only {:.1} of {:.1} ms of GIL wait carry a [gil wait: held by gil-hog (tid ...)] marker", ms(marked_ns), ms(gil_ns))

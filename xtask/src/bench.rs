@@ -83,9 +83,25 @@ pub fn run(quick: bool, only: &[String]) -> Result<()> {
         bail!("the bench needs root (BPF); run it as root");
     }
     let plan = if quick {
-        Plan { quick, acc_reps: 1, ovh_rounds: 3, ovh_secs: 4, attach_reps: 2, scale_reps: 1, scale_secs: 3 }
+        Plan {
+            quick,
+            acc_reps: 1,
+            ovh_rounds: 3,
+            ovh_secs: 4,
+            attach_reps: 2,
+            scale_reps: 1,
+            scale_secs: 3,
+        }
     } else {
-        Plan { quick, acc_reps: 3, ovh_rounds: 5, ovh_secs: 8, attach_reps: 5, scale_reps: 3, scale_secs: 5 }
+        Plan {
+            quick,
+            acc_reps: 3,
+            ovh_rounds: 5,
+            ovh_secs: 8,
+            attach_reps: 5,
+            scale_reps: 3,
+            scale_secs: 5,
+        }
     };
     let started = Instant::now();
     let env = prepare()?;
@@ -113,7 +129,11 @@ pub fn run(quick: bool, only: &[String]) -> Result<()> {
         env.root.join("target/bench/benchmarks-partial.md")
     };
     fs::write(&target, &full)?;
-    eprintln!("bench: wrote {} ({:.0} s)", target.display(), started.elapsed().as_secs_f64());
+    eprintln!(
+        "bench: wrote {} ({:.0} s)",
+        target.display(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -137,11 +157,14 @@ fn prepare() -> Result<Env> {
         .unwrap_or_default();
 
     // The interpreter itself, not a pyenv shim (a shell script that execs it).
-    let python = super::output(Command::new("python3").args(["-c", "import sys; print(sys.executable)"]))
-        .context("the bench needs python3")?
+    let python =
+        super::output(Command::new("python3").args(["-c", "import sys; print(sys.executable)"]))
+            .context("the bench needs python3")?
+            .trim()
+            .to_string();
+    let python_version = super::output(Command::new(&python).arg("--version"))?
         .trim()
         .to_string();
-    let python_version = super::output(Command::new(&python).arg("--version"))?.trim().to_string();
 
     // py-spy from PyPI, in a venv of its own.
     let venv = root.join("target/bench-venv");
@@ -152,14 +175,22 @@ fn prepare() -> Result<Env> {
     }
     // wrk from Debian.
     if Command::new("wrk").arg("--version").output().is_err() {
-        let ok = Command::new("apt-get").args(["install", "-y", "wrk"]).status().is_ok_and(|s| s.success());
+        let ok = Command::new("apt-get")
+            .args(["install", "-y", "wrk"])
+            .status()
+            .is_ok_and(|s| s.success());
         if !ok {
             super::run(Command::new("apt-get").arg("update"))?;
             super::run(Command::new("apt-get").args(["install", "-y", "wrk"]))?;
         }
     }
     let event_storm = work.join("event_storm");
-    super::run(Command::new("cc").args(["-O2", "-pthread", "-o"]).arg(&event_storm).arg(root.join("bench/event_storm.c")))?;
+    super::run(
+        Command::new("cc")
+            .args(["-O2", "-pthread", "-o"])
+            .arg(&event_storm)
+            .arg(root.join("bench/event_storm.c")),
+    )?;
     // The C victim as services ship: no frame pointers (the harder unwind).
     let c_loop = work.join("c_loop");
     super::run(
@@ -175,7 +206,12 @@ fn prepare() -> Result<Env> {
             .arg(&tokio_manifest)
             .arg("--target-dir")
             .arg(root.join("target/victims"));
-        for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "CARGO_TARGET_DIR"] {
+        for var in [
+            "RUSTFLAGS",
+            "CARGO_ENCODED_RUSTFLAGS",
+            "CARGO_BUILD_RUSTFLAGS",
+            "CARGO_TARGET_DIR",
+        ] {
             cmd.env_remove(var);
         }
         match super::run(&mut cmd) {
@@ -190,13 +226,31 @@ fn prepare() -> Result<Env> {
     };
     let node = ["/usr/bin/node", "node"]
         .into_iter()
-        .find(|n| Command::new(n).arg("--version").output().is_ok_and(|o| o.status.success()))
+        .find(|n| {
+            Command::new(n)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
         .map(String::from);
     let clk_tck = super::output(Command::new("getconf").arg("CLK_TCK"))
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(100.0);
-    Ok(Env { root, commit, bin, python, python_version, pyspy, work, event_storm, c_loop, tokio_victim, node, clk_tck })
+    Ok(Env {
+        root,
+        commit,
+        bin,
+        python,
+        python_version,
+        pyspy,
+        work,
+        event_storm,
+        c_loop,
+        tokio_victim,
+        node,
+        clk_tck,
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -234,7 +288,12 @@ impl Proc {
                 }
             });
         }
-        Ok(Proc { child, started, lines, what })
+        Ok(Proc {
+            child,
+            started,
+            lines,
+            what,
+        })
     }
 
     fn pid(&self) -> u32 {
@@ -245,26 +304,49 @@ impl Proc {
     fn wait_line(&mut self, needle: &str, timeout: Duration) -> Result<Instant> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some((t, _)) = self.lines.lock().unwrap().iter().find(|(_, l)| l.contains(needle)) {
+            if let Some((t, _)) = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(_, l)| l.contains(needle))
+            {
                 return Ok(*t);
             }
             if let Ok(Some(st)) = self.child.try_wait() {
                 thread::sleep(Duration::from_millis(100));
-                bail!("{} exited ({st}) before printing {needle:?}:\n{}", self.what, self.text());
+                bail!(
+                    "{} exited ({st}) before printing {needle:?}:\n{}",
+                    self.what,
+                    self.text()
+                );
             }
             if Instant::now() > deadline {
-                bail!("{} printed no {needle:?} within {timeout:?}:\n{}", self.what, self.text());
+                bail!(
+                    "{} printed no {needle:?} within {timeout:?}:\n{}",
+                    self.what,
+                    self.text()
+                );
             }
             thread::sleep(Duration::from_millis(5));
         }
     }
 
     fn text(&self) -> String {
-        self.lines.lock().unwrap().iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join("\n")
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, l)| l.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     fn signal(&self, sig: &str) {
-        let _ = Command::new("kill").arg(format!("-{sig}")).arg(self.pid().to_string()).status();
+        let _ = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status();
     }
 
     /// Waits for exit; kills after `timeout`. True if it exited by itself.
@@ -344,11 +426,18 @@ fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let n = s.len();
-    if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
 }
 
 fn min_max(v: &[f64]) -> (f64, f64) {
-    v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)))
+    v.iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        })
 }
 
 /// `median (min–max)` with `prec` decimals, or `—`.
@@ -366,26 +455,41 @@ fn spread(v: &[f64], prec: usize) -> String {
 }
 
 fn rel(p: &Path, root: &Path) -> String {
-    p.strip_prefix(root).map(|r| r.display().to_string()).unwrap_or_else(|_| p.display().to_string())
+    p.strip_prefix(root)
+        .map(|r| r.display().to_string())
+        .unwrap_or_else(|_| p.display().to_string())
 }
 
 // ---------------------------------------------------------------------------
 // Header
 
 fn header(env: &Env, plan: &Plan, only: &[String], took: Duration) -> String {
-    let cpus = thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cpus = thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let model = fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
     let kernel = super::output(Command::new("uname").arg("-r")).unwrap_or_default();
-    let date = super::output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"])).unwrap_or_default();
+    let date =
+        super::output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"])).unwrap_or_default();
     let load = fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let pyspy_v = super::output(Command::new(&env.pyspy).arg("--version")).unwrap_or_default();
     let wrk_v = Command::new("wrk")
         .arg("--version")
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or("").to_string())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
         .unwrap_or_default();
     let node_v = env
         .node
@@ -400,18 +504,36 @@ fn header(env: &Env, plan: &Plan, only: &[String], took: Duration) -> String {
          Every figure below is a measurement from that run, not a target; the targets from the \
          issue are listed next to them with whether this run met them.\n",
         if plan.quick { " --quick" } else { "" },
-        only.iter().map(|o| format!(" --only {o}")).collect::<String>()
+        only.iter()
+            .map(|o| format!(" --only {o}"))
+            .collect::<String>()
     );
-    let _ = writeln!(s, "- date: {}; stallprof built from `{}` (release)", date.trim(), env.commit);
+    let _ = writeln!(
+        s,
+        "- date: {}; stallprof built from `{}` (release)",
+        date.trim(),
+        env.commit
+    );
     let _ = writeln!(
         s,
         "- machine: {cpus} vCPUs ({model}), kernel {}; a **shared, noisy** VM: other engineers' builds and \
          test suites were running during the bench (load average at the end: {}). Absolute numbers are \
          therefore low and spread wide; ratios come from interleaved runs to cancel some of the drift.",
         kernel.trim(),
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
     );
-    let _ = writeln!(s, "- {} ({}); {}; wrk {}; node {}", env.python_version, env.python, pyspy_v.trim(), wrk_v.trim(), node_v.trim());
+    let _ = writeln!(
+        s,
+        "- {} ({}); {}; wrk {}; node {}",
+        env.python_version,
+        env.python,
+        pyspy_v.trim(),
+        wrk_v.trim(),
+        node_v.trim()
+    );
     let _ = writeln!(
         s,
         "- run: {} ({:.0} s); raw outputs were in `{}` (not kept in git)",
@@ -447,20 +569,49 @@ fn victims(env: &Env) -> Vec<Victim> {
     let v = env.root.join("profiler/tests/victims");
     let py = |s: &str| vec![env.python.clone(), v.join(s).display().to_string()];
     let mut out = vec![
-        Victim { name: "c_loop", label: "C epoll loop (spin / nanosleep / slow pipe)", python_script: None, cmd: vec![env.c_loop.display().to_string()] },
-        Victim { name: "gateway", label: "Python gateway (TLS, tokenizer, zlib, scoring)", python_script: Some("py_gateway.py"), cmd: py("py_gateway.py") },
-        Victim { name: "blocking_client", label: "Python blocking client / sleep / CPU", python_script: Some("py_blocking_client.py"), cmd: py("py_blocking_client.py") },
-        Victim { name: "gil", label: "Python GIL held by another thread", python_script: Some("py_gil.py"), cmd: py("py_gil.py") },
+        Victim {
+            name: "c_loop",
+            label: "C epoll loop (spin / nanosleep / slow pipe)",
+            python_script: None,
+            cmd: vec![env.c_loop.display().to_string()],
+        },
+        Victim {
+            name: "gateway",
+            label: "Python gateway (TLS, tokenizer, zlib, scoring)",
+            python_script: Some("py_gateway.py"),
+            cmd: py("py_gateway.py"),
+        },
+        Victim {
+            name: "blocking_client",
+            label: "Python blocking client / sleep / CPU",
+            python_script: Some("py_blocking_client.py"),
+            cmd: py("py_blocking_client.py"),
+        },
+        Victim {
+            name: "gil",
+            label: "Python GIL held by another thread",
+            python_script: Some("py_gil.py"),
+            cmd: py("py_gil.py"),
+        },
     ];
     if let Some(t) = &env.tokio_victim {
-        out.push(Victim { name: "tokio", label: "tokio (multi-thread, no frame pointers)", python_script: None, cmd: vec![t.display().to_string()] });
+        out.push(Victim {
+            name: "tokio",
+            label: "tokio (multi-thread, no frame pointers)",
+            python_script: None,
+            cmd: vec![t.display().to_string()],
+        });
     }
     if let Some(n) = &env.node {
         out.push(Victim {
             name: "node",
             label: "Node (pbkdf2Sync / JSON.parse), --perf-basic-prof",
             python_script: None,
-            cmd: vec![n.clone(), "--perf-basic-prof".into(), v.join("node_loop.js").display().to_string()],
+            cmd: vec![
+                n.clone(),
+                "--perf-basic-prof".into(),
+                v.join("node_loop.js").display().to_string(),
+            ],
         });
     }
     out
@@ -478,11 +629,16 @@ impl Score {
     fn add(&mut self, text: &str) {
         self.runs += 1;
         for line in text.lines() {
-            let Some((k, v)) = line.split_once('\t') else { continue };
+            let Some((k, v)) = line.split_once('\t') else {
+                continue;
+            };
             if let Some(cause) = k.strip_prefix("share:") {
                 if let Some((t, m)) = v.split_once(':') {
                     if let (Ok(t), Ok(m)) = (t.parse(), m.parse()) {
-                        self.shares.entry(cause.to_string()).or_default().push((t, m));
+                        self.shares
+                            .entry(cause.to_string())
+                            .or_default()
+                            .push((t, m));
                     }
                 }
             } else if let Ok(x) = v.parse::<f64>() {
@@ -508,7 +664,10 @@ impl Score {
 
 const TOOLS: &[(&str, &str)] = &[
     ("stallprof", "stallprof record"),
-    ("stallprof_native", "stallprof record, culprit or its native callee"),
+    (
+        "stallprof_native",
+        "stallprof record, culprit or its native callee",
+    ),
     ("watchdog", "in-process watchdog (field report)"),
     ("pyspy", "py-spy --nonblocking"),
     ("pyspy_idle", "py-spy --nonblocking --idle"),
@@ -516,7 +675,12 @@ const TOOLS: &[(&str, &str)] = &[
 
 /// Score text, and for Node under stallprof a second score that also
 /// accepts the culprit's native callee (bench/accuracy.py `stallprof-native`).
-fn run_accuracy_once(env: &Env, v: &Victim, tool: &str, dir: &Path) -> Result<(String, Option<String>)> {
+fn run_accuracy_once(
+    env: &Env,
+    v: &Victim,
+    tool: &str,
+    dir: &Path,
+) -> Result<(String, Option<String>)> {
     fs::create_dir_all(dir)?;
     let log = dir.join("victim.log");
     let thr = ACC_THRESHOLD_MS.to_string();
@@ -525,23 +689,45 @@ fn run_accuracy_once(env: &Env, v: &Victim, tool: &str, dir: &Path) -> Result<(S
     let (cmd, output): (Vec<String>, PathBuf) = match tool {
         "stallprof" => {
             let out = dir.join("out");
-            let mut c = vec![env.bin.display().to_string(), "record".into(), "-q".into(), "--threshold".into(), format!("{thr}ms"), "-o".into(), out.display().to_string(), "--".into()];
+            let mut c = vec![
+                env.bin.display().to_string(),
+                "record".into(),
+                "-q".into(),
+                "--threshold".into(),
+                format!("{thr}ms"),
+                "-o".into(),
+                out.display().to_string(),
+                "--".into(),
+            ];
             c.extend(victim_cmd);
             (c, out.join("stalls.json"))
         }
         "watchdog" => {
             let wd = dir.join("watchdog.log");
-            let mut c = vec![env.python.clone(), env.root.join("bench/watchdog.py").display().to_string(), wd.display().to_string(), thr.clone()];
+            let mut c = vec![
+                env.python.clone(),
+                env.root.join("bench/watchdog.py").display().to_string(),
+                wd.display().to_string(),
+                thr.clone(),
+            ];
             c.extend(victim_cmd[1..].iter().cloned());
             (c, wd)
         }
         "pyspy" | "pyspy_idle" => {
             let raw = dir.join("pyspy.raw");
-            let mut c = vec![env.pyspy.display().to_string(), "record".into(), "--nonblocking".into()];
+            let mut c = vec![
+                env.pyspy.display().to_string(),
+                "record".into(),
+                "--nonblocking".into(),
+            ];
             if tool == "pyspy_idle" {
                 c.push("--idle".into());
             }
-            c.extend(["-t", "-r", &PYSPY_ACC_RATE.to_string(), "-f", "raw", "-o"].iter().map(|s| s.to_string()));
+            c.extend(
+                ["-t", "-r", &PYSPY_ACC_RATE.to_string(), "-f", "raw", "-o"]
+                    .iter()
+                    .map(|s| s.to_string()),
+            );
             c.push(raw.display().to_string());
             c.push("--".into());
             c.extend(victim_cmd);
@@ -555,20 +741,41 @@ fn run_accuracy_once(env: &Env, v: &Victim, tool: &str, dir: &Path) -> Result<(S
     }
     fs::write(dir.join("tool.out"), p.text())?;
     if !output.exists() {
-        bail!("{tool} on {} wrote no {}:\n{}", v.name, output.display(), p.text());
+        bail!(
+            "{tool} on {} wrote no {}:\n{}",
+            v.name,
+            output.display(),
+            p.text()
+        );
     }
-    let score_tool = if tool.starts_with("pyspy") { "pyspy" } else { tool };
+    let score_tool = if tool.starts_with("pyspy") {
+        "pyspy"
+    } else {
+        tool
+    };
     let out = super::output(
         Command::new(&env.python)
             .arg(env.root.join("bench/accuracy.py"))
-            .args([v.name, &log.display().to_string(), &thr, score_tool, &output.display().to_string()]),
+            .args([
+                v.name,
+                &log.display().to_string(),
+                &thr,
+                score_tool,
+                &output.display().to_string(),
+            ]),
     )?;
     fs::write(dir.join("score.tsv"), &out)?;
     let native = if tool == "stallprof" && v.name == "node" {
         let o = super::output(
             Command::new(&env.python)
                 .arg(env.root.join("bench/accuracy.py"))
-                .args([v.name, &log.display().to_string(), &thr, "stallprof-native", &output.display().to_string()]),
+                .args([
+                    v.name,
+                    &log.display().to_string(),
+                    &thr,
+                    "stallprof-native",
+                    &output.display().to_string(),
+                ]),
         )?;
         fs::write(dir.join("score-native.tsv"), &o)?;
         Some(o)
@@ -585,22 +792,30 @@ fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
     for rep in 0..plan.acc_reps {
         for v in &vs {
             for (tool, _) in TOOLS {
-                if *tool == "stallprof_native" || (*tool != "stallprof" && v.python_script.is_none()) {
+                if *tool == "stallprof_native"
+                    || (*tool != "stallprof" && v.python_script.is_none())
+                {
                     continue;
                 }
                 let dir = env.work.join(format!("accuracy/{}/{tool}/{rep}", v.name));
                 eprintln!("bench: accuracy {} / {tool} / rep {rep}", v.name);
-                let sc = scores.entry((v.name.to_string(), tool.to_string())).or_default();
+                let sc = scores
+                    .entry((v.name.to_string(), tool.to_string()))
+                    .or_default();
                 match run_accuracy_once(env, v, tool, &dir) {
                     Ok((text, native)) => {
                         sc.add(&text);
                         if let Some(n) = native {
-                            scores.entry((v.name.to_string(), "stallprof_native".to_string())).or_default().add(&n);
+                            scores
+                                .entry((v.name.to_string(), "stallprof_native".to_string()))
+                                .or_default()
+                                .add(&n);
                         }
                     }
                     Err(e) => {
                         eprintln!("bench: {e:#}");
-                        sc.failed.push(format!("{e:#}").lines().next().unwrap_or("").to_string());
+                        sc.failed
+                            .push(format!("{e:#}").lines().next().unwrap_or("").to_string());
                     }
                 }
             }
@@ -631,12 +846,17 @@ fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
          output, so these are shares of the whole run, which in these victims is stall time plus µs of heartbeat). \
          Target: TV ≤ 5 points on every victim.\n"
     );
-    let _ = writeln!(s, "| victim | tool | runs | recall | precision | dur. err (ms) | TV (points) | true→measured share % (median) |");
+    let _ = writeln!(
+        s,
+        "| victim | tool | runs | recall | precision | dur. err (ms) | TV (points) | true→measured share % (median) |"
+    );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
     let mut misses = Vec::new();
     for v in &vs {
         for (tool, tool_label) in TOOLS {
-            let Some(sc) = scores.get(&(v.name.to_string(), tool.to_string())) else { continue };
+            let Some(sc) = scores.get(&(v.name.to_string(), tool.to_string())) else {
+                continue;
+            };
             let na = tool.starts_with("pyspy");
             let tv = sc.get("tv_points");
             if *tool == "stallprof" && (tv.is_empty() || median(tv) > 5.0) {
@@ -648,10 +868,38 @@ fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
                 v.label,
                 tool_label,
                 sc.runs,
-                if sc.failed.is_empty() { String::new() } else { format!(" ({} failed)", sc.failed.len()) },
-                if na { "n/a".into() } else { spread(&sc.get("recall").iter().map(|x| x * 100.0).collect::<Vec<_>>(), 0) + "%" },
-                if na { "n/a".into() } else { spread(&sc.get("precision").iter().map(|x| x * 100.0).collect::<Vec<_>>(), 0) + "%" },
-                if na { "n/a".into() } else { spread(sc.get("dur_err_med_ms"), 1) },
+                if sc.failed.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({} failed)", sc.failed.len())
+                },
+                if na {
+                    "n/a".into()
+                } else {
+                    spread(
+                        &sc.get("recall")
+                            .iter()
+                            .map(|x| x * 100.0)
+                            .collect::<Vec<_>>(),
+                        0,
+                    ) + "%"
+                },
+                if na {
+                    "n/a".into()
+                } else {
+                    spread(
+                        &sc.get("precision")
+                            .iter()
+                            .map(|x| x * 100.0)
+                            .collect::<Vec<_>>(),
+                        0,
+                    ) + "%"
+                },
+                if na {
+                    "n/a".into()
+                } else {
+                    spread(sc.get("dur_err_med_ms"), 1)
+                },
                 spread(tv, 1),
                 sc.shares_text()
             );
@@ -662,12 +910,20 @@ fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
         .flat_map(|((v, t), sc)| sc.failed.iter().map(move |f| format!("- {v} / {t}: {f}")))
         .collect();
     if !failures.is_empty() {
-        let _ = writeln!(s, "\nRuns that failed (not scored):\n\n{}", failures.join("\n"));
+        let _ = writeln!(
+            s,
+            "\nRuns that failed (not scored):\n\n{}",
+            failures.join("\n")
+        );
     }
     let _ = writeln!(
         s,
         "\nTarget (TV ≤ 5 points on every victim, stallprof): {}\n",
-        if misses.is_empty() { "**met** in this run.".to_string() } else { format!("**missed** on {}.", misses.join(", ")) }
+        if misses.is_empty() {
+            "**met** in this run.".to_string()
+        } else {
+            format!("**missed** on {}.", misses.join(", "))
+        }
     );
     let _ = writeln!(
         s,
@@ -678,7 +934,10 @@ fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
          section runs it at stallprof's rate).\n"
     );
     let tv_of = |victim: &str, tool: &str| {
-        scores.get(&(victim.to_string(), tool.to_string())).map(|sc| median(sc.get("tv_points"))).unwrap_or(f64::NAN)
+        scores
+            .get(&(victim.to_string(), tool.to_string()))
+            .map(|sc| median(sc.get("tv_points")))
+            .unwrap_or(f64::NAN)
     };
     if tv_of("node", "stallprof") > 5.0 {
         let _ = writeln!(
@@ -697,20 +956,53 @@ fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
              column; the raw stalls.json of each run is in the run directory.\n"
         );
     }
-    let _ = writeln!(s, "Commands (one run; `LOG` is the victim's log, `bench/accuracy.py VICTIM LOG {ACC_THRESHOLD_MS} TOOL OUTPUT` scores it):\n");
+    let _ = writeln!(
+        s,
+        "Commands (one run; `LOG` is the victim's log, `bench/accuracy.py VICTIM LOG {ACC_THRESHOLD_MS} TOOL OUTPUT` scores it):\n"
+    );
     let _ = writeln!(s, "```sh");
-    let _ = writeln!(s, "cc -O1 -g -fomit-frame-pointer -pthread -o c_loop $V/c_loop.c");
-    let _ = writeln!(s, "cargo build --release --locked --manifest-path $V/tokio-victim/Cargo.toml --target-dir target/victims");
-    let _ = writeln!(s, "# stallprof, per victim (VICTIM_CMD: ./c_loop | $PY $V/py_gateway.py | $PY $V/py_blocking_client.py | $PY $V/py_gil.py");
-    let _ = writeln!(s, "#                       | target/victims/release/tokio-victim | node --perf-basic-prof $V/node_loop.js)");
-    let _ = writeln!(s, "$SP record -q --threshold {ACC_THRESHOLD_MS}ms -o out -- VICTIM_CMD LOG");
-    let _ = writeln!(s, "python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} stallprof out/stalls.json");
+    let _ = writeln!(
+        s,
+        "cc -O1 -g -fomit-frame-pointer -pthread -o c_loop $V/c_loop.c"
+    );
+    let _ = writeln!(
+        s,
+        "cargo build --release --locked --manifest-path $V/tokio-victim/Cargo.toml --target-dir target/victims"
+    );
+    let _ = writeln!(
+        s,
+        "# stallprof, per victim (VICTIM_CMD: ./c_loop | $PY $V/py_gateway.py | $PY $V/py_blocking_client.py | $PY $V/py_gil.py"
+    );
+    let _ = writeln!(
+        s,
+        "#                       | target/victims/release/tokio-victim | node --perf-basic-prof $V/node_loop.js)"
+    );
+    let _ = writeln!(
+        s,
+        "$SP record -q --threshold {ACC_THRESHOLD_MS}ms -o out -- VICTIM_CMD LOG"
+    );
+    let _ = writeln!(
+        s,
+        "python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} stallprof out/stalls.json"
+    );
     let _ = writeln!(s, "# the field report's watchdog inside the victim");
-    let _ = writeln!(s, "$PY bench/watchdog.py wd.log {ACC_THRESHOLD_MS} $V/py_gateway.py LOG");
-    let _ = writeln!(s, "python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} watchdog wd.log");
+    let _ = writeln!(
+        s,
+        "$PY bench/watchdog.py wd.log {ACC_THRESHOLD_MS} $V/py_gateway.py LOG"
+    );
+    let _ = writeln!(
+        s,
+        "python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} watchdog wd.log"
+    );
     let _ = writeln!(s, "# py-spy, without and with --idle");
-    let _ = writeln!(s, "$PYSPY record --nonblocking [--idle] -t -r {PYSPY_ACC_RATE} -f raw -o raw.txt -- $PY $V/py_gateway.py LOG");
-    let _ = writeln!(s, "python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} pyspy raw.txt");
+    let _ = writeln!(
+        s,
+        "$PYSPY record --nonblocking [--idle] -t -r {PYSPY_ACC_RATE} -f raw -o raw.txt -- $PY $V/py_gateway.py LOG"
+    );
+    let _ = writeln!(
+        s,
+        "python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} pyspy raw.txt"
+    );
     let _ = writeln!(s, "```\n");
     Ok(s)
 }
@@ -747,8 +1039,18 @@ struct OvhRun {
 }
 
 fn parse_wrk(text: &str) -> Option<(f64, f64)> {
-    let rps = text.lines().find(|l| l.starts_with("Requests/sec:"))?.split_whitespace().nth(1)?.parse().ok()?;
-    let p99 = text.lines().find(|l| l.trim_start().starts_with("99%"))?.split_whitespace().nth(1)?;
+    let rps = text
+        .lines()
+        .find(|l| l.starts_with("Requests/sec:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    let p99 = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("99%"))?
+        .split_whitespace()
+        .nth(1)?;
     let p99_ms = if let Some(x) = p99.strip_suffix("us") {
         x.parse::<f64>().ok()? / 1000.0
     } else if let Some(x) = p99.strip_suffix("ms") {
@@ -763,7 +1065,14 @@ fn parse_wrk(text: &str) -> Option<(f64, f64)> {
 
 fn daemon_cmd(env: &Env, data: &Path) -> Command {
     let mut c = Command::new(&env.bin);
-    c.args(["-v", "daemon", "--listen", &format!("127.0.0.1:{DAEMON_PORT}"), "--data-dir"]).arg(data);
+    c.args([
+        "-v",
+        "daemon",
+        "--listen",
+        &format!("127.0.0.1:{DAEMON_PORT}"),
+        "--data-dir",
+    ])
+    .arg(data);
     c
 }
 
@@ -771,7 +1080,11 @@ fn overhead_once(env: &Env, cfg: Cfg, secs: u32, dir: &Path) -> Result<OvhRun> {
     fs::create_dir_all(dir)?;
     let port_file = dir.join("port");
     let _ = fs::remove_file(&port_file);
-    let _server = Proc::spawn(Command::new(&env.python).arg(env.root.join("bench/http_service.py")).arg(&port_file))?;
+    let _server = Proc::spawn(
+        Command::new(&env.python)
+            .arg(env.root.join("bench/http_service.py"))
+            .arg(&port_file),
+    )?;
     let info = wait_file(&port_file, Duration::from_secs(10))?;
     let mut it = info.split_whitespace();
     let port: u16 = it.next().context("port file")?.parse()?;
@@ -781,7 +1094,11 @@ fn overhead_once(env: &Env, cfg: Cfg, secs: u32, dir: &Path) -> Result<OvhRun> {
     let mut agent = match cfg {
         Cfg::Bare => None,
         Cfg::Record => {
-            let mut p = Proc::spawn(Command::new(&env.bin).args(["-v", "record", "-q", "--pid", &pid.to_string(), "-o"]).arg(dir.join("out")))?;
+            let mut p = Proc::spawn(
+                Command::new(&env.bin)
+                    .args(["-v", "record", "-q", "--pid", &pid.to_string(), "-o"])
+                    .arg(dir.join("out")),
+            )?;
             p.wait_line("attached to", Duration::from_secs(20))?;
             Some(p)
         }
@@ -794,7 +1111,15 @@ fn overhead_once(env: &Env, cfg: Cfg, secs: u32, dir: &Path) -> Result<OvhRun> {
         }
         Cfg::PySpy | Cfg::PySpyNb => {
             let mut c = Command::new(&env.pyspy);
-            c.args(["record", "-r", &STALLPROF_DEFAULT_HZ.to_string(), "-f", "raw", "-o"]).arg(dir.join("pyspy.raw"));
+            c.args([
+                "record",
+                "-r",
+                &STALLPROF_DEFAULT_HZ.to_string(),
+                "-f",
+                "raw",
+                "-o",
+            ])
+            .arg(dir.join("pyspy.raw"));
             if cfg == Cfg::PySpyNb {
                 c.arg("--nonblocking");
             }
@@ -805,20 +1130,26 @@ fn overhead_once(env: &Env, cfg: Cfg, secs: u32, dir: &Path) -> Result<OvhRun> {
         }
     };
     // Warm-up (connections, the agent's first-seen work), then the measurement.
-    let _ = Command::new("wrk").args(["-t1", "-c32", "-d1s", &url]).output();
+    let _ = Command::new("wrk")
+        .args(["-t1", "-c32", "-d1s", &url])
+        .output();
     if cfg == Cfg::Daemon {
         let a = agent.as_mut().unwrap();
         a.wait_line(&format!("monitoring pid {pid} "), Duration::from_secs(10))?;
     }
     let pre = agent.as_ref().and_then(|a| cpu_secs(a.pid(), env.clk_tck));
     let t0 = Instant::now();
-    let out = Command::new("wrk").args(["-t1", "-c32", &format!("-d{secs}s"), "--latency", &url]).output()?;
+    let out = Command::new("wrk")
+        .args(["-t1", "-c32", &format!("-d{secs}s"), "--latency", &url])
+        .output()?;
     let wall = t0.elapsed().as_secs_f64();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     fs::write(dir.join("wrk.txt"), &text)?;
     let (agent_cpu_pct, agent_rss_mib) = match &agent {
         Some(a) => (
-            cpu_secs(a.pid(), env.clk_tck).zip(pre).map(|(b, a0)| (b - a0) / wall * 100.0),
+            cpu_secs(a.pid(), env.clk_tck)
+                .zip(pre)
+                .map(|(b, a0)| (b - a0) / wall * 100.0),
             vm_hwm_mib(a.pid()),
         ),
         None => (None, None),
@@ -827,13 +1158,25 @@ fn overhead_once(env: &Env, cfg: Cfg, secs: u32, dir: &Path) -> Result<OvhRun> {
         a.stop(Duration::from_secs(30));
         fs::write(dir.join("agent.log"), a.text())?;
     }
-    let (rps, p99_ms) = parse_wrk(&text).with_context(|| format!("unparsable wrk output:\n{text}"))?;
-    Ok(OvhRun { rps, p99_ms, agent_cpu_pct, agent_rss_mib })
+    let (rps, p99_ms) =
+        parse_wrk(&text).with_context(|| format!("unparsable wrk output:\n{text}"))?;
+    Ok(OvhRun {
+        rps,
+        p99_ms,
+        agent_cpu_pct,
+        agent_rss_mib,
+    })
 }
 
 fn overhead(env: &Env, plan: &Plan) -> Result<String> {
     eprintln!("bench: section 2, overhead on the target");
-    let cfgs = [Cfg::Bare, Cfg::Record, Cfg::Daemon, Cfg::PySpy, Cfg::PySpyNb];
+    let cfgs = [
+        Cfg::Bare,
+        Cfg::Record,
+        Cfg::Daemon,
+        Cfg::PySpy,
+        Cfg::PySpyNb,
+    ];
     let mut runs: Vec<Vec<Option<OvhRun>>> = (0..cfgs.len()).map(|_| Vec::new()).collect();
     let mut errors = Vec::new();
     for round in 0..plan.ovh_rounds {
@@ -849,7 +1192,11 @@ fn overhead(env: &Env, plan: &Plan) -> Result<String> {
                 Ok(r) => runs[i].push(Some(r)),
                 Err(e) => {
                     eprintln!("bench: {e:#}");
-                    errors.push(format!("- round {round}, {}: {}", cfgs[i].name(), format!("{e:#}").lines().next().unwrap_or("")));
+                    errors.push(format!(
+                        "- round {round}, {}: {}",
+                        cfgs[i].name(),
+                        format!("{e:#}").lines().next().unwrap_or("")
+                    ));
                     runs[i].push(None);
                 }
             }
@@ -867,7 +1214,10 @@ fn overhead(env: &Env, plan: &Plan) -> Result<String> {
          is taken from the target or the load generator, as it would be on a busy host.\n",
         plan.ovh_secs, plan.ovh_rounds
     );
-    let _ = writeln!(s, "| configuration | requests/s | p99 (ms) | throughput ratio | p99 ratio | agent CPU % of one core | agent peak RSS (MiB) |");
+    let _ = writeln!(
+        s,
+        "| configuration | requests/s | p99 (ms) | throughput ratio | p99 ratio | agent CPU % of one core | agent peak RSS (MiB) |"
+    );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|");
     let mut tp_ratio: BTreeMap<usize, f64> = BTreeMap::new();
     for (i, cfg) in cfgs.iter().enumerate() {
@@ -895,8 +1245,16 @@ fn overhead(env: &Env, plan: &Plan) -> Result<String> {
             spread(&p99, 2),
             if i == 0 { "1".into() } else { spread(&rr, 3) },
             if i == 0 { "1".into() } else { spread(&pr, 2) },
-            if i == 0 { "—".into() } else { spread(&cpu, 1) },
-            if i == 0 { "—".into() } else { spread(&rss, 0) },
+            if i == 0 {
+                "—".into()
+            } else {
+                spread(&cpu, 1)
+            },
+            if i == 0 {
+                "—".into()
+            } else {
+                spread(&rss, 0)
+            },
         );
     }
     if !errors.is_empty() {
@@ -912,7 +1270,11 @@ fn overhead(env: &Env, plan: &Plan) -> Result<String> {
         verdict_ratio(rec),
         verdict_ratio(dmn)
     );
-    let best_pyspy = pys.iter().flatten().copied().fold(f64::NEG_INFINITY, f64::max);
+    let best_pyspy = pys
+        .iter()
+        .flatten()
+        .copied()
+        .fold(f64::NEG_INFINITY, f64::max);
     let _ = writeln!(
         s,
         "- overhead lower than py-spy's at equal sampling rate (999 Hz): {}",
@@ -932,22 +1294,54 @@ fn overhead(env: &Env, plan: &Plan) -> Result<String> {
          the other users of the machine ran; its CPU is its whole cost, not the part due to the service.\n"
     );
     let _ = writeln!(s, "Commands (one round):\n\n```sh");
-    let _ = writeln!(s, "$PY bench/http_service.py port.txt &            # writes \"PORT PID TID\"");
-    let _ = writeln!(s, "wrk -t1 -c32 -d1s http://127.0.0.1:$PORT/        # warm-up");
-    let _ = writeln!(s, "wrk -t1 -c32 -d{}s --latency http://127.0.0.1:$PORT/", plan.ovh_secs);
-    let _ = writeln!(s, "# the same, with one of these running (started after the server, stopped with SIGINT after wrk):");
-    let _ = writeln!(s, "$SP -v record -q --pid $PID -o out               # measured from its \"attached to\" line");
-    let _ = writeln!(s, "$SP -v daemon --listen 127.0.0.1:{DAEMON_PORT} --data-dir d   # from its \"monitoring pid $PID\" line");
-    let _ = writeln!(s, "$PYSPY record -r {STALLPROF_DEFAULT_HZ} -f raw -o raw.txt --pid $PID");
-    let _ = writeln!(s, "$PYSPY record -r {STALLPROF_DEFAULT_HZ} -f raw -o raw.txt --nonblocking --pid $PID");
-    let _ = writeln!(s, "# agent CPU: utime+stime from /proc/$AGENT/stat across the wrk run; RSS: VmHWM from /proc/$AGENT/status");
+    let _ = writeln!(
+        s,
+        "$PY bench/http_service.py port.txt &            # writes \"PORT PID TID\""
+    );
+    let _ = writeln!(
+        s,
+        "wrk -t1 -c32 -d1s http://127.0.0.1:$PORT/        # warm-up"
+    );
+    let _ = writeln!(
+        s,
+        "wrk -t1 -c32 -d{}s --latency http://127.0.0.1:$PORT/",
+        plan.ovh_secs
+    );
+    let _ = writeln!(
+        s,
+        "# the same, with one of these running (started after the server, stopped with SIGINT after wrk):"
+    );
+    let _ = writeln!(
+        s,
+        "$SP -v record -q --pid $PID -o out               # measured from its \"attached to\" line"
+    );
+    let _ = writeln!(
+        s,
+        "$SP -v daemon --listen 127.0.0.1:{DAEMON_PORT} --data-dir d   # from its \"monitoring pid $PID\" line"
+    );
+    let _ = writeln!(
+        s,
+        "$PYSPY record -r {STALLPROF_DEFAULT_HZ} -f raw -o raw.txt --pid $PID"
+    );
+    let _ = writeln!(
+        s,
+        "$PYSPY record -r {STALLPROF_DEFAULT_HZ} -f raw -o raw.txt --nonblocking --pid $PID"
+    );
+    let _ = writeln!(
+        s,
+        "# agent CPU: utime+stime from /proc/$AGENT/stat across the wrk run; RSS: VmHWM from /proc/$AGENT/status"
+    );
     let _ = writeln!(s, "```\n");
     Ok(s)
 }
 
 fn verdict_ratio(r: Option<f64>) -> String {
     match r {
-        Some(r) => format!("{:.1}% — **{}**", r * 100.0, if r >= 0.995 { "met" } else { "missed" }),
+        Some(r) => format!(
+            "{:.1}% — **{}**",
+            r * 100.0,
+            if r >= 0.995 { "met" } else { "missed" }
+        ),
         None => "not measured".into(),
     }
 }
@@ -968,10 +1362,20 @@ struct AgentRun {
     drops: String,
 }
 
-fn record_for(env: &Env, pid: u32, secs: u32, extra: &[&str], dir: &Path, python: bool) -> Result<AgentRun> {
+fn record_for(
+    env: &Env,
+    pid: u32,
+    secs: u32,
+    extra: &[&str],
+    dir: &Path,
+    python: bool,
+) -> Result<AgentRun> {
     let out = dir.join("out");
     let mut cmd = Command::new(&env.bin);
-    cmd.args(["-v", "record", "-q", "--pid", &pid.to_string()]).args(extra).arg("-o").arg(&out);
+    cmd.args(["-v", "record", "-q", "--pid", &pid.to_string()])
+        .args(extra)
+        .arg("-o")
+        .arg(&out);
     let mut p = Proc::spawn(&mut cmd)?;
     let attached = p.wait_line("attached to", Duration::from_secs(30))?;
     let attach_wall_ms = attached.duration_since(p.started).as_secs_f64() * 1e3;
@@ -982,14 +1386,17 @@ fn record_for(env: &Env, pid: u32, secs: u32, extra: &[&str], dir: &Path, python
         .and_then(|l| l.split(" in ").nth(1))
         .and_then(|x| x.trim().trim_end_matches("ms").trim().parse().ok());
     let python_ready_ms = if python {
-        p.wait_line("Python stacks on", Duration::from_secs(10)).ok().map(|t| t.duration_since(p.started).as_secs_f64() * 1e3)
+        p.wait_line("Python stacks on", Duration::from_secs(10))
+            .ok()
+            .map(|t| t.duration_since(p.started).as_secs_f64() * 1e3)
     } else {
         None
     };
     let c0 = cpu_secs(p.pid(), env.clk_tck).unwrap_or(0.0);
     let t0 = Instant::now();
     thread::sleep(Duration::from_secs(secs as u64));
-    let cpu_pct = (cpu_secs(p.pid(), env.clk_tck).unwrap_or(c0) - c0) / t0.elapsed().as_secs_f64() * 100.0;
+    let cpu_pct =
+        (cpu_secs(p.pid(), env.clk_tck).unwrap_or(c0) - c0) / t0.elapsed().as_secs_f64() * 100.0;
     let rss_mib = vm_hwm_mib(p.pid()).unwrap_or(f64::NAN);
     p.stop(Duration::from_secs(60));
     fs::write(dir.join("agent.log"), p.text())?;
@@ -1014,7 +1421,14 @@ fn record_for(env: &Env, pid: u32, secs: u32, extra: &[&str], dir: &Path, python
     })
 }
 
-fn storm(env: &Env, threads: u32, rate: u32, busy_us: u32, secs: u32, result: &Path) -> Result<Proc> {
+fn storm(
+    env: &Env,
+    threads: u32,
+    rate: u32,
+    busy_us: u32,
+    secs: u32,
+    result: &Path,
+) -> Result<Proc> {
     Proc::spawn(Command::new(&env.event_storm).args([
         threads.to_string(),
         rate.to_string(),
@@ -1045,20 +1459,34 @@ fn agent(env: &Env, plan: &Plan) -> Result<String> {
 
     // Attach time and idle cost, on a C loop and on an idle asyncio service.
     let mut attach_rows = String::new();
-    for (label, python) in [("C epoll loop (event_storm, 1 thread, 100 Hz)", false), ("asyncio service, idle (http_service.py)", true)] {
+    for (label, python) in [
+        ("C epoll loop (event_storm, 1 thread, 100 Hz)", false),
+        ("asyncio service, idle (http_service.py)", true),
+    ] {
         let mut log_ms = Vec::new();
         let mut wall_ms = Vec::new();
         let mut py_ms = Vec::new();
         let mut cpu = Vec::new();
         let mut rss = Vec::new();
         for rep in 0..plan.attach_reps {
-            let dir = env.work.join(format!("agent/attach-{}-{rep}", if python { "py" } else { "c" }));
+            let dir = env.work.join(format!(
+                "agent/attach-{}-{rep}",
+                if python { "py" } else { "c" }
+            ));
             fs::create_dir_all(&dir)?;
             let (_target, pid) = if python {
                 let pf = dir.join("port");
-                let p = Proc::spawn(Command::new(&env.python).arg(env.root.join("bench/http_service.py")).arg(&pf))?;
+                let p = Proc::spawn(
+                    Command::new(&env.python)
+                        .arg(env.root.join("bench/http_service.py"))
+                        .arg(&pf),
+                )?;
                 let info = wait_file(&pf, Duration::from_secs(10))?;
-                let pid: u32 = info.split_whitespace().nth(1).context("port file")?.parse()?;
+                let pid: u32 = info
+                    .split_whitespace()
+                    .nth(1)
+                    .context("port file")?
+                    .parse()?;
                 (p, pid)
             } else {
                 let p = storm(env, 1, 100, 0, 0, &dir.join("storm.txt"))?;
@@ -1082,7 +1510,11 @@ fn agent(env: &Env, plan: &Plan) -> Result<String> {
             "| {label} | {} | {} | {} | {} | {} |",
             spread(&log_ms, 0),
             spread(&wall_ms, 0),
-            if python { spread(&py_ms, 0) } else { "—".into() },
+            if python {
+                spread(&py_ms, 0)
+            } else {
+                "—".into()
+            },
             spread(&cpu, 2),
             spread(&rss, 0)
         );
@@ -1091,7 +1523,11 @@ fn agent(env: &Env, plan: &Plan) -> Result<String> {
             let _ = writeln!(
                 attach_rows,
                 "|  | target: attach < 500 ms → **{}** |  |  |  |  |",
-                if m.is_finite() && m < 500.0 { "met" } else { "missed" }
+                if m.is_finite() && m < 500.0 {
+                    "met"
+                } else {
+                    "missed"
+                }
             );
         }
     }
@@ -1104,7 +1540,10 @@ fn agent(env: &Env, plan: &Plan) -> Result<String> {
          frames* is when the log says \"Python stacks on\" (interpreter found, thread states published).\n",
         plan.attach_reps
     );
-    let _ = writeln!(s, "| target | attach, logged (ms) | attach, wall (ms) | Python frames (ms, wall) | CPU % of one core, idle target | peak RSS (MiB) |");
+    let _ = writeln!(
+        s,
+        "| target | attach, logged (ms) | attach, wall (ms) | Python frames (ms, wall) | CPU % of one core, idle target | peak RSS (MiB) |"
+    );
     let _ = writeln!(s, "|---|---|---|---|---|---|");
     s.push_str(&attach_rows);
 
@@ -1117,11 +1556,18 @@ fn agent(env: &Env, plan: &Plan) -> Result<String> {
          --duration 3s` per step; drops are `stalls.json`'s `lost_events` (ring buffer full) and `drops`. \
          The achieved rate is what the loops really did (they and the agent share 2 vCPUs).\n"
     );
-    let _ = writeln!(s, "| requested iterations/s (2 threads) | achieved iterations/s | ≈ wait events/s | stallprof CPU % | peak RSS (MiB) | lost events | drop counters |");
+    let _ = writeln!(
+        s,
+        "| requested iterations/s (2 threads) | achieved iterations/s | ≈ wait events/s | stallprof CPU % | peak RSS (MiB) | lost events | drop counters |"
+    );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|");
     let mut first_drop: Option<f64> = None;
     let mut last_clean: Option<f64> = None;
-    let rates: &[u32] = if plan.quick { &[500, 5_000, 100_000] } else { &[500, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000] };
+    let rates: &[u32] = if plan.quick {
+        &[500, 5_000, 100_000]
+    } else {
+        &[500, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000]
+    };
     for &rate in rates {
         let dir = env.work.join(format!("agent/storm-{rate}"));
         fs::create_dir_all(&dir)?;
@@ -1153,7 +1599,12 @@ fn agent(env: &Env, plan: &Plan) -> Result<String> {
                 );
             }
             Err(e) => {
-                let _ = writeln!(s, "| {} | {achieved:.0} | — | — | — | run failed: {} | |", 2 * rate, format!("{e:#}").lines().next().unwrap_or(""));
+                let _ = writeln!(
+                    s,
+                    "| {} | {achieved:.0} | — | — | — | run failed: {} | |",
+                    2 * rate,
+                    format!("{e:#}").lines().next().unwrap_or("")
+                );
             }
         }
     }
@@ -1171,7 +1622,10 @@ fn agent(env: &Env, plan: &Plan) -> Result<String> {
                  generator (on the same 2 vCPUs) was the limit, not the agent.",
                 2.0 * c
             ),
-            (None, Some(d)) => format!("Events were lost already at the first step (≈{:.0}/s).", 2.0 * d),
+            (None, Some(d)) => format!(
+                "Events were lost already at the first step (≈{:.0}/s).",
+                2.0 * d
+            ),
             _ => "Not measured (runs failed).".into(),
         }
     );
@@ -1184,9 +1638,16 @@ fn agent(env: &Env, plan: &Plan) -> Result<String> {
          and then dropped with its period), recorded at rising `-F`. Stack events/s ≈ F × the loops' \
          CPU (cores, from /proc/PID/stat).\n"
     );
-    let _ = writeln!(s, "| -F (Hz) | loops' CPU (cores) | ≈ stack events/s | stallprof CPU % | peak RSS (MiB) | lost events | drop counters |");
+    let _ = writeln!(
+        s,
+        "| -F (Hz) | loops' CPU (cores) | ≈ stack events/s | stallprof CPU % | peak RSS (MiB) | lost events | drop counters |"
+    );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|");
-    let freqs: &[u32] = if plan.quick { &[999, 10_000] } else { &[999, 2999, 4999, 7999, 10_000] };
+    let freqs: &[u32] = if plan.quick {
+        &[999, 10_000]
+    } else {
+        &[999, 2999, 4999, 7999, 10_000]
+    };
     for &hz in freqs {
         let dir = env.work.join(format!("agent/stack-{hz}"));
         fs::create_dir_all(&dir)?;
@@ -1195,8 +1656,17 @@ fn agent(env: &Env, plan: &Plan) -> Result<String> {
         let tpid = target.pid();
         let c0 = cpu_secs(tpid, env.clk_tck);
         let t0 = Instant::now();
-        let r = record_for(env, tpid, 3, &["--duration", "3s", "-F", &hz.to_string()], &dir, false);
-        let cores = cpu_secs(tpid, env.clk_tck).zip(c0).map(|(b, a)| (b - a) / t0.elapsed().as_secs_f64());
+        let r = record_for(
+            env,
+            tpid,
+            3,
+            &["--duration", "3s", "-F", &hz.to_string()],
+            &dir,
+            false,
+        );
+        let cores = cpu_secs(tpid, env.clk_tck)
+            .zip(c0)
+            .map(|(b, a)| (b - a) / t0.elapsed().as_secs_f64());
         target.wait(Duration::from_secs(10));
         match r {
             Ok(r) => {
@@ -1204,7 +1674,9 @@ fn agent(env: &Env, plan: &Plan) -> Result<String> {
                     s,
                     "| {hz} | {} | {} | {:.1} | {:.0} | {} | {} |",
                     cores.map(|c| format!("{c:.2}")).unwrap_or("?".into()),
-                    cores.map(|c| format!("{:.0}", c * hz as f64)).unwrap_or("?".into()),
+                    cores
+                        .map(|c| format!("{:.0}", c * hz as f64))
+                        .unwrap_or("?".into()),
                     r.cpu_pct,
                     r.rss_mib,
                     r.lost.map(|x| x.to_string()).unwrap_or("?".into()),
@@ -1212,17 +1684,33 @@ fn agent(env: &Env, plan: &Plan) -> Result<String> {
                 );
             }
             Err(e) => {
-                let _ = writeln!(s, "| {hz} | — | — | — | — | run failed: {} | |", format!("{e:#}").lines().next().unwrap_or(""));
+                let _ = writeln!(
+                    s,
+                    "| {hz} | — | — | — | — | run failed: {} | |",
+                    format!("{e:#}").lines().next().unwrap_or("")
+                );
             }
         }
     }
     let _ = writeln!(s);
     let _ = writeln!(s, "Commands:\n\n```sh");
     let _ = writeln!(s, "cc -O2 -pthread -o event_storm bench/event_storm.c");
-    let _ = writeln!(s, "./event_storm 1 100 0 0 &                     # attach target (C)");
-    let _ = writeln!(s, "$PY bench/http_service.py port.txt &          # attach target (asyncio)");
-    let _ = writeln!(s, "$SP -v record -q --pid $PID -o out            # attach: its \"attached to\" line; CPU/RSS: /proc/$SP_PID/{{stat,status}}");
-    let _ = writeln!(s, "./event_storm 2 $RATE 0 5 result.txt & $SP -v record -q --pid $! --duration 3s -o out");
+    let _ = writeln!(
+        s,
+        "./event_storm 1 100 0 0 &                     # attach target (C)"
+    );
+    let _ = writeln!(
+        s,
+        "$PY bench/http_service.py port.txt &          # attach target (asyncio)"
+    );
+    let _ = writeln!(
+        s,
+        "$SP -v record -q --pid $PID -o out            # attach: its \"attached to\" line; CPU/RSS: /proc/$SP_PID/{{stat,status}}"
+    );
+    let _ = writeln!(
+        s,
+        "./event_storm 2 $RATE 0 5 result.txt & $SP -v record -q --pid $! --duration 3s -o out"
+    );
     let _ = writeln!(s, "```\n");
     Ok(s)
 }
@@ -1241,7 +1729,10 @@ fn scaling(env: &Env, plan: &Plan) -> Result<String> {
          `stallprof -v record -q --pid PID`, measured for {} s after attach; {} run(s) per N, interleaved.\n",
         plan.scale_secs, plan.scale_reps
     );
-    let _ = writeln!(s, "| executor threads | attach, logged (ms) | attach, wall (ms) | CPU % of one core | peak RSS (MiB) | executors found | lost events |");
+    let _ = writeln!(
+        s,
+        "| executor threads | attach, logged (ms) | attach, wall (ms) | CPU % of one core | peak RSS (MiB) | executors found | lost events |"
+    );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|");
     let ns = [1u32, 10, 100];
     let mut res: BTreeMap<u32, Vec<AgentRun>> = BTreeMap::new();
@@ -1260,7 +1751,8 @@ fn scaling(env: &Env, plan: &Plan) -> Result<String> {
     }
     for &n in &ns {
         let rs = res.get(&n).map(|v| v.as_slice()).unwrap_or(&[]);
-        let f = |g: &dyn Fn(&AgentRun) -> Option<f64>| rs.iter().filter_map(g).collect::<Vec<f64>>();
+        let f =
+            |g: &dyn Fn(&AgentRun) -> Option<f64>| rs.iter().filter_map(g).collect::<Vec<f64>>();
         let _ = writeln!(
             s,
             "| {n} | {} | {} | {} | {} | {} | {} |",
@@ -1283,7 +1775,10 @@ fn scaling(env: &Env, plan: &Plan) -> Result<String> {
          \"monitoring pid\" lines during the run).\n",
         plan.scale_secs
     );
-    let _ = writeln!(s, "| K bench processes | monitored in all | CPU % of one core | peak RSS (MiB) | ready after (ms, wall) |");
+    let _ = writeln!(
+        s,
+        "| K bench processes | monitored in all | CPU % of one core | peak RSS (MiB) | ready after (ms, wall) |"
+    );
     let _ = writeln!(s, "|---|---|---|---|---|");
     let ks: &[usize] = &[1, 5, 10, 20];
     for &k in ks {
@@ -1300,18 +1795,34 @@ fn scaling(env: &Env, plan: &Plan) -> Result<String> {
                 let ready_ms = t_ready.duration_since(d.started).as_secs_f64() * 1e3;
                 let mut targets = Vec::new();
                 for i in 0..k {
-                    targets.push(storm(env, 1, 100, 200, 0, &dir.join(format!("storm-{i}.txt")))?);
+                    targets.push(storm(
+                        env,
+                        1,
+                        100,
+                        200,
+                        0,
+                        &dir.join(format!("storm-{i}.txt")),
+                    )?);
                 }
                 for t in &targets {
-                    d.wait_line(&format!("monitoring pid {} ", t.pid()), Duration::from_secs(30))?;
+                    d.wait_line(
+                        &format!("monitoring pid {} ", t.pid()),
+                        Duration::from_secs(30),
+                    )?;
                 }
                 thread::sleep(Duration::from_millis(500));
                 let c0 = cpu_secs(d.pid(), env.clk_tck).unwrap_or(0.0);
                 let t0 = Instant::now();
                 thread::sleep(Duration::from_secs(plan.scale_secs as u64));
-                let cpu = (cpu_secs(d.pid(), env.clk_tck).unwrap_or(c0) - c0) / t0.elapsed().as_secs_f64() * 100.0;
+                let cpu = (cpu_secs(d.pid(), env.clk_tck).unwrap_or(c0) - c0)
+                    / t0.elapsed().as_secs_f64()
+                    * 100.0;
                 let rss = vm_hwm_mib(d.pid()).unwrap_or(f64::NAN);
-                let monitored = d.text().lines().filter(|l| l.contains("monitoring pid")).count() as f64;
+                let monitored = d
+                    .text()
+                    .lines()
+                    .filter(|l| l.contains("monitoring pid"))
+                    .count() as f64;
                 drop(targets);
                 d.stop(Duration::from_secs(60));
                 fs::write(dir.join("daemon.log"), d.text())?;
@@ -1327,12 +1838,28 @@ fn scaling(env: &Env, plan: &Plan) -> Result<String> {
                 Err(e) => eprintln!("bench: daemon scaling run failed: {e:#}"),
             }
         }
-        let _ = writeln!(s, "| {k} | {} | {} | {} | {} |", spread(&mon, 0), spread(&cpu, 1), spread(&rss, 0), spread(&ready, 0));
+        let _ = writeln!(
+            s,
+            "| {k} | {} | {} | {} | {} |",
+            spread(&mon, 0),
+            spread(&cpu, 1),
+            spread(&rss, 0),
+            spread(&ready, 0)
+        );
     }
     let _ = writeln!(s, "\nCommands:\n\n```sh");
-    let _ = writeln!(s, "./event_storm $N 100 200 0 & $SP -v record -q --pid $! -o out      # N = 1, 10, 100");
-    let _ = writeln!(s, "$SP -v daemon --listen 127.0.0.1:{DAEMON_PORT} --data-dir d &");
-    let _ = writeln!(s, "for i in $(seq $K); do ./event_storm 1 100 200 0 & done                 # K = 1, 5, 10, 20");
+    let _ = writeln!(
+        s,
+        "./event_storm $N 100 200 0 & $SP -v record -q --pid $! -o out      # N = 1, 10, 100"
+    );
+    let _ = writeln!(
+        s,
+        "$SP -v daemon --listen 127.0.0.1:{DAEMON_PORT} --data-dir d &"
+    );
+    let _ = writeln!(
+        s,
+        "for i in $(seq $K); do ./event_storm 1 100 200 0 & done                 # K = 1, 5, 10, 20"
+    );
     let _ = writeln!(s, "```\n");
     Ok(s)
 }

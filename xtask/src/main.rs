@@ -62,11 +62,16 @@ enum Cmd {
 }
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn cache_dir() -> PathBuf {
-    let home = env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    let home = env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"));
     home.join(".cache/stallprof")
 }
 
@@ -93,28 +98,56 @@ fn output(cmd: &mut Command) -> Result<String> {
 
 fn setup() -> Result<()> {
     // 1. nightly + rust-src
-    let installed = output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", "nightly"]))
-        .context("no nightly toolchain: install it with `rustup toolchain install nightly`")?;
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))
+    .context("no nightly toolchain: install it with `rustup toolchain install nightly`")?;
     if !installed.lines().any(|l| l.starts_with("rust-src")) {
-        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+        run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
     }
 
     // 2. bpf-linker against the nightly's libLLVM
-    let sysroot = PathBuf::from(output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?.trim());
+    let sysroot = PathBuf::from(
+        output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?.trim(),
+    );
     let libdir = sysroot.join("lib");
     let libllvm = fs::read_dir(&libdir)?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .find(|n| n.starts_with("libLLVM.so."))
-        .with_context(|| format!("no libLLVM.so.* in {}: the nightly toolchain looks incomplete", libdir.display()))?;
+        .with_context(|| {
+            format!(
+                "no libLLVM.so.* in {}: the nightly toolchain looks incomplete",
+                libdir.display()
+            )
+        })?;
     // libLLVM.so.22.1-rust-1.97.0-nightly -> 22
-    let major: String = libllvm["libLLVM.so.".len()..].chars().take_while(|c| c.is_ascii_digit()).collect();
+    let major: String = libllvm["libLLVM.so.".len()..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
     let stamp_want = format!("{BPF_LINKER_VERSION} {libllvm} {}", sysroot.display());
     let stamp = cache_dir().join("bpf-linker/STAMP");
     let linker = linker_bin_dir().join("bpf-linker");
     let fresh = linker.exists()
-        && fs::read_to_string(&stamp).map(|s| s.trim() == stamp_want).unwrap_or(false)
-        && Command::new(&linker).arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+        && fs::read_to_string(&stamp)
+            .map(|s| s.trim() == stamp_want)
+            .unwrap_or(false)
+        && Command::new(&linker)
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
     if !fresh {
         let prefix = cache_dir().join("llvm-prefix");
         let plib = prefix.join("lib");
@@ -124,10 +157,21 @@ fn setup() -> Result<()> {
             let _ = fs::remove_file(&link);
             std::os::unix::fs::symlink(libdir.join(&libllvm), &link)?;
         }
-        eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against {libllvm} (about a minute)");
+        eprintln!(
+            "xtask: building bpf-linker {BPF_LINKER_VERSION} against {libllvm} (about a minute)"
+        );
         run(Command::new("cargo")
-            .args(["install", "--locked", "--force", &format!("bpf-linker@{BPF_LINKER_VERSION}")])
-            .args(["--no-default-features", "--features", &format!("llvm-{major}")])
+            .args([
+                "install",
+                "--locked",
+                "--force",
+                &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{major}"),
+            ])
             .arg("--root")
             .arg(cache_dir().join("bpf-linker"))
             .env("LLVM_PREFIX", &prefix))?;
@@ -136,9 +180,13 @@ fn setup() -> Result<()> {
 
     // 3. tracefs (needs root; only warn otherwise, tests will say more)
     if !Path::new("/sys/kernel/tracing/events").exists() {
-        let st = Command::new("mount").args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"]).status();
+        let st = Command::new("mount")
+            .args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"])
+            .status();
         if !matches!(st, Ok(s) if s.success()) {
-            eprintln!("xtask: warning: tracefs is not mounted at /sys/kernel/tracing and mounting failed (are you root?)");
+            eprintln!(
+                "xtask: warning: tracefs is not mounted at /sys/kernel/tracing and mounting failed (are you root?)"
+            );
         }
     }
     Ok(())
@@ -165,14 +213,33 @@ fn demo(seconds: u32, out: &Path) -> Result<()> {
     let bin = build()?;
     let python = ["python3", "/usr/bin/python3"]
         .into_iter()
-        .find(|p| Command::new(p).arg("-c").arg("pass").output().map(|o| o.status.success()).unwrap_or(false))
+        .find(|p| {
+            Command::new(p)
+                .arg("-c")
+                .arg("pass")
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        })
         .context("the demo needs python3 on PATH")?;
     let gateway = root().join("demo/gateway.py");
-    let out = if out.is_absolute() { out.to_path_buf() } else { root().join(out) };
+    let out = if out.is_absolute() {
+        out.to_path_buf()
+    } else {
+        root().join(out)
+    };
     let mut cmd = Command::new(&bin);
-    cmd.args(["record", "--threshold", "20ms", "-o"]).arg(&out).arg("--").arg(python).arg(&gateway).arg(seconds.to_string());
+    cmd.args(["record", "--threshold", "20ms", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(python)
+        .arg(&gateway)
+        .arg(seconds.to_string());
     run(&mut cmd)?;
-    eprintln!("\nxtask: open {} in a browser for the stall flamegraph", out.join("stalls.svg").display());
+    eprintln!(
+        "\nxtask: open {} in a browser for the stall flamegraph",
+        out.join("stalls.svg").display()
+    );
     Ok(())
 }
 
@@ -202,7 +269,11 @@ fn unsafe_geteuid() -> u32 {
     // Read it from /proc to stay free of libc here.
     fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2)?.parse().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2)?.parse().ok())
+        })
         .unwrap_or(u32::MAX)
 }
 

@@ -26,7 +26,10 @@ pub const DEFAULT_FREQUENCY: u64 = 199;
 #[derive(Debug, Error)]
 pub enum ConfigError {
     #[error("cannot read the config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("{key}: {message}")]
@@ -99,13 +102,18 @@ pub struct DaemonConfig {
 fn duration(key: &'static str, s: &str) -> Result<Duration, ConfigError> {
     parse_duration(s)
         .map(Duration::from_nanos)
-        .map_err(|e| ConfigError::Value { key, message: e.to_string() })
+        .map_err(|e| ConfigError::Value {
+            key,
+            message: e.to_string(),
+        })
 }
 
 /// `512MiB`, `1GiB`, `100MB`, `64KiB`, `1000000` (bytes).
 pub fn parse_size(s: &str) -> Option<u64> {
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let v: f64 = num.parse().ok()?;
     let scale = match unit.trim() {
@@ -125,10 +133,14 @@ impl DaemonConfig {
     pub fn load(file: Option<&Path>, o: &Overrides) -> Result<DaemonConfig, ConfigError> {
         let f = match file {
             Some(path) => {
-                let text =
-                    std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-                toml::from_str::<FileConfig>(&text)
-                    .map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.into(),
+                    source,
+                })?;
+                toml::from_str::<FileConfig>(&text).map_err(|e| ConfigError::Parse {
+                    path: path.into(),
+                    message: e.to_string(),
+                })?
             }
             None => FileConfig::default(),
         };
@@ -136,7 +148,11 @@ impl DaemonConfig {
     }
 
     pub fn from_file(f: FileConfig, o: &Overrides) -> Result<DaemonConfig, ConfigError> {
-        let listen_s = o.listen.clone().or(f.listen).unwrap_or_else(|| DEFAULT_LISTEN.into());
+        let listen_s = o
+            .listen
+            .clone()
+            .or(f.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.into());
         let listen: SocketAddr = listen_s.parse().map_err(|_| ConfigError::Value {
             key: "listen",
             message: format!("'{listen_s}' is not an IP:PORT address (e.g. 127.0.0.1:9436)"),
@@ -146,18 +162,27 @@ impl DaemonConfig {
             None => 50_000_000,
         };
         if threshold_ns < 1_000_000 {
-            return Err(ConfigError::Value { key: "threshold", message: "must be at least 1ms".into() });
+            return Err(ConfigError::Value {
+                key: "threshold",
+                message: "must be at least 1ms".into(),
+            });
         }
         let sample_hz = o.frequency.or(f.frequency).unwrap_or(DEFAULT_FREQUENCY);
         if !(1..=10_000).contains(&sample_hz) {
-            return Err(ConfigError::Value { key: "frequency", message: format!("{sample_hz} Hz is not in 1..=10000") });
+            return Err(ConfigError::Value {
+                key: "frequency",
+                message: format!("{sample_hz} Hz is not in 1..=10000"),
+            });
         }
         let window = match o.window.as_deref().or(f.window.as_deref()) {
             Some(s) => duration("window", s)?,
             None => Duration::from_secs(60),
         };
         if window < Duration::from_secs(1) {
-            return Err(ConfigError::Value { key: "window", message: "must be at least 1s".into() });
+            return Err(ConfigError::Value {
+                key: "window",
+                message: "must be at least 1s".into(),
+            });
         }
         let max_age = match f.retention.max_age.as_deref() {
             Some(s) => duration("retention.max_age", s)?,
@@ -166,22 +191,34 @@ impl DaemonConfig {
         let max_bytes = match f.retention.max_size.as_deref() {
             Some(s) => parse_size(s).ok_or_else(|| ConfigError::Value {
                 key: "retention.max_size",
-                message: format!("'{s}' is not a size: write e.g. 512MiB, 2GiB, 100MB or a byte count"),
+                message: format!(
+                    "'{s}' is not a size: write e.g. 512MiB, 2GiB, 100MB or a byte count"
+                ),
             })?,
             None => 1024 * 1024 * 1024,
         };
         let max_processes = f.limits.max_processes.unwrap_or(1000);
         if max_processes == 0 {
-            return Err(ConfigError::Value { key: "limits.max_processes", message: "must be at least 1".into() });
+            return Err(ConfigError::Value {
+                key: "limits.max_processes",
+                message: "must be at least 1".into(),
+            });
         }
         let forget_after = match f.limits.forget_after.as_deref() {
             Some(s) => duration("limits.forget_after", s)?,
             None => Duration::from_secs(300),
         };
-        let rules = Rules::new(f.include, f.exclude).map_err(|message| ConfigError::Value { key: "include/exclude", message })?;
+        let rules = Rules::new(f.include, f.exclude).map_err(|message| ConfigError::Value {
+            key: "include/exclude",
+            message,
+        })?;
         Ok(DaemonConfig {
             listen,
-            data_dir: o.data_dir.clone().or(f.data_dir).unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
+            data_dir: o
+                .data_dir
+                .clone()
+                .or(f.data_dir)
+                .unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
             threshold_ns,
             sample_hz,
             window,
@@ -198,13 +235,32 @@ impl DaemonConfig {
         use crate::cli::fmt_ns;
         let mut s = String::new();
         s.push_str("stallprof daemon: configuration is valid\n");
-        s.push_str(&format!("  listen        {}{}\n", self.listen, if self.listen.ip().is_loopback() { "" } else { "  (NOT loopback: metrics and reports are reachable from the network)" }));
+        s.push_str(&format!(
+            "  listen        {}{}\n",
+            self.listen,
+            if self.listen.ip().is_loopback() {
+                ""
+            } else {
+                "  (NOT loopback: metrics and reports are reachable from the network)"
+            }
+        ));
         s.push_str(&format!("  data_dir      {}\n", self.data_dir.display()));
         s.push_str(&format!("  threshold     {}\n", fmt_ns(self.threshold_ns)));
         s.push_str(&format!("  frequency     {} Hz\n", self.sample_hz));
-        s.push_str(&format!("  window        {}\n", fmt_ns(self.window.as_nanos() as u64)));
-        s.push_str(&format!("  retention     max_age {}, max_size {} bytes\n", fmt_ns(self.max_age.as_nanos() as u64), self.max_bytes));
-        s.push_str(&format!("  limits        max_processes {}, forget_after {}\n", self.max_processes, fmt_ns(self.forget_after.as_nanos() as u64)));
+        s.push_str(&format!(
+            "  window        {}\n",
+            fmt_ns(self.window.as_nanos() as u64)
+        ));
+        s.push_str(&format!(
+            "  retention     max_age {}, max_size {} bytes\n",
+            fmt_ns(self.max_age.as_nanos() as u64),
+            self.max_bytes
+        ));
+        s.push_str(&format!(
+            "  limits        max_processes {}, forget_after {}\n",
+            self.max_processes,
+            fmt_ns(self.forget_after.as_nanos() as u64)
+        ));
         s.push_str(&format!("  rules         {}\n", self.rules.describe()));
         s
     }
@@ -240,7 +296,10 @@ mod tests {
             "#,
         )
         .unwrap();
-        let o = Overrides { threshold: Some("30ms".into()), ..Default::default() };
+        let o = Overrides {
+            threshold: Some("30ms".into()),
+            ..Default::default()
+        };
         let c = DaemonConfig::from_file(f, &o).unwrap();
         assert_eq!(c.listen.port(), 1234);
         assert_eq!(c.threshold_ns, 30_000_000);

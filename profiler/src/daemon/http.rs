@@ -14,7 +14,9 @@
 use std::{convert::Infallible, fmt::Write as _, path::Component, sync::Arc, time::Duration};
 
 use http_body_util::Full;
-use hyper::{Request, Response, StatusCode, body::Bytes, header, server::conn::http1, service::service_fn};
+use hyper::{
+    Request, Response, StatusCode, body::Bytes, header, server::conn::http1, service::service_fn,
+};
 use hyper_util::rt::TokioIo;
 use log::debug;
 use tokio::{net::TcpListener, sync::watch};
@@ -76,12 +78,19 @@ async fn handle(req: Request<hyper::body::Incoming>, sh: Arc<Shared>) -> Result<
     }
     let path = req.uri().path().to_string();
     Ok(match path.as_str() {
-        "/metrics" => resp(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", sh.metrics.encode()),
+        "/metrics" => resp(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            sh.metrics.encode(),
+        ),
         "/debug/pprof/profile" | "/debug/pprof/stalls" => profile(&req, &sh).await,
         "/" | "/index.html" => resp(StatusCode::OK, "text/html; charset=utf-8", index(&sh)),
         "/healthz" => text(StatusCode::OK, "ok\n"),
         p if p.starts_with("/reports/") => report_file(&sh, &p["/reports/".len()..]),
-        _ => text(StatusCode::NOT_FOUND, "not found: try /, /metrics or /debug/pprof/profile?seconds=10\n"),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /, /metrics or /debug/pprof/profile?seconds=10\n",
+        ),
     })
 }
 
@@ -89,7 +98,12 @@ async fn profile(req: &Request<hyper::body::Incoming>, sh: &Shared) -> Resp {
     let seconds = match query(req, "seconds").map(|s| s.parse::<u64>()) {
         None => 10,
         Some(Ok(s)) if s <= MAX_PROFILE_SECONDS => s,
-        _ => return text(StatusCode::BAD_REQUEST, format!("seconds must be a whole number from 0 to {MAX_PROFILE_SECONDS}\n")),
+        _ => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("seconds must be a whole number from 0 to {MAX_PROFILE_SECONDS}\n"),
+            );
+        }
     };
     let pid = match query(req, "pid").map(|s| s.parse::<u32>()) {
         None => None,
@@ -105,12 +119,18 @@ async fn profile(req: &Request<hyper::body::Incoming>, sh: &Shared) -> Resp {
         (t0, t0 + seconds * 1_000_000_000)
     };
     let recent = sh.recent.lock().unwrap_or_else(|p| p.into_inner());
-    let picked: Vec<_> =
-        recent.q.iter().filter(|r| r.stall.end_ns >= from && r.stall.end_ns < to && pid.is_none_or(|p| p == r.pid)).collect();
+    let picked: Vec<_> = recent
+        .q
+        .iter()
+        .filter(|r| r.stall.end_ns >= from && r.stall.end_ns < to && pid.is_none_or(|p| p == r.pid))
+        .collect();
     let time_nanos = if seconds == 0 {
         picked.first().map_or(0, |r| r.wall_ns)
     } else {
-        wall0.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+        wall0
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i64)
+            .unwrap_or(0)
     };
     let duration = if seconds == 0 {
         picked.last().map_or(0, |r| r.wall_ns - time_nanos)
@@ -118,12 +138,25 @@ async fn profile(req: &Request<hyper::body::Incoming>, sh: &Shared) -> Resp {
         (seconds * 1_000_000_000) as i64
     };
     let prof = pprof::profile(
-        picked.iter().map(|r| (pprof::ProcLabel { pid: r.pid, comm: &r.comm, container: &r.container }, &*r.stall)),
+        picked.iter().map(|r| {
+            (
+                pprof::ProcLabel {
+                    pid: r.pid,
+                    comm: &r.comm,
+                    container: &r.container,
+                },
+                &*r.stall,
+            )
+        }),
         time_nanos,
         duration,
     );
     drop(recent);
-    let mut r = resp(StatusCode::OK, "application/octet-stream", pprof::encode_gz(&prof));
+    let mut r = resp(
+        StatusCode::OK,
+        "application/octet-stream",
+        pprof::encode_gz(&prof),
+    );
     r.headers_mut().insert(
         header::CONTENT_DISPOSITION,
         header::HeaderValue::from_static("attachment; filename=\"stalls.pb.gz\""),
@@ -133,7 +166,8 @@ async fn profile(req: &Request<hyper::body::Incoming>, sh: &Shared) -> Resp {
 
 fn report_file(sh: &Shared, rel: &str) -> Resp {
     let rel = std::path::Path::new(rel);
-    if rel.components().any(|c| !matches!(c, Component::Normal(_))) || rel.components().count() != 3 {
+    if rel.components().any(|c| !matches!(c, Component::Normal(_))) || rel.components().count() != 3
+    {
         return text(StatusCode::NOT_FOUND, "no such report\n");
     }
     let path = sh.data_dir.join(rel);
@@ -146,12 +180,18 @@ fn report_file(sh: &Shared, rel: &str) -> Resp {
     };
     match std::fs::read(&path) {
         Ok(bytes) => resp(StatusCode::OK, ctype, bytes),
-        Err(_) => text(StatusCode::NOT_FOUND, "no such report (retention may have removed it)\n"),
+        Err(_) => text(
+            StatusCode::NOT_FOUND,
+            "no such report (retention may have removed it)\n",
+        ),
     }
 }
 
 pub fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 fn index(sh: &Shared) -> String {
@@ -173,7 +213,11 @@ fn index(sh: &Shared) -> String {
     for p in &idx.procs {
         let link = match &p.last_report {
             Some(rel) if sh.data_dir.join(rel).exists() => {
-                format!("<a href=\"/reports/{}\">{}</a>", html_escape(rel), html_escape(rel.split('/').next().unwrap_or("")))
+                format!(
+                    "<a href=\"/reports/{}\">{}</a>",
+                    html_escape(rel),
+                    html_escape(rel.split('/').next().unwrap_or(""))
+                )
             }
             _ => "-".into(),
         };
@@ -200,8 +244,13 @@ fn index(sh: &Shared) -> String {
     for r in recent.q.iter().rev().take(50) {
         let s = &r.stall;
         let top = s.stacks.iter().max_by_key(|p| p.weight_ns).map(|p| {
-            let who = aggregate::culprit(p).map(|f| f.label()).unwrap_or_else(|| "[no user frame]".into());
-            format!("{who} ({})", p.syscall.as_deref().unwrap_or(p.kind.as_str()))
+            let who = aggregate::culprit(p)
+                .map(|f| f.label())
+                .unwrap_or_else(|| "[no user frame]".into());
+            format!(
+                "{who} ({})",
+                p.syscall.as_deref().unwrap_or(p.kind.as_str())
+            )
         });
         let _ = write!(
             h,

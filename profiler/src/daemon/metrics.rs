@@ -8,10 +8,7 @@
 //! with value 1 for build information, standard `process_*` names for the
 //! daemon's own CPU and memory. An exited process's series are removed
 //! after `forget_after` (bounded cardinality under churn).
-use std::{
-    collections::BTreeMap,
-    sync::atomic::AtomicU64,
-};
+use std::{collections::BTreeMap, sync::atomic::AtomicU64};
 
 use prometheus_client::{
     encoding::text::encode,
@@ -26,13 +23,20 @@ pub type Labels = Vec<(&'static str, String)>;
 
 /// Stall-duration buckets, seconds: from a fast threshold to "the loop was
 /// gone for a minute".
-const BUCKETS: [f64; 13] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+const BUCKETS: [f64; 13] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
 
 fn histogram() -> Histogram {
     Histogram::new(BUCKETS)
 }
 
-pub const KINDS: [PartKind; 4] = [PartKind::OnCpu, PartKind::OffCpu, PartKind::Runqueue, PartKind::GilWait];
+pub const KINDS: [PartKind; 4] = [
+    PartKind::OnCpu,
+    PartKind::OffCpu,
+    PartKind::Runqueue,
+    PartKind::GilWait,
+];
 
 pub struct Metrics {
     pub registry: Registry,
@@ -79,7 +83,9 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let mut r = Registry::default();
-        let stall_duration = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(histogram as fn() -> Histogram);
+        let stall_duration = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
+            histogram as fn() -> Histogram,
+        );
         r.register_with_unit(
             "stallprof_stall_duration",
             "Stalls of a process's event-loop threads (busy periods over the threshold), by duration",
@@ -100,7 +106,11 @@ impl Metrics {
             incomplete.clone(),
         );
         let loop_threads = Family::<Labels, Gauge>::default();
-        r.register("stallprof_loop_threads", "Event-loop threads found in the process", loop_threads.clone());
+        r.register(
+            "stallprof_loop_threads",
+            "Event-loop threads found in the process",
+            loop_threads.clone(),
+        );
         let lost_events = Counter::default();
         r.register(
             "stallprof_lost_events",
@@ -108,17 +118,41 @@ impl Metrics {
             lost_events.clone(),
         );
         let probe_drops = Family::<Labels, Counter>::default();
-        r.register("stallprof_probe_drops", "Failures counted by the eBPF programs, by reason", probe_drops.clone());
+        r.register(
+            "stallprof_probe_drops",
+            "Failures counted by the eBPF programs, by reason",
+            probe_drops.clone(),
+        );
         let agent_drops = Family::<Labels, Counter>::default();
-        r.register("stallprof_agent_drops", "Failures counted by the daemon (unwinding, decoding), by reason", agent_drops.clone());
+        r.register(
+            "stallprof_agent_drops",
+            "Failures counted by the daemon (unwinding, decoding), by reason",
+            agent_drops.clone(),
+        );
         let tracked_processes = Gauge::default();
-        r.register("stallprof_tracked_processes", "Processes with event-loop threads being reported on", tracked_processes.clone());
+        r.register(
+            "stallprof_tracked_processes",
+            "Processes with event-loop threads being reported on",
+            tracked_processes.clone(),
+        );
         let tracked_threads = Gauge::default();
-        r.register("stallprof_tracked_threads", "Event-loop threads of the reported processes", tracked_threads.clone());
+        r.register(
+            "stallprof_tracked_threads",
+            "Event-loop threads of the reported processes",
+            tracked_threads.clone(),
+        );
         let excluded = Gauge::default();
-        r.register("stallprof_excluded_processes", "Live processes with event-loop threads left out by the exclude/include rules", excluded.clone());
+        r.register(
+            "stallprof_excluded_processes",
+            "Live processes with event-loop threads left out by the exclude/include rules",
+            excluded.clone(),
+        );
         let over_limit = Counter::default();
-        r.register("stallprof_processes_over_limit", "Processes not reported because limits.max_processes was reached", over_limit.clone());
+        r.register(
+            "stallprof_processes_over_limit",
+            "Processes not reported because limits.max_processes was reached",
+            over_limit.clone(),
+        );
         let window_stalls_dropped = Counter::default();
         r.register(
             "stallprof_window_stalls_dropped",
@@ -126,11 +160,24 @@ impl Metrics {
             window_stalls_dropped.clone(),
         );
         let reports_written = Counter::default();
-        r.register("stallprof_reports_written", "Per-process window reports written to the data directory", reports_written.clone());
+        r.register(
+            "stallprof_reports_written",
+            "Per-process window reports written to the data directory",
+            reports_written.clone(),
+        );
         let reports_bytes = Gauge::default();
-        r.register_with_unit("stallprof_reports", "Size of the report windows kept in the data directory", Unit::Bytes, reports_bytes.clone());
+        r.register_with_unit(
+            "stallprof_reports",
+            "Size of the report windows kept in the data directory",
+            Unit::Bytes,
+            reports_bytes.clone(),
+        );
         let session_resets = Counter::default();
-        r.register("stallprof_session_resets", "Times the stall-assembly state was rebuilt to bound its memory", session_resets.clone());
+        r.register(
+            "stallprof_session_resets",
+            "Times the stall-assembly state was rebuilt to bound its memory",
+            session_resets.clone(),
+        );
         let non_loop_stack_events = Counter::default();
         r.register(
             "stallprof_non_loop_stack_events",
@@ -138,12 +185,32 @@ impl Metrics {
             non_loop_stack_events.clone(),
         );
         let cpu = Counter::<f64, AtomicU64>::default();
-        r.register_with_unit("process_cpu", "Total user and system CPU time spent by the daemon", Unit::Seconds, cpu.clone());
+        r.register_with_unit(
+            "process_cpu",
+            "Total user and system CPU time spent by the daemon",
+            Unit::Seconds,
+            cpu.clone(),
+        );
         let rss = Gauge::default();
-        r.register_with_unit("process_resident_memory", "Resident memory size of the daemon", Unit::Bytes, rss.clone());
+        r.register_with_unit(
+            "process_resident_memory",
+            "Resident memory size of the daemon",
+            Unit::Bytes,
+            rss.clone(),
+        );
         let start_time = Gauge::<f64, AtomicU64>::default();
-        r.register_with_unit("process_start_time", "Start time of the daemon since the Unix epoch", Unit::Seconds, start_time.clone());
-        start_time.set(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0));
+        r.register_with_unit(
+            "process_start_time",
+            "Start time of the daemon since the Unix epoch",
+            Unit::Seconds,
+            start_time.clone(),
+        );
+        start_time.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+        );
         r.register(
             "stallprof_build",
             "stallprof build information",
@@ -178,20 +245,26 @@ impl Metrics {
     pub fn add_process(&self, labels: &Labels) {
         let _ = self.stall_duration.get_or_create(labels);
         for k in KINDS {
-            let _ = self.stall_seconds.get_or_create(&with(labels, "kind", k.as_str()));
+            let _ = self
+                .stall_seconds
+                .get_or_create(&with(labels, "kind", k.as_str()));
         }
         let _ = self.incomplete.get_or_create(labels);
     }
 
     pub fn observe(&self, labels: &Labels, s: &Stall) {
-        self.stall_duration.get_or_create(labels).observe(s.duration_ns as f64 / 1e9);
+        self.stall_duration
+            .get_or_create(labels)
+            .observe(s.duration_ns as f64 / 1e9);
         let mut by_kind = [0u64; 4];
         for p in &s.stacks {
             let i = KINDS.iter().position(|k| *k == p.kind).unwrap_or(0);
             by_kind[i] += p.weight_ns;
         }
         for (k, ns) in KINDS.iter().zip(by_kind) {
-            self.stall_seconds.get_or_create(&with(labels, "kind", k.as_str())).inc_by(ns as f64 / 1e9);
+            self.stall_seconds
+                .get_or_create(&with(labels, "kind", k.as_str()))
+                .inc_by(ns as f64 / 1e9);
         }
         if s.incomplete {
             self.incomplete.get_or_create(labels).inc();
@@ -219,7 +292,9 @@ impl Metrics {
         for (k, &v) in probe {
             let before = last.probe.get(k).copied().unwrap_or(0);
             if v > before {
-                self.probe_drops.get_or_create(&vec![("reason", k.clone())]).inc_by(v - before);
+                self.probe_drops
+                    .get_or_create(&vec![("reason", k.clone())])
+                    .inc_by(v - before);
                 if k == profiler_common::Drop::RingbufFull.name() {
                     self.lost_events.inc_by(v - before);
                 }
@@ -229,7 +304,9 @@ impl Metrics {
         for (k, &v) in agent {
             let before = last.agent.get(k).copied().unwrap_or(0);
             if v > before {
-                self.agent_drops.get_or_create(&vec![("reason", k.clone())]).inc_by(v - before);
+                self.agent_drops
+                    .get_or_create(&vec![("reason", k.clone())])
+                    .inc_by(v - before);
             }
             last.agent.insert(k.clone(), v.max(before));
         }
@@ -284,7 +361,14 @@ mod tests {
         let m = Metrics::new();
         let labels: Labels = vec![("pid", "1".into()), ("comm", "x".into())];
         m.add_process(&labels);
-        let part = |kind, ns| StackPart { frames: vec![Frame::marker("[x]")], weight_ns: ns, kind, syscall: None, waker_tid: None, gil_holder: None };
+        let part = |kind, ns| StackPart {
+            frames: vec![Frame::marker("[x]")],
+            weight_ns: ns,
+            kind,
+            syscall: None,
+            waker_tid: None,
+            gil_holder: None,
+        };
         let s = Stall {
             tid: 1,
             thread_name: "x".into(),
@@ -296,13 +380,27 @@ mod tests {
             runqueue_ns: 0,
             incomplete: false,
             coroutine: None,
-            stacks: vec![part(PartKind::OnCpu, 60_000_000), part(PartKind::OffCpu, 40_000_000)],
+            stacks: vec![
+                part(PartKind::OnCpu, 60_000_000),
+                part(PartKind::OffCpu, 40_000_000),
+            ],
         };
         m.observe(&labels, &s);
         let text = m.encode();
-        assert!(text.contains("# TYPE stallprof_stall_duration_seconds histogram"), "{text}");
-        assert!(text.contains("stallprof_stall_duration_seconds_count{pid=\"1\",comm=\"x\"} 1"), "{text}");
-        assert!(text.contains("stallprof_stall_seconds_total{pid=\"1\",comm=\"x\",kind=\"on_cpu\"} 0.06"), "{text}");
+        assert!(
+            text.contains("# TYPE stallprof_stall_duration_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains("stallprof_stall_duration_seconds_count{pid=\"1\",comm=\"x\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "stallprof_stall_seconds_total{pid=\"1\",comm=\"x\",kind=\"on_cpu\"} 0.06"
+            ),
+            "{text}"
+        );
         assert!(text.contains("process_cpu_seconds_total"), "{text}");
         assert!(text.ends_with("# EOF\n"));
         m.remove_process(&labels);

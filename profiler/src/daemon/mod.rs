@@ -62,7 +62,9 @@ use self::{
     procs::ProcInfo,
     reports::Window,
 };
-use crate::{cli::fmt_ns, model::Stall, probe::Probes, record::monotonic_ns, render, session::Session};
+use crate::{
+    cli::fmt_ns, model::Stall, probe::Probes, record::monotonic_ns, render, session::Session,
+};
 
 const EXAMPLES: &str = "\
 EXAMPLES:
@@ -179,7 +181,10 @@ pub struct Shared {
 }
 
 fn wall_ns() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 pub fn run(a: DaemonArgs) -> Result<String> {
@@ -190,13 +195,20 @@ pub fn run(a: DaemonArgs) -> Result<String> {
         frequency: a.frequency,
         window: a.window,
     };
-    let cfg = DaemonConfig::load(a.config.as_deref(), &o).context("invalid daemon configuration")?;
+    let cfg =
+        DaemonConfig::load(a.config.as_deref(), &o).context("invalid daemon configuration")?;
     if a.check_config {
         return Ok(cfg.describe());
     }
-    render::prepare_dir(&cfg.data_dir)
-        .with_context(|| format!("the data directory {} is not writable (set data_dir or --data-dir)", cfg.data_dir.display()))?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    render::prepare_dir(&cfg.data_dir).with_context(|| {
+        format!(
+            "the data directory {} is not writable (set data_dir or --data-dir)",
+            cfg.data_dir.display()
+        )
+    })?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(daemon(cfg))
 }
 
@@ -231,7 +243,10 @@ async fn daemon(cfg: DaemonConfig) -> Result<String> {
     }
     if ready_rx.await.is_err() {
         // The collector ended before attaching: its error says why.
-        return done_rx.await.context("the collector thread died")?.context("attaching the probes");
+        return done_rx
+            .await
+            .context("the collector thread died")?
+            .context("attaching the probes");
     }
     eprintln!(
         "stallprof daemon: probes attached host-wide; metrics at http://{listen}/metrics, reports in {}",
@@ -259,7 +274,9 @@ async fn daemon(cfg: DaemonConfig) -> Result<String> {
     let summary = done_rx.await.context("the collector thread died")??;
     let _ = stop_http.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(2), server).await;
-    Ok(format!("stallprof daemon: stopped by {ended_by}; {summary}"))
+    Ok(format!(
+        "stallprof daemon: stopped by {ended_by}; {summary}"
+    ))
 }
 
 /// A monitored process.
@@ -328,7 +345,11 @@ impl Collector {
         let session = Session::new(cfg.threshold_ns, None);
         let now = monotonic_ns();
         let next_roll_mono = now + until_boundary(cfg.window);
-        info!("probes attached host-wide ({} Hz), threshold {}", cfg.sample_hz, fmt_ns(cfg.threshold_ns));
+        info!(
+            "probes attached host-wide ({} Hz), threshold {}",
+            cfg.sample_hz,
+            fmt_ns(cfg.threshold_ns)
+        );
         Ok(Collector {
             window: Window::new(SystemTime::now(), now),
             next_roll_mono,
@@ -392,7 +413,9 @@ impl Collector {
     }
 
     fn drain(&mut self) {
-        let skipped = self.session.drain_executors(&mut self.ring, &mut self.probes);
+        let skipped = self
+            .session
+            .drain_executors(&mut self.ring, &mut self.probes);
         self.sh.metrics.non_loop_stack_events.inc_by(skipped);
         for (pid, s) in self.session.take_stalls() {
             self.on_stall(pid, s);
@@ -420,7 +443,10 @@ impl Collector {
             // Room first from the exited ones still exported, oldest first.
             let Some((_, old)) = self.gone.pop_front() else {
                 self.sh.metrics.over_limit.inc();
-                warn!("limits.max_processes ({}) reached: not reporting pid {pid} ({})", self.cfg.max_processes, info.comm);
+                warn!(
+                    "limits.max_processes ({}) reached: not reporting pid {pid} ({})",
+                    self.cfg.max_processes, info.comm
+                );
                 self.excluded.insert(pid, info.start_ticks);
                 return None;
             };
@@ -445,9 +471,19 @@ impl Collector {
         }
         self.sh.metrics.remove_process(&labels);
         self.sh.metrics.add_process(&labels);
-        info!("monitoring pid {} ({}, {}, {})", info.pid, info.comm, info.runtime, info.exe);
+        info!(
+            "monitoring pid {} ({}, {}, {})",
+            info.pid, info.comm, info.runtime, info.exe
+        );
         self.processes_seen += 1;
-        Tracked { info: Arc::new(info), labels, loop_threads: 0, stalls: 0, stall_ns: 0, last_report: None }
+        Tracked {
+            info: Arc::new(info),
+            labels,
+            loop_threads: 0,
+            stalls: 0,
+            stall_ns: 0,
+            last_report: None,
+        }
     }
 
     fn on_stall(&mut self, pid: u32, s: Stall) {
@@ -487,14 +523,18 @@ impl Collector {
         self.total_stalls += 1;
         let bytes = reports::stall_bytes(&s);
         let stall = Arc::new(s);
-        self.sh.recent.lock().unwrap_or_else(|p| p.into_inner()).push(RecentStall {
-            pid,
-            comm: info.comm.clone(),
-            container: info.container.clone(),
-            wall_ns: wall_ns(),
-            bytes,
-            stall: stall.clone(),
-        });
+        self.sh
+            .recent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(RecentStall {
+                pid,
+                comm: info.comm.clone(),
+                container: info.container.clone(),
+                wall_ns: wall_ns(),
+                bytes,
+                stall: stall.clone(),
+            });
         if !self.window.add(&info, Arc::unwrap_or_clone(stall)) {
             self.sh.metrics.window_stalls_dropped.inc();
         }
@@ -536,9 +576,14 @@ impl Collector {
                 _ => self.exited(pid),
             }
         }
-        self.excluded.retain(|&pid, st| procs::start_ticks(pid) == Some(*st));
+        self.excluded
+            .retain(|&pid, st| procs::start_ticks(pid) == Some(*st));
         let forget_after = self.cfg.forget_after;
-        while self.gone.front().is_some_and(|(at, _)| at.elapsed() >= forget_after) {
+        while self
+            .gone
+            .front()
+            .is_some_and(|(at, _)| at.elapsed() >= forget_after)
+        {
             let (_, t) = self.gone.pop_front().expect("checked");
             self.sh.metrics.remove_process(&t.labels);
         }
@@ -562,7 +607,11 @@ impl Collector {
         let mut rows: Vec<ProcRow> = self.procs.values().map(|t| t.row(false)).collect();
         rows.extend(self.gone.iter().map(|(_, t)| t.row(true)));
         rows.sort_by_key(|r| (r.exited, std::cmp::Reverse(r.stall_ns), r.info.pid));
-        self.sh.index.lock().unwrap_or_else(|p| p.into_inner()).procs = rows;
+        self.sh
+            .index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .procs = rows;
         // Memory bound of the stall-assembly state.
         let stacks = self.session.stack_table_len();
         let big = stacks > MAX_STACKS || self.forgotten_since_reset > MAX_FORGOTTEN;
@@ -599,7 +648,12 @@ impl Collector {
         let next = Window::new(SystemTime::now(), now);
         let w = std::mem::replace(&mut self.window, next);
         self.next_roll_mono = now + until_boundary(self.cfg.window);
-        match w.write(&self.cfg.data_dir, now, self.cfg.threshold_ns, self.cfg.sample_hz) {
+        match w.write(
+            &self.cfg.data_dir,
+            now,
+            self.cfg.threshold_ns,
+            self.cfg.sample_hz,
+        ) {
             Ok(written) => {
                 self.sh.metrics.reports_written.inc_by(written.len() as u64);
                 self.total_reports += written.len() as u64;
@@ -607,18 +661,31 @@ impl Collector {
                     let rel = format!(
                         "{}/{}/stalls.svg",
                         wr.window,
-                        wr.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+                        wr.dir
+                            .file_name()
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_default()
                     );
                     if let Some(t) = self.procs.get_mut(&wr.pid) {
                         t.last_report = Some(rel);
-                    } else if let Some((_, t)) = self.gone.iter_mut().rev().find(|(_, g)| g.info.pid == wr.pid) {
+                    } else if let Some((_, t)) = self
+                        .gone
+                        .iter_mut()
+                        .rev()
+                        .find(|(_, g)| g.info.pid == wr.pid)
+                    {
                         t.last_report = Some(rel);
                     }
                 }
             }
             Err(e) => warn!("writing the window's reports: {e:#}"),
         }
-        let (bytes, removed) = reports::sweep(&self.cfg.data_dir, self.cfg.max_age, self.cfg.max_bytes, SystemTime::now());
+        let (bytes, removed) = reports::sweep(
+            &self.cfg.data_dir,
+            self.cfg.max_age,
+            self.cfg.max_bytes,
+            SystemTime::now(),
+        );
         if !removed.is_empty() {
             info!("retention removed {} window(s)", removed.len());
         }
@@ -630,8 +697,15 @@ impl Collector {
 /// with the clock: a 60 s window starts on the minute).
 fn until_boundary(window: Duration) -> u64 {
     let w = window.as_nanos().max(1);
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     let rem = (w - now % w) as u64;
     // A window shorter than a fifth of its length is folded into the next.
-    if rem < (w / 5) as u64 { rem + w as u64 } else { rem }
+    if rem < (w / 5) as u64 {
+        rem + w as u64
+    } else {
+        rem
+    }
 }

@@ -185,7 +185,13 @@ impl Builder {
             None => {
                 let id = self.functions.len() as u64 + 1;
                 let system_name = name;
-                self.functions.push(Function { id, name, system_name, filename: file, start_line: 0 });
+                self.functions.push(Function {
+                    id,
+                    name,
+                    system_name,
+                    filename: file,
+                    start_line: 0,
+                });
                 self.function_ix.insert((name, file), id);
                 id
             }
@@ -199,7 +205,11 @@ impl Builder {
             id,
             mapping_id: 1,
             address: 0,
-            line: vec![Line { function_id: fid, line, column: 0 }],
+            line: vec![Line {
+                function_id: fid,
+                line,
+                column: 0,
+            }],
             is_folded: false,
         });
         self.location_ix.insert((fid, line), id);
@@ -209,13 +219,23 @@ impl Builder {
 
 /// Build the profile of `stalls`, covering [`time_nanos`, +`duration_nanos`)
 /// of wall-clock time.
-pub fn profile<'a>(stalls: impl IntoIterator<Item = (ProcLabel<'a>, &'a Stall)>, time_nanos: i64, duration_nanos: i64) -> Profile {
+pub fn profile<'a>(
+    stalls: impl IntoIterator<Item = (ProcLabel<'a>, &'a Stall)>,
+    time_nanos: i64,
+    duration_nanos: i64,
+) -> Profile {
     let mut b = Builder::default();
     b.s("");
     let stall_t = b.s("stall");
     let ns = b.s("nanoseconds");
-    let (k_kind, k_syscall, k_pid, k_comm, k_thread, k_container) =
-        (b.s("kind"), b.s("syscall"), b.s("pid"), b.s("comm"), b.s("thread"), b.s("container"));
+    let (k_kind, k_syscall, k_pid, k_comm, k_thread, k_container) = (
+        b.s("kind"),
+        b.s("syscall"),
+        b.s("pid"),
+        b.s("comm"),
+        b.s("thread"),
+        b.s("container"),
+    );
     for (p, s) in stalls {
         for part in &s.stacks {
             // pprof lists the leaf first; our frames are outermost first.
@@ -239,7 +259,16 @@ pub fn profile<'a>(stalls: impl IntoIterator<Item = (ProcLabel<'a>, &'a Stall)>,
                     let sample = Sample {
                         location_id: key.0.clone(),
                         value: vec![part.weight_ns as i64],
-                        label: key.1.iter().map(|&(key, str, num)| Label { key, str, num, num_unit: 0 }).collect(),
+                        label: key
+                            .1
+                            .iter()
+                            .map(|&(key, str, num)| Label {
+                                key,
+                                str,
+                                num,
+                                num_unit: 0,
+                            })
+                            .collect(),
                     };
                     b.sample_ix.insert(key, b.samples.len());
                     b.samples.push(sample);
@@ -248,9 +277,15 @@ pub fn profile<'a>(stalls: impl IntoIterator<Item = (ProcLabel<'a>, &'a Stall)>,
         }
     }
     let filename = b.s("[stallprof: symbolized]");
-    let comment = b.s(&format!("stallprof {}: stall time of event-loop threads", env!("CARGO_PKG_VERSION")));
+    let comment = b.s(&format!(
+        "stallprof {}: stall time of event-loop threads",
+        env!("CARGO_PKG_VERSION")
+    ));
     Profile {
-        sample_type: vec![ValueType { r#type: stall_t, unit: ns }],
+        sample_type: vec![ValueType {
+            r#type: stall_t,
+            unit: ns,
+        }],
         sample: b.samples,
         mapping: vec![Mapping {
             id: 1,
@@ -271,7 +306,10 @@ pub fn profile<'a>(stalls: impl IntoIterator<Item = (ProcLabel<'a>, &'a Stall)>,
         keep_frames: 0,
         time_nanos,
         duration_nanos,
-        period_type: Some(ValueType { r#type: stall_t, unit: ns }),
+        period_type: Some(ValueType {
+            r#type: stall_t,
+            unit: ns,
+        }),
         period: 1,
         comment: vec![comment],
         default_sample_type: 0,
@@ -282,7 +320,10 @@ pub fn profile<'a>(stalls: impl IntoIterator<Item = (ProcLabel<'a>, &'a Stall)>,
 pub fn encode_gz(p: &Profile) -> Vec<u8> {
     use prost::Message;
     let raw = p.encode_to_vec();
-    let mut gz = GzEncoder::new(Vec::with_capacity(raw.len() / 3 + 64), Compression::default());
+    let mut gz = GzEncoder::new(
+        Vec::with_capacity(raw.len() / 3 + 64),
+        Compression::default(),
+    );
     gz.write_all(&raw).expect("writing to a Vec cannot fail");
     gz.finish().expect("writing to a Vec cannot fail")
 }
@@ -296,7 +337,10 @@ mod tests {
     #[test]
     fn round_trip_and_totals() {
         let part = |names: &[&str], kind, ns| StackPart {
-            frames: names.iter().map(|n| Frame::new(*n, FrameKind::Native)).collect(),
+            frames: names
+                .iter()
+                .map(|n| Frame::new(*n, FrameKind::Native))
+                .collect(),
             weight_ns: ns,
             kind,
             syscall: (kind == PartKind::OffCpu).then(|| "read".into()),
@@ -320,7 +364,18 @@ mod tests {
                 part(&["main", "read"], PartKind::OffCpu, 30),
             ],
         };
-        let p = profile([(ProcLabel { pid: 1, comm: "c", container: "" }, &s)], 0, 1);
+        let p = profile(
+            [(
+                ProcLabel {
+                    pid: 1,
+                    comm: "c",
+                    container: "",
+                },
+                &s,
+            )],
+            0,
+            1,
+        );
         assert_eq!(p.string_table[0], "");
         assert_eq!(p.sample.len(), 2, "identical stacks merge");
         assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), 90);

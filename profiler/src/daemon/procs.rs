@@ -34,13 +34,19 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
 }
 
 pub fn exe_of(pid: u32) -> String {
-    fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default()
+    fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// The cgroup v2 path (`0::/…`), or the first v1 line's path.
 fn cgroup_of(pid: u32) -> String {
     let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    let pick = text.lines().find(|l| l.starts_with("0::")).or_else(|| text.lines().next()).unwrap_or("");
+    let pick = text
+        .lines()
+        .find(|l| l.starts_with("0::"))
+        .or_else(|| text.lines().next())
+        .unwrap_or("");
     pick.splitn(3, ':').nth(2).unwrap_or("").to_string()
 }
 
@@ -87,12 +93,23 @@ impl ProcInfo {
     /// Read a live process; None if it is gone.
     pub fn read(pid: u32) -> Option<ProcInfo> {
         let start_ticks = start_ticks(pid)?;
-        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim_end().to_string();
+        let comm = fs::read_to_string(format!("/proc/{pid}/comm"))
+            .ok()?
+            .trim_end()
+            .to_string();
         let exe = exe_of(pid);
         let cgroup = cgroup_of(pid);
         let container = container_id(&cgroup);
         let runtime = runtime_of(pid, &exe, &comm);
-        Some(ProcInfo { pid, start_ticks, comm, exe, cgroup, container, runtime })
+        Some(ProcInfo {
+            pid,
+            start_ticks,
+            comm,
+            exe,
+            cgroup,
+            container,
+            runtime,
+        })
     }
 
     /// A process that was gone before it could be read: named after the
@@ -114,7 +131,13 @@ impl ProcInfo {
         let comm: String = self
             .comm
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
         format!("{comm}-{}", self.pid)
     }
@@ -127,8 +150,16 @@ mod tests {
     #[test]
     fn container_ids() {
         let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-        assert_eq!(container_id(&format!("/system.slice/docker-{id}.scope")), "0123456789ab");
-        assert_eq!(container_id(&format!("/kubepods.slice/kubepods-burstable.slice/cri-containerd-{id}.scope")), "0123456789ab");
+        assert_eq!(
+            container_id(&format!("/system.slice/docker-{id}.scope")),
+            "0123456789ab"
+        );
+        assert_eq!(
+            container_id(&format!(
+                "/kubepods.slice/kubepods-burstable.slice/cri-containerd-{id}.scope"
+            )),
+            "0123456789ab"
+        );
         assert_eq!(container_id(&format!("/docker/{id}")), "0123456789ab");
         assert_eq!(container_id("/user.slice/user-0.slice/session-1.scope"), "");
     }

@@ -33,7 +33,13 @@ pub fn stall_bytes(s: &Stall) -> usize {
     256 + s
         .stacks
         .iter()
-        .map(|p| 128 + p.frames.iter().map(|f| 96 + f.name.len() + f.file.as_ref().map_or(0, |x| x.len())).sum::<usize>())
+        .map(|p| {
+            128 + p
+                .frames
+                .iter()
+                .map(|f| 96 + f.name.len() + f.file.as_ref().map_or(0, |x| x.len()))
+                .sum::<usize>()
+        })
         .sum::<usize>()
 }
 
@@ -52,7 +58,12 @@ pub fn utc_stamp(secs: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = if m <= 2 { y + 1 } else { y };
-    format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// The inverse of [`utc_stamp`] (with an optional `-N` suffix), or None for
@@ -60,7 +71,11 @@ pub fn utc_stamp(secs: u64) -> String {
 pub fn parse_stamp(name: &str) -> Option<u64> {
     let base = name.split_once('-').map_or(name, |(b, _)| b);
     let b = base.as_bytes();
-    if b.len() != 16 || b[8] != b'T' || b[15] != b'Z' || !b[..8].iter().chain(&b[9..15]).all(u8::is_ascii_digit) {
+    if b.len() != 16
+        || b[8] != b'T'
+        || b[15] != b'Z'
+        || !b[..8].iter().chain(&b[9..15]).all(u8::is_ascii_digit)
+    {
         return None;
     }
     let n = |r: std::ops::Range<usize>| base[r].parse::<i64>().ok();
@@ -107,7 +122,12 @@ pub struct Written {
 
 impl Window {
     pub fn new(start_wall: SystemTime, start_mono: u64) -> Window {
-        Window { start_wall, start_mono, procs: HashMap::new(), bytes: 0 }
+        Window {
+            start_wall,
+            start_mono,
+            procs: HashMap::new(),
+            bytes: 0,
+        }
     }
 
     /// Add a stall; false if the window is over its budget (not added).
@@ -119,7 +139,10 @@ impl Window {
         self.bytes += b;
         self.procs
             .entry((info.pid, info.start_ticks))
-            .or_insert_with(|| ProcWindow { info: info.clone(), stalls: Vec::new() })
+            .or_insert_with(|| ProcWindow {
+                info: info.clone(),
+                stalls: Vec::new(),
+            })
             .stalls
             .push(s);
         true
@@ -136,7 +159,11 @@ impl Window {
         if self.procs.is_empty() {
             return Ok(Vec::new());
         }
-        let start_secs = self.start_wall.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let start_secs = self
+            .start_wall
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
         let mut name = utc_stamp(start_secs);
         let mut n = 1;
         while data_dir.join(&name).exists() {
@@ -148,7 +175,11 @@ impl Window {
         let mut out = Vec::new();
         let mut procs: Vec<ProcWindow> = self.procs.into_values().collect();
         procs.sort_by_key(|p| (p.info.pid, p.info.start_ticks));
-        let time_nanos = self.start_wall.duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0);
+        let time_nanos = self
+            .start_wall
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i64)
+            .unwrap_or(0);
         let duration_nanos = end_mono.saturating_sub(self.start_mono) as i64;
         for mut p in procs {
             p.stalls.sort_by_key(|s| (s.start_ns, s.tid));
@@ -166,7 +197,13 @@ impl Window {
                 threshold_ns,
                 sample_hz,
                 clock: "monotonic".into(),
-                started_ns: self.start_mono.min(p.stalls.iter().map(|s| s.start_ns).min().unwrap_or(u64::MAX)),
+                started_ns: self.start_mono.min(
+                    p.stalls
+                        .iter()
+                        .map(|s| s.start_ns)
+                        .min()
+                        .unwrap_or(u64::MAX),
+                ),
                 ended_ns: end_mono.max(p.stalls.iter().map(|s| s.end_ns).max().unwrap_or(0)),
                 lost_events: 0,
                 drops: Default::default(),
@@ -177,8 +214,16 @@ impl Window {
             render::write_json(&rec, &dir)?;
             render::folded::write(&rec, &dir)?;
             flamegraph::write(&rec, &dir)?;
-            let label = pprof::ProcLabel { pid: rec.pid, comm: &rec.comm, container: &p.info.container };
-            let prof = pprof::profile(rec.stalls.iter().map(|s| (label.clone(), s)), time_nanos, duration_nanos);
+            let label = pprof::ProcLabel {
+                pid: rec.pid,
+                comm: &rec.comm,
+                container: &p.info.container,
+            };
+            let prof = pprof::profile(
+                rec.stalls.iter().map(|s| (label.clone(), s)),
+                time_nanos,
+                duration_nanos,
+            );
             render::write_file(&dir.join("stalls.pb.gz"), &pprof::encode_gz(&prof))?;
             out.push(Written {
                 window: name.clone(),
@@ -206,7 +251,9 @@ fn dir_size(p: &Path) -> u64 {
 
 /// Window directories in the data directory, oldest first: (name, start, bytes).
 pub fn windows(data_dir: &Path) -> Vec<(String, u64, u64)> {
-    let Ok(rd) = fs::read_dir(data_dir) else { return Vec::new() };
+    let Ok(rd) = fs::read_dir(data_dir) else {
+        return Vec::new();
+    };
     let mut v: Vec<(String, u64, u64)> = rd
         .filter_map(|e| e.ok())
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
@@ -221,8 +268,16 @@ pub fn windows(data_dir: &Path) -> Vec<(String, u64, u64)> {
 }
 
 /// Apply retention; returns (bytes kept, windows removed).
-pub fn sweep(data_dir: &Path, max_age: Duration, max_bytes: u64, now: SystemTime) -> (u64, Vec<String>) {
-    let now_s = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+pub fn sweep(
+    data_dir: &Path,
+    max_age: Duration,
+    max_bytes: u64,
+    now: SystemTime,
+) -> (u64, Vec<String>) {
+    let now_s = now
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let mut ws = windows(data_dir);
     let mut removed = Vec::new();
     let mut total: u64 = ws.iter().map(|w| w.2).sum();
@@ -255,7 +310,13 @@ mod tests {
 
     #[test]
     fn stamps_round_trip() {
-        for secs in [0u64, 951_782_400, 1_700_000_000, 1_735_689_599, 4_102_444_800] {
+        for secs in [
+            0u64,
+            951_782_400,
+            1_700_000_000,
+            1_735_689_599,
+            4_102_444_800,
+        ] {
             let s = utc_stamp(secs);
             assert_eq!(parse_stamp(&s), Some(secs), "{s}");
             assert_eq!(parse_stamp(&format!("{s}-2")), Some(secs));
@@ -277,7 +338,12 @@ mod tests {
             fs::write(w.join("f"), vec![0u8; bytes]).unwrap();
         }
         fs::create_dir_all(dir.join("keep-me")).unwrap();
-        let (total, removed) = sweep(&dir, Duration::from_secs(3600), 250, UNIX_EPOCH + Duration::from_secs(now));
+        let (total, removed) = sweep(
+            &dir,
+            Duration::from_secs(3600),
+            250,
+            UNIX_EPOCH + Duration::from_secs(now),
+        );
         assert_eq!(removed, vec![utc_stamp(now - 7200), utc_stamp(now - 300)]);
         assert_eq!(total, 200);
         assert!(dir.join("keep-me").exists());

@@ -52,10 +52,9 @@ impl Rule {
         self.comm.as_deref().is_none_or(|g| glob(g, &p.comm))
             && self.exe.as_deref().is_none_or(|g| glob(g, &p.exe))
             && self.cgroup.as_deref().is_none_or(|g| glob(g, &p.cgroup))
-            && self
-                .container
-                .as_deref()
-                .is_none_or(|g| !p.container.is_empty() && (p.container.starts_with(g) || glob(g, &p.container)))
+            && self.container.as_deref().is_none_or(|g| {
+                !p.container.is_empty() && (p.container.starts_with(g) || glob(g, &p.container))
+            })
             && self.pid.is_none_or(|pid| pid == p.pid)
     }
 
@@ -103,12 +102,26 @@ impl Rules {
         let inc = if self.include.is_empty() {
             "include every process".to_string()
         } else {
-            format!("include {}", self.include.iter().map(Rule::describe).collect::<Vec<_>>().join(" or "))
+            format!(
+                "include {}",
+                self.include
+                    .iter()
+                    .map(Rule::describe)
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            )
         };
         if self.exclude.is_empty() {
             inc
         } else {
-            format!("{inc}; exclude {}", self.exclude.iter().map(Rule::describe).collect::<Vec<_>>().join(" or "))
+            format!(
+                "{inc}; exclude {}",
+                self.exclude
+                    .iter()
+                    .map(Rule::describe)
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            )
         }
     }
 }
@@ -142,13 +155,30 @@ mod tests {
     #[test]
     fn include_then_exclude() {
         let r = Rules::new(
-            vec![Rule { comm: Some("python*".into()), ..Default::default() }, Rule { container: Some("abc".into()), ..Default::default() }],
-            vec![Rule { exe: Some("/usr/lib/*".into()), ..Default::default() }],
+            vec![
+                Rule {
+                    comm: Some("python*".into()),
+                    ..Default::default()
+                },
+                Rule {
+                    container: Some("abc".into()),
+                    ..Default::default()
+                },
+            ],
+            vec![Rule {
+                exe: Some("/usr/lib/*".into()),
+                ..Default::default()
+            }],
         )
         .unwrap();
         assert!(r.monitored(&proc_("python3", "/usr/bin/python3", "/", "")));
         assert!(!r.monitored(&proc_("python3", "/usr/lib/x/python3", "/", "")));
-        assert!(r.monitored(&proc_("nginx", "/usr/sbin/nginx", "/kubepods/x", "abcdef012345")));
+        assert!(r.monitored(&proc_(
+            "nginx",
+            "/usr/sbin/nginx",
+            "/kubepods/x",
+            "abcdef012345"
+        )));
         assert!(!r.monitored(&proc_("nginx", "/usr/sbin/nginx", "/", "")));
         assert!(Rules::new(vec![Rule::default()], vec![]).is_err());
         assert!(Rules::default().monitored(&proc_("x", "/x", "/", "")));

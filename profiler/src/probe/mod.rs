@@ -12,8 +12,8 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         PerfEvent, TracePoint, UProbe,
-        uprobe::UProbeScope,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        uprobe::UProbeScope,
     },
     util::online_cpus,
 };
@@ -37,19 +37,34 @@ pub enum ProbeError {
     Permission,
     #[error("loading the eBPF programs failed: {0}")]
     Load(#[source] aya::EbpfError),
-    #[error("loading program {program} failed (the kernel verifier or a missing kernel feature): {source}")]
-    Program { program: &'static str, source: aya::programs::ProgramError },
+    #[error(
+        "loading program {program} failed (the kernel verifier or a missing kernel feature): {source}"
+    )]
+    Program {
+        program: &'static str,
+        source: aya::programs::ProgramError,
+    },
     #[error(
         "attaching to {what} failed: {source}. stallprof needs tracepoints (tracefs at {TRACEFS}) \
          and software perf events; check that the kernel has CONFIG_FTRACE_SYSCALLS and CONFIG_PERF_EVENTS"
     )]
-    Attach { what: String, source: aya::programs::ProgramError },
-    #[error("tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it: mount -t tracefs tracefs {TRACEFS}")]
+    Attach {
+        what: String,
+        source: aya::programs::ProgramError,
+    },
+    #[error(
+        "tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it: mount -t tracefs tracefs {TRACEFS}"
+    )]
     Tracefs(io::Error),
-    #[error("eBPF map {0} missing from the object: the agent and the eBPF programs are out of sync; rebuild")]
+    #[error(
+        "eBPF map {0} missing from the object: the agent and the eBPF programs are out of sync; rebuild"
+    )]
     MissingMap(&'static str),
     #[error("eBPF map {name}: {source}")]
-    Map { name: &'static str, source: aya::maps::MapError },
+    Map {
+        name: &'static str,
+        source: aya::maps::MapError,
+    },
     #[error("cannot list online CPUs: {0}")]
     Cpus(io::Error),
 }
@@ -73,7 +88,13 @@ fn ensure_tracefs() -> Result<(), ProbeError> {
         return Ok(());
     }
     let rc = unsafe {
-        libc::mount(c"tracefs".as_ptr(), c"/sys/kernel/tracing".as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null())
+        libc::mount(
+            c"tracefs".as_ptr(),
+            c"/sys/kernel/tracing".as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
     };
     if rc != 0 {
         let err = io::Error::last_os_error();
@@ -102,60 +123,131 @@ impl Probes {
             debug!("not root; relying on capabilities");
         }
         ensure_tracefs()?;
-        let mut ebpf = EbpfLoader::new().override_global("TARGET_TGID", &tgid, true).load(EBPF_OBJECT).map_err(|e| {
-            if is_eperm(&e) { ProbeError::Permission } else { ProbeError::Load(e) }
+        let mut ebpf = EbpfLoader::new()
+            .override_global("TARGET_TGID", &tgid, true)
+            .load(EBPF_OBJECT)
+            .map_err(|e| {
+                if is_eperm(&e) {
+                    ProbeError::Permission
+                } else {
+                    ProbeError::Load(e)
+                }
+            })?;
+
+        let loop_keys = ebpf
+            .take_map("LOOP_KEYS")
+            .ok_or(ProbeError::MissingMap("LOOP_KEYS"))?;
+        let loop_keys = BpfHashMap::try_from(loop_keys).map_err(|source| ProbeError::Map {
+            name: "LOOP_KEYS",
+            source,
+        })?;
+        let py_procs = ebpf
+            .take_map("PY_PROCS")
+            .ok_or(ProbeError::MissingMap("PY_PROCS"))?;
+        let py_procs = BpfHashMap::try_from(py_procs).map_err(|source| ProbeError::Map {
+            name: "PY_PROCS",
+            source,
+        })?;
+        let py_threads = ebpf
+            .take_map("PY_THREADS")
+            .ok_or(ProbeError::MissingMap("PY_THREADS"))?;
+        let py_threads = BpfHashMap::try_from(py_threads).map_err(|source| ProbeError::Map {
+            name: "PY_THREADS",
+            source,
+        })?;
+        let stats = ebpf
+            .take_map("STATS")
+            .ok_or(ProbeError::MissingMap("STATS"))?;
+        let stats = PerCpuArray::try_from(stats).map_err(|source| ProbeError::Map {
+            name: "STATS",
+            source,
         })?;
 
-        let loop_keys = ebpf.take_map("LOOP_KEYS").ok_or(ProbeError::MissingMap("LOOP_KEYS"))?;
-        let loop_keys = BpfHashMap::try_from(loop_keys).map_err(|source| ProbeError::Map { name: "LOOP_KEYS", source })?;
-        let py_procs = ebpf.take_map("PY_PROCS").ok_or(ProbeError::MissingMap("PY_PROCS"))?;
-        let py_procs = BpfHashMap::try_from(py_procs).map_err(|source| ProbeError::Map { name: "PY_PROCS", source })?;
-        let py_threads = ebpf.take_map("PY_THREADS").ok_or(ProbeError::MissingMap("PY_THREADS"))?;
-        let py_threads =
-            BpfHashMap::try_from(py_threads).map_err(|source| ProbeError::Map { name: "PY_THREADS", source })?;
-        let stats = ebpf.take_map("STATS").ok_or(ProbeError::MissingMap("STATS"))?;
-        let stats = PerCpuArray::try_from(stats).map_err(|source| ProbeError::Map { name: "STATS", source })?;
-
-        let tp = |ebpf: &mut Ebpf, prog: &'static str, targets: &[(&str, String)]| -> Result<(), ProbeError> {
+        let tp = |ebpf: &mut Ebpf,
+                  prog: &'static str,
+                  targets: &[(&str, String)]|
+         -> Result<(), ProbeError> {
             let p: &mut TracePoint = ebpf
                 .program_mut(prog)
                 .ok_or(ProbeError::MissingMap(prog))?
                 .try_into()
-                .map_err(|source| ProbeError::Program { program: prog, source })?;
+                .map_err(|source| ProbeError::Program {
+                    program: prog,
+                    source,
+                })?;
             p.load().map_err(|source| {
-                if is_eperm(&source) { ProbeError::Permission } else { ProbeError::Program { program: prog, source } }
+                if is_eperm(&source) {
+                    ProbeError::Permission
+                } else {
+                    ProbeError::Program {
+                        program: prog,
+                        source,
+                    }
+                }
             })?;
             for (cat, name) in targets {
-                p.attach(cat, name)
-                    .map_err(|source| ProbeError::Attach { what: format!("tracepoint {cat}:{name}"), source })?;
+                p.attach(cat, name).map_err(|source| ProbeError::Attach {
+                    what: format!("tracepoint {cat}:{name}"),
+                    source,
+                })?;
             }
             Ok(())
         };
-        let enters: Vec<_> = sysno::WAITS.iter().map(|(_, n)| ("syscalls", format!("sys_enter_{n}"))).collect();
-        let exits: Vec<_> = sysno::WAITS.iter().map(|(_, n)| ("syscalls", format!("sys_exit_{n}"))).collect();
+        let enters: Vec<_> = sysno::WAITS
+            .iter()
+            .map(|(_, n)| ("syscalls", format!("sys_enter_{n}")))
+            .collect();
+        let exits: Vec<_> = sysno::WAITS
+            .iter()
+            .map(|(_, n)| ("syscalls", format!("sys_exit_{n}")))
+            .collect();
         // Order matters a little: exits before enters, so that no thread is
         // seen entering a wait whose return we would miss.
         tp(&mut ebpf, "sp_wait_exit", &exits)?;
         tp(&mut ebpf, "sp_wait_enter", &enters)?;
-        tp(&mut ebpf, "sp_sched_wakeup", &[("sched", "sched_wakeup".into())])?;
-        tp(&mut ebpf, "sp_sched_switch", &[("sched", "sched_switch".into())])?;
-        tp(&mut ebpf, "sp_exit", &[("sched", "sched_process_exit".into())])?;
+        tp(
+            &mut ebpf,
+            "sp_sched_wakeup",
+            &[("sched", "sched_wakeup".into())],
+        )?;
+        tp(
+            &mut ebpf,
+            "sp_sched_switch",
+            &[("sched", "sched_switch".into())],
+        )?;
+        tp(
+            &mut ebpf,
+            "sp_exit",
+            &[("sched", "sched_process_exit".into())],
+        )?;
 
         for prog in ["sp_park_enter", "sp_park_exit"] {
             let p: &mut UProbe = ebpf
                 .program_mut(prog)
                 .ok_or(ProbeError::MissingMap(prog))?
                 .try_into()
-                .map_err(|source| ProbeError::Program { program: prog, source })?;
-            p.load().map_err(|source| ProbeError::Program { program: prog, source })?;
+                .map_err(|source| ProbeError::Program {
+                    program: prog,
+                    source,
+                })?;
+            p.load().map_err(|source| ProbeError::Program {
+                program: prog,
+                source,
+            })?;
         }
 
         let sample: &mut PerfEvent = ebpf
             .program_mut("sp_sample")
             .ok_or(ProbeError::MissingMap("sp_sample"))?
             .try_into()
-            .map_err(|source| ProbeError::Program { program: "sp_sample", source })?;
-        sample.load().map_err(|source| ProbeError::Program { program: "sp_sample", source })?;
+            .map_err(|source| ProbeError::Program {
+                program: "sp_sample",
+                source,
+            })?;
+        sample.load().map_err(|source| ProbeError::Program {
+            program: "sp_sample",
+            source,
+        })?;
         let cpus = online_cpus().map_err(|(_, e)| ProbeError::Cpus(e))?;
         for cpu in cpus {
             sample
@@ -165,16 +257,31 @@ impl Probes {
                     SamplePolicy::Frequency(sample_hz),
                     false,
                 )
-                .map_err(|source| ProbeError::Attach { what: format!("cpu-clock perf event on CPU {cpu}"), source })?;
+                .map_err(|source| ProbeError::Attach {
+                    what: format!("cpu-clock perf event on CPU {cpu}"),
+                    source,
+                })?;
         }
         info!("probes attached (tgid {tgid}, {sample_hz} Hz)");
-        Ok(Probes { ebpf, loop_keys, py_procs, py_threads, stats })
+        Ok(Probes {
+            ebpf,
+            loop_keys,
+            py_procs,
+            py_threads,
+            stats,
+        })
     }
 
     /// The event ring buffer (can be taken once).
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
-        let map = self.ebpf.take_map("EVENTS").ok_or(ProbeError::MissingMap("EVENTS"))?;
-        RingBuf::try_from(map).map_err(|source| ProbeError::Map { name: "EVENTS", source })
+        let map = self
+            .ebpf
+            .take_map("EVENTS")
+            .ok_or(ProbeError::MissingMap("EVENTS"))?;
+        RingBuf::try_from(map).map_err(|source| ProbeError::Map {
+            name: "EVENTS",
+            source,
+        })
     }
 
     /// Tell the kernel side which wait is `tid`'s event-loop park.
@@ -197,13 +304,25 @@ impl Probes {
                 .program_mut(prog)
                 .ok_or(ProbeError::MissingMap(prog))?
                 .try_into()
-                .map_err(|source| ProbeError::Program { program: prog, source })?;
-            p.attach(point.symbol.as_str(), &point.binary, scope).map_err(|source| ProbeError::Attach {
-                what: format!("uprobe on {} in {}", point.demangled, point.binary.display()),
-                source,
-            })?;
+                .map_err(|source| ProbeError::Program {
+                    program: prog,
+                    source,
+                })?;
+            p.attach(point.symbol.as_str(), &point.binary, scope)
+                .map_err(|source| ProbeError::Attach {
+                    what: format!(
+                        "uprobe on {} in {}",
+                        point.demangled,
+                        point.binary.display()
+                    ),
+                    source,
+                })?;
         }
-        info!("park probes on {} ({})", point.demangled, point.binary.display());
+        info!(
+            "park probes on {} ({})",
+            point.demangled,
+            point.binary.display()
+        );
         Ok(())
     }
 

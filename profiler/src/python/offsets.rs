@@ -153,7 +153,7 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
                 frame_owner: 69,             // _PyInterpreterFrame.owner (char)
                 owner_cstack: PY_OWNER_NONE, // enum _frameowner has no FRAME_OWNED_BY_CSTACK
                 code_adaptive: 184,          // PyCodeObject.co_code_adaptive
-                frame_is_entry: 68, // _PyInterpreterFrame.is_entry (gdb ptype /o, 3.11.7)
+                frame_is_entry: 68,          // _PyInterpreterFrame.is_entry (gdb ptype /o, 3.11.7)
                 code_tag_mask: 0,
             },
             runtime_interpreters_head: 40,

@@ -9,7 +9,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use inferno::flamegraph::{self, Options, color::{Color, PaletteMap}};
+use inferno::flamegraph::{
+    self, Options,
+    color::{Color, PaletteMap},
+};
 
 use super::{RenderError, write_file};
 use crate::{
@@ -27,13 +30,41 @@ fn jitter(label: &str, span: u8) -> u8 {
 fn color(f: &Frame, label: &str) -> Color {
     let j = jitter(label, 50);
     match f.kind {
-        FrameKind::Native => Color { r: 205 + j / 2, g: 80 + j * 2, b: 40 },
-        FrameKind::Python => Color { r: 80 + j, g: 190 + j / 2, b: 80 },
-        FrameKind::Kernel => Color { r: 230, g: 140 + j, b: 30 },
-        FrameKind::Marker if f.name.starts_with("[off-cpu") => Color { r: 70, g: 120 + j, b: 230 },
-        FrameKind::Marker if f.name.starts_with("[runqueue") => Color { r: 160, g: 90, b: 210 },
-        FrameKind::Marker if f.name.starts_with("[gil") => Color { r: 40, g: 190 + j, b: 200 },
-        FrameKind::Marker => Color { r: 160, g: 160, b: 160 },
+        FrameKind::Native => Color {
+            r: 205 + j / 2,
+            g: 80 + j * 2,
+            b: 40,
+        },
+        FrameKind::Python => Color {
+            r: 80 + j,
+            g: 190 + j / 2,
+            b: 80,
+        },
+        FrameKind::Kernel => Color {
+            r: 230,
+            g: 140 + j,
+            b: 30,
+        },
+        FrameKind::Marker if f.name.starts_with("[off-cpu") => Color {
+            r: 70,
+            g: 120 + j,
+            b: 230,
+        },
+        FrameKind::Marker if f.name.starts_with("[runqueue") => Color {
+            r: 160,
+            g: 90,
+            b: 210,
+        },
+        FrameKind::Marker if f.name.starts_with("[gil") => Color {
+            r: 40,
+            g: 190 + j,
+            b: 200,
+        },
+        FrameKind::Marker => Color {
+            r: 160,
+            g: 160,
+            b: 160,
+        },
     }
 }
 
@@ -81,7 +112,10 @@ pub fn render(rec: &Recording) -> Result<Vec<u8>, std::io::Error> {
 
 pub fn write(rec: &Recording, dir: &Path) -> Result<PathBuf, RenderError> {
     let path = dir.join("stalls.svg");
-    let svg = render(rec).map_err(|source| RenderError::Write { path: path.clone(), source })?;
+    let svg = render(rec).map_err(|source| RenderError::Write {
+        path: path.clone(),
+        source,
+    })?;
     write_file(&path, &svg)?;
     Ok(path)
 }

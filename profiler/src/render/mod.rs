@@ -19,11 +19,22 @@ pub mod summary;
 #[derive(Debug, Error)]
 pub enum RenderError {
     #[error("cannot write {path}: {source}; choose a writable directory with -o DIR")]
-    Write { path: PathBuf, source: std::io::Error },
-    #[error("cannot read the recording {path}: {source}; give a directory written by `stallprof record` (it holds stalls.json)")]
-    Read { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "cannot read the recording {path}: {source}; give a directory written by `stallprof record` (it holds stalls.json)"
+    )]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path} is not a stallprof recording: {source}")]
-    Parse { path: PathBuf, source: serde_json::Error },
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
 }
 
 pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<(), RenderError> {
@@ -31,14 +42,23 @@ pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<(), RenderError> {
     let tmp = path.with_extension("tmp");
     fs::write(&tmp, bytes)
         .and_then(|()| fs::rename(&tmp, path))
-        .map_err(|source| RenderError::Write { path: path.to_path_buf(), source })
+        .map_err(|source| RenderError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// Create the output directory (and check it is writable) before recording.
 pub fn prepare_dir(dir: &Path) -> Result<(), RenderError> {
-    fs::create_dir_all(dir).map_err(|source| RenderError::Write { path: dir.to_path_buf(), source })?;
+    fs::create_dir_all(dir).map_err(|source| RenderError::Write {
+        path: dir.to_path_buf(),
+        source,
+    })?;
     let probe = dir.join(".stallprof-write-test");
-    fs::write(&probe, b"").map_err(|source| RenderError::Write { path: dir.to_path_buf(), source })?;
+    fs::write(&probe, b"").map_err(|source| RenderError::Write {
+        path: dir.to_path_buf(),
+        source,
+    })?;
     let _ = fs::remove_file(probe);
     Ok(())
 }
@@ -51,12 +71,23 @@ pub fn write_json(rec: &Recording, dir: &Path) -> Result<PathBuf, RenderError> {
 }
 
 pub fn read_json(path: &Path) -> Result<Recording, RenderError> {
-    let file = if path.is_dir() { path.join("stalls.json") } else { path.to_path_buf() };
-    let bytes = fs::read(&file).map_err(|source| RenderError::Read { path: file.clone(), source })?;
+    let file = if path.is_dir() {
+        path.join("stalls.json")
+    } else {
+        path.to_path_buf()
+    };
+    let bytes = fs::read(&file).map_err(|source| RenderError::Read {
+        path: file.clone(),
+        source,
+    })?;
     serde_json::from_slice(&bytes).map_err(|source| RenderError::Parse { path: file, source })
 }
 
 /// Write every output format; returns the paths written.
 pub fn write_all(rec: &Recording, dir: &Path) -> Result<Vec<PathBuf>, RenderError> {
-    Ok(vec![write_json(rec, dir)?, folded::write(rec, dir)?, flamegraph::write(rec, dir)?])
+    Ok(vec![
+        write_json(rec, dir)?,
+        folded::write(rec, dir)?,
+        flamegraph::write(rec, dir)?,
+    ])
 }

@@ -4,7 +4,11 @@ use std::{fmt::Write, path::PathBuf};
 use crate::{aggregate::summarize, cli::fmt_ns, model::Recording};
 
 fn pct(part: u64, total: u64) -> f64 {
-    if total == 0 { 0.0 } else { 100.0 * part as f64 / total as f64 }
+    if total == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / total as f64
+    }
 }
 
 pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
@@ -20,7 +24,11 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
         fmt_ns(rec.threshold_ns)
     );
     if s.stalls == 0 {
-        let _ = writeln!(out, "  no stalls: no executor thread stayed busy for {} or more", fmt_ns(rec.threshold_ns));
+        let _ = writeln!(
+            out,
+            "  no stalls: no executor thread stayed busy for {} or more",
+            fmt_ns(rec.threshold_ns)
+        );
         if rec.executor_threads.is_empty() {
             let _ = writeln!(
                 out,
@@ -47,12 +55,23 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
         );
         let _ = writeln!(out, "  top culprits (share of stall time):");
         for c in &s.culprits {
-            let _ = writeln!(out, "    {:5.1}%  {:>9}  {}", 100.0 * c.share, fmt_ns(c.ns), c.label);
+            let _ = writeln!(
+                out,
+                "    {:5.1}%  {:>9}  {}",
+                100.0 * c.share,
+                fmt_ns(c.ns),
+                c.label
+            );
         }
     }
     if rec.lost_events > 0 || !rec.drops.is_empty() {
         let drops: Vec<String> = rec.drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let _ = writeln!(out, "  lost events: {}; counters: {}", rec.lost_events, drops.join(", "));
+        let _ = writeln!(
+            out,
+            "  lost events: {}; counters: {}",
+            rec.lost_events,
+            drops.join(", ")
+        );
     }
     if !files.is_empty() {
         let _ = writeln!(out, "  wrote:");

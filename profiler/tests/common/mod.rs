@@ -80,15 +80,24 @@ fn root_and_bpf_problem() -> Option<String> {
     // SAFETY: attr is a zeroed, 16-byte, 4-aligned buffer covering the
     // start_id/next_id/open_flags fields this command reads and writes.
     let rc = unsafe {
-        libc::syscall(libc::SYS_bpf, 11 as libc::c_long, attr.as_mut_ptr(), std::mem::size_of_val(&attr))
+        libc::syscall(
+            libc::SYS_bpf,
+            11 as libc::c_long,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(&attr),
+        )
     };
     if rc < 0 {
         let err = std::io::Error::last_os_error();
         match err.raw_os_error() {
             Some(libc::ENOENT) => {}
-            Some(libc::ENOSYS) => return Some("the kernel has no bpf(2) syscall (CONFIG_BPF_SYSCALL off)".into()),
+            Some(libc::ENOSYS) => {
+                return Some("the kernel has no bpf(2) syscall (CONFIG_BPF_SYSCALL off)".into());
+            }
             Some(libc::EPERM) => {
-                return Some(format!("bpf(2) is not permitted here ({err}); need CAP_BPF/CAP_SYS_ADMIN"));
+                return Some(format!(
+                    "bpf(2) is not permitted here ({err}); need CAP_BPF/CAP_SYS_ADMIN"
+                ));
             }
             _ => return Some(format!("bpf(2) probe failed: {err}")),
         }
@@ -111,13 +120,17 @@ pub struct Scratch {
 impl Scratch {
     pub fn new(test: &str) -> Scratch {
         static N: AtomicU32 = AtomicU32::new(0);
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
         let path = std::env::temp_dir().join(format!(
             "stallprof-test-{test}-{}-{nanos}-{}",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        std::fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
         Scratch { path }
     }
 
@@ -147,13 +160,19 @@ pub fn c_loop_source() -> PathBuf {
 /// comm). `frame_pointers = false` builds the no-frame-pointer variant.
 pub fn build_c_loop(dir: &Path, frame_pointers: bool) -> PathBuf {
     let out = dir.join("c_loop");
-    let fp = if frame_pointers { "-fno-omit-frame-pointer" } else { "-fomit-frame-pointer" };
+    let fp = if frame_pointers {
+        "-fno-omit-frame-pointer"
+    } else {
+        "-fomit-frame-pointer"
+    };
     let result = Command::new("cc")
         .args(["-O1", "-g", fp, "-pthread", "-o"])
         .arg(&out)
         .arg(c_loop_source())
         .output()
-        .unwrap_or_else(|e| panic!("running cc to build the C victim: {e} (is a C compiler installed?)"));
+        .unwrap_or_else(|e| {
+            panic!("running cc to build the C victim: {e} (is a C compiler installed?)")
+        });
     assert!(
         result.status.success(),
         "cc failed to build {}:\n{}",
@@ -174,7 +193,11 @@ pub fn c_function_lines(source: &Path, func: &str) -> (u32, u32) {
         .iter()
         .position(|l| !l.starts_with(' ') && l.contains(&needle) && l.trim_end().ends_with('{'))
         .unwrap_or_else(|| panic!("no definition of {func} in {}", source.display()));
-    let end = lines[start..].iter().position(|l| *l == "}").map(|i| start + i).unwrap();
+    let end = lines[start..]
+        .iter()
+        .position(|l| *l == "}")
+        .map(|i| start + i)
+        .unwrap();
     (start as u32 + 1, end as u32 + 1)
 }
 
@@ -249,7 +272,10 @@ fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
 
 impl Profiler {
     pub fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Profiler {
-        let args_s: Vec<String> = args.iter().map(|a| a.as_ref().to_string_lossy().into_owned()).collect();
+        let args_s: Vec<String> = args
+            .iter()
+            .map(|a| a.as_ref().to_string_lossy().into_owned())
+            .collect();
         let mut child = Command::new(stallprof_bin())
             .args(args)
             .stdin(Stdio::null())
@@ -259,7 +285,12 @@ impl Profiler {
             .unwrap_or_else(|e| panic!("spawning {} {args_s:?}: {e}", stallprof_bin()));
         let out = drain(child.stdout.take().unwrap());
         let err = drain(child.stderr.take().unwrap());
-        Profiler { child: Some(child), out: Some(out), err: Some(err), args: args_s }
+        Profiler {
+            child: Some(child),
+            out: Some(out),
+            err: Some(err),
+            args: args_s,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -304,8 +335,16 @@ impl Profiler {
         self.child = None;
         RunOutput {
             status,
-            stdout: self.out.take().map(|h| h.join().unwrap_or_default()).unwrap_or_default(),
-            stderr: self.err.take().map(|h| h.join().unwrap_or_default()).unwrap_or_default(),
+            stdout: self
+                .out
+                .take()
+                .map(|h| h.join().unwrap_or_default())
+                .unwrap_or_default(),
+            stderr: self
+                .err
+                .take()
+                .map(|h| h.join().unwrap_or_default())
+                .unwrap_or_default(),
         }
     }
 }
@@ -331,7 +370,9 @@ pub fn run_stallprof<S: AsRef<std::ffi::OsStr>>(args: &[S], timeout: Duration) -
 /// writing) is ignored.
 pub fn read_log(path: &Path) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    text.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
 }
 
 pub fn log_has_kind(path: &Path, kind: &str) -> bool {
@@ -374,7 +415,9 @@ impl Truth {
 }
 
 fn num(r: &serde_json::Value, key: &str) -> u64 {
-    r[key].as_u64().unwrap_or_else(|| panic!("victim log record lacks numeric {key:?}: {r}"))
+    r[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("victim log record lacks numeric {key:?}: {r}"))
 }
 
 /// c_loop's stalled iterations: busy_start_ns..busy_end_ns.
@@ -395,7 +438,12 @@ pub fn c_loop_truth(log: &[serde_json::Value]) -> Vec<Truth> {
 /// py_blocking_client's stalled calls: start_ns..end_ns around the call.
 pub fn python_truth(log: &[serde_json::Value]) -> Vec<Truth> {
     log.iter()
-        .filter(|r| matches!(r["kind"].as_str(), Some("blocking_client" | "sleep" | "cpu")))
+        .filter(|r| {
+            matches!(
+                r["kind"].as_str(),
+                Some("blocking_client" | "sleep" | "cpu")
+            )
+        })
         .map(|r| Truth {
             kind: r["kind"].as_str().unwrap().into(),
             func: r["func"].as_str().unwrap().into(),
@@ -470,7 +518,9 @@ impl Stall {
             .iter()
             .filter(|s| s.has_frame(func))
             .filter(|s| kind.is_none_or(|k| s.kind == k))
-            .filter(|s| syscalls.is_none_or(|set| s.syscall.as_deref().is_some_and(|sc| set.contains(&sc))))
+            .filter(|s| {
+                syscalls.is_none_or(|set| s.syscall.as_deref().is_some_and(|sc| set.contains(&sc)))
+            })
             .map(|s| s.weight_ns)
             .sum()
     }
@@ -479,7 +529,12 @@ impl Stall {
     pub fn off_cpu_weight_in(&self, syscalls: &[&str]) -> u64 {
         self.stacks
             .iter()
-            .filter(|s| s.kind == "off_cpu" && s.syscall.as_deref().is_some_and(|sc| syscalls.contains(&sc)))
+            .filter(|s| {
+                s.kind == "off_cpu"
+                    && s.syscall
+                        .as_deref()
+                        .is_some_and(|sc| syscalls.contains(&sc))
+            })
             .map(|s| s.weight_ns)
             .sum()
     }
@@ -491,10 +546,16 @@ impl Stall {
     pub fn summary(&self) -> String {
         let mut by_kind: BTreeMap<(String, Option<String>), u64> = BTreeMap::new();
         for s in &self.stacks {
-            *by_kind.entry((s.kind.clone(), s.syscall.clone())).or_default() += s.weight_ns;
+            *by_kind
+                .entry((s.kind.clone(), s.syscall.clone()))
+                .or_default() += s.weight_ns;
         }
         let heaviest = self.stacks.iter().max_by_key(|s| s.weight_ns).map(|s| {
-            s.frames.iter().map(|f| f.name.as_str()).collect::<Vec<_>>().join(";")
+            s.frames
+                .iter()
+                .map(|f| f.name.as_str())
+                .collect::<Vec<_>>()
+                .join(";")
         });
         format!(
             "tid {} [{} .. {}] {:.2} ms (on {:.2} / off {:.2} / rq {:.2} ms){} weights {:?} heaviest stack: {}",
@@ -506,7 +567,10 @@ impl Stall {
             ms(self.off_cpu_ns),
             ms(self.runqueue_ns),
             if self.incomplete { " INCOMPLETE" } else { "" },
-            by_kind.iter().map(|((k, sc), w)| format!("{k}/{}={:.1}ms", sc.as_deref().unwrap_or("-"), ms(*w))).collect::<Vec<_>>(),
+            by_kind
+                .iter()
+                .map(|((k, sc), w)| format!("{k}/{}={:.1}ms", sc.as_deref().unwrap_or("-"), ms(*w)))
+                .collect::<Vec<_>>(),
             heaviest.unwrap_or_default()
         )
     }
@@ -522,23 +586,37 @@ pub fn load_recording(out_dir: &Path) -> Recording {
         let listing: Vec<_> = std::fs::read_dir(out_dir)
             .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
             .unwrap_or_default();
-        panic!("reading {}: {e}; output dir holds {listing:?}", path.display())
+        panic!(
+            "reading {}: {e}; output dir holds {listing:?}",
+            path.display()
+        )
     });
-    serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("{} does not match the stalls.json contract: {e}\n{text:.2000}", path.display()))
+    serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "{} does not match the stalls.json contract: {e}\n{text:.2000}",
+            path.display()
+        )
+    })
 }
 
 /// Sum of the weights (µs) of a folded file, and its line count.
 pub fn folded_total_us(path: &Path) -> (u64, usize, String) {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     let mut total = 0u64;
     let mut n = 0;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let (stack, w) = line
             .rsplit_once(' ')
             .unwrap_or_else(|| panic!("folded line without a weight: {line:?}"));
-        assert!(!stack.is_empty(), "folded line with an empty stack: {line:?}");
-        total += w.trim().parse::<u64>().unwrap_or_else(|e| panic!("folded weight {w:?} in {line:?}: {e}"));
+        assert!(
+            !stack.is_empty(),
+            "folded line with an empty stack: {line:?}"
+        );
+        total += w
+            .trim()
+            .parse::<u64>()
+            .unwrap_or_else(|e| panic!("folded weight {w:?} in {line:?}: {e}"));
         n += 1;
     }
     (total, n, text)
@@ -554,7 +632,10 @@ pub struct Checks {
 
 impl Checks {
     pub fn new(context: impl Into<String>) -> Checks {
-        Checks { context: context.into(), failures: Vec::new() }
+        Checks {
+            context: context.into(),
+            failures: Vec::new(),
+        }
     }
 
     pub fn check(&mut self, ok: bool, msg: impl FnOnce() -> String) {
@@ -587,40 +668,72 @@ impl Checks {
 
 /// Checks that hold for every stall of every recording (the JSON contract).
 pub fn check_contract(c: &mut Checks, rec: &Recording, threshold_ns: u64) {
-    c.check(rec.clock == "monotonic", || format!("clock is {:?}, want \"monotonic\"", rec.clock));
+    c.check(rec.clock == "monotonic", || {
+        format!("clock is {:?}, want \"monotonic\"", rec.clock)
+    });
     c.check(rec.threshold_ns == threshold_ns, || {
         format!("threshold_ns is {}, want {threshold_ns}", rec.threshold_ns)
     });
-    c.check(rec.sample_hz == 999, || format!("sample_hz is {}, want the default 999", rec.sample_hz));
+    c.check(rec.sample_hz == 999, || {
+        format!("sample_hz is {}, want the default 999", rec.sample_hz)
+    });
     c.check(rec.started_ns < rec.ended_ns, || {
-        format!("started_ns {} is not before ended_ns {}", rec.started_ns, rec.ended_ns)
+        format!(
+            "started_ns {} is not before ended_ns {}",
+            rec.started_ns, rec.ended_ns
+        )
     });
     c.check(rec.lost_events == 0, || {
-        format!("{} events lost (drops: {:?}) in a short, quiet recording", rec.lost_events, rec.drops)
+        format!(
+            "{} events lost (drops: {:?}) in a short, quiet recording",
+            rec.lost_events, rec.drops
+        )
     });
     for (i, s) in rec.stalls.iter().enumerate() {
         let who = format!("stall #{i} ({})", s.summary());
-        c.check(s.end_ns >= s.start_ns && s.end_ns - s.start_ns == s.duration_ns, || {
-            format!("{who}: end_ns - start_ns != duration_ns")
-        });
-        c.check(s.on_cpu_ns + s.off_cpu_ns + s.runqueue_ns == s.duration_ns, || {
-            format!("{who}: on_cpu + off_cpu + runqueue != duration")
-        });
+        c.check(
+            s.end_ns >= s.start_ns && s.end_ns - s.start_ns == s.duration_ns,
+            || format!("{who}: end_ns - start_ns != duration_ns"),
+        );
+        c.check(
+            s.on_cpu_ns + s.off_cpu_ns + s.runqueue_ns == s.duration_ns,
+            || format!("{who}: on_cpu + off_cpu + runqueue != duration"),
+        );
         let w: u64 = s.stacks.iter().map(|st| st.weight_ns).sum();
-        c.check(w == s.duration_ns, || format!("{who}: stack weights sum to {w}, not duration {}", s.duration_ns));
-        c.check(s.duration_ns >= threshold_ns, || format!("{who}: shorter than the threshold"));
-        c.check(s.start_ns >= rec.started_ns && s.end_ns <= rec.ended_ns, || {
-            format!("{who}: outside the recording [{}, {}]", rec.started_ns, rec.ended_ns)
+        c.check(w == s.duration_ns, || {
+            format!(
+                "{who}: stack weights sum to {w}, not duration {}",
+                s.duration_ns
+            )
         });
+        c.check(s.duration_ns >= threshold_ns, || {
+            format!("{who}: shorter than the threshold")
+        });
+        c.check(
+            s.start_ns >= rec.started_ns && s.end_ns <= rec.ended_ns,
+            || {
+                format!(
+                    "{who}: outside the recording [{}, {}]",
+                    rec.started_ns, rec.ended_ns
+                )
+            },
+        );
         for st in &s.stacks {
-            c.check(matches!(st.kind.as_str(), "on_cpu" | "off_cpu" | "runqueue" | "gil_wait"), || {
-                format!("{who}: stack kind {:?}", st.kind)
+            c.check(
+                matches!(
+                    st.kind.as_str(),
+                    "on_cpu" | "off_cpu" | "runqueue" | "gil_wait"
+                ),
+                || format!("{who}: stack kind {:?}", st.kind),
+            );
+            c.check(!st.frames.is_empty(), || {
+                format!("{who}: a stack with no frames")
             });
-            c.check(!st.frames.is_empty(), || format!("{who}: a stack with no frames"));
             for f in &st.frames {
-                c.check(matches!(f.kind.as_str(), "native" | "kernel" | "python" | "marker"), || {
-                    format!("{who}: frame {:?} has kind {:?}", f.name, f.kind)
-                });
+                c.check(
+                    matches!(f.kind.as_str(), "native" | "kernel" | "python" | "marker"),
+                    || format!("{who}: frame {:?} has kind {:?}", f.name, f.kind),
+                );
             }
         }
     }
@@ -628,7 +741,10 @@ pub fn check_contract(c: &mut Checks, rec: &Recording, threshold_ns: u64) {
 
 /// The stalls that overlap a victim interval, on any thread.
 pub fn overlapping<'a>(rec: &'a Recording, t: &Truth) -> Vec<&'a Stall> {
-    rec.stalls.iter().filter(|s| s.overlaps(t.start_ns, t.end_ns)).collect()
+    rec.stalls
+        .iter()
+        .filter(|s| s.overlaps(t.start_ns, t.end_ns))
+        .collect()
 }
 
 pub fn truth_table(truth: &[Truth]) -> String {
@@ -670,7 +786,10 @@ pub fn stalls_table(rec: &Recording) -> String {
 // bpftool: which stallprof programs are loaded
 
 pub fn bpftool_available() -> bool {
-    Command::new("bpftool").arg("version").output().is_ok_and(|o| o.status.success())
+    Command::new("bpftool")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// (id, name) of loaded BPF programs whose name starts with `sp_`.
@@ -681,7 +800,11 @@ pub fn loaded_sp_programs() -> Vec<(u64, String)> {
              Install it (`apt-get install bpftool`); the CI script does."
         )
     });
-    assert!(out.status.success(), "bpftool -j prog list failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "bpftool -j prog list failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let progs: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("bpftool -j prog list printed non-JSON ({e})"));
     progs
@@ -691,7 +814,8 @@ pub fn loaded_sp_programs() -> Vec<(u64, String)> {
         .iter()
         .filter_map(|p| {
             let name = p["name"].as_str()?;
-            name.starts_with("sp_").then(|| (p["id"].as_u64().unwrap_or(0), name.to_string()))
+            name.starts_with("sp_")
+                .then(|| (p["id"].as_u64().unwrap_or(0), name.to_string()))
         })
         .collect()
 }
@@ -729,5 +853,8 @@ pub fn unused_pid() -> u32 {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(32768);
-    (2..max).rev().find(|p| !Path::new(&format!("/proc/{p}")).exists()).unwrap()
+    (2..max)
+        .rev()
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
+        .unwrap()
 }
