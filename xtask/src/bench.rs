@@ -605,11 +605,12 @@ fn victims(env: &Env) -> Vec<Victim> {
     if let Some(n) = &env.node {
         out.push(Victim {
             name: "node",
-            label: "Node (pbkdf2Sync / JSON.parse), --perf-basic-prof",
+            label: "Node (pbkdf2Sync / JSON.parse), --perf-basic-prof --interpreted-frames-native-stack",
             python_script: None,
             cmd: vec![
                 n.clone(),
                 "--perf-basic-prof".into(),
+                "--interpreted-frames-native-stack".into(),
                 v.join("node_loop.js").display().to_string(),
             ],
         });
@@ -946,7 +947,7 @@ fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
              the interpreter (`deriveKey`, `parseBig` here) appear as unnamed interpreter frames; the stacks \
              name their native callees (OpenSSL's `PKCS5_PBKDF2_HMAC`, V8's `JsonParser`), which the second \
              Node row accepts as the culprit (`NATIVE_ALIASES` in bench/accuracy.py). The victim runs with \
-             `--perf-basic-prof` only, as the issue does.\n"
+             `--perf-basic-prof --interpreted-frames-native-stack`, as the README asks of Node users.\n"
         );
     }
     if tv_of("gil", "stallprof") > 5.0 {
@@ -975,7 +976,7 @@ fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
     );
     let _ = writeln!(
         s,
-        "#                       | target/victims/release/tokio-victim | node --perf-basic-prof $V/node_loop.js)"
+        "#                       | target/victims/release/tokio-victim | node --perf-basic-prof --interpreted-frames-native-stack $V/node_loop.js)"
     );
     let _ = writeln!(
         s,
