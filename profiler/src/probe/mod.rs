@@ -107,6 +107,39 @@ fn ensure_tracefs() -> Result<(), ProbeError> {
     Ok(())
 }
 
+/// A program of the object, as its concrete type.
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, ProbeError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or(ProbeError::MissingMap(name))?
+        .try_into()
+        .map_err(|source| ProbeError::Program {
+            program: name,
+            source,
+        })
+}
+
+/// Loading failed: lacking privilege, or the verifier said no.
+fn load_error(program: &'static str, source: aya::programs::ProgramError) -> ProbeError {
+    if is_eperm(&source) {
+        ProbeError::Permission
+    } else {
+        ProbeError::Program { program, source }
+    }
+}
+
+/// Take a map out of the object, as its concrete type.
+fn take_map<T>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    convert: impl FnOnce(aya::maps::Map) -> Result<T, aya::maps::MapError>,
+) -> Result<T, ProbeError> {
+    let map = ebpf.take_map(name).ok_or(ProbeError::MissingMap(name))?;
+    convert(map).map_err(|source| ProbeError::Map { name, source })
+}
+
 pub struct Probes {
     ebpf: Ebpf,
     loop_keys: BpfHashMap<MapData, u32, u64>,
@@ -134,57 +167,17 @@ impl Probes {
                 }
             })?;
 
-        let loop_keys = ebpf
-            .take_map("LOOP_KEYS")
-            .ok_or(ProbeError::MissingMap("LOOP_KEYS"))?;
-        let loop_keys = BpfHashMap::try_from(loop_keys).map_err(|source| ProbeError::Map {
-            name: "LOOP_KEYS",
-            source,
-        })?;
-        let py_procs = ebpf
-            .take_map("PY_PROCS")
-            .ok_or(ProbeError::MissingMap("PY_PROCS"))?;
-        let py_procs = BpfHashMap::try_from(py_procs).map_err(|source| ProbeError::Map {
-            name: "PY_PROCS",
-            source,
-        })?;
-        let py_threads = ebpf
-            .take_map("PY_THREADS")
-            .ok_or(ProbeError::MissingMap("PY_THREADS"))?;
-        let py_threads = BpfHashMap::try_from(py_threads).map_err(|source| ProbeError::Map {
-            name: "PY_THREADS",
-            source,
-        })?;
-        let stats = ebpf
-            .take_map("STATS")
-            .ok_or(ProbeError::MissingMap("STATS"))?;
-        let stats = PerCpuArray::try_from(stats).map_err(|source| ProbeError::Map {
-            name: "STATS",
-            source,
-        })?;
+        let loop_keys = take_map(&mut ebpf, "LOOP_KEYS", BpfHashMap::try_from)?;
+        let py_procs = take_map(&mut ebpf, "PY_PROCS", BpfHashMap::try_from)?;
+        let py_threads = take_map(&mut ebpf, "PY_THREADS", BpfHashMap::try_from)?;
+        let stats = take_map(&mut ebpf, "STATS", PerCpuArray::try_from)?;
 
         let tp = |ebpf: &mut Ebpf,
                   prog: &'static str,
                   targets: &[(&str, String)]|
          -> Result<(), ProbeError> {
-            let p: &mut TracePoint = ebpf
-                .program_mut(prog)
-                .ok_or(ProbeError::MissingMap(prog))?
-                .try_into()
-                .map_err(|source| ProbeError::Program {
-                    program: prog,
-                    source,
-                })?;
-            p.load().map_err(|source| {
-                if is_eperm(&source) {
-                    ProbeError::Permission
-                } else {
-                    ProbeError::Program {
-                        program: prog,
-                        source,
-                    }
-                }
-            })?;
+            let p: &mut TracePoint = program(ebpf, prog)?;
+            p.load().map_err(|source| load_error(prog, source))?;
             for (cat, name) in targets {
                 p.attach(cat, name).map_err(|source| ProbeError::Attach {
                     what: format!("tracepoint {cat}:{name}"),
@@ -221,33 +214,16 @@ impl Probes {
             &[("sched", "sched_process_exit".into())],
         )?;
 
+        // Loaded now, attached once a runtime's park function is found.
         for prog in ["sp_park_enter", "sp_park_exit"] {
-            let p: &mut UProbe = ebpf
-                .program_mut(prog)
-                .ok_or(ProbeError::MissingMap(prog))?
-                .try_into()
-                .map_err(|source| ProbeError::Program {
-                    program: prog,
-                    source,
-                })?;
-            p.load().map_err(|source| ProbeError::Program {
-                program: prog,
-                source,
-            })?;
+            let p: &mut UProbe = program(&mut ebpf, prog)?;
+            p.load().map_err(|source| load_error(prog, source))?;
         }
 
-        let sample: &mut PerfEvent = ebpf
-            .program_mut("sp_sample")
-            .ok_or(ProbeError::MissingMap("sp_sample"))?
-            .try_into()
-            .map_err(|source| ProbeError::Program {
-                program: "sp_sample",
-                source,
-            })?;
-        sample.load().map_err(|source| ProbeError::Program {
-            program: "sp_sample",
-            source,
-        })?;
+        let sample: &mut PerfEvent = program(&mut ebpf, "sp_sample")?;
+        sample
+            .load()
+            .map_err(|source| load_error("sp_sample", source))?;
         let cpus = online_cpus().map_err(|(_, e)| ProbeError::Cpus(e))?;
         for cpu in cpus {
             sample
@@ -274,14 +250,7 @@ impl Probes {
 
     /// The event ring buffer (can be taken once).
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
-        let map = self
-            .ebpf
-            .take_map("EVENTS")
-            .ok_or(ProbeError::MissingMap("EVENTS"))?;
-        RingBuf::try_from(map).map_err(|source| ProbeError::Map {
-            name: "EVENTS",
-            source,
-        })
+        take_map(&mut self.ebpf, "EVENTS", RingBuf::try_from)
     }
 
     /// Tell the kernel side which wait is `tid`'s event-loop park.
@@ -299,15 +268,7 @@ impl Probes {
             None => UProbeScope::AllProcesses,
         };
         for prog in ["sp_park_enter", "sp_park_exit"] {
-            let p: &mut UProbe = self
-                .ebpf
-                .program_mut(prog)
-                .ok_or(ProbeError::MissingMap(prog))?
-                .try_into()
-                .map_err(|source| ProbeError::Program {
-                    program: prog,
-                    source,
-                })?;
+            let p: &mut UProbe = program(&mut self.ebpf, prog)?;
             p.attach(point.symbol.as_str(), &point.binary, scope)
                 .map_err(|source| ProbeError::Attach {
                     what: format!(
