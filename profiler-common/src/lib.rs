@@ -19,12 +19,13 @@ pub const MAX_KSTACK: usize = 48;
 pub const MAX_USTACK: usize = 96;
 
 /// Bytes of user stack copied from the stack pointer up, for unwinding with
-/// `.eh_frame` in userspace (binaries without frame pointers). 16 KiB holds
-/// ~30-60 native frames; deeper stacks are unwound as far as the copy goes.
-pub const USER_STACK_COPY: usize = 16 << 10;
-/// Ring buffer size: 64 MiB holds ~3.5k stack events (~18 KiB each), about
-/// two seconds of a busy 2-core host at 999 Hz, so a reader pausing for a
-/// slow first symbolization loses nothing.
+/// `.eh_frame` in userspace (binaries without frame pointers). 32 KiB: Node
+/// running OpenSSL's SHA-512 under V8's entry frames needs more than 16 KiB
+/// from the leaf to `uv_run`; deeper stacks are unwound as far as the copy
+/// goes (`unwind_truncated`).
+pub const USER_STACK_COPY: usize = 32 << 10;
+/// Ring buffer size: 64 MiB holds ~1.9k stack events (~35 KiB each), about
+/// a second of a busy 2-core host at 999 Hz, drained every 20 ms.
 pub const RINGBUF_BYTES: u32 = 64 << 20;
 /// Events are submitted without waking the reader until this much data is
 /// waiting; the reader also drains on a short timer (`record`: 20 ms). A
