@@ -316,7 +316,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
         sess.finish_saving(&cfg.output)?;
     }
     for (k, v) in sess.agent_drops() {
-        drops.insert((*k).to_string(), *v);
+        drops.insert(k.to_string(), v);
     }
     let lost_events = drops
         .get(profiler_common::Drop::RingbufFull.name())

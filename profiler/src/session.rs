@@ -466,9 +466,14 @@ impl Session {
         self.executors.len()
     }
 
-    /// The agent's own failure counters (unwinding, decoding).
-    pub fn agent_drops(&self) -> &BTreeMap<&'static str, u64> {
-        &self.agent_drops
+    /// The agent's own failure counters (unwinding, decoding, switch-ins
+    /// not seen).
+    pub fn agent_drops(&self) -> BTreeMap<&'static str, u64> {
+        let mut d = self.agent_drops.clone();
+        if self.tracker.stats.switch_ins_missed > 0 {
+            d.insert("switch_ins_missed", self.tracker.stats.switch_ins_missed);
+        }
+        d
     }
 
     /// Daemon: the processes that have executor threads, ascending.

@@ -160,6 +160,9 @@ pub struct TrackerStats {
     /// Scheduler events that arrived for a thread with no busy period open
     /// (normal right after attach).
     pub events_outside_busy: u64,
+    /// A sample (or the park) showed the thread running while a switch-out
+    /// was still open: its switch-in was not seen.
+    pub switch_ins_missed: u64,
 }
 
 #[derive(Debug)]
@@ -180,6 +183,26 @@ struct Busy {
     /// (stack, syscall, waker) -> (blocked ns, run-queue ns)
     offs: HashMap<(StackId, Option<u32>, Option<u32>), (u64, u64)>,
     pending: Option<Pending>,
+}
+
+impl Busy {
+    /// The thread runs again at `ts`: split the time since its switch-out
+    /// into blocked (until wakeup) and run-queue wait.
+    fn back_on_cpu(&mut self, ts: u64) {
+        let Some(p) = self.pending.take() else { return };
+        let end = ts.max(p.out);
+        let (blocked, runq, waker) = if p.runnable {
+            (0, end - p.out, None)
+        } else {
+            let (w, waker) = p
+                .wake
+                .map_or((end, None), |(w, who)| (w.clamp(p.out, end), Some(who)));
+            (w - p.out, end - w, waker)
+        };
+        let e = self.offs.entry((p.stack, p.syscall, waker)).or_default();
+        e.0 += blocked;
+        e.1 += runq;
+    }
 }
 
 #[derive(Debug, Default)]
@@ -368,25 +391,19 @@ impl Tracker {
                 }
             }
             Event::SwitchIn { ts, .. } => {
-                if let Some(b) = self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut())
-                    && let Some(p) = b.pending.take()
-                {
-                    let end = ts.max(p.out);
-                    let (blocked, runq, waker) = if p.runnable {
-                        (0, end - p.out, None)
-                    } else {
-                        let (w, waker) = p
-                            .wake
-                            .map_or((end, None), |(w, who)| (w.clamp(p.out, end), Some(who)));
-                        (w - p.out, end - w, waker)
-                    };
-                    let e = b.offs.entry((p.stack, p.syscall, waker)).or_default();
-                    e.0 += blocked;
-                    e.1 += runq;
+                if let Some(b) = self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
+                    b.back_on_cpu(ts);
                 }
             }
-            Event::Sample { stack, .. } => {
+            Event::Sample { ts, stack, .. } => {
                 if let Some(b) = self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
+                    // A sample means the thread runs: a switch-in we did not
+                    // see happened by now. Close the gap here rather than let
+                    // run-queue time run on until the stall's end.
+                    if b.pending.is_some() {
+                        self.stats.switch_ins_missed += 1;
+                        b.back_on_cpu(ts);
+                    }
                     let id = self.stacks.intern(stack);
                     *b.samples.entry(id).or_default() += 1;
                     b.last_sample = Some(id);
@@ -433,14 +450,13 @@ impl Tracker {
         if duration < self.cfg.threshold_ns {
             return;
         }
-        // Still off-CPU at the end (only possible when incomplete).
-        if let Some(p) = b.pending.take() {
-            let e = b.offs.entry((p.stack, p.syscall, None)).or_default();
-            if p.runnable {
-                e.1 += end - p.out
-            } else {
-                e.0 += end - p.out
+        // Still off-CPU at the end: real when the recording or the thread
+        // ended mid-stall; after a park, the switch-in was missed.
+        if b.pending.is_some() {
+            if !incomplete {
+                self.stats.switch_ins_missed += 1;
             }
+            b.back_on_cpu(end);
         }
         let mut parts = Vec::new();
         let (mut off, mut runq) = (0u64, 0u64);
@@ -831,6 +847,31 @@ mod tests {
             })
             .collect();
         assert_eq!(keys, [3, 7]);
+    }
+
+    /// A switch-in that never arrives is closed by the next sample, not by
+    /// the end of the stall:
+    /// ```text
+    /// busy 0 ── preempted 10 ·· (switch-in lost) ·· sample 12 ── park 60
+    /// ```
+    #[test]
+    fn missed_switch_in_is_closed_by_a_sample() {
+        let mut t = warmed(50);
+        let s = run(
+            &mut t,
+            vec![
+                exit(0, EPOLL_WAIT, 3),
+                Event::Preempted {
+                    tid: 1,
+                    tgid: 1,
+                    ts: 10 * MS,
+                },
+                sample(12, 0xA),
+                enter(60, EPOLL_WAIT, 3),
+            ],
+        );
+        assert_eq!((s[0].on_cpu_ns, s[0].runqueue_ns), (58 * MS, 2 * MS));
+        assert_eq!(t.stats.switch_ins_missed, 1);
     }
 
     /// Recording ends mid-stall: reported as incomplete.

@@ -1371,7 +1371,9 @@ mod tests {
         match built {
             Ok(s) if s.success() => {}
             // No silent skip: CI has a C compiler, and this test must run there.
-            other => panic!("building the C victim ({variant}) with cc failed: {other:?}; install gcc"),
+            other => {
+                panic!("building the C victim ({variant}) with cc failed: {other:?}; install gcc")
+            }
         }
         let mut child = Command::new(&exe)
             .stdin(Stdio::piped())

@@ -600,7 +600,7 @@ impl Collector {
         m.excluded.set(self.excluded.len() as i64);
         let mut agent = self.agent_base.clone();
         for (k, v) in self.session.agent_drops() {
-            *agent.entry((*k).to_string()).or_default() += v;
+            *agent.entry(k.to_string()).or_default() += v;
         }
         m.set_drops(&self.probes.drops(), &agent);
         // The index page's rows.
@@ -629,7 +629,7 @@ impl Collector {
             self.forgotten_since_reset
         );
         for (k, v) in self.session.agent_drops() {
-            *self.agent_base.entry((*k).to_string()).or_default() += v;
+            *self.agent_base.entry(k.to_string()).or_default() += v;
         }
         self.session = Session::new(self.cfg.threshold_ns, None);
         self.forgotten_since_reset = 0;
