@@ -1010,7 +1010,9 @@ fn daemon_retention_limits_hold() {
         "no window's pprof file could be read while the daemon ran".into()
     });
     let kept_now = std::fs::read_dir(&data).unwrap().count();
-    c.check(seen.len() > kept_now && seen.len() >= 5, || {
+    // Retention must have removed at least one window (how many windows the
+    // victim spans depends on the machine's speed).
+    c.check(seen.len() > kept_now && seen.len() >= 3, || {
         format!(
             "{} windows seen, {kept_now} kept: retention removed none",
             seen.len()
