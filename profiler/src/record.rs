@@ -282,8 +282,11 @@ async fn record(cfg: RecordConfig) -> Result<String> {
                 if exited || !process_alive(pid) || sess.take_exited().contains(&pid) {
                     break;
                 }
-                if comm.is_none() && !is_own_fork(pid) {
-                    comm = read_comm(pid, pid);
+                // Every tick: a launcher (a pyenv shim, `env`) may exec again.
+                if !is_own_fork(pid)
+                    && let Some(c) = read_comm(pid, pid)
+                {
+                    comm = Some(c);
                 }
                 sess.tick(&[pid], &mut probes);
                 if cfg.live_status {
