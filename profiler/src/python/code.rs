@@ -104,7 +104,7 @@ impl CodeResolver {
         }
         let c = &self.cache[&code];
         let line = match self.byte_offset(code, instr) {
-            Some(addr) => linetable::line_at(&c.ranges, addr).unwrap_or(0),
+            Some(addr) => linetable::line_near(&c.ranges, addr).unwrap_or(0),
             None => key.first_line, // not started yet: CPython reports co_firstlineno
         };
         Ok(PyFrameInfo {

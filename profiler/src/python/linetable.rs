@@ -47,6 +47,16 @@ pub fn line_at(ranges: &[LineRange], addr: u32) -> Option<u32> {
         .and_then(|r| r.line)
 }
 
+/// The line to show for `addr`: its own, or — for instructions with no
+/// location of their own (implicit returns, artificial instructions; CPython
+/// reports `None` for them) — the line of the nearest instruction before it.
+pub fn line_near(ranges: &[LineRange], addr: u32) -> Option<u32> {
+    line_at(ranges, addr).or_else(|| {
+        let i = ranges.partition_point(|r| r.start <= addr);
+        ranges[..i].iter().rev().find_map(|r| r.line)
+    })
+}
+
 fn to_line(line: i64) -> Option<u32> {
     u32::try_from(line).ok()
 }
@@ -171,3 +181,18 @@ impl Cursor<'_> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod near_tests {
+    use super::*;
+
+    #[test]
+    fn no_location_takes_the_line_before() {
+        let r = |start, end, line| LineRange { start, end, line };
+        let ranges = [r(0, 4, Some(10)), r(4, 8, None), r(8, 12, Some(12))];
+        assert_eq!(line_at(&ranges, 5), None);
+        assert_eq!(line_near(&ranges, 5), Some(10));
+        assert_eq!(line_near(&ranges, 9), Some(12));
+        assert_eq!(line_near(&[r(0, 4, None)], 2), None);
+    }
+}
