@@ -1608,12 +1608,16 @@ mod tests {
                 "stallprof_test_cfa_expr",
                 "cfa_expr_level_two",
                 "cfa_expr_level_one",
-                "unwinds_through_cfa_expression",
+                // The test function itself may be inlined into the harness
+                // in release builds; the harness's call_once is always there.
+                "call_once",
             ],
         );
+        // Consecutive from the callback to level_one, then the harness
+        // (after the test function's own frame, unless that was inlined).
         assert_eq!(
-            order,
-            Some(vec![0, 1, 2, 3, 4]),
+            order.as_ref().map(|o| o[..4].to_vec()),
+            Some(vec![0, 1, 2, 3]),
             "outcome {outcome:?}, frames {names:#?}"
         );
         assert_ne!(outcome, UnwindOutcome::Failed, "{names:#?}");
@@ -1638,12 +1642,14 @@ mod tests {
                 "stallprof_test_cfa_redzone",
                 "cfa_redzone_level_two",
                 "cfa_redzone_level_one",
-                "unwinds_through_red_zone_cfa_expression",
+                // The test function itself may be inlined into the harness
+                // in release builds; the harness's call_once is always there.
+                "call_once",
             ],
         );
         assert_eq!(
-            order,
-            Some(vec![0, 1, 2, 3]),
+            order.as_ref().map(|o| o[..3].to_vec()),
+            Some(vec![0, 1, 2]),
             "outcome {outcome:?}, frames {names:#?}"
         );
         assert_ne!(outcome, UnwindOutcome::Failed, "{names:#?}");
