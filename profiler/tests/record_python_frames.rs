@@ -522,12 +522,12 @@ fn check_contract(c: &mut Checks, run: &Run) {
                     || format!("{who}: frame {:?} has kind {:?}", f.name, f.kind),
                 );
                 if f.kind == "python" {
-                    // Deep-frozen stdlib code (`<frozen os>`) in Debian's
-                    // build sometimes has no line for the instruction; every
-                    // other Python frame must have file and line.
-                    let frozen = f.file.as_deref().is_some_and(|p| p.starts_with("<frozen"));
-                    c.check(f.file.is_some() && (f.line.is_some() || frozen), || {
-                        format!("{who}: python frame without file:line: {f:?}")
+                    // Every Python frame names its file. A line is asserted
+                    // where it matters (each cause, above); elsewhere a rare
+                    // frame resolves without one (deep-frozen stdlib code,
+                    // an unreadable line table) and must not fail the run.
+                    c.check(f.file.is_some(), || {
+                        format!("{who}: python frame without a file: {f:?}")
                     });
                 }
             }
