@@ -145,7 +145,17 @@ async fn run() {
             iv.tick().await;
         }
     });
-    tokio::time::sleep(Duration::from_millis(STARTUP_IDLE_MS)).await;
+    // Keep every worker cycling through its park function while the
+    // profiler attaches: a worker parked since before the uprobes went in
+    // returns without a uretprobe hit, and its first task would be missed.
+    let warm_until = std::time::Instant::now() + Duration::from_millis(STARTUP_IDLE_MS);
+    while std::time::Instant::now() < warm_until {
+        let hs: Vec<_> = (0..4).map(|_| tokio::spawn(tokio::time::sleep(Duration::from_millis(1)))).collect();
+        for h in hs {
+            let _ = h.await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for (seq, &(kind, ms)) in SCHEDULE.iter().enumerate() {
         tokio::time::sleep(Duration::from_millis(GAP_MS)).await;
         tokio::spawn(stall_task(seq, kind, ms)).await.expect("stall task panicked");
