@@ -147,6 +147,33 @@ impl Drop {
     }
 }
 
+/// Per-CPU counters of work the kernel side saved by design (not failures):
+/// see `SAMPLE_AFTER_NS` in `profiler-ebpf`. Index = discriminant.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filtered {
+    /// Busy periods of a known loop that ended quiet (no other event) before
+    /// the sampling gate: neither their wait return nor their wait entry was
+    /// reported.
+    QuietBusy = 0,
+    /// CPU samples skipped because the thread's busy period was younger
+    /// than the sampling gate.
+    YoungSamples = 1,
+}
+
+impl Filtered {
+    pub const COUNT: u32 = 2;
+    pub const ALL: [Filtered; Self::COUNT as usize] = [Filtered::QuietBusy, Filtered::YoungSamples];
+
+    /// Stable snake_case name used in `stalls.json` and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Filtered::QuietBusy => "short_busy_periods",
+            Filtered::YoungSamples => "samples_before_gate",
+        }
+    }
+}
+
 /// Common prefix of every ring-buffer record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -291,7 +318,16 @@ pub struct ThreadState {
     /// 1 while inside a runtime park function (tokio): parked whatever
     /// syscalls it makes meanwhile.
     pub in_park: u32,
-    pub _pad: u32,
+    /// 1 while the return from the loop's wait (at `busy_since`) has not been
+    /// reported yet: it is reported with the thread's next event, or never
+    /// if the busy period ends quiet and shorter than `SAMPLE_AFTER_NS`.
+    pub exit_pending: u32,
+    /// When the thread last returned from its loop's wait (0: unknown).
+    pub busy_since: u64,
+    /// The deferred return: syscall number, fd of its key, return value.
+    pub exit_nr: u32,
+    pub exit_fd: i32,
+    pub exit_ret: i64,
 }
 
 /// Wait-key class of a runtime park function (see [`wait_key`]).

@@ -27,9 +27,10 @@ use aya_ebpf::{
     programs::{PerfEventContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use profiler_common::{
-    Drop, EventHeader, GIL_STRUCT_SPAN, MAX_KSTACK, MAX_PY_PROCS, MAX_THREADS, MAX_USTACK,
-    PY_HOLDER_FRAMES, PyProc, RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, SchedEvent, StackEvent,
-    TASK_REPORT_MAX, ThreadState, USER_STACK_COPY, UserRegs, WaitEvent, kind, py_status,
+    Drop, EventHeader, Filtered, GIL_STRUCT_SPAN, MAX_KSTACK, MAX_PY_PROCS, MAX_THREADS,
+    MAX_USTACK, PY_HOLDER_FRAMES, PyProc, RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, SchedEvent,
+    StackEvent, TASK_REPORT_MAX, ThreadState, USER_STACK_COPY, UserRegs, WaitEvent, kind,
+    py_status,
     python::{
         PY_BOUNDARY, PY_FRAME_MODEL_FRAME_OBJECT, PY_MAX_FRAMES, PY_OFFSET_NONE, PyFrame, PyOffsets,
     },
@@ -39,6 +40,16 @@ use profiler_common::{
 /// Process to watch; 0 = every process (daemon mode). Set at load.
 #[unsafe(no_mangle)]
 static TARGET_TGID: Global<u32> = Global::new(0);
+
+/// The sampling gate, in ns (set at load; 0 = off). For a thread whose loop
+/// wait is known: CPU samples in the first `SAMPLE_AFTER_NS` of a busy period
+/// are skipped, and a busy period that ends before it with nothing else to
+/// report is not reported at all (its wait return is held back until the
+/// thread's next event). Under load an event loop runs thousands of busy
+/// periods of microseconds each; none can be a stall, and this keeps them
+/// from costing a stack copy or a ring-buffer record.
+#[unsafe(no_mangle)]
+static SAMPLE_AFTER_NS: Global<u64> = Global::new(0);
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
@@ -67,6 +78,17 @@ static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Drop::COUNT, 0);
 #[inline(always)]
 fn count(what: Drop) {
     if let Some(p) = STATS.get_ptr_mut(what as u32) {
+        unsafe { *p += 1 };
+    }
+}
+
+/// Work saved by the sampling gate, indexed by `profiler_common::Filtered`.
+#[map]
+static FILTERED: PerCpuArray<u64> = PerCpuArray::with_max_entries(Filtered::COUNT, 0);
+
+#[inline(always)]
+fn note(what: Filtered) {
+    if let Some(p) = FILTERED.get_ptr_mut(what as u32) {
         unsafe { *p += 1 };
     }
 }
@@ -115,6 +137,77 @@ fn wakeup_flags() -> u64 {
     }
 }
 
+/// True when `key` is the published loop wait of `tid`.
+#[inline(always)]
+fn is_loop_key(tid: u32, key: u64) -> bool {
+    matches!(unsafe { LOOP_KEYS.get(&tid) }, Some(k) if *k == key)
+}
+
+/// Hold back the return from the loop's wait (see `SAMPLE_AFTER_NS`).
+/// Returns false when the gate is off: report it now.
+#[inline(always)]
+fn defer_exit(st: &mut ThreadState, now: u64, nr: u32, fd: i32, ret: i64) -> bool {
+    st.busy_since = now;
+    if SAMPLE_AFTER_NS.load() == 0 {
+        return false;
+    }
+    st.exit_pending = 1;
+    st.exit_nr = nr;
+    st.exit_fd = fd;
+    st.exit_ret = ret;
+    true
+}
+
+/// The thread is back in its loop's wait: true when the busy period that
+/// ends here was quiet and shorter than the gate, so neither end of it is
+/// reported.
+#[inline(always)]
+fn quiet_busy(tid: u32, st: &mut ThreadState, key: u64) -> bool {
+    if st.exit_pending == 0 || !is_loop_key(tid, key) {
+        return false;
+    }
+    let age = unsafe { bpf_ktime_get_ns() }.wrapping_sub(st.busy_since);
+    if age >= SAMPLE_AFTER_NS.load() {
+        return false;
+    }
+    st.exit_pending = 0;
+    note(Filtered::QuietBusy);
+    true
+}
+
+/// Report a held-back wait return before any other event of the thread, so
+/// userspace sees the busy period open at its true start.
+#[inline(always)]
+fn flush_exit(tid: u32, tgid: u32, st: &mut ThreadState) {
+    if st.exit_pending == 0 {
+        return;
+    }
+    st.exit_pending = 0;
+    let mut hdr = header(kind::WAIT_EXIT, tid, tgid);
+    hdr.ts_ns = st.busy_since;
+    emit(WaitEvent {
+        hdr,
+        nr: st.exit_nr,
+        fd: st.exit_fd,
+        ret: st.exit_ret,
+    });
+}
+
+#[inline(always)]
+fn new_thread(tgid: u32, wait_key: u64, in_park: u32) -> ThreadState {
+    ThreadState {
+        wait_key,
+        tgid,
+        off_reported: 0,
+        in_park,
+        exit_pending: 0,
+        busy_since: 0,
+        exit_nr: 0,
+        exit_fd: 0,
+        exit_ret: 0,
+    }
+}
+
 #[inline(always)]
 fn emit<T: 'static>(ev: T) {
     match EVENTS.reserve::<T>(0) {
@@ -158,16 +251,19 @@ pub fn sp_wait_enter(ctx: TracePointContext) -> u32 {
     };
     let key = wait_key(nr, fd);
     match THREADS.get_ptr_mut(&tid) {
-        Some(st) => unsafe { (*st).wait_key = key },
+        Some(st) => {
+            let st = unsafe { &mut *st };
+            if st.in_park != 0 {
+                return 0; // the runtime's own wait inside its park function
+            }
+            st.wait_key = key;
+            if quiet_busy(tid, st, key) {
+                return 0;
+            }
+            flush_exit(tid, tgid, st);
+        }
         None => {
-            let st = ThreadState {
-                wait_key: key,
-                tgid,
-                off_reported: 0,
-                in_park: 0,
-                _pad: 0,
-            };
-            if THREADS.insert(&tid, &st, 0).is_err() {
+            if THREADS.insert(&tid, &new_thread(tgid, key, 0), 0).is_err() {
                 count(Drop::ThreadTableFull);
             }
         }
@@ -192,13 +288,27 @@ pub fn sp_wait_exit(ctx: TracePointContext) -> u32 {
     let Some(st) = THREADS.get_ptr_mut(&tid) else {
         return 0;
     };
-    let key = unsafe { (*st).wait_key };
+    let st = unsafe { &mut *st };
+    let key = st.wait_key;
     if key == 0 {
         return 0; // a sleep (see sp_wait_enter), or entered before attach
     }
-    unsafe { (*st).wait_key = 0 };
+    st.wait_key = 0;
     let nr = unsafe { ctx.read_at::<i32>(8) }.unwrap_or(-1) as u32;
     let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(0);
+    if is_loop_key(tid, key) {
+        if defer_exit(
+            st,
+            unsafe { bpf_ktime_get_ns() },
+            nr,
+            key as u32 as i32,
+            ret,
+        ) {
+            return 0;
+        }
+    } else {
+        flush_exit(tid, tgid, st);
+    }
     emit(WaitEvent {
         hdr: header(kind::WAIT_EXIT, tid, tgid),
         nr,
@@ -410,17 +520,27 @@ fn runtime_park(enter: bool) -> u32 {
     if !is_target(tgid) {
         return 0;
     }
+    let key = wait_key(sysno::RUNTIME_PARK, 0);
     match THREADS.get_ptr_mut(&tid) {
-        Some(st) => unsafe { (*st).in_park = enter as u32 },
+        Some(st) => {
+            let st = unsafe { &mut *st };
+            st.in_park = enter as u32;
+            if enter {
+                if quiet_busy(tid, st, key) {
+                    return 0;
+                }
+                flush_exit(tid, tgid, st);
+            } else if is_loop_key(tid, key)
+                && defer_exit(st, unsafe { bpf_ktime_get_ns() }, sysno::RUNTIME_PARK, 0, 0)
+            {
+                return 0;
+            }
+        }
         None => {
-            let st = ThreadState {
-                wait_key: 0,
-                tgid,
-                off_reported: 0,
-                in_park: enter as u32,
-                _pad: 0,
-            };
-            if THREADS.insert(&tid, &st, 0).is_err() {
+            if THREADS
+                .insert(&tid, &new_thread(tgid, 0, enter as u32), 0)
+                .is_err()
+            {
                 count(Drop::ThreadTableFull);
             }
         }
@@ -592,6 +712,7 @@ pub fn sp_sched_switch(ctx: TracePointContext) -> u32 {
     {
         let st = unsafe { &mut *st };
         if !parked(prev, st) {
+            flush_exit(prev, tgid, st);
             let state = unsafe { ctx.read_at::<i64>(32) }.unwrap_or(0);
             if state == 0 || state & TASK_REPORT_MAX != 0 {
                 emit(SchedEvent {
@@ -647,7 +768,13 @@ pub fn sp_exit(ctx: TracePointContext) -> u32 {
     if !is_target(tgid) {
         return 0;
     }
-    let tracked = THREADS.get_ptr_mut(&tid).is_some();
+    let tracked = match THREADS.get_ptr_mut(&tid) {
+        Some(st) => {
+            flush_exit(tid, tgid, unsafe { &mut *st });
+            true
+        }
+        None => false,
+    };
     let group_dead = unsafe { ctx.read_at::<u8>(32) }.unwrap_or(0) as u32;
     let _ = THREADS.remove(&tid);
     let _ = LOOP_KEYS.remove(&tid);
@@ -673,12 +800,22 @@ pub fn sp_sample(ctx: PerfEventContext) -> u32 {
     if !is_target(tgid) {
         return 0;
     }
-    let Some(st) = (unsafe { THREADS.get(&tid) }) else {
+    let Some(st) = THREADS.get_ptr_mut(&tid) else {
         return 0;
     };
+    let st = unsafe { &mut *st };
     if parked(tid, st) {
         return 0;
     }
+    let gate = SAMPLE_AFTER_NS.load();
+    if gate != 0
+        && st.busy_since != 0
+        && unsafe { bpf_ktime_get_ns() }.wrapping_sub(st.busy_since) < gate
+    {
+        note(Filtered::YoungSamples);
+        return 0;
+    }
+    flush_exit(tid, tgid, st);
     emit_stack_event(&ctx, kind::SAMPLE, tid, tgid, 0);
     0
 }

@@ -72,6 +72,12 @@ pub struct RecordArgs {
     /// CPU-clock sampling frequency in Hz for on-CPU stacks.
     #[arg(short = 'F', long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub frequency: u64,
+    /// Skip CPU samples in the first DUR of every busy period, and do not
+    /// report busy periods shorter than DUR at all, inside the kernel: the
+    /// loop's short iterations then cost no stack copy. 0 takes every sample.
+    /// Default: threshold/20, at most 2ms.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub sample_after: Option<u64>,
     /// Stop after this long (e.g. 30s, 5m). Default: until Ctrl-C or the target exits.
     #[arg(short, long, value_parser = parse_duration)]
     pub duration: Option<u64>,
@@ -130,6 +136,8 @@ pub fn parse_duration(s: &str) -> Result<u64, DurationError> {
         "s" => 1e9,
         "m" => 60e9,
         "h" => 3600e9,
+        // Zero needs no unit.
+        "" if value == 0.0 => 1.0,
         "" => return Err(DurationError::Malformed(s.to_string())),
         _ => return Err(DurationError::Unit(s.to_string())),
     };
@@ -164,6 +172,7 @@ mod tests {
         assert_eq!(parse_duration("2s"), Ok(2_000_000_000));
         assert_eq!(parse_duration("1m"), Ok(60_000_000_000));
         assert_eq!(parse_duration("750us"), Ok(750_000));
+        assert_eq!(parse_duration("0"), Ok(0));
         assert!(matches!(
             parse_duration("banana"),
             Err(DurationError::Malformed(_))

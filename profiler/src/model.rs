@@ -134,6 +134,15 @@ pub struct Recording {
     pub comm: String,
     pub threshold_ns: u64,
     pub sample_hz: u64,
+    /// The kernel's sampling gate: CPU samples in the first this-many ns of
+    /// each busy period were skipped (their on-CPU time is spread over the
+    /// later samples); 0 for every sample.
+    #[serde(default)]
+    pub sample_after_ns: u64,
+    /// Work the sampling gate saved, by name (`short_busy_periods`: busy
+    /// periods never reported; `samples_before_gate`: samples skipped).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kernel_filtered: BTreeMap<String, u64>,
     /// Always "monotonic": timestamps are CLOCK_MONOTONIC nanoseconds.
     pub clock: String,
     pub started_ns: u64,

@@ -35,6 +35,8 @@ pub struct RecordConfig {
     pub tids: Option<HashSet<u32>>,
     pub threshold_ns: u64,
     pub sample_hz: u64,
+    /// The kernel's sampling gate (`--sample-after`).
+    pub sample_after_ns: u64,
     pub duration: Option<Duration>,
     pub output: PathBuf,
     pub save_events: bool,
@@ -93,6 +95,18 @@ impl RecordConfig {
                 "nothing to record: give --pid PID, or a command after --, e.g. stallprof record -- python3 app.py"
             ),
         };
+        let threshold_ns = a.stall.threshold;
+        let sample_after_ns = a
+            .sample_after
+            .unwrap_or_else(|| crate::probe::default_sample_after(threshold_ns));
+        if sample_after_ns > threshold_ns {
+            bail!(
+                "--sample-after {} is longer than --threshold {}: stalls would lose their first samples; \
+                 give a --sample-after below the threshold (default: threshold/20)",
+                fmt_ns(sample_after_ns),
+                fmt_ns(threshold_ns)
+            );
+        }
         let output = a.output.unwrap_or_else(|| {
             let who = match &target {
                 Target::Pid(p) => p.to_string(),
@@ -110,8 +124,9 @@ impl RecordConfig {
         Ok(RecordConfig {
             target,
             tids: (!a.tids.is_empty()).then(|| a.tids.into_iter().collect()),
-            threshold_ns: a.stall.threshold,
+            threshold_ns,
             sample_hz: a.frequency,
+            sample_after_ns,
             duration: a.duration.map(Duration::from_nanos),
             output,
             save_events: a.save_events,
@@ -227,7 +242,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
         _ => unreachable!(),
     };
     let t0 = Instant::now();
-    let mut probes = Probes::attach(pid, cfg.sample_hz)?;
+    let mut probes = Probes::attach(pid, cfg.sample_hz, cfg.sample_after_ns)?;
     // SAFETY: the ring buffer owns its map fd and keeps it open, unchanged,
     // for as long as the AsyncFd holds it.
     let mut ring = unsafe { AsyncFd::register(probes.take_events()?)? };
@@ -310,6 +325,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
     sess.drain(ring.get_mut(), None);
     let ended_ns = monotonic_ns();
     let mut drops = probes.drops();
+    let kernel_filtered = probes.filtered();
     drop(ring);
     drop(probes);
     info!("recording ended by {ended_by}; probes detached");
@@ -339,6 +355,8 @@ async fn record(cfg: RecordConfig) -> Result<String> {
         comm,
         threshold_ns: cfg.threshold_ns,
         sample_hz: cfg.sample_hz,
+        sample_after_ns: cfg.sample_after_ns,
+        kernel_filtered,
         clock: "monotonic".into(),
         started_ns,
         ended_ns,

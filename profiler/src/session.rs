@@ -167,6 +167,9 @@ impl RuntimeWatch {
     }
 }
 
+/// Age after which periodic upkeep re-reads a process's maps.
+const MAPS_UPKEEP: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How long stalls of a process with a perf map wait before symbolization.
 const JIT_NAME_DELAY: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -243,7 +246,9 @@ impl Session {
     pub fn tick(&mut self, pids: &[u32], probes: &mut Probes) {
         self.flush_pending(false);
         for &pid in pids {
-            self.resolver.refresh(pid);
+            // Symbolization refreshes on its own (and on an unknown address);
+            // this keeps a recent snapshot for a process that exits mid-stall.
+            self.resolver.refresh_if_older(pid, MAPS_UPKEEP);
             self.python
                 .entry(pid)
                 .or_insert_with(PythonWatch::new)

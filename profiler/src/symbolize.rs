@@ -48,9 +48,10 @@ struct Mapping {
 }
 
 /// A snapshot of one process's file mappings.
-#[derive(Default, Debug)]
+#[derive(Debug)]
 struct Maps {
     entries: Vec<Mapping>,
+    taken: std::time::Instant,
 }
 
 impl Maps {
@@ -82,7 +83,12 @@ impl Maps {
                 path,
             });
         }
-        Some(Maps { entries })
+        // An exiting process (a zombie) shows no mappings: keep the last
+        // real snapshot rather than replace it with an empty one.
+        (!entries.is_empty()).then(|| Maps {
+            entries,
+            taken: std::time::Instant::now(),
+        })
     }
 
     fn find(&self, addr: u64) -> Option<&Mapping> {
@@ -237,6 +243,15 @@ impl BlazeResolver {
         }
         if let Some(pm) = self.perf_maps.get_mut(&pid) {
             pm.refresh(pid);
+        }
+    }
+
+    /// [`refresh`](Self::refresh) when the snapshot is older than `age`:
+    /// periodic upkeep, which must stay cheap (reading a large process's maps
+    /// costs the kernel a walk of every mapping).
+    pub fn refresh_if_older(&mut self, pid: u32, age: std::time::Duration) {
+        if self.maps.get(&pid).is_none_or(|m| m.taken.elapsed() >= age) {
+            self.refresh(pid);
         }
     }
 
@@ -629,6 +644,7 @@ mod tests {
                     path: "/b".into(),
                 },
             ],
+            taken: std::time::Instant::now(),
         };
         assert_eq!(maps.find(0x1800).unwrap().path, "/a");
         assert!(maps.find(0x2800).is_none());

@@ -51,6 +51,24 @@ fn unknown_command_is_named() {
 }
 
 #[test]
+fn sampling_gate_above_threshold_names_the_fix() {
+    let (code, err) = stallprof(&[
+        "record",
+        "--threshold",
+        "50ms",
+        "--sample-after",
+        "60ms",
+        "--",
+        "true",
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("--sample-after 60.0ms") && err.contains("below the threshold"),
+        "{err}"
+    );
+}
+
+#[test]
 fn unwritable_output_names_the_flag() {
     // A path under a regular file can never be created, root or not.
     let file = tmp("file");

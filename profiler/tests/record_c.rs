@@ -56,7 +56,14 @@ fn frame_is(folded_frame: &str, func: &str) -> bool {
 }
 
 /// Everything we assert about a recording of the default c_loop schedule.
-fn check_c_loop_recording(out_dir: &Path, log_path: &Path, victim_pid: u32, how: &str) {
+/// `gate_ns`: the `--sample-after` the recording ran with.
+fn check_c_loop_recording(
+    out_dir: &Path,
+    log_path: &Path,
+    victim_pid: u32,
+    how: &str,
+    gate_ns: u64,
+) {
     let log = read_log(log_path);
     assert!(
         log.iter().any(|r| r["kind"] == "done"),
@@ -78,6 +85,28 @@ fn check_c_loop_recording(out_dir: &Path, log_path: &Path, victim_pid: u32, how:
         );
     }
     let rec = load_recording(out_dir);
+    // The sampling gate: the victim's idle ticks (10 ms apart, microseconds
+    // busy each) are busy periods the kernel never reports when it is on, and
+    // all reach userspace when it is off. Either way the stalls must match.
+    assert_eq!(rec.sample_after_ns, gate_ns, "{how}: sample_after_ns");
+    let quiet = rec
+        .kernel_filtered
+        .get("short_busy_periods")
+        .copied()
+        .unwrap_or(0);
+    if gate_ns > 0 {
+        assert!(
+            quiet >= 50,
+            "{how}: the kernel filtered only {quiet} short busy periods (kernel_filtered {:?}); \
+             the victim ticks idle every 10 ms for over a second",
+            rec.kernel_filtered
+        );
+    } else {
+        assert_eq!(
+            quiet, 0,
+            "{how}: --sample-after 0 must report every busy period"
+        );
+    }
 
     let mut c = Checks::new(format!(
         "recording via {how}\n{}\n{}",
@@ -353,7 +382,8 @@ fn record_command_c_loop_matches_victim_clock() {
     );
     let ready = wait_for_log_kind(&log, "ready", Duration::from_secs(1));
     let pid = ready["pid"].as_u64().unwrap() as u32;
-    check_c_loop_recording(&out, &log, pid, "record -- c_loop");
+    // The default gate: threshold / 20.
+    check_c_loop_recording(&out, &log, pid, "record -- c_loop", THRESHOLD_NS / 20);
 }
 
 /// `stallprof record --pid`: attach to a victim that is already running,
@@ -387,6 +417,9 @@ fn record_pid_c_loop_matches_victim_clock() {
         THRESHOLD.into(),
         "--duration".into(),
         "120s".into(), // a backstop only: the test stops it with SIGINT
+        // The ungated kernel path: every sample, every busy period.
+        "--sample-after".into(),
+        "0".into(),
         "-o".into(),
         out.display().to_string(),
         "--pid".into(),
@@ -404,7 +437,7 @@ fn record_pid_c_loop_matches_victim_clock() {
         "stallprof record --pid, stopped by SIGINT, failed:\n{}",
         run.describe()
     );
-    check_c_loop_recording(&out, &log, pid, "record --pid (stopped by SIGINT)");
+    check_c_loop_recording(&out, &log, pid, "record --pid (stopped by SIGINT)", 0);
 }
 
 /// A recording loads `sp_*` programs while it runs and leaves none behind.

@@ -340,7 +340,11 @@ struct Collector {
 
 impl Collector {
     fn start(cfg: DaemonConfig, sh: Arc<Shared>) -> Result<Collector> {
-        let mut probes = Probes::attach(0, cfg.sample_hz)?;
+        let mut probes = Probes::attach(
+            0,
+            cfg.sample_hz,
+            crate::probe::default_sample_after(cfg.threshold_ns),
+        )?;
         let ring = probes.take_events()?;
         let session = Session::new(cfg.threshold_ns, None);
         let now = monotonic_ns();

@@ -196,6 +196,8 @@ impl Window {
                 comm: p.info.comm.clone(),
                 threshold_ns,
                 sample_hz,
+                sample_after_ns: crate::probe::default_sample_after(threshold_ns),
+                kernel_filtered: Default::default(),
                 clock: "monotonic".into(),
                 started_ns: self.start_mono.min(
                     p.stalls

@@ -18,7 +18,7 @@ use aya::{
     util::online_cpus,
 };
 use log::{debug, info};
-use profiler_common::{Drop, PyProc, sysno};
+use profiler_common::{Drop, Filtered, PyProc, sysno};
 use thiserror::Error;
 
 use crate::runtimes::ParkPoint;
@@ -146,11 +146,23 @@ pub struct Probes {
     py_procs: BpfHashMap<MapData, u32, PyProc>,
     py_threads: BpfHashMap<MapData, u32, u64>,
     stats: PerCpuArray<MapData, u64>,
+    filtered: PerCpuArray<MapData, u64>,
+}
+
+/// The default sampling gate for a stall threshold (see `SAMPLE_AFTER_NS` in
+/// `profiler-ebpf`): a twentieth of the threshold, at most 2 ms. Samples are
+/// skipped only in the first `gate` of a busy period, so at most
+/// `gate / threshold` (5%) of a stall's on-CPU time is spread over the
+/// stacks sampled after it instead of its own; busy periods shorter than the
+/// gate, which under load are nearly all of them, cost no stack copy.
+pub fn default_sample_after(threshold_ns: u64) -> u64 {
+    (threshold_ns / 20).min(2_000_000)
 }
 
 impl Probes {
     /// Load the programs for `tgid` (0 = every process) and attach them all.
-    pub fn attach(tgid: u32, sample_hz: u64) -> Result<Probes, ProbeError> {
+    /// `sample_after_ns`: the sampling gate (0 = every sample, every busy period).
+    pub fn attach(tgid: u32, sample_hz: u64, sample_after_ns: u64) -> Result<Probes, ProbeError> {
         if unsafe { libc::geteuid() } != 0 {
             // Capabilities may still be enough; only fail early on a clear no.
             debug!("not root; relying on capabilities");
@@ -158,6 +170,7 @@ impl Probes {
         ensure_tracefs()?;
         let mut ebpf = EbpfLoader::new()
             .override_global("TARGET_TGID", &tgid, true)
+            .override_global("SAMPLE_AFTER_NS", &sample_after_ns, true)
             .load(EBPF_OBJECT)
             .map_err(|e| {
                 if is_eperm(&e) {
@@ -171,6 +184,7 @@ impl Probes {
         let py_procs = take_map(&mut ebpf, "PY_PROCS", BpfHashMap::try_from)?;
         let py_threads = take_map(&mut ebpf, "PY_THREADS", BpfHashMap::try_from)?;
         let stats = take_map(&mut ebpf, "STATS", PerCpuArray::try_from)?;
+        let filtered = take_map(&mut ebpf, "FILTERED", PerCpuArray::try_from)?;
 
         let tp = |ebpf: &mut Ebpf,
                   prog: &'static str,
@@ -245,6 +259,7 @@ impl Probes {
             py_procs,
             py_threads,
             stats,
+            filtered,
         })
     }
 
@@ -309,15 +324,27 @@ impl Probes {
 
     /// Non-zero failure counters, summed over CPUs, by name.
     pub fn drops(&self) -> BTreeMap<String, u64> {
-        let mut out = BTreeMap::new();
-        for d in Drop::ALL {
-            if let Ok(v) = self.stats.get(&(d as u32), 0) {
-                let n: u64 = v.iter().sum();
-                if n > 0 {
-                    out.insert(d.name().to_string(), n);
-                }
+        sum_counters(&self.stats, Drop::ALL.map(|d| (d as u32, d.name())))
+    }
+
+    /// Work the sampling gate saved (not failures), summed over CPUs, by name.
+    pub fn filtered(&self) -> BTreeMap<String, u64> {
+        sum_counters(&self.filtered, Filtered::ALL.map(|f| (f as u32, f.name())))
+    }
+}
+
+fn sum_counters<const N: usize>(
+    map: &PerCpuArray<MapData, u64>,
+    names: [(u32, &'static str); N],
+) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (i, name) in names {
+        if let Ok(v) = map.get(&i, 0) {
+            let n: u64 = v.iter().sum();
+            if n > 0 {
+                out.insert(name.to_string(), n);
             }
         }
-        out
     }
+    out
 }

@@ -469,6 +469,10 @@ pub struct Recording {
     pub ended_ns: u64,
     pub lost_events: u64,
     pub drops: BTreeMap<String, u64>,
+    /// The kernel's sampling gate (`--sample-after`), and what it saved.
+    pub sample_after_ns: u64,
+    #[serde(default)]
+    pub kernel_filtered: BTreeMap<String, u64>,
     pub stalls: Vec<Stall>,
 }
 
