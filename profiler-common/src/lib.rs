@@ -328,6 +328,10 @@ pub struct ThreadState {
     pub exit_nr: u32,
     pub exit_fd: i32,
     pub exit_ret: i64,
+    /// The thread's `LOOP_KEYS` entry (0: none) as of publication
+    /// generation `loop_gen` (`LOOP_GEN`): a hash lookup saved on every wait.
+    pub loop_key: u64,
+    pub loop_gen: u64,
 }
 
 /// Wait-key class of a runtime park function (see [`wait_key`]).

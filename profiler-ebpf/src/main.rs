@@ -23,7 +23,7 @@ use aya_ebpf::{
         },
     },
     macros::{map, perf_event, tracepoint, uprobe, uretprobe},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{PerfEventContext, ProbeContext, RetProbeContext, TracePointContext},
 };
 use profiler_common::{
@@ -62,6 +62,12 @@ static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(MAX_THREAD
 /// once it has seen which wait the loop returns to.
 #[map]
 static LOOP_KEYS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_THREADS, 0);
+
+/// Publication generation of `LOOP_KEYS`: userspace bumps slot 0 after every
+/// change, so a thread's cached key (`ThreadState::loop_key`) is re-read
+/// only then.
+#[map]
+static LOOP_GEN: Array<u64> = Array::with_max_entries(1, 0);
 
 /// tgid -> how to walk that process's Python stacks (set by userspace).
 #[map]
@@ -110,19 +116,31 @@ fn header(kind: u32, tid: u32, tgid: u32) -> EventHeader {
     }
 }
 
+/// The published loop key of `tid` (0: none yet), from the thread's cache
+/// unless `LOOP_GEN` moved since it was filled.
+#[inline(always)]
+fn loop_key(tid: u32, st: &mut ThreadState) -> u64 {
+    let generation = LOOP_GEN.get(0).copied().unwrap_or(0);
+    if st.loop_gen != generation {
+        st.loop_key = unsafe { LOOP_KEYS.get(&tid) }.copied().unwrap_or(0);
+        st.loop_gen = generation;
+    }
+    st.loop_key
+}
+
 /// Parked = inside the loop's own wait (or inside any wait while the loop's
 /// key is not yet known). Parked threads are idle, so we stay quiet.
 #[inline(always)]
-fn parked(tid: u32, st: &ThreadState) -> bool {
+fn parked(tid: u32, st: &mut ThreadState) -> bool {
     if st.in_park != 0 {
         return true;
     }
     if st.wait_key == 0 {
         return false;
     }
-    match unsafe { LOOP_KEYS.get(&tid) } {
-        Some(k) => *k == st.wait_key,
-        None => true,
+    match loop_key(tid, st) {
+        0 => true,
+        k => k == st.wait_key,
     }
 }
 
@@ -139,8 +157,8 @@ fn wakeup_flags() -> u64 {
 
 /// True when `key` is the published loop wait of `tid`.
 #[inline(always)]
-fn is_loop_key(tid: u32, key: u64) -> bool {
-    matches!(unsafe { LOOP_KEYS.get(&tid) }, Some(k) if *k == key)
+fn is_loop_key(tid: u32, st: &mut ThreadState, key: u64) -> bool {
+    loop_key(tid, st) == key
 }
 
 /// Hold back the return from the loop's wait (see `SAMPLE_AFTER_NS`).
@@ -163,7 +181,7 @@ fn defer_exit(st: &mut ThreadState, now: u64, nr: u32, fd: i32, ret: i64) -> boo
 /// reported.
 #[inline(always)]
 fn quiet_busy(tid: u32, st: &mut ThreadState, key: u64) -> bool {
-    if st.exit_pending == 0 || !is_loop_key(tid, key) {
+    if st.exit_pending == 0 || !is_loop_key(tid, st, key) {
         return false;
     }
     let age = unsafe { bpf_ktime_get_ns() }.wrapping_sub(st.busy_since);
@@ -205,6 +223,8 @@ fn new_thread(tgid: u32, wait_key: u64, in_park: u32) -> ThreadState {
         exit_nr: 0,
         exit_fd: 0,
         exit_ret: 0,
+        loop_key: 0,
+        loop_gen: u64::MAX, // never a real generation: read LOOP_KEYS first
     }
 }
 
@@ -221,34 +241,15 @@ fn emit<T: 'static>(ev: T) {
 
 // ---- wait syscalls: park and unpark ------------------------------------
 
-/// `syscalls:sys_enter_{epoll_wait,epoll_pwait,epoll_pwait2,poll,ppoll,select,pselect6}`.
-#[tracepoint]
-pub fn sp_wait_enter(ctx: TracePointContext) -> u32 {
+/// A thread enters a wait that may be its loop's: `fd` names the wait
+/// (the epoll fd, a poll set's first fd, select's nfds).
+#[inline(always)]
+fn on_wait_enter(nr: u32, fd: i32) -> u32 {
     let id = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
     if !is_target(tgid) {
         return 0;
     }
-    // Common syscall tracepoint layout: __syscall_nr at 8, args from 16.
-    let nr = unsafe { ctx.read_at::<i32>(8) }.unwrap_or(-1) as u32;
-    let arg0 = unsafe { ctx.read_at::<u64>(16) }.unwrap_or(0);
-    let fd = if sysno::is_epoll(nr) {
-        arg0 as i32
-    } else if nr == sysno::POLL || nr == sysno::PPOLL {
-        // poll(NULL, 0, t) is a sleep, not a wait for events.
-        let nfds = unsafe { ctx.read_at::<u64>(24) }.unwrap_or(0);
-        if nfds == 0 {
-            return 0;
-        }
-        // struct pollfd { int fd; ... }: the first watched fd names the wait.
-        unsafe { bpf_probe_read_user(arg0 as *const i32) }.unwrap_or(-1)
-    } else {
-        // select(0, NULL, NULL, NULL, &t) is a sleep (CPython 3.10's time.sleep).
-        if arg0 == 0 {
-            return 0;
-        }
-        arg0 as i32 // nfds
-    };
     let key = wait_key(nr, fd);
     match THREADS.get_ptr_mut(&tid) {
         Some(st) => {
@@ -277,9 +278,9 @@ pub fn sp_wait_enter(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// `syscalls:sys_exit_*` for the same wait syscalls.
-#[tracepoint]
-pub fn sp_wait_exit(ctx: TracePointContext) -> u32 {
+/// A thread returns from a wait `on_wait_enter` saw.
+#[inline(always)]
+fn on_wait_exit(nr: u32, ret: i64) -> u32 {
     let id = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
     if !is_target(tgid) {
@@ -294,9 +295,7 @@ pub fn sp_wait_exit(ctx: TracePointContext) -> u32 {
         return 0; // a sleep (see sp_wait_enter), or entered before attach
     }
     st.wait_key = 0;
-    let nr = unsafe { ctx.read_at::<i32>(8) }.unwrap_or(-1) as u32;
-    let ret = unsafe { ctx.read_at::<i64>(16) }.unwrap_or(0);
-    if is_loop_key(tid, key) {
+    if is_loop_key(tid, st, key) {
         if defer_exit(
             st,
             unsafe { bpf_ktime_get_ns() },
@@ -316,6 +315,60 @@ pub fn sp_wait_exit(ctx: TracePointContext) -> u32 {
         ret,
     });
     0
+}
+
+/// The first fd of a poll set; None for `poll(NULL, 0, t)`, a sleep.
+#[inline(always)]
+fn poll_fd(fds: u64, nfds: u64) -> Option<i32> {
+    if nfds == 0 {
+        return None;
+    }
+    // struct pollfd { int fd; ... }: the first watched fd names the wait.
+    Some(unsafe { bpf_probe_read_user(fds as *const i32) }.unwrap_or(-1))
+}
+
+/// A field of a tracepoint record, read straight from the context: the
+/// verifier allows aligned loads from a tracepoint's record, and unlike
+/// `read_at` (a `bpf_probe_read_kernel` call, fault handling included) this
+/// is one load — it matters on paths that run at every context switch.
+#[inline(always)]
+fn tp_field<T: Copy>(ctx: &TracePointContext, offset: usize) -> T {
+    unsafe { core::ptr::read((ctx.as_ptr() as *const u8).add(offset) as *const T) }
+}
+
+/// `syscalls:sys_enter_{epoll_wait,epoll_pwait,epoll_pwait2,poll,ppoll,select,pselect6}`.
+#[tracepoint]
+pub fn sp_wait_enter(ctx: TracePointContext) -> u32 {
+    if !is_target((bpf_get_current_pid_tgid() >> 32) as u32) {
+        return 0;
+    }
+    // Common syscall tracepoint layout: __syscall_nr at 8, args from 16.
+    let nr = tp_field::<i32>(&ctx, 8) as u32;
+    let arg0 = tp_field::<u64>(&ctx, 16);
+    let fd = if sysno::is_epoll(nr) {
+        arg0 as i32
+    } else if nr == sysno::POLL || nr == sysno::PPOLL {
+        let nfds = tp_field::<u64>(&ctx, 24);
+        match poll_fd(arg0, nfds) {
+            Some(fd) => fd,
+            None => return 0,
+        }
+    } else {
+        // select(0, NULL, NULL, NULL, &t) is a sleep (CPython 3.10's time.sleep).
+        if arg0 == 0 {
+            return 0;
+        }
+        arg0 as i32 // nfds
+    };
+    on_wait_enter(nr, fd)
+}
+
+/// `syscalls:sys_exit_*` for the same wait syscalls.
+#[tracepoint]
+pub fn sp_wait_exit(ctx: TracePointContext) -> u32 {
+    let nr = tp_field::<i32>(&ctx, 8) as u32;
+    let ret = tp_field::<i64>(&ctx, 16);
+    on_wait_exit(nr, ret)
 }
 
 // ---- Python frames ------------------------------------------------------
@@ -530,7 +583,7 @@ fn runtime_park(enter: bool) -> u32 {
                     return 0;
                 }
                 flush_exit(tid, tgid, st);
-            } else if is_loop_key(tid, key)
+            } else if is_loop_key(tid, st, key)
                 && defer_exit(st, unsafe { bpf_ktime_get_ns() }, sysno::RUNTIME_PARK, 0, 0)
             {
                 return 0;
@@ -713,7 +766,7 @@ pub fn sp_sched_switch(ctx: TracePointContext) -> u32 {
         let st = unsafe { &mut *st };
         if !parked(prev, st) {
             flush_exit(prev, tgid, st);
-            let state = unsafe { ctx.read_at::<i64>(32) }.unwrap_or(0);
+            let state = tp_field::<i64>(&ctx, 32);
             if state == 0 || state & TASK_REPORT_MAX != 0 {
                 emit(SchedEvent {
                     hdr: header(kind::PREEMPTED, prev, tgid),
@@ -726,7 +779,7 @@ pub fn sp_sched_switch(ctx: TracePointContext) -> u32 {
             st.off_reported = 1;
         }
     }
-    let next = unsafe { ctx.read_at::<i32>(56) }.unwrap_or(0) as u32;
+    let next = tp_field::<i32>(&ctx, 56) as u32;
     if let Some(st) = THREADS.get_ptr_mut(&next) {
         let st = unsafe { &mut *st };
         if st.off_reported != 0 {
@@ -745,7 +798,7 @@ pub fn sp_sched_switch(ctx: TracePointContext) -> u32 {
 /// of its time off-CPU is run-queue wait.
 #[tracepoint]
 pub fn sp_sched_wakeup(ctx: TracePointContext) -> u32 {
-    let tid = unsafe { ctx.read_at::<i32>(24) }.unwrap_or(0) as u32;
+    let tid = tp_field::<i32>(&ctx, 24) as u32;
     if let Some(st) = THREADS.get_ptr_mut(&tid) {
         let st = unsafe { &*st };
         if st.off_reported != 0 {
@@ -775,7 +828,7 @@ pub fn sp_exit(ctx: TracePointContext) -> u32 {
         }
         None => false,
     };
-    let group_dead = unsafe { ctx.read_at::<u8>(32) }.unwrap_or(0) as u32;
+    let group_dead = tp_field::<u8>(&ctx, 32) as u32;
     let _ = THREADS.remove(&tid);
     let _ = LOOP_KEYS.remove(&tid);
     // In daemon mode only tracked threads matter; a targeted process always

@@ -181,9 +181,10 @@ fn check_c_loop_recording(
         // Tolerance: on a loaded 2-vCPU VM the two clocks have disagreed by up
         // to ~7 ms in 60 ms in both directions (hypervisor steal and IRQ time
         // are wall time to us but not thread CPU time; an unexplained 7.4 ms of
-        // run-queue once) — kept loose enough not to flake, tight enough to
+        // run-queue once; 11.1 ms of a 60 ms spin on another run, with no
+        // preemption seen) — kept loose enough not to flake, tight enough to
         // catch a split that is wrong by a whole sleep or spin.
-        let cpu_tol = (10 * MS).max(s.duration_ns * 15 / 100);
+        let cpu_tol = (15 * MS).max(s.duration_ns * 20 / 100);
         c.check(s.on_cpu_ns.abs_diff(t.cpu_ns) <= cpu_tol, || {
             format!(
                 "{who}: on_cpu {:.2} ms, victim's thread CPU time {:.2} ms",

@@ -9,7 +9,7 @@ use std::{collections::BTreeMap, io, num::NonZeroU32, path::Path};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         PerfEvent, TracePoint, UProbe,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -143,6 +143,9 @@ fn take_map<T>(
 pub struct Probes {
     ebpf: Ebpf,
     loop_keys: BpfHashMap<MapData, u32, u64>,
+    /// `LOOP_GEN`: bumped after every `loop_keys` change (BPF caches keys).
+    loop_gen: Array<MapData, u64>,
+    generation: u64,
     py_procs: BpfHashMap<MapData, u32, PyProc>,
     py_threads: BpfHashMap<MapData, u32, u64>,
     stats: PerCpuArray<MapData, u64>,
@@ -181,6 +184,7 @@ impl Probes {
             })?;
 
         let loop_keys = take_map(&mut ebpf, "LOOP_KEYS", BpfHashMap::try_from)?;
+        let loop_gen = take_map(&mut ebpf, "LOOP_GEN", Array::try_from)?;
         let py_procs = take_map(&mut ebpf, "PY_PROCS", BpfHashMap::try_from)?;
         let py_threads = take_map(&mut ebpf, "PY_THREADS", BpfHashMap::try_from)?;
         let stats = take_map(&mut ebpf, "STATS", PerCpuArray::try_from)?;
@@ -256,6 +260,8 @@ impl Probes {
         Ok(Probes {
             ebpf,
             loop_keys,
+            loop_gen,
+            generation: 0,
             py_procs,
             py_threads,
             stats,
@@ -272,6 +278,13 @@ impl Probes {
     pub fn set_loop_key(&mut self, tid: u32, key: u64) {
         if let Err(e) = self.loop_keys.insert(tid, key, 0) {
             debug!("LOOP_KEYS insert for {tid}: {e}");
+            return;
+        }
+        // After the insert: a thread that sees the new generation re-reads
+        // LOOP_KEYS and finds the new key.
+        self.generation += 1;
+        if let Err(e) = self.loop_gen.set(0, self.generation, 0) {
+            log::warn!("LOOP_GEN update: {e}; loop keys may be seen late");
         }
     }
 
