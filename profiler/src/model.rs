@@ -143,6 +143,10 @@ pub struct Recording {
     /// periods never reported; `samples_before_gate`: samples skipped).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub kernel_filtered: BTreeMap<String, u64>,
+    /// Busy periods of loop threads that reached userspace (each loop
+    /// iteration is one; add `kernel_filtered.short_busy_periods` for all).
+    #[serde(default)]
+    pub busy_periods: u64,
     /// Always "monotonic": timestamps are CLOCK_MONOTONIC nanoseconds.
     pub clock: String,
     pub started_ns: u64,

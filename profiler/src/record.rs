@@ -357,6 +357,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
         sample_hz: cfg.sample_hz,
         sample_after_ns: cfg.sample_after_ns,
         kernel_filtered,
+        busy_periods: sess.busy_periods(),
         clock: "monotonic".into(),
         started_ns,
         ended_ns,

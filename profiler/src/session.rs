@@ -471,6 +471,12 @@ impl Session {
         self.executors.len()
     }
 
+    /// Busy periods of loop threads that reached userspace (the kernel's
+    /// `short_busy_periods` never do).
+    pub fn busy_periods(&self) -> u64 {
+        self.tracker.stats.busy_periods
+    }
+
     /// The agent's own failure counters (unwinding, decoding, switch-ins
     /// not seen).
     pub fn agent_drops(&self) -> BTreeMap<&'static str, u64> {

@@ -198,6 +198,7 @@ impl Window {
                 sample_hz,
                 sample_after_ns: crate::probe::default_sample_after(threshold_ns),
                 kernel_filtered: Default::default(),
+                busy_periods: 0,
                 clock: "monotonic".into(),
                 started_ns: self.start_mono.min(
                     p.stalls
