@@ -81,22 +81,25 @@ static PY_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_THREADS, 0)
 #[map]
 static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Drop::COUNT, 0);
 
-#[inline(always)]
-fn count(what: Drop) {
-    if let Some(p) = STATS.get_ptr_mut(what as u32) {
-        unsafe { *p += 1 };
-    }
-}
-
 /// Work saved by the sampling gate, indexed by `profiler_common::Filtered`.
 #[map]
 static FILTERED: PerCpuArray<u64> = PerCpuArray::with_max_entries(Filtered::COUNT, 0);
 
 #[inline(always)]
-fn note(what: Filtered) {
-    if let Some(p) = FILTERED.get_ptr_mut(what as u32) {
+fn bump(counters: &PerCpuArray<u64>, index: u32) {
+    if let Some(p) = counters.get_ptr_mut(index) {
         unsafe { *p += 1 };
     }
+}
+
+#[inline(always)]
+fn count(what: Drop) {
+    bump(&STATS, what as u32);
+}
+
+#[inline(always)]
+fn note(what: Filtered) {
+    bump(&FILTERED, what as u32);
 }
 
 #[inline(always)]

@@ -546,11 +546,20 @@ fn header(env: &Env, plan: &Plan, only: &[String], took: Duration) -> String {
     let _ = writeln!(
         s,
         "- run: {} ({:.0} s); raw outputs were in `{}` (not kept in git)",
-        if plan.quick {
-            "`--quick`: 1 repetition per accuracy cell, 3 overhead rounds of 4 s, 2 attach runs, 1 scaling run — a smoke run; treat spreads as indicative"
-        } else {
-            "full: 3 repetitions per accuracy cell, 5 overhead rounds of 8 s, 5 attach runs, 3 scaling runs"
-        },
+        format!(
+            "{}: {} repetition(s) per accuracy cell, {} overhead rounds of {} s, {} attach runs, {} scaling run(s){}",
+            if plan.quick { "`--quick`" } else { "full" },
+            plan.acc_reps,
+            plan.ovh_rounds,
+            plan.ovh_secs,
+            plan.attach_reps,
+            plan.scale_reps,
+            if plan.quick {
+                " — a smoke run; treat spreads as indicative"
+            } else {
+                ""
+            }
+        ),
         took.as_secs_f64(),
         rel(&env.work, &env.root)
     );
@@ -2112,8 +2121,11 @@ fn scaling(env: &Env, plan: &Plan) -> Result<String> {
     let _ = writeln!(
         s,
         "**Executor threads.** `event_storm N 100 200 0`: N epoll loops each ticking at 100 Hz with 200 µs \
-         of work per tick (2% busy each; 100 threads ≈ 20% of a core and 20 000 wait events/s). \
-         `stallprof -v record -q --pid PID`, measured for {} s after attach; {} run(s) per N, interleaved.\n",
+         of work per tick (2% busy each; 100 threads ≈ 2 cores, the whole machine, and 20 000 waits/s). \
+         `stallprof -v record -q --pid PID`, measured for {} s after attach; {} run(s) per N, interleaved. \
+         At 100 threads the machine is saturated by the target: the agent's attach (a few hundred syscalls, \
+         the 64 MiB ring buffer's allocation) waits its turn behind 100 runnable threads, which is what its \
+         attach time shows.\n",
         plan.scale_secs, plan.scale_reps
     );
     let _ = writeln!(
