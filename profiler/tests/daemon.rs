@@ -648,6 +648,7 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
         ("stallprof_stall_duration_seconds", "histogram", "seconds"),
         ("stallprof_stall_seconds", "counter", "seconds"),
         ("stallprof_lost_events", "counter", ""),
+        ("stallprof_kernel_filtered", "counter", ""),
         ("stallprof_tracked_threads", "gauge", ""),
         ("stallprof_tracked_processes", "gauge", ""),
         ("process_cpu_seconds", "counter", "seconds"),
@@ -660,6 +661,17 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
             None => c.fail(format!("no metric family {name}")),
         }
     }
+    // The victims' idle ticks (microseconds busy, every 10 ms) are loop
+    // iterations the kernel's sampling gate keeps from the daemon.
+    let quiet = sample(
+        &fams,
+        "stallprof_kernel_filtered_total",
+        &[("what", "short_busy_periods")],
+    )
+    .unwrap_or(0.0);
+    c.check(quiet >= 50.0, || {
+        format!("stallprof_kernel_filtered_total{{what=\"short_busy_periods\"}} is {quiet}")
+    });
     let threads = sample(&fams, "stallprof_tracked_threads", &[]).unwrap_or(0.0);
     c.check(threads >= 1.0, || {
         format!("stallprof_tracked_threads is {threads}")

@@ -47,6 +47,7 @@ pub struct Metrics {
     lost_events: Counter,
     probe_drops: Family<Labels, Counter>,
     agent_drops: Family<Labels, Counter>,
+    kernel_filtered: Family<Labels, Counter>,
     pub tracked_processes: Gauge,
     pub tracked_threads: Gauge,
     pub over_limit: Counter,
@@ -66,6 +67,29 @@ struct Last {
     cpu_s: f64,
     probe: BTreeMap<String, u64>,
     agent: BTreeMap<String, u64>,
+    filtered: BTreeMap<String, u64>,
+}
+
+/// Absolute counters in, increments of `family{label=name}` out; returns
+/// the increments, `last` keeps the absolutes.
+fn add_deltas(
+    family: &Family<Labels, Counter>,
+    label: &'static str,
+    last: &mut BTreeMap<String, u64>,
+    now: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    let mut added = BTreeMap::new();
+    for (k, &v) in now {
+        let before = last.get(k).copied().unwrap_or(0);
+        if v > before {
+            family
+                .get_or_create(&vec![(label, k.clone())])
+                .inc_by(v - before);
+            added.insert(k.clone(), v - before);
+        }
+        last.insert(k.clone(), v.max(before));
+    }
+    added
 }
 
 fn with(labels: &Labels, k: &'static str, v: &str) -> Labels {
@@ -128,6 +152,13 @@ impl Metrics {
             "stallprof_agent_drops",
             "Failures counted by the daemon (unwinding, decoding), by reason",
             agent_drops.clone(),
+        );
+        let kernel_filtered = Family::<Labels, Counter>::default();
+        r.register(
+            "stallprof_kernel_filtered",
+            "Work the kernel's sampling gate saved (not failures): short_busy_periods never reported, \
+             samples_before_gate skipped",
+            kernel_filtered.clone(),
         );
         let tracked_processes = Gauge::default();
         r.register(
@@ -225,6 +256,7 @@ impl Metrics {
             lost_events,
             probe_drops,
             agent_drops,
+            kernel_filtered,
             tracked_processes,
             tracked_threads,
             over_limit,
@@ -289,27 +321,17 @@ impl Metrics {
     /// Absolute failure counters in; counter increments out.
     pub fn set_drops(&self, probe: &BTreeMap<String, u64>, agent: &BTreeMap<String, u64>) {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        for (k, &v) in probe {
-            let before = last.probe.get(k).copied().unwrap_or(0);
-            if v > before {
-                self.probe_drops
-                    .get_or_create(&vec![("reason", k.clone())])
-                    .inc_by(v - before);
-                if k == profiler_common::Drop::RingbufFull.name() {
-                    self.lost_events.inc_by(v - before);
-                }
-            }
-            last.probe.insert(k.clone(), v.max(before));
+        let added = add_deltas(&self.probe_drops, "reason", &mut last.probe, probe);
+        if let Some(&n) = added.get(profiler_common::Drop::RingbufFull.name()) {
+            self.lost_events.inc_by(n);
         }
-        for (k, &v) in agent {
-            let before = last.agent.get(k).copied().unwrap_or(0);
-            if v > before {
-                self.agent_drops
-                    .get_or_create(&vec![("reason", k.clone())])
-                    .inc_by(v - before);
-            }
-            last.agent.insert(k.clone(), v.max(before));
-        }
+        add_deltas(&self.agent_drops, "reason", &mut last.agent, agent);
+    }
+
+    /// Absolute sampling-gate counters (`Probes::filtered`) in.
+    pub fn set_filtered(&self, filtered: &BTreeMap<String, u64>) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        add_deltas(&self.kernel_filtered, "what", &mut last.filtered, filtered);
     }
 
     /// The daemon's own CPU time and resident memory, read at scrape time.

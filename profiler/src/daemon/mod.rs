@@ -607,6 +607,7 @@ impl Collector {
             *agent.entry(k.to_string()).or_default() += v;
         }
         m.set_drops(&self.probes.drops(), &agent);
+        m.set_filtered(&self.probes.filtered());
         // The index page's rows.
         let mut rows: Vec<ProcRow> = self.procs.values().map(|t| t.row(false)).collect();
         rows.extend(self.gone.iter().map(|(_, t)| t.row(true)));
