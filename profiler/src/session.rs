@@ -471,6 +471,16 @@ impl Session {
         self.executors.len()
     }
 
+    /// Loop keys decided so far (see [`Tracker::seed_loop_keys`]).
+    pub fn loop_keys(&self) -> Vec<(u32, u32, u64)> {
+        self.tracker.loop_keys()
+    }
+
+    /// Start from loop keys an earlier session decided.
+    pub fn seed_loop_keys(&mut self, keys: &[(u32, u32, u64)]) {
+        self.tracker.seed_loop_keys(keys);
+    }
+
     /// Busy periods of loop threads that reached userspace (the kernel's
     /// `short_busy_periods` never do).
     pub fn busy_periods(&self) -> u64 {

@@ -296,6 +296,26 @@ impl Tracker {
         self.threads.get(&tid).map(|t| t.tgid)
     }
 
+    /// Loop keys decided so far: (tid, tgid, key).
+    pub fn loop_keys(&self) -> Vec<(u32, u32, u64)> {
+        self.threads
+            .iter()
+            .filter_map(|(&tid, th)| th.loop_key.map(|k| (tid, th.tgid, k)))
+            .collect()
+    }
+
+    /// Start from loop keys an earlier tracker decided. The kernel keeps
+    /// using published keys, and with the sampling gate it no longer reports
+    /// a loop's quiet iterations, so a fresh tracker could not re-decide them
+    /// from waits it never sees.
+    pub fn seed_loop_keys(&mut self, keys: &[(u32, u32, u64)]) {
+        for &(tid, tgid, key) in keys {
+            let th = self.threads.entry(tid).or_default();
+            th.tgid = tgid;
+            th.loop_key = Some(key);
+        }
+    }
+
     /// Threads currently inside a busy period: (tid, start).
     pub fn busy_threads(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
         self.threads
@@ -875,6 +895,28 @@ mod tests {
     }
 
     /// Recording ends mid-stall: reported as incomplete.
+    #[test]
+    fn seeded_loop_key_needs_no_decision() {
+        let mut old = warmed(10);
+        let keys = old.loop_keys();
+        assert_eq!(keys.len(), 1);
+        let _ = run(&mut old, vec![]);
+        // A fresh tracker that only ever sees one busy period of the loop
+        // (the kernel held back the quiet ones) still reports it.
+        let mut t = tracker(10);
+        t.seed_loop_keys(&keys);
+        let s = run(
+            &mut t,
+            vec![
+                exit(100, EPOLL_WAIT, 3),
+                sample(105, 0xAAA),
+                enter(130, EPOLL_WAIT, 3),
+            ],
+        );
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert_eq!(s[0].duration_ns(), 30 * MS);
+    }
+
     #[test]
     fn finish_closes_open_stalls() {
         let mut t = warmed(50);

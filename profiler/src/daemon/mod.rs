@@ -636,7 +636,9 @@ impl Collector {
         for (k, v) in self.session.agent_drops() {
             *self.agent_base.entry(k.to_string()).or_default() += v;
         }
+        let keys = self.session.loop_keys();
         self.session = Session::new(self.cfg.threshold_ns, None);
+        self.session.seed_loop_keys(&keys);
         self.forgotten_since_reset = 0;
         self.sh.metrics.session_resets.inc();
         // Hand the freed caches back to the kernel: glibc keeps freed heap
