@@ -671,10 +671,16 @@ fn fill_stacks<C: EbpfContext>(ctx: &C, ev: *mut StackEvent, kernel_expected: bo
 }
 
 /// Copy the user stack window starting at the user stack pointer. The read
-/// fails as a whole if it runs past the top of the stack mapping, so fall
-/// back to smaller windows (constant sizes keep the verifier happy).
+/// fails as a whole if it runs past the top of the stack mapping, and that
+/// top is page-aligned: so try windows that end on successive page
+/// boundaries above `sp`, the largest (up to `USER_STACK_COPY`) first. The
+/// first that succeeds reaches either the full size or the very top of the
+/// stack — a main thread near its top (Node's `uv_run` is a few KiB below
+/// it) keeps every frame, where halving the window used to drop up to half.
 #[inline(always)]
 unsafe fn copy_user_stack(ev: *mut StackEvent) {
+    const PAGE: u64 = 4096;
+    const PAGES: u64 = USER_STACK_COPY as u64 / PAGE;
     unsafe {
         (*ev).stack_len = 0;
         let sp = (*ev).regs.sp;
@@ -684,20 +690,26 @@ unsafe fn copy_user_stack(ev: *mut StackEvent) {
         }
         let dst = (*ev).stack.as_mut_ptr().cast();
         let src = sp as *const core::ffi::c_void;
+        // Bytes from sp to the next page boundary: 1..=PAGE.
+        let head = PAGE - (sp & (PAGE - 1));
         macro_rules! attempt {
-            ($n:expr) => {
-                if read_user_raw(dst, $n, src) == 0 {
-                    (*ev).stack_len = $n;
+            ($pages:expr) => {
+                // head + (pages - 1) pages: at most USER_STACK_COPY.
+                let n = (head + ($pages - 1) * PAGE) as u32;
+                if n as usize <= USER_STACK_COPY && read_user_raw(dst, n, src) == 0 {
+                    (*ev).stack_len = n;
                     return;
                 }
             };
         }
-        attempt!(USER_STACK_COPY as u32);
-        attempt!((USER_STACK_COPY / 2) as u32);
-        attempt!((USER_STACK_COPY / 4) as u32);
-        attempt!((USER_STACK_COPY / 8) as u32);
-        attempt!((USER_STACK_COPY / 16) as u32);
-        attempt!((USER_STACK_COPY / 32) as u32);
+        attempt!(PAGES);
+        attempt!(PAGES - 1);
+        attempt!(PAGES - 2);
+        attempt!(PAGES - 3);
+        attempt!(PAGES - 4);
+        attempt!(PAGES - 5);
+        attempt!(PAGES - 6);
+        attempt!(PAGES - 7);
         count(Drop::StackCopyFailed);
     }
 }
