@@ -1108,6 +1108,19 @@ fn windows_start(name: &str) -> u64 {
 
 /// `--check-config` validates without root and without loading anything;
 /// bad configs fail naming the key.
+
+/// `stallprof daemon --config PATH --check-config`.
+fn check_config(path: &Path) -> RunOutput {
+    run_stallprof(
+        &[
+            "daemon".to_string(),
+            "--config".into(),
+            path.display().to_string(),
+            "--check-config".into(),
+        ],
+        Duration::from_secs(10),
+    )
+}
 #[test]
 fn daemon_check_config() {
     let dir = Scratch::new("daemon-config");
@@ -1118,15 +1131,7 @@ fn daemon_check_config() {
          [limits]\nmax_processes = 50\n[[include]]\ncomm = \"python*\"\n[[exclude]]\ncgroup = \"*system.slice*\"\n",
     )
     .unwrap();
-    let out = run_stallprof(
-        &[
-            "daemon".to_string(),
-            "--config".into(),
-            good.display().to_string(),
-            "--check-config".into(),
-        ],
-        Duration::from_secs(10),
-    );
+    let out = check_config(&good);
     assert!(out.status.success(), "{}", out.describe());
     for want in [
         "127.0.0.1:9999",
@@ -1150,15 +1155,7 @@ fn daemon_check_config() {
     ] {
         let bad = dir.join("bad.toml");
         std::fs::write(&bad, text).unwrap();
-        let out = run_stallprof(
-            &[
-                "daemon".to_string(),
-                "--config".into(),
-                bad.display().to_string(),
-                "--check-config".into(),
-            ],
-            Duration::from_secs(10),
-        );
+        let out = check_config(&bad);
         assert!(
             !out.status.success() && out.stderr.contains(key),
             "config {text:?} should fail naming {key:?}:\n{}",

@@ -877,6 +877,16 @@ fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
                 continue;
             };
             let na = tool.starts_with("pyspy");
+            // A score column: "n/a" for py-spy (no stalls to match), else
+            // the spread of the runs' values, scaled.
+            let col = |key: &str, scale: f64, prec: usize, suffix: &str| {
+                if na {
+                    "n/a".to_string()
+                } else {
+                    let v: Vec<f64> = sc.get(key).iter().map(|x| x * scale).collect();
+                    spread(&v, prec) + suffix
+                }
+            };
             let tv = sc.get("tv_points");
             if *tool == "stallprof" && (tv.is_empty() || median(tv) > 5.0) {
                 misses.push(format!("{} (TV {})", v.name, spread(tv, 1)));
@@ -892,33 +902,9 @@ fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
                 } else {
                     format!(" ({} failed)", sc.failed.len())
                 },
-                if na {
-                    "n/a".into()
-                } else {
-                    spread(
-                        &sc.get("recall")
-                            .iter()
-                            .map(|x| x * 100.0)
-                            .collect::<Vec<_>>(),
-                        0,
-                    ) + "%"
-                },
-                if na {
-                    "n/a".into()
-                } else {
-                    spread(
-                        &sc.get("precision")
-                            .iter()
-                            .map(|x| x * 100.0)
-                            .collect::<Vec<_>>(),
-                        0,
-                    ) + "%"
-                },
-                if na {
-                    "n/a".into()
-                } else {
-                    spread(sc.get("dur_err_med_ms"), 1)
-                },
+                col("recall", 100.0, 0, "%"),
+                col("precision", 100.0, 0, "%"),
+                col("dur_err_med_ms", 1.0, 1, ""),
                 spread(tv, 1),
                 sc.shares_text()
             );
