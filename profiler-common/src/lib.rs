@@ -340,15 +340,20 @@ pub const WAIT_CLASS_PARK: u64 = 3;
 /// Identity of a wait: syscall class and fd. Userspace publishes the loop's
 /// key per thread in `LOOP_KEYS`; BPF treats a wait with that key (or any
 /// wait, before a key is known) as parked and stays quiet while parked.
+///
+/// Class 1 = epoll family (fd: the epoll fd), 2 = poll/ppoll (fd: the
+/// first pollfd's), 3 = a runtime's park function, 4 = select/pselect6.
+/// select's one identifying argument, nfds, changes whenever the program
+/// opens a higher fd, so every select of a thread is one key (fd 0).
 pub const fn wait_key(nr: u32, fd: i32) -> u64 {
-    // Class 1 = epoll family, 2 = poll/select family, 3 = a runtime's park
-    // function; fd in the low half.
-    let class: u64 = if sysno::is_epoll(nr) {
-        1
+    let (class, fd): (u64, i32) = if sysno::is_epoll(nr) {
+        (1, fd)
     } else if nr == sysno::RUNTIME_PARK {
-        WAIT_CLASS_PARK
+        (WAIT_CLASS_PARK, fd)
+    } else if nr == sysno::SELECT || nr == sysno::PSELECT6 {
+        (4, 0)
     } else {
-        2
+        (2, fd)
     };
     (class << 32) | (fd as u32 as u64)
 }

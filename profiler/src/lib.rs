@@ -9,6 +9,7 @@ pub mod aggregate;
 pub mod cli;
 pub mod daemon;
 pub mod event;
+pub mod loops;
 pub mod model;
 pub mod probe;
 pub mod pyframes;

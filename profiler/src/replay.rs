@@ -56,7 +56,7 @@ pub fn replay(
     out.into_iter()
         .filter_map(|o| match o {
             Output::Stall(raw) => Some(to_stall(&raw, &tracker.stacks, res, "replayed")),
-            Output::LoopKey { .. } => None,
+            Output::LoopKey { .. } | Output::LoopGone { .. } => None,
         })
         .collect()
 }

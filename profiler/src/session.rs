@@ -182,7 +182,6 @@ pub struct Session {
     unwinder: Unwinder,
     stalls: Vec<(u32, Stall)>,
     names: HashMap<u32, String>,
-    executors: BTreeMap<u32, (u32, String)>,
     python: HashMap<u32, PythonWatch>,
     runtimes: HashMap<u32, RuntimeWatch>,
     events_out: Option<std::io::BufWriter<fs::File>>,
@@ -201,7 +200,6 @@ impl Session {
             unwinder: Unwinder::new(),
             stalls: Vec::new(),
             names: HashMap::new(),
-            executors: BTreeMap::new(),
             python: HashMap::new(),
             runtimes: HashMap::new(),
             events_out: None,
@@ -209,6 +207,19 @@ impl Session {
             agent_drops: BTreeMap::new(),
             exited: HashSet::new(),
         }
+    }
+
+    /// A fresh session in place of this one (the daemon's memory bound:
+    /// the stack table and per-process caches only grow while a session
+    /// lives). What must survive is carried over: the loop-thread registry
+    /// (the kernel keeps using the published keys) and the runtime park
+    /// probes already attached. Busy periods still open are cut.
+    pub fn rebuild(self) -> Session {
+        let cfg = self.tracker.config().clone();
+        let mut next = Session::new(cfg.threshold_ns, cfg.tids.clone());
+        next.tracker = Tracker::with_loops(cfg, self.tracker.into_loops());
+        next.runtimes = self.runtimes;
+        next
     }
 
     /// Save every event (events.jsonl) and symbol answer (symbols.json, on
@@ -258,15 +269,6 @@ impl Session {
                 .or_default()
                 .poll(pid, probes, true);
         }
-    }
-
-    /// Forget a process that is gone (daemon: bounded memory under churn).
-    pub fn forget(&mut self, pid: u32) {
-        self.python.remove(&pid);
-        self.resolver.forget_python(pid);
-        self.runtimes.remove(&pid);
-        self.unwinder.forget(pid);
-        self.exited.remove(&pid);
     }
 
     pub fn python_version(&self, pid: u32) -> Option<String> {
@@ -361,12 +363,16 @@ impl Session {
         for o in out {
             match o {
                 Output::LoopKey { tid, key } => {
-                    let tgid = self.tracker.tgid_of(tid).unwrap_or(tid);
+                    let tgid = self.tracker.loops().tgid_of(tid).unwrap_or(tid);
                     let name = self.thread_name(tgid, tid);
                     debug!("thread {tid} ({name}) of {tgid} parks on wait key {key:#x}");
-                    self.executors.insert(tid, (tgid, name));
                     if let Some(p) = probes.as_deref_mut() {
                         p.set_loop_key(tid, key);
+                    }
+                }
+                Output::LoopGone { tid } => {
+                    if let Some(p) = probes.as_deref_mut() {
+                        p.forget_loop_thread(tid);
                     }
                 }
                 Output::Stall(raw) => {
@@ -455,30 +461,17 @@ impl Session {
             .unwrap_or(0)
     }
 
-    /// Executor threads found, for one process.
+    /// Loop threads found in one process, named.
     pub fn executors(&self, pid: u32) -> Vec<ThreadInfo> {
-        self.executors
-            .iter()
-            .filter(|(_, (tgid, _))| *tgid == pid)
-            .map(|(&tid, (_, name))| ThreadInfo {
+        self.tracker
+            .loops()
+            .loop_tids_of(pid)
+            .into_iter()
+            .map(|tid| ThreadInfo {
                 tid,
-                name: name.clone(),
+                name: self.names.get(&tid).cloned().unwrap_or_else(|| "?".into()),
             })
             .collect()
-    }
-
-    pub fn executor_count(&self) -> usize {
-        self.executors.len()
-    }
-
-    /// Loop keys decided so far (see [`Tracker::seed_loop_keys`]).
-    pub fn loop_keys(&self) -> Vec<(u32, u32, u64)> {
-        self.tracker.loop_keys()
-    }
-
-    /// Start from loop keys an earlier session decided.
-    pub fn seed_loop_keys(&mut self, keys: &[(u32, u32, u64)]) {
-        self.tracker.seed_loop_keys(keys);
     }
 
     /// Busy periods of loop threads that reached userspace (the kernel's
@@ -497,27 +490,24 @@ impl Session {
         d
     }
 
-    /// Daemon: the processes that have executor threads, ascending.
+    /// Daemon: the processes that have loop threads, ascending.
     pub fn executor_pids(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.executors.values().map(|(tgid, _)| *tgid).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
+        self.tracker.loops().loop_processes()
     }
 
-    /// Daemon: forget the executor threads (and their names) of a process
-    /// that exited or exec'd, so that churn does not grow these tables.
-    pub fn forget_executors(&mut self, pid: u32) {
-        let tids: Vec<u32> = self
-            .executors
-            .iter()
-            .filter(|(_, (tgid, _))| *tgid == pid)
-            .map(|(&t, _)| t)
-            .collect();
-        for t in tids {
-            self.executors.remove(&t);
-            self.names.remove(&t);
+    /// Daemon: forget a process that exited or exec'd — its loop threads
+    /// (here and in the kernel), their names, its caches — so that churn
+    /// does not grow these tables.
+    pub fn forget(&mut self, pid: u32, probes: &mut Probes) {
+        for tid in self.tracker.forget_process(pid) {
+            self.names.remove(&tid);
+            probes.forget_loop_thread(tid);
         }
+        self.python.remove(&pid);
+        self.resolver.forget_python(pid);
+        self.runtimes.remove(&pid);
+        self.unwinder.forget(pid);
+        self.exited.remove(&pid);
     }
 
     /// Daemon: interned stacks held for stall assembly. The table only
@@ -530,7 +520,7 @@ impl Session {
     pub fn executor_busy(&self) -> bool {
         self.tracker
             .busy_threads()
-            .any(|(tid, _)| self.executors.contains_key(&tid))
+            .any(|(tid, _)| self.tracker.loops().is_loop_thread(tid))
     }
 
     /// Daemon: [`Session::drain`], except that stack events (samples,
@@ -547,7 +537,7 @@ impl Session {
         while let Some(item) = ring.next() {
             if let Ok(ev) = event::parse(&item)
                 && matches!(ev, Event::Sample { .. } | Event::SwitchOut { .. })
-                && !self.executors.contains_key(&ev.tid())
+                && !self.tracker.loops().is_loop_thread(ev.tid())
             {
                 skipped += 1;
                 continue;

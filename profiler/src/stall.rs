@@ -10,14 +10,13 @@
 //! ───────────────────┤return ··· switch-out ··· in ···├enter──────
 //!                     ^start                          ^end
 //! ```
-//! * A *park* is a wait syscall on the thread's *loop key* (syscall class +
-//!   fd, e.g. epoll on fd 3). Until the key is known every wait counts; the
-//!   key becomes the first epoll fd waited on twice (or, for a thread that
-//!   never uses epoll, a poll/select set waited on [`POLL_DECIDE`] times),
-//!   and moves to another fd when the loop stops using the old one (a new
-//!   event loop). So a blocking client's `poll()` on its socket inside a
-//!   stall does not end the stall. A runtime park function (tokio, via
-//!   uprobes) is the loop key at once and for good.
+//! * A *park* is a wait on the thread's *loop key* (syscall class + fd,
+//!   e.g. epoll on fd 3), which the [`LoopRegistry`] (`loops`) elects and
+//!   keeps: a blocking client's `poll()` on its socket inside a stall is not
+//!   a park and does not end the stall, however often it polls. Until a
+//!   thread's key is known every wait counts as a park, but its busy
+//!   periods are not reported. When the key moves (a re-created loop), the
+//!   busy period open on the old key spans the change-over and is dropped.
 //! * Busy time splits exactly into on-CPU, off-CPU blocked (switch-out to
 //!   wakeup) and run-queue wait (wakeup, or preemption, to switch-in).
 //!   Blocked time in a wait for a CPython GIL held by another thread (the
@@ -31,19 +30,13 @@
 //!   (a thread that waited once is not yet an event loop).
 use std::collections::{HashMap, HashSet};
 
-use profiler_common::{WAIT_CLASS_PARK, sysno, wait_key};
+use profiler_common::wait_key;
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Event, RawStack};
-
-/// Waits on one poll/select set before a thread with no epoll use is taken
-/// to be a poll-based loop.
-pub const POLL_DECIDE: u32 = 8;
-/// Waits on one epoll fd before it is taken to be the loop's.
-pub const EPOLL_DECIDE: u32 = 2;
-/// Waits on another key, with none on the loop key meanwhile, before the
-/// loop key moves (the program started a new event loop).
-pub const LOOP_MOVE: u32 = 32;
+use crate::{
+    event::{Event, RawStack},
+    loops::{Decision, LoopRegistry},
+};
 
 pub type StackId = u32;
 
@@ -138,10 +131,14 @@ impl RawStall {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Output {
     Stall(RawStall),
-    /// The loop's wait for `tid` is `key` (see `profiler_common::wait_key`).
+    /// The loop's wait for `tid` is now `key` (see `profiler_common::wait_key`).
     LoopKey {
         tid: u32,
         key: u64,
+    },
+    /// `tid`, a loop thread, exited: its kernel entry can go.
+    LoopGone {
+        tid: u32,
     },
 }
 
@@ -163,6 +160,8 @@ pub struct TrackerStats {
     /// A sample (or the park) showed the thread running while a switch-out
     /// was still open: its switch-in was not seen.
     pub switch_ins_missed: u64,
+    /// Busy periods dropped because the thread's loop key moved during them.
+    pub busy_dropped_on_move: u64,
 }
 
 #[derive(Debug)]
@@ -205,69 +204,17 @@ impl Busy {
     }
 }
 
+/// Stall-assembly state of one thread (its loop identity is in the registry).
 #[derive(Debug, Default)]
 struct Thread {
     tgid: u32,
-    loop_key: Option<u64>,
-    counts: HashMap<u64, u32>,
-    /// Waits per key since the loop key was last waited on.
-    since_loop: HashMap<u64, u32>,
     busy: Option<Busy>,
-}
-
-impl Thread {
-    /// Count a wait on `key`; returns a new loop key if this decides one.
-    fn observe_wait(&mut self, nr: u32, key: u64) -> Option<u64> {
-        // A runtime's park function is the loop's wait by definition, at
-        // once and for good; the syscalls it makes inside are not parks.
-        if key >> 32 == WAIT_CLASS_PARK {
-            if self.loop_key == Some(key) {
-                return None;
-            }
-            self.loop_key = Some(key);
-            return Some(key);
-        }
-        if self.loop_key.is_some_and(|k| k >> 32 == WAIT_CLASS_PARK) {
-            return None;
-        }
-        let n = self.counts.entry(key).or_default();
-        *n += 1;
-        let n = *n;
-        match self.loop_key {
-            None => {
-                let decide = if sysno::is_epoll(nr) {
-                    n >= EPOLL_DECIDE
-                } else {
-                    n >= POLL_DECIDE && !self.counts.keys().any(|k| k >> 32 == 1)
-                };
-                decide.then(|| {
-                    self.loop_key = Some(key);
-                    key
-                })
-            }
-            Some(k) if k == key => {
-                self.since_loop.clear();
-                None
-            }
-            Some(_) => {
-                let m = self.since_loop.entry(key).or_default();
-                *m += 1;
-                (*m >= LOOP_MOVE).then(|| {
-                    self.since_loop.clear();
-                    self.loop_key = Some(key);
-                    key
-                })
-            }
-        }
-    }
-
-    fn is_park(&self, key: u64) -> bool {
-        self.loop_key.is_none_or(|k| k == key)
-    }
 }
 
 pub struct Tracker {
     cfg: TrackerConfig,
+    /// Which wait is each thread's loop park: the one owner of that fact.
+    loops: LoopRegistry,
     threads: HashMap<u32, Thread>,
     pub stacks: StackTable,
     pub stats: TrackerStats,
@@ -275,8 +222,17 @@ pub struct Tracker {
 
 impl Tracker {
     pub fn new(cfg: TrackerConfig) -> Self {
+        Self::with_loops(cfg, LoopRegistry::default())
+    }
+
+    /// A tracker that starts from loop identities already established
+    /// (the daemon's rebuild: the kernel keeps using published keys, and
+    /// with the sampling gate it no longer reports a loop's quiet
+    /// iterations to re-elect them from).
+    pub fn with_loops(cfg: TrackerConfig, loops: LoopRegistry) -> Self {
         Tracker {
             cfg,
+            loops,
             threads: HashMap::new(),
             stacks: StackTable::default(),
             stats: TrackerStats::default(),
@@ -287,33 +243,29 @@ impl Tracker {
         &self.stacks
     }
 
+    pub fn config(&self) -> &TrackerConfig {
+        &self.cfg
+    }
+
     pub fn threshold_ns(&self) -> u64 {
         self.cfg.threshold_ns
     }
 
-    /// The process a tracked thread belongs to.
-    pub fn tgid_of(&self, tid: u32) -> Option<u32> {
-        self.threads.get(&tid).map(|t| t.tgid)
+    /// The loop-thread registry.
+    pub fn loops(&self) -> &LoopRegistry {
+        &self.loops
     }
 
-    /// Loop keys decided so far: (tid, tgid, key).
-    pub fn loop_keys(&self) -> Vec<(u32, u32, u64)> {
-        self.threads
-            .iter()
-            .filter_map(|(&tid, th)| th.loop_key.map(|k| (tid, th.tgid, k)))
-            .collect()
+    /// Give up the registry (to a tracker that replaces this one).
+    pub fn into_loops(self) -> LoopRegistry {
+        self.loops
     }
 
-    /// Start from loop keys an earlier tracker decided. The kernel keeps
-    /// using published keys, and with the sampling gate it no longer reports
-    /// a loop's quiet iterations, so a fresh tracker could not re-decide them
-    /// from waits it never sees.
-    pub fn seed_loop_keys(&mut self, keys: &[(u32, u32, u64)]) {
-        for &(tid, tgid, key) in keys {
-            let th = self.threads.entry(tid).or_default();
-            th.tgid = tgid;
-            th.loop_key = Some(key);
-        }
+    /// Forget a process that exited or exec'd; its loop threads (whose
+    /// kernel entries must go).
+    pub fn forget_process(&mut self, tgid: u32) -> Vec<u32> {
+        self.threads.retain(|_, t| t.tgid != tgid);
+        self.loops.forget_process(tgid)
     }
 
     /// Threads currently inside a busy period: (tid, start).
@@ -335,26 +287,31 @@ impl Tracker {
             Event::WaitEnter {
                 tgid, ts, nr, fd, ..
             } => {
+                let key = wait_key(nr, fd);
+                let decision = self.loops.wait_enter(tid, tgid, nr, fd, ts);
                 let th = self.threads.entry(tid).or_default();
                 th.tgid = tgid;
-                let key = wait_key(nr, fd);
-                if let Some(key) = th.observe_wait(nr, key) {
+                if let Some(Decision::Elected { key, moved, .. }) = decision {
                     out.push(Output::LoopKey { tid, key });
+                    if moved && th.busy.take().is_some() {
+                        self.stats.busy_dropped_on_move += 1;
+                    }
                 }
-                if th.is_park(key)
+                if self.loops.is_park(tid, key)
                     && let Some(b) = th.busy.take()
-                    && th.loop_key.is_some()
+                    && self.loops.is_loop_thread(tid)
                 {
-                    let tgid = th.tgid;
                     self.close(tid, tgid, b, ts, false, out);
                 }
             }
             Event::WaitExit {
                 tgid, ts, nr, fd, ..
             } => {
+                let key = wait_key(nr, fd);
+                self.loops.wait_exit(tid, tgid, key, ts);
                 let th = self.threads.entry(tid).or_default();
                 th.tgid = tgid;
-                if th.is_park(wait_key(nr, fd)) && th.busy.is_none() {
+                if self.loops.is_park(tid, key) && th.busy.is_none() {
                     th.busy = Some(Busy {
                         start: ts,
                         ..Default::default()
@@ -431,11 +388,15 @@ impl Tracker {
                 }
             }
             Event::Exit { ts, .. } => {
+                let was_loop = self.loops.thread_exited(tid);
                 if let Some(mut th) = self.threads.remove(&tid)
-                    && th.loop_key.is_some()
+                    && was_loop
                     && let Some(b) = th.busy.take()
                 {
                     self.close(tid, th.tgid, b, ts, true, out);
+                }
+                if was_loop {
+                    out.push(Output::LoopGone { tid });
                 }
             }
         }
@@ -444,10 +405,11 @@ impl Tracker {
     /// End of recording: busy periods still open become incomplete stalls
     /// when they are already over the threshold.
     pub fn finish(&mut self, ts: u64, out: &mut Vec<Output>) {
+        let loops = &self.loops;
         let mut open: Vec<(u32, u32, Busy)> = self
             .threads
             .iter_mut()
-            .filter(|(_, th)| th.loop_key.is_some())
+            .filter(|(tid, _)| loops.is_loop_thread(**tid))
             .filter_map(|(&tid, th)| th.busy.take().map(|b| (tid, th.tgid, b)))
             .collect();
         open.sort_by_key(|(_, _, b)| b.start);
@@ -571,6 +533,7 @@ fn spread(total: u64, samples: HashMap<StackId, u64>) -> Vec<RawPart> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::loops::POLL_DECIDE;
     use profiler_common::sysno::{EPOLL_WAIT, POLL};
 
     const MS: u64 = 1_000_000;
@@ -846,27 +809,216 @@ mod tests {
         assert_eq!((s[0].start_ns, s[0].end_ns), (10 * MS, 70 * MS));
     }
 
-    /// A new event loop (new epoll fd) takes over after LOOP_MOVE waits.
-    #[test]
-    fn loop_key_moves_to_a_new_loop() {
-        let mut t = tracker(50);
-        let mut out = Vec::new();
-        let mut ts = 0;
-        for fd in [3, 7] {
-            for _ in 0..LOOP_MOVE + 1 {
-                t.push(enter(ts, EPOLL_WAIT, fd), &mut out);
-                t.push(exit(ts + 1, EPOLL_WAIT, fd), &mut out);
-                ts += 2;
+    fn on(tid: u32, e: Event) -> Event {
+        let mut e = e;
+        match &mut e {
+            Event::WaitEnter { tid: t, tgid, .. }
+            | Event::WaitExit { tid: t, tgid, .. }
+            | Event::Sample { tid: t, tgid, .. } => {
+                *t = tid;
+                *tgid = 1;
             }
+            _ => unreachable!(),
         }
-        let keys: Vec<_> = out
-            .iter()
+        e
+    }
+
+    /// `n` blocking-client polls on `fd`, 2 ms apart, from `from` ms.
+    fn polls(from: u64, n: u64, fd: i32) -> Vec<Event> {
+        (0..n)
+            .flat_map(|i| {
+                [
+                    enter(from + 2 * i, POLL, fd),
+                    exit(from + 2 * i + 1, POLL, fd),
+                ]
+            })
+            .collect()
+    }
+
+    fn loop_keys(out: &[Output]) -> Vec<u64> {
+        out.iter()
             .filter_map(|o| match o {
-                Output::LoopKey { key, .. } => Some(*key as u32),
+                Output::LoopKey { key, .. } => Some(*key),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn spans(s: &[RawStall]) -> Vec<(u32, u64, u64)> {
+        s.iter()
+            .map(|s| (s.tid, s.start_ns / MS, s.end_ns / MS))
+            .collect()
+    }
+
+    /// A sync streaming client with a socket timeout polls before every
+    /// recv: 200 polls inside one stall. The loop keeps its key and the
+    /// stall keeps all of its time; the loop's next park is idle time.
+    /// ```text
+    /// epoll(3) ×2 | busy 10 ─ poll(9) ×200 ─ 420 |epoll(3) 420-430| busy 430 ─ 500 | epoll(3)
+    /// ```
+    #[test]
+    fn sync_client_polling_200_times_is_one_stall() {
+        let mut t = warmed(50);
+        let mut ev = vec![exit(10, EPOLL_WAIT, 3)];
+        ev.extend(polls(11, 200, 9));
+        ev.extend([
+            enter(420, EPOLL_WAIT, 3),
+            exit(430, EPOLL_WAIT, 3),
+            sample(450, 0xA),
+            enter(500, EPOLL_WAIT, 3),
+        ]);
+        let mut out = Vec::new();
+        for e in ev {
+            t.push(e, &mut out);
+        }
+        assert!(loop_keys(&out).is_empty(), "the loop key moved: {out:?}");
+        let s: Vec<RawStall> = out
+            .into_iter()
+            .filter_map(|o| match o {
+                Output::Stall(s) => Some(s),
                 _ => None,
             })
             .collect();
-        assert_eq!(keys, [3, 7]);
+        assert_eq!(spans(&s), [(1, 10, 420), (1, 430, 500)]);
+    }
+
+    /// asyncio on a SelectSelector (select's nfds grows as connections
+    /// open) whose handler uses a poll-based client:
+    /// ```text
+    /// select(nfds 5..12) ×8 | busy 100 ─ poll(9) ×100 ─ 320 | select(nfds 13)
+    /// ```
+    #[test]
+    fn select_loop_with_a_poll_client() {
+        use profiler_common::sysno::SELECT;
+        let mut t = tracker(50);
+        let mut ev = Vec::new();
+        for i in 0..POLL_DECIDE as u64 {
+            ev.extend([
+                enter(i * 10, SELECT, 5 + i as i32),
+                exit(i * 10 + 9, SELECT, 5 + i as i32),
+            ]);
+        }
+        ev.extend([enter(90, SELECT, 12), exit(100, SELECT, 12)]);
+        ev.extend(polls(101, 100, 9));
+        ev.push(enter(320, SELECT, 13));
+        let s = run(&mut t, ev);
+        assert_eq!(spans(&s), [(1, 100, 320)]);
+    }
+
+    /// A program closes its event loop and starts another (a second
+    /// `asyncio.run`): the new epoll fd takes over once the old one has gone
+    /// unused for LOOP_IDLE_NS; the busy period that spans the change-over
+    /// is dropped, and the new loop's stalls are reported.
+    /// ```text
+    /// epoll(3) ×2 |0── epoll(7) every 100 ms ·········· 10 s: key → 7 ··· busy 13000 ─ 13100
+    /// ```
+    #[test]
+    fn loop_that_recreates_its_epoll_fd() {
+        use crate::loops::LOOP_IDLE_NS;
+        let mut t = warmed(50);
+        let mut ev = vec![exit(0, EPOLL_WAIT, 3)];
+        let idle_ms = LOOP_IDLE_NS / MS;
+        let mut ts = 1;
+        while ts < idle_ms + 1000 {
+            ev.extend([enter(ts, EPOLL_WAIT, 7), exit(ts + 95, EPOLL_WAIT, 7)]);
+            ts += 100;
+        }
+        ev.extend([sample(ts + 50, 0xB), enter(ts + 100, EPOLL_WAIT, 7)]);
+        let mut out = Vec::new();
+        for e in ev {
+            t.push(e, &mut out);
+        }
+        assert_eq!(
+            loop_keys(&out),
+            [wait_key(EPOLL_WAIT, 7)],
+            "one move, to the new loop"
+        );
+        assert_eq!(t.stats.busy_dropped_on_move, 1);
+        let stalls: Vec<_> = out
+            .iter()
+            .filter_map(|o| match o {
+                Output::Stall(s) => Some((s.start_ns / MS, s.end_ns / MS)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(stalls, [(ts - 5, ts + 100)]);
+    }
+
+    /// A loop that only ever polls (selectors.PollSelector): its poll set is
+    /// the key, and its stalls are reported.
+    #[test]
+    fn poll_only_loop() {
+        let mut t = tracker(50);
+        let mut ev = polls(0, POLL_DECIDE as u64, 4);
+        ev.extend([
+            enter(16, POLL, 4),
+            exit(100, POLL, 4),
+            sample(120, 0xC),
+            enter(170, POLL, 4),
+        ]);
+        let s = run(&mut t, ev);
+        assert_eq!(spans(&s), [(1, 100, 170)]);
+    }
+
+    /// Two loops in one process, one per thread; thread 2's handler runs a
+    /// blocking client (50 polls) while thread 1 spins. Each keeps its key.
+    /// ```text
+    /// t1 epoll(3): busy 100 ─ spin ─ 180
+    /// t2 epoll(5): busy 110 ─ poll(9) ×50 ─ 250
+    /// ```
+    #[test]
+    fn two_loops_in_one_process() {
+        let mut t = tracker(50);
+        let mut ev = Vec::new();
+        for (tid, fd) in [(1, 3), (2, 5)] {
+            for i in 0..2 {
+                ev.push(on(tid, enter(i * 10, EPOLL_WAIT, fd)));
+                ev.push(on(tid, exit(i * 10 + 5, EPOLL_WAIT, fd)));
+            }
+            ev.push(on(tid, enter(20, EPOLL_WAIT, fd)));
+        }
+        ev.push(on(1, exit(100, EPOLL_WAIT, 3)));
+        ev.push(on(2, exit(110, EPOLL_WAIT, 5)));
+        ev.extend(polls(111, 50, 9).into_iter().map(|e| on(2, e)));
+        ev.push(on(1, sample(150, 0xD)));
+        ev.push(on(1, enter(180, EPOLL_WAIT, 3)));
+        ev.push(on(2, enter(250, EPOLL_WAIT, 5)));
+        let s = run(&mut t, ev);
+        assert_eq!(spans(&s), [(1, 100, 180), (2, 110, 250)]);
+        assert_eq!(t.loops().loop_tids_of(1), [1, 2]);
+    }
+
+    /// Attached in the middle of a blocking client's call: its poll set is
+    /// elected first, then the loop's epoll fd outranks it, and the next
+    /// stall (with 60 polls inside) is reported whole.
+    #[test]
+    fn attach_during_a_client_call() {
+        let mut t = tracker(50);
+        let mut ev = polls(0, 20, 9);
+        ev.extend([
+            enter(50, EPOLL_WAIT, 3),
+            exit(60, EPOLL_WAIT, 3),
+            enter(61, EPOLL_WAIT, 3),
+            exit(100, EPOLL_WAIT, 3),
+        ]);
+        ev.extend(polls(101, 60, 9));
+        ev.push(enter(300, EPOLL_WAIT, 3));
+        let mut out = Vec::new();
+        for e in ev {
+            t.push(e, &mut out);
+        }
+        assert_eq!(
+            loop_keys(&out),
+            [wait_key(POLL, 9), wait_key(EPOLL_WAIT, 3)]
+        );
+        let s: Vec<(u64, u64)> = out
+            .iter()
+            .filter_map(|o| match o {
+                Output::Stall(s) => Some((s.start_ns / MS, s.end_ns / MS)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(s, [(100, 300)]);
     }
 
     /// A switch-in that never arrives is closed by the next sample, not by
@@ -894,17 +1046,21 @@ mod tests {
         assert_eq!(t.stats.switch_ins_missed, 1);
     }
 
-    /// Recording ends mid-stall: reported as incomplete.
+    /// A tracker that takes over an established registry (the daemon's
+    /// rebuild) needs no new election: the kernel held back the loop's
+    /// quiet iterations, and the first busy period it sees is reported.
     #[test]
-    fn seeded_loop_key_needs_no_decision() {
-        let mut old = warmed(10);
-        let keys = old.loop_keys();
-        assert_eq!(keys.len(), 1);
-        let _ = run(&mut old, vec![]);
-        // A fresh tracker that only ever sees one busy period of the loop
-        // (the kernel held back the quiet ones) still reports it.
-        let mut t = tracker(10);
-        t.seed_loop_keys(&keys);
+    fn a_carried_over_registry_needs_no_election() {
+        let old = warmed(10);
+        let loops = old.into_loops();
+        assert_eq!(loops.loop_threads().len(), 1);
+        let mut t = Tracker::with_loops(
+            TrackerConfig {
+                threshold_ns: 10 * MS,
+                tids: None,
+            },
+            loops,
+        );
         let s = run(
             &mut t,
             vec![
@@ -917,6 +1073,7 @@ mod tests {
         assert_eq!(s[0].duration_ns(), 30 * MS);
     }
 
+    /// Recording ends mid-stall: reported as incomplete.
     #[test]
     fn finish_closes_open_stalls() {
         let mut t = warmed(50);

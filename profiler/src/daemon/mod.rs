@@ -283,17 +283,17 @@ async fn daemon(cfg: DaemonConfig) -> Result<String> {
 struct Tracked {
     info: Arc<ProcInfo>,
     labels: Labels,
-    loop_threads: usize,
     stalls: u64,
     stall_ns: u64,
     last_report: Option<String>,
 }
 
 impl Tracked {
-    fn row(&self, exited: bool) -> ProcRow {
+    /// `loop_threads`: from the session's registry (0 once it exited).
+    fn row(&self, exited: bool, loop_threads: usize) -> ProcRow {
         ProcRow {
             info: self.info.clone(),
-            loop_threads: self.loop_threads,
+            loop_threads,
             stalls: self.stalls,
             stall_ns: self.stall_ns,
             exited,
@@ -483,7 +483,6 @@ impl Collector {
         Tracked {
             info: Arc::new(info),
             labels,
-            loop_threads: 0,
             stalls: 0,
             stall_ns: 0,
             last_report: None,
@@ -547,8 +546,7 @@ impl Collector {
     /// A monitored process exited (or exec'd): stop its upkeep, keep its
     /// series for `forget_after`.
     fn exited(&mut self, pid: u32) {
-        self.session.forget(pid);
-        self.session.forget_executors(pid);
+        self.session.forget(pid, &mut self.probes);
         self.forgotten_since_reset += 1;
         if let Some(t) = self.procs.remove(&pid) {
             info!("pid {pid} ({}) is gone", t.info.comm);
@@ -593,10 +591,10 @@ impl Collector {
         }
         // Gauges and counters.
         let mut threads = 0;
-        for t in self.procs.values_mut() {
-            t.loop_threads = self.session.executors(t.info.pid).len();
-            threads += t.loop_threads;
-            self.sh.metrics.set_loop_threads(&t.labels, t.loop_threads);
+        for t in self.procs.values() {
+            let n = self.session.executors(t.info.pid).len();
+            threads += n;
+            self.sh.metrics.set_loop_threads(&t.labels, n);
         }
         let m = &self.sh.metrics;
         m.tracked_processes.set(self.procs.len() as i64);
@@ -609,8 +607,12 @@ impl Collector {
         m.set_drops(&self.probes.drops(), &agent);
         m.set_filtered(&self.probes.filtered());
         // The index page's rows.
-        let mut rows: Vec<ProcRow> = self.procs.values().map(|t| t.row(false)).collect();
-        rows.extend(self.gone.iter().map(|(_, t)| t.row(true)));
+        let mut rows: Vec<ProcRow> = self
+            .procs
+            .values()
+            .map(|t| t.row(false, self.session.executors(t.info.pid).len()))
+            .collect();
+        rows.extend(self.gone.iter().map(|(_, t)| t.row(true, 0)));
         rows.sort_by_key(|r| (r.exited, std::cmp::Reverse(r.stall_ns), r.info.pid));
         self.sh
             .index
@@ -636,9 +638,8 @@ impl Collector {
         for (k, v) in self.session.agent_drops() {
             *self.agent_base.entry(k.to_string()).or_default() += v;
         }
-        let keys = self.session.loop_keys();
-        self.session = Session::new(self.cfg.threshold_ns, None);
-        self.session.seed_loop_keys(&keys);
+        let old = std::mem::replace(&mut self.session, Session::new(self.cfg.threshold_ns, None));
+        self.session = old.rebuild();
         self.forgotten_since_reset = 0;
         self.sh.metrics.session_resets.inc();
         // Hand the freed caches back to the kernel: glibc keeps freed heap

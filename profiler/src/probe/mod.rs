@@ -324,6 +324,17 @@ impl Probes {
 
     /// Make `threads` (tid -> `PyThreadState*`) the Python threads BPF
     /// knows for one process, removing `gone` ones.
+    /// A loop thread exited (or its process did): its `LOOP_KEYS` entry
+    /// goes, so a reused tid starts undecided and the map does not fill.
+    pub fn forget_loop_thread(&mut self, tid: u32) {
+        if self.loop_keys.remove(&tid).is_ok() {
+            self.generation += 1;
+            if let Err(e) = self.loop_gen.set(0, self.generation, 0) {
+                log::warn!("LOOP_GEN update: {e}; loop keys may be seen late");
+            }
+        }
+    }
+
     pub fn set_python_threads(&mut self, threads: &[(u32, u64)], gone: &[u32]) {
         for &(tid, ts) in threads {
             if let Err(e) = self.py_threads.insert(tid, ts, 0) {
