@@ -1,0 +1,138 @@
+//! The maps, the failure counters and the one way out (the ring buffer).
+//!
+//! In: nothing but what userspace writes (`LOOP_KEYS`, `LOOP_GEN`,
+//! `PY_PROCS`, `PY_THREADS`) and the program context (`is_target`, current
+//! CPU and time for `header`). Out: records in `EVENTS`, thread state in
+//! `THREADS`, counters in `STATS` and `FILTERED`.
+//!
+//! Constraints: userspace finds every map here by its name (the static's
+//! name), so renaming one is an ABI change with `profiler/src/probe`. Map
+//! sizes come from `profiler_common`, where each has its reason. Counter
+//! indices are `profiler_common::Drop` / `Filtered` discriminants, the same
+//! on both sides.
+use aya_ebpf::{
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+};
+use profiler_common::{
+    Drop, EventHeader, Filtered, MAX_PY_PROCS, MAX_THREADS, PyProc, RINGBUF_BYTES,
+    RINGBUF_WAKEUP_BYTES, ThreadState,
+};
+
+use crate::TARGET_TGID;
+
+#[map]
+pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
+
+/// Threads of the target seen in a wait syscall: the executor candidates.
+#[map]
+pub(crate) static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(MAX_THREADS, 0);
+
+/// tid -> wait key of the thread's event-loop wait, published by userspace
+/// once it has seen which wait the loop returns to.
+#[map]
+pub(crate) static LOOP_KEYS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_THREADS, 0);
+
+/// Publication generation of `LOOP_KEYS`: userspace bumps slot 0 after every
+/// change, so a thread's cached key (`ThreadState::loop_key`) is re-read
+/// only then.
+#[map]
+pub(crate) static LOOP_GEN: Array<u64> = Array::with_max_entries(1, 0);
+
+/// tgid -> how to walk that process's Python stacks (set by userspace).
+#[map]
+pub(crate) static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(MAX_PY_PROCS, 0);
+
+/// tid -> `PyThreadState*` of that thread (kept current by userspace).
+#[map]
+pub(crate) static PY_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_THREADS, 0);
+
+/// Failure counters, indexed by `profiler_common::Drop`.
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Drop::COUNT, 0);
+
+/// Work saved by the sampling gate, indexed by `profiler_common::Filtered`.
+#[map]
+static FILTERED: PerCpuArray<u64> = PerCpuArray::with_max_entries(Filtered::COUNT, 0);
+
+#[inline(always)]
+fn bump(counters: &PerCpuArray<u64>, index: u32) {
+    if let Some(p) = counters.get_ptr_mut(index) {
+        unsafe { *p += 1 };
+    }
+}
+
+/// Count a failure: no failure in BPF is silent.
+#[inline(always)]
+pub(crate) fn count(what: Drop) {
+    bump(&STATS, what as u32);
+}
+
+/// Count work the sampling gate saved.
+#[inline(always)]
+pub(crate) fn note(what: Filtered) {
+    bump(&FILTERED, what as u32);
+}
+
+/// True for a thread of the process being watched (every process in daemon
+/// mode, `TARGET_TGID` = 0).
+#[inline(always)]
+pub(crate) fn is_target(tgid: u32) -> bool {
+    let t = TARGET_TGID.load();
+    t == 0 || t == tgid
+}
+
+#[inline(always)]
+pub(crate) fn header(kind: u32, tid: u32, tgid: u32) -> EventHeader {
+    EventHeader {
+        kind,
+        tid,
+        tgid,
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+    }
+}
+
+/// A fresh `THREADS` entry for a thread first seen in a wait (`wait_key`)
+/// or in a runtime's park function (`in_park`).
+#[inline(always)]
+pub(crate) fn new_thread(tgid: u32, wait_key: u64, in_park: u32) -> ThreadState {
+    ThreadState {
+        wait_key,
+        tgid,
+        off_reported: 0,
+        in_park,
+        exit_pending: 0,
+        busy_since: 0,
+        exit_nr: 0,
+        exit_fd: 0,
+        exit_ret: 0,
+        loop_key: 0,
+        loop_gen: u64::MAX, // never a real generation: read LOOP_KEYS first
+    }
+}
+
+/// Submit flags: wake the reader only once a batch has built up (see
+/// `RINGBUF_WAKEUP_BYTES`).
+#[inline(always)]
+pub(crate) fn wakeup_flags() -> u64 {
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= RINGBUF_WAKEUP_BYTES {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}
+
+/// Put a small record in the ring buffer (a full buffer is counted).
+#[inline(always)]
+pub(crate) fn emit<T: 'static>(ev: T) {
+    match EVENTS.reserve::<T>(0) {
+        Some(mut slot) => {
+            slot.write(ev);
+            slot.submit(wakeup_flags());
+        }
+        None => count(Drop::RingbufFull),
+    }
+}

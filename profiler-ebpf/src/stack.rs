@@ -1,0 +1,180 @@
+//! Stack capture: one `StackEvent` with everything userspace needs to name
+//! where a thread is.
+//!
+//! In: the program context (a `sched_switch` tracepoint or a CPU-clock perf
+//! event) of the current task. Out: a `StackEvent` written in place in the
+//! ring buffer: kernel stack, frame-pointer user stack, user registers from
+//! `task_pt_regs`, the syscall the thread is in (`orig_ax`), a copy of up
+//! to `USER_STACK_COPY` bytes of user stack from `sp`, and the Python
+//! frames (`python::fill_python`).
+//!
+//! Constraints: the event (~35 KiB) is far larger than the 512-byte BPF
+//! stack, so it is reserved first and filled through a pointer. Native
+//! frames are not unwound here: the registers and the stack copy go to
+//! userspace, which unwinds with `.eh_frame` (the targets are built
+//! without frame pointers). Each failed read is counted.
+use aya_ebpf::{
+    EbpfContext,
+    bindings::BPF_F_USER_STACK,
+    helpers::{
+        bpf_probe_read_kernel,
+        generated::{
+            bpf_get_current_task_btf, bpf_get_stack, bpf_probe_read_user as read_user_raw,
+            bpf_task_pt_regs,
+        },
+    },
+};
+use profiler_common::{
+    Drop, MAX_KSTACK, MAX_USTACK, StackEvent, USER_STACK_COPY, UserRegs, kind, sysno,
+};
+
+use crate::{
+    maps::{EVENTS, count, header, wakeup_flags},
+    python::fill_python,
+};
+
+/// Fill the stacks of a reserved `StackEvent` in place (it is too large for
+/// the BPF stack): kernel and frame-pointer user stacks from
+/// `bpf_get_stack`, plus user registers and a copy of the user stack for
+/// unwinding in userspace.
+#[inline(always)]
+fn fill_stacks<C: EbpfContext>(ctx: &C, ev: *mut StackEvent, kernel_expected: bool) {
+    unsafe {
+        let k = bpf_get_stack(
+            ctx.as_ptr(),
+            (*ev).kstack.as_mut_ptr().cast(),
+            (MAX_KSTACK * 8) as u32,
+            0,
+        );
+        (*ev).kstack_len = if k > 0 {
+            (k as u32) / 8
+        } else {
+            // A sample taken in user mode has no kernel stack: not a failure.
+            if kernel_expected {
+                count(Drop::KstackFailed);
+            }
+            0
+        };
+        let u = bpf_get_stack(
+            ctx.as_ptr(),
+            (*ev).ustack.as_mut_ptr().cast(),
+            (MAX_USTACK * 8) as u32,
+            BPF_F_USER_STACK as u64,
+        );
+        (*ev).ustack_len = if u > 0 {
+            (u as u32) / 8
+        } else {
+            count(Drop::UstackFailed);
+            0
+        };
+        if (*ev).ustack_len as usize == MAX_USTACK {
+            count(Drop::UstackTruncated);
+        }
+        (*ev).py_len = 0;
+        (*ev).py_status = 0;
+        copy_user_stack(ev);
+    }
+}
+
+/// Copy the user stack window starting at the user stack pointer. The read
+/// fails as a whole if it runs past the top of the stack mapping, and that
+/// top is page-aligned: so try windows that end on successive page
+/// boundaries above `sp`, the largest (up to `USER_STACK_COPY`) first. The
+/// first that succeeds reaches either the full size or the very top of the
+/// stack, so a main thread near its top (Node's `uv_run` is a few KiB below
+/// it) keeps every frame.
+#[inline(always)]
+unsafe fn copy_user_stack(ev: *mut StackEvent) {
+    const PAGE: u64 = 4096;
+    const PAGES: u64 = USER_STACK_COPY as u64 / PAGE;
+    unsafe {
+        (*ev).stack_len = 0;
+        let sp = (*ev).regs.sp;
+        if sp == 0 {
+            count(Drop::StackCopyFailed);
+            return;
+        }
+        let dst = (*ev).stack.as_mut_ptr().cast();
+        let src = sp as *const core::ffi::c_void;
+        // Bytes from sp to the next page boundary: 1..=PAGE.
+        let head = PAGE - (sp & (PAGE - 1));
+        macro_rules! attempt {
+            ($pages:expr) => {
+                // head + (pages - 1) pages: at most USER_STACK_COPY.
+                let n = (head + ($pages - 1) * PAGE) as u32;
+                if n as usize <= USER_STACK_COPY && read_user_raw(dst, n, src) == 0 {
+                    (*ev).stack_len = n;
+                    return;
+                }
+            };
+        }
+        attempt!(PAGES);
+        attempt!(PAGES - 1);
+        attempt!(PAGES - 2);
+        attempt!(PAGES - 3);
+        attempt!(PAGES - 4);
+        attempt!(PAGES - 5);
+        attempt!(PAGES - 6);
+        attempt!(PAGES - 7);
+        count(Drop::StackCopyFailed);
+    }
+}
+
+/// User registers of the current task (saved at kernel entry), the
+/// syscall it is in (`orig_ax`, -1 outside a syscall) and that syscall's
+/// first argument (`di`).
+#[inline(always)]
+fn user_regs() -> (UserRegs, i64, u64) {
+    // x86-64 `struct pt_regs` offsets.
+    const BP: usize = 4 * 8;
+    const DI: usize = 14 * 8;
+    const ORIG_AX: usize = 15 * 8;
+    const IP: usize = 16 * 8;
+    const SP: usize = 19 * 8;
+    unsafe {
+        let task = bpf_get_current_task_btf();
+        let regs = bpf_task_pt_regs(task) as usize;
+        if regs == 0 {
+            count(Drop::SyscallUnknown);
+            return (UserRegs::default(), -1, 0);
+        }
+        let rd = |off: usize| bpf_probe_read_kernel((regs + off) as *const u64).unwrap_or(0);
+        let r = UserRegs {
+            ip: rd(IP),
+            sp: rd(SP),
+            bp: rd(BP),
+        };
+        (r, rd(ORIG_AX) as i64, rd(DI))
+    }
+}
+
+/// Capture the current task into a new `StackEvent` of `kind` (`SAMPLE` or
+/// `SWITCH_OUT`; `state` is `sched_switch`'s `prev_state`, 0 for samples)
+/// and submit it. Only a switch-out records its syscall and can be a wait
+/// for the GIL (a `futex` on it).
+#[inline(always)]
+pub(crate) fn emit_stack_event<C: EbpfContext>(ctx: &C, kind: u32, tid: u32, tgid: u32, state: i64) {
+    let Some(mut slot) = EVENTS.reserve::<StackEvent>(0) else {
+        count(Drop::RingbufFull);
+        return;
+    };
+    let ev = slot.as_mut_ptr();
+    let (regs, orig_ax, arg0) = user_regs();
+    let switch_out = kind == kind::SWITCH_OUT;
+    unsafe {
+        (*ev).hdr = header(kind, tid, tgid);
+        (*ev).state = state;
+        (*ev).syscall = if switch_out { orig_ax } else { -1 };
+        (*ev).regs = regs;
+        (*ev).gil_holder = 0;
+        (*ev).holder_py_len = 0;
+    }
+    fill_stacks(ctx, ev, switch_out);
+    let futex_addr = if switch_out && orig_ax == sysno::FUTEX as i64 {
+        arg0
+    } else {
+        0
+    };
+    fill_python(ev, tid, tgid, futex_addr);
+    slot.submit(wakeup_flags());
+}

@@ -1,0 +1,248 @@
+//! Wait syscalls: a thread parks in its loop's wait and unparks; the
+//! sampling gate.
+//!
+//! In: `syscalls:sys_{enter,exit}_<wait>` for the waits in
+//! `profiler_common::sysno::WAITS`; the loop keys userspace publishes
+//! (`LOOP_KEYS`, `LOOP_GEN`); `SAMPLE_AFTER_NS`. Out: `WaitEvent`s
+//! (`WAIT_ENTER`/`WAIT_EXIT`), the thread's wait and gate state in
+//! `THREADS`, and the answers the other programs ask: is this thread
+//! parked (`parked`), is this busy period still under the gate
+//! (`before_gate`).
+//!
+//! Constraints: these tracepoints fire for every process's waits on the
+//! host, so a non-target costs one tgid compare and nothing else. A
+//! thread's loop key is cached in `THREADS` and re-read only when
+//! `LOOP_GEN` moves. A `select` or `poll` with no fds is a sleep, not a
+//! wait, and is ignored.
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+use profiler_common::{Drop, Filtered, ThreadState, WaitEvent, kind, sysno, wait_key};
+
+use crate::{
+    SAMPLE_AFTER_NS,
+    maps::{LOOP_GEN, LOOP_KEYS, THREADS, count, emit, header, is_target, new_thread, note},
+    tracepoint::tp_field,
+};
+
+/// The published loop key of `tid` (0: none yet), from the thread's cache
+/// unless `LOOP_GEN` moved since it was filled.
+#[inline(always)]
+fn loop_key(tid: u32, st: &mut ThreadState) -> u64 {
+    let generation = LOOP_GEN.get(0).copied().unwrap_or(0);
+    if st.loop_gen != generation {
+        st.loop_key = unsafe { LOOP_KEYS.get(&tid) }.copied().unwrap_or(0);
+        st.loop_gen = generation;
+    }
+    st.loop_key
+}
+
+/// Parked = inside the loop's own wait (or inside any wait while the loop's
+/// key is not yet known). Parked threads are idle, so we stay quiet.
+#[inline(always)]
+pub(crate) fn parked(tid: u32, st: &mut ThreadState) -> bool {
+    if st.in_park != 0 {
+        return true;
+    }
+    if st.wait_key == 0 {
+        return false;
+    }
+    match loop_key(tid, st) {
+        0 => true,
+        k => k == st.wait_key,
+    }
+}
+
+/// True when `key` is the published loop wait of `tid`.
+#[inline(always)]
+pub(crate) fn is_loop_key(tid: u32, st: &mut ThreadState, key: u64) -> bool {
+    loop_key(tid, st) == key
+}
+
+/// Hold back the return from the loop's wait (see `SAMPLE_AFTER_NS`).
+/// Returns false when the gate is off: report it now.
+#[inline(always)]
+pub(crate) fn defer_exit(st: &mut ThreadState, now: u64, nr: u32, fd: i32, ret: i64) -> bool {
+    st.busy_since = now;
+    if SAMPLE_AFTER_NS.load() == 0 {
+        return false;
+    }
+    st.exit_pending = 1;
+    st.exit_nr = nr;
+    st.exit_fd = fd;
+    st.exit_ret = ret;
+    true
+}
+
+/// The thread is back in its loop's wait: true when the busy period that
+/// ends here was quiet and shorter than the gate, so neither end of it is
+/// reported.
+#[inline(always)]
+pub(crate) fn quiet_busy(tid: u32, st: &mut ThreadState, key: u64) -> bool {
+    if st.exit_pending == 0 || !is_loop_key(tid, st, key) {
+        return false;
+    }
+    let age = unsafe { bpf_ktime_get_ns() }.wrapping_sub(st.busy_since);
+    if age >= SAMPLE_AFTER_NS.load() {
+        return false;
+    }
+    st.exit_pending = 0;
+    note(Filtered::QuietBusy);
+    true
+}
+
+/// True while the thread's busy period is younger than the gate: a CPU
+/// sample now is skipped (and counted).
+#[inline(always)]
+pub(crate) fn before_gate(st: &ThreadState) -> bool {
+    let gate = SAMPLE_AFTER_NS.load();
+    if gate != 0
+        && st.busy_since != 0
+        && unsafe { bpf_ktime_get_ns() }.wrapping_sub(st.busy_since) < gate
+    {
+        note(Filtered::YoungSamples);
+        return true;
+    }
+    false
+}
+
+/// Report a held-back wait return before any other event of the thread, so
+/// userspace sees the busy period open at its true start.
+#[inline(always)]
+pub(crate) fn flush_exit(tid: u32, tgid: u32, st: &mut ThreadState) {
+    if st.exit_pending == 0 {
+        return;
+    }
+    st.exit_pending = 0;
+    let mut hdr = header(kind::WAIT_EXIT, tid, tgid);
+    hdr.ts_ns = st.busy_since;
+    emit(WaitEvent {
+        hdr,
+        nr: st.exit_nr,
+        fd: st.exit_fd,
+        ret: st.exit_ret,
+    });
+}
+
+/// A thread enters a wait that may be its loop's: `fd` names the wait
+/// (the epoll fd, a poll set's first fd, select's nfds).
+#[inline(always)]
+fn on_wait_enter(nr: u32, fd: i32) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !is_target(tgid) {
+        return 0;
+    }
+    let key = wait_key(nr, fd);
+    match THREADS.get_ptr_mut(&tid) {
+        Some(st) => {
+            let st = unsafe { &mut *st };
+            if st.in_park != 0 {
+                return 0; // the runtime's own wait inside its park function
+            }
+            st.wait_key = key;
+            if quiet_busy(tid, st, key) {
+                return 0;
+            }
+            flush_exit(tid, tgid, st);
+        }
+        None => {
+            if THREADS.insert(&tid, &new_thread(tgid, key, 0), 0).is_err() {
+                count(Drop::ThreadTableFull);
+            }
+        }
+    }
+    emit(WaitEvent {
+        hdr: header(kind::WAIT_ENTER, tid, tgid),
+        nr,
+        fd,
+        ret: 0,
+    });
+    0
+}
+
+/// A thread returns from a wait `on_wait_enter` saw.
+#[inline(always)]
+fn on_wait_exit(nr: u32, ret: i64) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    if !is_target(tgid) {
+        return 0;
+    }
+    let Some(st) = THREADS.get_ptr_mut(&tid) else {
+        return 0;
+    };
+    let st = unsafe { &mut *st };
+    let key = st.wait_key;
+    if key == 0 {
+        return 0; // a sleep (see sp_wait_enter), or entered before attach
+    }
+    st.wait_key = 0;
+    if is_loop_key(tid, st, key) {
+        if defer_exit(
+            st,
+            unsafe { bpf_ktime_get_ns() },
+            nr,
+            key as u32 as i32,
+            ret,
+        ) {
+            return 0;
+        }
+    } else {
+        flush_exit(tid, tgid, st);
+    }
+    emit(WaitEvent {
+        hdr: header(kind::WAIT_EXIT, tid, tgid),
+        nr,
+        fd: key as u32 as i32,
+        ret,
+    });
+    0
+}
+
+/// The first fd of a poll set; None for `poll(NULL, 0, t)`, a sleep.
+#[inline(always)]
+fn poll_fd(fds: u64, nfds: u64) -> Option<i32> {
+    if nfds == 0 {
+        return None;
+    }
+    // struct pollfd { int fd; ... }: the first watched fd names the wait.
+    Some(unsafe { bpf_probe_read_user(fds as *const i32) }.unwrap_or(-1))
+}
+
+/// `syscalls:sys_enter_{epoll_wait,epoll_pwait,epoll_pwait2,poll,ppoll,select,pselect6}`.
+#[tracepoint]
+pub fn sp_wait_enter(ctx: TracePointContext) -> u32 {
+    if !is_target((bpf_get_current_pid_tgid() >> 32) as u32) {
+        return 0;
+    }
+    // Common syscall tracepoint layout: __syscall_nr at 8, args from 16.
+    let nr = tp_field::<i32>(&ctx, 8) as u32;
+    let arg0 = tp_field::<u64>(&ctx, 16);
+    let fd = if sysno::is_epoll(nr) {
+        arg0 as i32
+    } else if nr == sysno::POLL || nr == sysno::PPOLL {
+        let nfds = tp_field::<u64>(&ctx, 24);
+        match poll_fd(arg0, nfds) {
+            Some(fd) => fd,
+            None => return 0,
+        }
+    } else {
+        // select(0, NULL, NULL, NULL, &t) is a sleep (CPython 3.10's time.sleep).
+        if arg0 == 0 {
+            return 0;
+        }
+        arg0 as i32 // nfds
+    };
+    on_wait_enter(nr, fd)
+}
+
+/// `syscalls:sys_exit_*` for the same wait syscalls.
+#[tracepoint]
+pub fn sp_wait_exit(ctx: TracePointContext) -> u32 {
+    let nr = tp_field::<i32>(&ctx, 8) as u32;
+    let ret = tp_field::<i64>(&ctx, 16);
+    on_wait_exit(nr, ret)
+}
