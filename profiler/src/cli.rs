@@ -17,6 +17,10 @@ EXAMPLES:
 
     # Re-render a recording with a higher threshold
     stallprof report out --threshold 100ms
+
+    # Save the raw records too, then look at shorter stalls later
+    sudo stallprof record --save-events -o out -- python3 app.py
+    stallprof report out --threshold 10ms -o out-10ms
 ";
 
 #[derive(Parser, Debug)]
@@ -84,8 +88,10 @@ pub struct RecordArgs {
     /// Output directory (default ./stallprof-<pid>-<time>/).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
-    /// Also save the event stream (events.jsonl) and the symbols it needs
-    /// (symbols.json), to replay the recording without the target.
+    /// Also save a recording that replays everything without the target:
+    /// the kernel's raw records before unwinding (events.bin.gz), what the
+    /// unwinder read (unwind.json.gz) and every symbol (symbols.json).
+    /// `report --threshold` can then go below the recorded threshold.
     #[arg(long)]
     pub save_events: bool,
     /// No live status line.
@@ -100,7 +106,8 @@ pub struct RecordArgs {
 pub struct ReportArgs {
     /// A directory written by `stallprof record` (or its stalls.json).
     pub input: PathBuf,
-    /// Only stalls at least this long (must be >= the recording's threshold).
+    /// Only stalls at least this long. Below the recording's threshold it
+    /// replays the raw records of a `--save-events` recording.
     #[arg(long, value_parser = parse_duration)]
     pub threshold: Option<u64>,
     /// Where to write the re-rendered files (default: the input directory).

@@ -231,7 +231,8 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
             }
         }
         kind::SWITCH_OUT | kind::SAMPLE => {
-            if bytes.len() < size_of::<StackEvent>() {
+            // A saved recording keeps only the valid part of the stack copy.
+            if bytes.len() < std::mem::offset_of!(StackEvent, stack) {
                 return Err(EventError::Short {
                     kind: hdr.kind,
                     len: bytes.len(),
@@ -279,6 +280,26 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
         }
         other => return Err(EventError::Kind(other)),
     })
+}
+
+/// How much of a record a recording keeps: all of it, except for a stack
+/// event, whose user-stack copy is cut to its valid bytes.
+pub fn saved_len(bytes: &[u8]) -> usize {
+    let Ok(hdr) = read::<EventHeader>(bytes, 0) else {
+        return bytes.len();
+    };
+    if hdr.kind != kind::SAMPLE && hdr.kind != kind::SWITCH_OUT {
+        return bytes.len();
+    }
+    let len_at = std::mem::offset_of!(StackEvent, stack_len);
+    let stack_at = std::mem::offset_of!(StackEvent, stack);
+    match bytes
+        .get(len_at..)
+        .and_then(|b| read::<u32>(b, hdr.kind).ok())
+    {
+        Some(n) => (stack_at + (n as usize).min(USER_STACK_COPY)).min(bytes.len()),
+        None => bytes.len(),
+    }
 }
 
 /// The user registers and the copied user stack of a stack event (sample or

@@ -8,6 +8,7 @@
 pub mod aggregate;
 pub mod cli;
 pub mod daemon;
+pub mod engine;
 pub mod event;
 pub mod loops;
 pub mod model;
@@ -16,10 +17,9 @@ pub mod pyframes;
 pub mod python;
 pub mod record;
 pub mod render;
-pub mod replay;
 pub mod report;
 pub mod runtimes;
-pub mod session;
+
 pub mod stall;
 pub mod symbolize;
 pub mod unwind;

@@ -22,10 +22,10 @@ use tokio::{
 
 use crate::{
     cli::{RecordArgs, fmt_ns},
+    engine::{Engine, NoControl, is_own_fork, read_comm},
     model::{Recording, Stall},
     probe::Probes,
     render,
-    session::{Session, is_own_fork, read_comm},
 };
 
 /// Validated `record` settings.
@@ -255,11 +255,11 @@ async fn record(cfg: RecordConfig) -> Result<String> {
     info!("attached to {pid} in {attach_ms:.0} ms");
     let started_ns = monotonic_ns();
 
-    let mut sess = Session::new(cfg.threshold_ns, cfg.tids.clone());
+    let mut engine = Engine::new(cfg.threshold_ns, cfg.tids.clone());
     if cfg.save_events {
-        sess.save_events(&cfg.output)?;
+        engine.save_to(&cfg.output)?;
     }
-    sess.tick(&[pid], &mut probes);
+    engine.tick(&[pid], &mut probes);
     let mut comm = read_comm(pid, pid).filter(|_| launched.is_none());
 
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -276,7 +276,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
-                sess.drain(guard.get_inner_mut(), Some(&mut probes));
+                engine.drain(guard.get_inner_mut(), &mut probes);
                 guard.clear_ready();
             }
             _ = sigint.recv() => { ended_by = "Ctrl-C"; break; }
@@ -286,7 +286,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
             }
             _ = drain_tick.tick() => {
                 // Events are submitted without wakeups (see RINGBUF_WAKEUP_BYTES).
-                sess.drain(ring.get_mut(), Some(&mut probes));
+                engine.drain(ring.get_mut(), &mut probes);
             }
             _ = tick.tick() => {
                 ticks += 1;
@@ -294,7 +294,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
                     tick = tokio::time::interval(Duration::from_millis(250));
                 }
                 let exited = launched.as_mut().is_some_and(|l| l.try_wait().is_some());
-                if exited || !process_alive(pid) || sess.take_exited().contains(&pid) {
+                if exited || !process_alive(pid) || engine.take_exited().contains(&pid) {
                     break;
                 }
                 // Every tick: a launcher (a pyenv shim, `env`) may exec again.
@@ -303,15 +303,15 @@ async fn record(cfg: RecordConfig) -> Result<String> {
                 {
                     comm = Some(c);
                 }
-                sess.tick(&[pid], &mut probes);
+                engine.tick(&[pid], &mut probes);
                 if cfg.live_status {
-                    let busy = sess.busy_now_ns(monotonic_ns());
+                    let busy = engine.busy_now_ns(monotonic_ns());
                     let busy = if busy >= cfg.threshold_ns { format!(", stalled now {}", fmt_ns(busy)) } else { String::new() };
                     eprint!(
                         "\r\x1b[Krecording pid {pid}: {:.0}s, {} stalls, worst {}{busy}",
                         t0.elapsed().as_secs_f64(),
-                        sess.stall_count(),
-                        fmt_ns(sess.worst_ns())
+                        engine.stall_count(),
+                        fmt_ns(engine.worst_ns())
                     );
                     status_shown = true;
                 }
@@ -322,7 +322,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
         eprint!("\r\x1b[K");
     }
     // Last events, then detach before anything slow.
-    sess.drain(ring.get_mut(), None);
+    engine.drain(ring.get_mut(), &mut NoControl);
     let ended_ns = monotonic_ns();
     let mut drops = probes.drops();
     let kernel_filtered = probes.filtered();
@@ -330,11 +330,11 @@ async fn record(cfg: RecordConfig) -> Result<String> {
     drop(probes);
     info!("recording ended by {ended_by}; probes detached");
 
-    sess.finish(ended_ns);
+    engine.finish(ended_ns);
     if cfg.save_events {
-        sess.finish_saving(&cfg.output)?;
+        engine.finish_saving(&cfg.output)?;
     }
-    for (k, v) in sess.agent_drops() {
+    for (k, v) in engine.agent_drops() {
         drops.insert(k.to_string(), v);
     }
     let lost_events = drops
@@ -348,7 +348,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
             .unwrap_or_default(),
         Target::Pid(_) => "?".into(),
     });
-    let mut stalls: Vec<Stall> = sess.take_stalls().into_iter().map(|(_, s)| s).collect();
+    let mut stalls: Vec<Stall> = engine.take_stalls().into_iter().map(|(_, s)| s).collect();
     stalls.sort_by_key(|s| (s.start_ns, s.tid));
     let rec = Recording {
         pid,
@@ -357,13 +357,13 @@ async fn record(cfg: RecordConfig) -> Result<String> {
         sample_hz: cfg.sample_hz,
         sample_after_ns: cfg.sample_after_ns,
         kernel_filtered,
-        busy_periods: sess.busy_periods(),
+        busy_periods: engine.busy_periods(),
         clock: "monotonic".into(),
         started_ns,
         ended_ns,
         lost_events,
         drops,
-        executor_threads: sess.executors(pid),
+        executor_threads: engine.executors(pid),
         stallprof_version: env!("CARGO_PKG_VERSION").into(),
         stalls,
     };

@@ -41,6 +41,14 @@
 //! (not the whole file). The `[vdso]` is parsed once from this process's own
 //! copy (same kernel, same image).
 //!
+//! # Replay
+//!
+//! With [`Unwinder::start_saving`], every executable mapping read and every
+//! file's unwind sections parsed are also kept in an [`UnwindBundle`]; an
+//! unwinder made by [`Unwinder::replaying`] takes its mappings and files
+//! from such a bundle instead of `/proc`, so a saved recording unwinds
+//! exactly as it did live, on another machine, after the target is gone.
+//!
 //! # Caching and cost
 //!
 //! * Parsed unwind sections are cached per file identity (device, inode, size,
@@ -70,7 +78,7 @@
 //!   `.debug_frame` are not consulted; `.eh_frame` is always present in
 //!   practice on Linux.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
@@ -85,6 +93,7 @@ use gimli::{
     RegisterRule, UnitOffset, UnwindContext, UnwindSection, Value, X86_64,
 };
 use object::{Object, ObjectSection, ObjectSegment, ReadRef};
+use serde::{Deserialize, Serialize};
 
 /// Most addresses returned for one stack (the first, `ip`, included).
 pub const MAX_FRAMES: usize = 128;
@@ -331,6 +340,138 @@ impl ElfUnwindInfo {
         };
         Some((Module::new(name.to_string(), avma, base_avma, info), bias))
     }
+}
+
+/// One file's unwind sections as a recording keeps them (see
+/// [`UnwindBundle`]); section bytes as hex.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct SavedElf {
+    /// (offset, vaddr, filesz, exec) of each `PT_LOAD`.
+    loads: Vec<(u64, u64, u64, bool)>,
+    base_svma: u64,
+    text_svma: Option<(u64, u64)>,
+    got_svma: Option<(u64, u64)>,
+    eh_frame: Option<(u64, u64, String)>,
+    eh_frame_hdr: Option<(u64, u64, String)>,
+    debug_frame: Option<String>,
+}
+
+fn hex(d: &[u8]) -> String {
+    let mut s = String::with_capacity(d.len() * 2);
+    for b in d {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+fn unhex(s: &str) -> Option<Data> {
+    let b = s.as_bytes();
+    if b.len() % 2 != 0 {
+        return None;
+    }
+    let v: Option<Vec<u8>> = b
+        .chunks_exact(2)
+        .map(|c| u8::from_str_radix(std::str::from_utf8(c).ok()?, 16).ok())
+        .collect();
+    v.map(Arc::from)
+}
+
+impl ElfUnwindInfo {
+    fn save(&self) -> SavedElf {
+        let range = |r: &Option<Range<u64>>| r.as_ref().map(|r| (r.start, r.end));
+        let sect =
+            |e: &Option<(Range<u64>, Data)>| e.as_ref().map(|(r, d)| (r.start, r.end, hex(d)));
+        SavedElf {
+            loads: self
+                .loads
+                .iter()
+                .map(|l| (l.offset, l.vaddr, l.filesz, l.exec))
+                .collect(),
+            base_svma: self.base_svma,
+            text_svma: range(&self.text_svma),
+            got_svma: range(&self.got_svma),
+            eh_frame: sect(&self.eh_frame),
+            eh_frame_hdr: sect(&self.eh_frame_hdr),
+            debug_frame: self.debug_frame.as_ref().map(|d| hex(d)),
+        }
+    }
+
+    fn restore(s: &SavedElf) -> Option<Self> {
+        let sect = |e: &Option<(u64, u64, String)>| -> Option<Option<(Range<u64>, Data)>> {
+            match e {
+                None => Some(None),
+                Some((a, b, h)) => Some(Some((*a..*b, unhex(h)?))),
+            }
+        };
+        Some(ElfUnwindInfo {
+            loads: s
+                .loads
+                .iter()
+                .map(|&(offset, vaddr, filesz, exec)| LoadSegment {
+                    offset,
+                    vaddr,
+                    filesz,
+                    exec,
+                })
+                .collect(),
+            base_svma: s.base_svma,
+            text_svma: s.text_svma.map(|(a, b)| a..b),
+            got_svma: s.got_svma.map(|(a, b)| a..b),
+            eh_frame: sect(&s.eh_frame)?,
+            eh_frame_hdr: sect(&s.eh_frame_hdr)?,
+            debug_frame: match &s.debug_frame {
+                None => None,
+                Some(h) => Some(unhex(h)?),
+            },
+            slow: OnceLock::new(),
+        })
+    }
+}
+
+/// What unwinding a recording again needs: each process's executable
+/// mappings (lines of `/proc/PID/maps`, every one seen while recording)
+/// and each mapped file's unwind sections, by the `dev inode` the maps name
+/// (`[vdso]` for the vDSO).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct UnwindBundle {
+    maps: BTreeMap<u32, BTreeMap<u64, String>>,
+    files: BTreeMap<String, SavedElf>,
+}
+
+impl UnwindBundle {
+    fn add_maps(&mut self, pid: u32, text: &str) {
+        let lines = self.maps.entry(pid).or_default();
+        for line in text.lines() {
+            let start = line
+                .split_once('-')
+                .and_then(|(s, _)| u64::from_str_radix(s, 16).ok());
+            if let Some(start) = start
+                && line
+                    .split_whitespace()
+                    .nth(1)
+                    .is_some_and(|p| p.as_bytes().get(2) == Some(&b'x'))
+            {
+                lines.insert(start, line.to_string());
+            }
+        }
+    }
+
+    fn maps_text(&self, pid: u32) -> Option<String> {
+        let lines = self.maps.get(&pid)?;
+        Some(lines.values().map(|l| format!("{l}\n")).collect())
+    }
+}
+
+fn file_id(dev: &str, inode: u64) -> String {
+    format!("{dev} {inode}")
+}
+
+/// Where modules come from.
+enum Source {
+    /// `/proc` and the files it names; `Some`: also kept for a recording.
+    Live(Option<Box<UnwindBundle>>),
+    /// A recording's bundle.
+    Saved(Box<UnwindBundle>),
 }
 
 // ---- Slow path: frames framehop cannot unwind, evaluated with gimli --------
@@ -903,6 +1044,7 @@ pub struct Unwinder {
     vdso: Option<Option<Arc<ElfUnwindInfo>>>,
     /// gimli's CFI evaluation state for the slow path.
     gimli_ctx: Box<UnwindContext<usize>>,
+    source: Source,
 }
 
 impl Default for Unwinder {
@@ -919,6 +1061,30 @@ impl Unwinder {
             files: HashMap::new(),
             vdso: None,
             gimli_ctx: Box::new(UnwindContext::new()),
+            source: Source::Live(None),
+        }
+    }
+
+    /// An unwinder that takes mappings and files from a recording's bundle.
+    pub fn replaying(bundle: UnwindBundle) -> Self {
+        Unwinder {
+            source: Source::Saved(Box::new(bundle)),
+            ..Self::new()
+        }
+    }
+
+    /// Keep every mapping and file used from now on (see [`UnwindBundle`]).
+    pub fn start_saving(&mut self) {
+        if let Source::Live(keep) = &mut self.source {
+            keep.get_or_insert_default();
+        }
+    }
+
+    /// What was kept since [`Unwinder::start_saving`].
+    pub fn saved(&self) -> Option<&UnwindBundle> {
+        match &self.source {
+            Source::Live(keep) => keep.as_deref(),
+            Source::Saved(_) => None,
         }
     }
 
@@ -1063,11 +1229,15 @@ impl Unwinder {
             refresh_interval: REFRESH_MIN,
             alive: true,
         };
-        match read_maps(pid) {
+        match self.read_maps(pid) {
             Some(maps) => {
                 self.apply_maps(pid, &mut proc, maps);
             }
             None => proc.alive = false,
+        }
+        // A recording's mappings never change: nothing to refresh.
+        if matches!(self.source, Source::Saved(_)) {
+            proc.alive = false;
         }
         proc
     }
@@ -1078,7 +1248,7 @@ impl Unwinder {
             return false;
         };
         proc.last_refresh = Instant::now();
-        let changed = match read_maps(pid) {
+        let changed = match self.read_maps(pid) {
             Some(maps) => self.apply_maps(pid, &mut proc, maps),
             None => {
                 proc.alive = false;
@@ -1129,14 +1299,42 @@ impl Unwinder {
         match &m.kind {
             MapKind::Anon => None,
             MapKind::Vdso => {
-                let info = self
-                    .vdso
-                    .get_or_insert_with(|| own_vdso().map(Arc::new))
-                    .clone()?;
+                let info = match &mut self.source {
+                    Source::Saved(b) => self
+                        .vdso
+                        .get_or_insert_with(|| {
+                            b.files
+                                .get("[vdso]")
+                                .and_then(ElfUnwindInfo::restore)
+                                .map(Arc::new)
+                        })
+                        .clone()?,
+                    Source::Live(keep) => {
+                        let info = self
+                            .vdso
+                            .get_or_insert_with(|| own_vdso().map(Arc::new))
+                            .clone()?;
+                        if let Some(b) = keep {
+                            b.files
+                                .entry("[vdso]".into())
+                                .or_insert_with(|| info.save());
+                        }
+                        info
+                    }
+                };
                 let module = info.module("[vdso]", m.start..m.end, 0)?;
                 Some(with_cfi(info, module))
             }
-            MapKind::File { path, .. } => {
+            MapKind::File { path, dev, inode } if matches!(self.source, Source::Saved(_)) => {
+                let Source::Saved(b) = &self.source else {
+                    return None;
+                };
+                let info = ElfUnwindInfo::restore(b.files.get(&file_id(dev, *inode))?)?;
+                let info = Arc::new(info);
+                let module = info.module(path, m.start..m.end, m.offset)?;
+                Some(with_cfi(info, module))
+            }
+            MapKind::File { path, dev, inode } => {
                 let file = open_mapped_file(pid, m.start, m.end, path)?;
                 let meta = file.metadata().ok()?;
                 let key = FileKey {
@@ -1158,18 +1356,33 @@ impl Unwinder {
                         parsed
                     })
                     .clone()?;
+                if let Source::Live(Some(b)) = &mut self.source {
+                    b.files
+                        .entry(file_id(dev, *inode))
+                        .or_insert_with(|| info.save());
+                }
                 let module = info.module(path, m.start..m.end, m.offset)?;
                 Some(with_cfi(info, module))
             }
         }
     }
-}
 
-fn read_maps(pid: u32) -> Option<Vec<ExecMapping>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    // A zombie's maps read as empty: treat as gone, keep the old snapshot.
-    let maps = parse_maps(&text);
-    (!maps.is_empty()).then_some(maps)
+    /// The executable mappings of `pid`, from `/proc` or the recording.
+    fn read_maps(&mut self, pid: u32) -> Option<Vec<ExecMapping>> {
+        let text = match &mut self.source {
+            Source::Saved(b) => b.maps_text(pid)?,
+            Source::Live(keep) => {
+                let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+                if let Some(b) = keep {
+                    b.add_maps(pid, &text);
+                }
+                text
+            }
+        };
+        // A zombie's maps read as empty: treat as gone, keep the old snapshot.
+        let maps = parse_maps(&text);
+        (!maps.is_empty()).then_some(maps)
+    }
 }
 
 /// Open the file behind a mapping, preferring `map_files` (deleted files,

@@ -1,27 +1,30 @@
-//! Tier 2: golden tests. A recorded event stream (`record --save-events`)
-//! is replayed through stall assembly, symbolization (from the recorded
-//! symbol table) and aggregation; the folded output must match the
-//! checked-in one exactly. Regenerate with STALLPROF_BLESS=1 after an
-//! intended change, and review the diff.
+//! Tier 2: golden tests. A recording saved by `record --save-events` (the
+//! raw kernel records before unwinding, what the unwinder read, every
+//! symbol answer) is replayed through the whole engine — decode, unwind,
+//! stall assembly, symbolization — and aggregated; the folded output must
+//! equal `expected.folded`, the `stalls.folded` that the live recording
+//! wrote. So replay is checked to be the live pipeline, unwinding included.
+//!
+//! A case is made by recording a victim (see docs/testing.md, "Golden
+//! recordings") and copying `events.bin.gz`, `unwind.json.gz`,
+//! `symbols.json` and `stalls.folded` (as `expected.folded`) here.
 use std::{fs, path::PathBuf};
 
-use stallprof::{aggregate, replay, stall::TrackerConfig};
+use stallprof::{aggregate, engine, stall::TrackerConfig};
 
 fn case(name: &str, threshold_ns: u64) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .join(name);
-    let events = replay::read_events(&dir.join("events.jsonl")).unwrap();
-    let mut symbols = replay::read_symbols(&dir.join("symbols.json")).unwrap();
-    let stalls = replay::replay(
-        events,
+    let stalls = engine::replay(
+        &dir,
         TrackerConfig {
             threshold_ns,
             tids: None,
         },
-        &mut symbols,
         None,
-    );
+    )
+    .unwrap();
     assert!(!stalls.is_empty(), "{name}: no stalls replayed");
     for s in &stalls {
         assert_eq!(
@@ -38,39 +41,56 @@ fn case(name: &str, threshold_ns: u64) {
     }
     let mut got = aggregate::folded_lines(&stalls).join("\n");
     got.push('\n');
-    let summary = format!(
-        "stalls {}\n{}",
-        stalls.len(),
-        stalls
-            .iter()
-            .map(|s| format!("{} {} {}\n", s.start_ns, s.duration_ns, s.on_cpu_ns))
-            .collect::<String>()
-    );
-    let expected_path = dir.join("expected.folded");
-    let summary_path = dir.join("expected.stalls");
-    if std::env::var_os("STALLPROF_BLESS").is_some() {
-        fs::write(&expected_path, &got).unwrap();
-        fs::write(&summary_path, &summary).unwrap();
-        return;
+    let expected = fs::read_to_string(dir.join("expected.folded")).unwrap();
+    if got != expected {
+        let out = std::env::temp_dir().join(format!("golden-{name}.folded"));
+        fs::write(&out, &got).unwrap();
+        panic!(
+            "{name}: the replayed folded output differs from the live recording's \
+             (replayed: {}; diff it against {})",
+            out.display(),
+            dir.join("expected.folded").display()
+        );
     }
-    let expected =
-        fs::read_to_string(&expected_path).expect("expected.folded (bless with STALLPROF_BLESS=1)");
-    assert_eq!(got, expected, "{name}: folded output changed");
-    assert_eq!(
-        summary,
-        fs::read_to_string(&summary_path).unwrap(),
-        "{name}: stall timings changed"
-    );
 }
 
-/// The C epoll victim: spin, nanosleep and pipe stalls.
+/// The C epoll victim: spin, nanosleep and pipe stalls, unwound from the
+/// copied stacks by `.eh_frame` (built with frame pointers, which the
+/// unwinder does not need).
 #[test]
 fn golden_c_loop() {
     case("c_loop", 40_000_000);
 }
 
-/// An asyncio victim on CPython 3.11: Python frames merged with native ones.
+/// An asyncio victim on CPython: Python frames merged with native ones.
 #[test]
 fn golden_python_blocking_client() {
     case("py_blocking_client", 40_000_000);
+}
+
+/// The replay unwinds: without the recording's unwind bundle the same
+/// records give other stacks (frame-pointer junk on this CPython).
+#[test]
+fn golden_replay_unwinds() {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/py_blocking_client");
+    let dir = std::env::temp_dir().join(format!("golden-no-unwind-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    for f in ["events.bin.gz", "symbols.json"] {
+        fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut empty = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut empty, br#"{"maps":{},"files":{}}"#).unwrap();
+    fs::write(dir.join("unwind.json.gz"), empty.finish().unwrap()).unwrap();
+    let cfg = TrackerConfig {
+        threshold_ns: 40_000_000,
+        tids: None,
+    };
+    let stalls = engine::replay(&dir, cfg, None).unwrap();
+    let _ = fs::remove_dir_all(&dir);
+    let mut got = aggregate::folded_lines(&stalls).join("\n");
+    got.push('\n');
+    assert_ne!(
+        got,
+        fs::read_to_string(src.join("expected.folded")).unwrap()
+    );
 }

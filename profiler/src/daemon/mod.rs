@@ -7,7 +7,7 @@
 //! probe detached.
 //!
 //! Two threads:
-//! - the *collector* owns the probes and the [`Session`] (the same stall
+//! - the *collector* owns the probes and the [`Engine`] (the same stall
 //!   model and symbolization as `record`). It drains the ring buffer every
 //!   100 ms on a timer rather than waiting on its fd: a thread that never
 //!   enters epoll/poll/select is invisible to the probes, so the daemon does
@@ -63,7 +63,7 @@ use self::{
     reports::Window,
 };
 use crate::{
-    cli::fmt_ns, model::Stall, probe::Probes, record::monotonic_ns, render, session::Session,
+    cli::fmt_ns, engine::Engine, model::Stall, probe::Probes, record::monotonic_ns, render,
 };
 
 const EXAMPLES: &str = "\
@@ -109,7 +109,7 @@ pub struct DaemonArgs {
 
 /// Drain period of the ring buffer.
 const DRAIN_EVERY: Duration = Duration::from_millis(100);
-/// Session upkeep (maps snapshots, CPython thread tables).
+/// Engine upkeep (maps snapshots, CPython thread tables).
 const TICK_EVERY: Duration = Duration::from_millis(250);
 /// Exits, exec, pid reuse, counters, memory bounds.
 const HOUSEKEEP_EVERY: Duration = Duration::from_secs(1);
@@ -319,7 +319,7 @@ struct Collector {
     // Field order = drop order: the ring before the probes that own its map.
     ring: RingBuf<MapData>,
     probes: Probes,
-    session: Session,
+    session: Engine,
     /// Monitored live processes, by pid.
     procs: HashMap<u32, Tracked>,
     /// Live processes left out (rules, the daemon itself, over the limit):
@@ -346,7 +346,7 @@ impl Collector {
             crate::probe::default_sample_after(cfg.threshold_ns),
         )?;
         let ring = probes.take_events()?;
-        let session = Session::new(cfg.threshold_ns, None);
+        let session = Engine::new(cfg.threshold_ns, None);
         let now = monotonic_ns();
         let next_roll_mono = now + until_boundary(cfg.window);
         info!(
@@ -638,7 +638,7 @@ impl Collector {
         for (k, v) in self.session.agent_drops() {
             *self.agent_base.entry(k.to_string()).or_default() += v;
         }
-        let old = std::mem::replace(&mut self.session, Session::new(self.cfg.threshold_ns, None));
+        let old = std::mem::replace(&mut self.session, Engine::new(self.cfg.threshold_ns, None));
         self.session = old.rebuild();
         self.forgotten_since_reset = 0;
         self.sh.metrics.session_resets.inc();

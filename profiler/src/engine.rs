@@ -1,17 +1,33 @@
-//! A live session: ring-buffer records in, symbolized stalls out, for one
-//! process (`record`) or many (`daemon`).
+//! The engine: one pipeline for `record`, `daemon` and replay.
 //!
-//! In: raw ring-buffer records. Out: [`Stall`]s per process, the executor
-//! threads found, and failure counters. Per record: decode (`event`),
-//! unwind the copied user stack (`unwind`), feed stall assembly (`stall`);
-//! per finished stall: symbolize at once, while the process lives.
-//! Loop-key decisions and Python thread states flow back to the probes.
+//! ```text
+//! source ──bytes──> decode ──> unwind ──> assemble ──> symbolize ──> stalls
+//! (ring buffer,     (event)    (unwind)   (stall,      (symbolize,    (taken by the
+//!  or a recording)                         loops)       python)        command's sinks)
+//!        ^                                   │
+//!        └──────── Control (the probes; nothing when replaying) <── loop keys,
+//!                                                   Python thread states, park probes
+//! ```
+//!
+//! In: raw ring-buffer records ([`Engine::handle_record`]), from the kernel
+//! or from a saved recording. Out: symbolized [`Stall`]s per process
+//! ([`Engine::take_stalls`]), the loop threads found, failure counters.
+//! Feedback to the kernel goes through [`Control`] only, so replay runs the
+//! very same code with [`NoControl`].
+//!
+//! A live engine reads runtimes and symbols from `/proc` (upkeep in
+//! [`Engine::tick`]); with [`Engine::save_to`] it also writes a recording
+//! that replays everything: the raw records before unwinding
+//! (`events.bin.gz`), what the unwinder read (`unwind.json.gz`) and every
+//! symbol answer (`symbols.json`). [`Engine::replaying`] reads them back.
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     fs,
-    io::Write,
+    io::{BufRead, BufReader, BufWriter, Read, Write},
     path::{Path, PathBuf},
 };
+
+use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 
 use anyhow::{Context, Result};
 use log::{debug, info, warn};
@@ -21,13 +37,109 @@ use crate::{
     cli::fmt_ns,
     event::{self, Event},
     model::{Stall, ThreadInfo},
-    probe::Probes,
+    probe::{ProbeError, Probes},
     python::{self, Interpreter, PythonError},
-    runtimes,
+    runtimes::{self, ParkPoint},
     stall::{Output, Tracker, TrackerConfig},
-    symbolize::{BlazeResolver, Recorder, TableResolver, to_stall},
-    unwind::{UnwindOutcome, Unwinder, UserRegs},
+    symbolize::{BlazeResolver, Recorder, Resolve, TableResolver, to_stall},
+    unwind::{UnwindBundle, UnwindOutcome, Unwinder, UserRegs},
 };
+
+/// Everything the engine tells the kernel side. The probes implement it;
+/// a replay has no kernel to tell ([`NoControl`]).
+pub trait Control {
+    /// `tid`'s loop wait is `key` (`LOOP_KEYS`).
+    fn set_loop_key(&mut self, tid: u32, key: u64);
+    /// `tid` is no loop thread any more (exited).
+    fn forget_loop_thread(&mut self, tid: u32);
+    /// How to walk process `tgid`'s Python stacks.
+    fn set_python_proc(&mut self, tgid: u32, p: PyProc);
+    /// Thread -> `PyThreadState*` updates.
+    fn set_python_threads(&mut self, fresh: &[(u32, u64)], gone: &[u32]);
+    /// A runtime's park function, for one process or all.
+    fn attach_park(&mut self, point: &ParkPoint, pid: Option<u32>) -> Result<(), ProbeError>;
+}
+
+impl Control for Probes {
+    fn set_loop_key(&mut self, tid: u32, key: u64) {
+        Probes::set_loop_key(self, tid, key)
+    }
+    fn forget_loop_thread(&mut self, tid: u32) {
+        Probes::forget_loop_thread(self, tid)
+    }
+    fn set_python_proc(&mut self, tgid: u32, p: PyProc) {
+        Probes::set_python_proc(self, tgid, p)
+    }
+    fn set_python_threads(&mut self, fresh: &[(u32, u64)], gone: &[u32]) {
+        Probes::set_python_threads(self, fresh, gone)
+    }
+    fn attach_park(&mut self, point: &ParkPoint, pid: Option<u32>) -> Result<(), ProbeError> {
+        Probes::attach_park(self, point, pid)
+    }
+}
+
+/// The control of a replay, and of a live engine's last drain after the
+/// probes are gone: nothing to tell.
+pub struct NoControl;
+
+impl Control for NoControl {
+    fn set_loop_key(&mut self, _: u32, _: u64) {}
+    fn forget_loop_thread(&mut self, _: u32) {}
+    fn set_python_proc(&mut self, _: u32, _: PyProc) {}
+    fn set_python_threads(&mut self, _: &[(u32, u64)], _: &[u32]) {}
+    fn attach_park(&mut self, _: &ParkPoint, _: Option<u32>) -> Result<(), ProbeError> {
+        Ok(())
+    }
+}
+
+/// Where symbols come from.
+enum Symbols {
+    /// The live process; `recorded`: every answer also kept for a recording.
+    Live {
+        blaze: BlazeResolver,
+        recorded: Option<TableResolver>,
+    },
+    /// A recording's symbol table.
+    Saved(TableResolver),
+}
+
+impl Symbols {
+    fn live(&mut self) -> Option<&mut BlazeResolver> {
+        match self {
+            Symbols::Live { blaze, .. } => Some(blaze),
+            Symbols::Saved(_) => None,
+        }
+    }
+
+    fn resolve<R>(&mut self, f: impl FnOnce(&mut dyn Resolve) -> R) -> R {
+        match self {
+            Symbols::Live {
+                blaze,
+                recorded: Some(table),
+            } => {
+                let mut rec = Recorder {
+                    inner: blaze,
+                    table: std::mem::take(table),
+                };
+                let r = f(&mut rec);
+                *table = rec.table;
+                r
+            }
+            Symbols::Live { blaze, .. } => f(blaze),
+            Symbols::Saved(t) => f(t),
+        }
+    }
+}
+
+/// Files of a saved recording, in its directory.
+pub const EVENTS_FILE: &str = "events.bin.gz";
+pub const UNWIND_FILE: &str = "unwind.json.gz";
+pub const SYMBOLS_FILE: &str = "symbols.json";
+/// Magic first line of `events.bin.gz`: format and version.
+const EVENTS_MAGIC: &[u8] = b"stallprof-events 1\n";
+/// A recorded record longer than this is corrupt (the largest is a stack
+/// event, ~35 KiB).
+const MAX_RECORD: usize = 1 << 20;
 
 pub fn read_comm(pid: u32, tid: u32) -> Option<String> {
     fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
@@ -63,7 +175,7 @@ impl PythonWatch {
         }
     }
 
-    fn poll(&mut self, pid: u32, probes: &mut Probes) {
+    fn poll(&mut self, pid: u32, probes: &mut dyn Control) {
         if self.interp.is_none() && !self.given_up && !is_own_fork(pid) {
             self.attempts += 1;
             if self.attempts <= 20 || self.attempts % 20 == 0 {
@@ -137,7 +249,7 @@ struct RuntimeWatch {
 }
 
 impl RuntimeWatch {
-    fn poll(&mut self, pid: u32, probes: &mut Probes, per_process: bool) {
+    fn poll(&mut self, pid: u32, probes: &mut dyn Control, per_process: bool) {
         if self.done {
             return;
         }
@@ -173,70 +285,118 @@ const MAPS_UPKEEP: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long stalls of a process with a perf map wait before symbolization.
 const JIT_NAME_DELAY: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Everything a live session accumulates.
-pub struct Session {
+/// The pipeline's state: one per recording, daemon (rebuilt now and then
+/// to bound memory, see [`Engine::rebuild`]) or replay.
+pub struct Engine {
     /// Stalls held back for JIT names: (due, thread name, stall).
     pending: Vec<(std::time::Instant, String, crate::stall::RawStall)>,
     tracker: Tracker,
-    resolver: BlazeResolver,
+    symbols: Symbols,
     unwinder: Unwinder,
     stalls: Vec<(u32, Stall)>,
     names: HashMap<u32, String>,
     python: HashMap<u32, PythonWatch>,
     runtimes: HashMap<u32, RuntimeWatch>,
-    events_out: Option<std::io::BufWriter<fs::File>>,
-    /// With --save-events: every symbol answer, for replay (symbols.json).
-    symbols: Option<TableResolver>,
+    /// With [`Engine::save_to`]: raw records as they came (`events.bin.gz`).
+    events_out: Option<GzEncoder<BufWriter<fs::File>>>,
     agent_drops: BTreeMap<&'static str, u64>,
     exited: HashSet<u32>,
 }
 
-impl Session {
-    pub fn new(threshold_ns: u64, tids: Option<HashSet<u32>>) -> Session {
-        Session {
+impl Engine {
+    /// A live engine: runtimes, maps and symbols read from `/proc`.
+    pub fn new(threshold_ns: u64, tids: Option<HashSet<u32>>) -> Engine {
+        Self::with(
+            TrackerConfig { threshold_ns, tids },
+            Symbols::Live {
+                blaze: BlazeResolver::new(),
+                recorded: None,
+            },
+            Unwinder::new(),
+        )
+    }
+
+    fn with(cfg: TrackerConfig, symbols: Symbols, unwinder: Unwinder) -> Engine {
+        Engine {
             pending: Vec::new(),
-            tracker: Tracker::new(TrackerConfig { threshold_ns, tids }),
-            resolver: BlazeResolver::new(),
-            unwinder: Unwinder::new(),
+            tracker: Tracker::new(cfg),
+            symbols,
+            unwinder,
             stalls: Vec::new(),
             names: HashMap::new(),
             python: HashMap::new(),
             runtimes: HashMap::new(),
             events_out: None,
-            symbols: None,
             agent_drops: BTreeMap::new(),
             exited: HashSet::new(),
         }
     }
 
-    /// A fresh session in place of this one (the daemon's memory bound:
-    /// the stack table and per-process caches only grow while a session
-    /// lives). What must survive is carried over: the loop-thread registry
-    /// (the kernel keeps using the published keys) and the runtime park
-    /// probes already attached. Busy periods still open are cut.
-    pub fn rebuild(self) -> Session {
+    /// An engine that replays the recording saved in `dir` (see
+    /// [`Engine::save_to`]): feed it [`read_recording`]'s records.
+    pub fn replaying(dir: &Path, cfg: TrackerConfig) -> Result<Engine> {
+        let path = dir.join(UNWIND_FILE);
+        let f = fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        let bundle: UnwindBundle = serde_json::from_reader(BufReader::new(GzDecoder::new(f)))
+            .with_context(|| format!("{} is not an unwind bundle", path.display()))?;
+        let path = dir.join(SYMBOLS_FILE);
+        let bytes = fs::read(&path).with_context(|| format!("opening {}", path.display()))?;
+        let table: TableResolver = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{} is not a symbol table", path.display()))?;
+        Ok(Self::with(
+            cfg,
+            Symbols::Saved(table),
+            Unwinder::replaying(bundle),
+        ))
+    }
+
+    /// A fresh engine in place of this one (the daemon's memory bound: the
+    /// stack table and per-process caches only grow while an engine lives).
+    /// What must survive is carried over: the loop-thread registry (the
+    /// kernel keeps using the published keys) and the runtime park probes
+    /// already attached. Busy periods still open are cut.
+    pub fn rebuild(self) -> Engine {
         let cfg = self.tracker.config().clone();
-        let mut next = Session::new(cfg.threshold_ns, cfg.tids.clone());
+        let mut next = Engine::new(cfg.threshold_ns, cfg.tids.clone());
         next.tracker = Tracker::with_loops(cfg, self.tracker.into_loops());
         next.runtimes = self.runtimes;
         next
     }
 
-    /// Save every event (events.jsonl) and symbol answer (symbols.json, on
-    /// [`Session::finish_saving`]) under `dir`.
-    pub fn save_events(&mut self, dir: &Path) -> Result<()> {
-        let f = fs::File::create(dir.join("events.jsonl")).context("creating events.jsonl")?;
-        self.events_out = Some(std::io::BufWriter::new(f));
-        self.symbols = Some(TableResolver::default());
+    /// Also write a recording that replays everything into `dir`: the raw
+    /// records from now on, and (on [`Engine::finish_saving`]) what the
+    /// unwinder and the symbolizer read.
+    pub fn save_to(&mut self, dir: &Path) -> Result<()> {
+        let path = dir.join(EVENTS_FILE);
+        let f = fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let mut w = GzEncoder::new(BufWriter::new(f), Compression::fast());
+        w.write_all(EVENTS_MAGIC)?;
+        self.events_out = Some(w);
+        self.unwinder.start_saving();
+        if let Symbols::Live { recorded, .. } = &mut self.symbols {
+            *recorded = Some(TableResolver::default());
+        }
         Ok(())
     }
 
     pub fn finish_saving(&mut self, dir: &Path) -> Result<()> {
-        if let Some(w) = self.events_out.as_mut() {
-            w.flush()?;
+        if let Some(w) = self.events_out.take() {
+            w.finish()?.flush()?;
         }
-        if let Some(table) = &self.symbols {
-            let path = dir.join("symbols.json");
+        if let Some(bundle) = self.unwinder.saved() {
+            let path = dir.join(UNWIND_FILE);
+            let f =
+                fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+            let mut w = GzEncoder::new(BufWriter::new(f), Compression::default());
+            serde_json::to_writer(&mut w, bundle)?;
+            w.finish()?.flush()?;
+        }
+        if let Symbols::Live {
+            recorded: Some(table),
+            ..
+        } = &self.symbols
+        {
+            let path = dir.join(SYMBOLS_FILE);
             fs::write(&path, serde_json::to_vec(table)?)
                 .with_context(|| format!("writing {}", path.display()))?;
         }
@@ -247,19 +407,24 @@ impl Session {
         if let Some(n) = self.names.get(&tid) {
             return n.clone();
         }
-        let n = read_comm(tgid, tid).unwrap_or_else(|| "?".into());
+        let n = match self.symbols {
+            Symbols::Live { .. } => read_comm(tgid, tid).unwrap_or_else(|| "?".into()),
+            Symbols::Saved(_) => "replayed".into(),
+        };
         self.names.insert(tid, n.clone());
         n
     }
 
     /// Periodic upkeep for live processes: maps snapshots for symbolization
     /// and the Python thread tables BPF walks from.
-    pub fn tick(&mut self, pids: &[u32], probes: &mut Probes) {
+    pub fn tick(&mut self, pids: &[u32], probes: &mut dyn Control) {
         self.flush_pending(false);
         for &pid in pids {
             // Symbolization refreshes on its own (and on an unknown address);
             // this keeps a recent snapshot for a process that exits mid-stall.
-            self.resolver.refresh_if_older(pid, MAPS_UPKEEP);
+            if let Some(blaze) = self.symbols.live() {
+                blaze.refresh_if_older(pid, MAPS_UPKEEP);
+            }
             self.python
                 .entry(pid)
                 .or_insert_with(PythonWatch::new)
@@ -284,14 +449,19 @@ impl Session {
     pub fn drain(
         &mut self,
         ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
-        mut probes: Option<&mut Probes>,
+        probes: &mut dyn Control,
     ) {
         while let Some(item) = ring.next() {
-            self.handle_record(&item, probes.as_deref_mut());
+            self.handle_record(&item, probes);
         }
     }
 
-    pub fn handle_record(&mut self, bytes: &[u8], probes: Option<&mut Probes>) {
+    /// One record from the source: decode, unwind, assemble (and symbolize
+    /// the stalls it ends).
+    pub fn handle_record(&mut self, bytes: &[u8], probes: &mut dyn Control) {
+        if self.events_out.is_some() {
+            self.save_record(bytes);
+        }
         match event::parse(bytes) {
             Ok(mut ev) => {
                 self.unwind_user(&mut ev, bytes);
@@ -334,11 +504,24 @@ impl Session {
         }
     }
 
-    fn handle(&mut self, ev: Event, probes: Option<&mut Probes>) {
-        if let Some(w) = self.events_out.as_mut() {
-            let _ = serde_json::to_writer(&mut *w, &ev);
-            let _ = w.write_all(b"\n");
+    /// Append a record to `events.bin.gz`: length, then the bytes, a stack
+    /// event's copy cut to its valid length.
+    fn save_record(&mut self, bytes: &[u8]) {
+        let bytes = &bytes[..event::saved_len(bytes)];
+        let Some(w) = self.events_out.as_mut() else {
+            return;
+        };
+        let ok = w
+            .write_all(&(bytes.len() as u32).to_le_bytes())
+            .and_then(|_| w.write_all(bytes));
+        if let Err(e) = ok {
+            warn!("writing {EVENTS_FILE}: {e}; the rest of the recording is not saved");
+            self.events_out = None;
+            *self.agent_drops.entry("events_not_saved").or_default() += 1;
         }
+    }
+
+    fn handle(&mut self, ev: Event, probes: &mut dyn Control) {
         if let Event::Exit {
             process: true,
             tgid,
@@ -350,37 +533,36 @@ impl Session {
         if let Event::Sample { tgid, stack, .. } | Event::SwitchOut { tgid, stack, .. } = &ev
             && (!stack.python.is_empty() || !stack.holder_python.is_empty())
             && !self.tracker.stacks().contains(stack)
+            && let Some(blaze) = self.symbols.live()
         {
-            self.resolver.warm_python(*tgid, &stack.python);
-            self.resolver.warm_python(*tgid, &stack.holder_python);
+            blaze.warm_python(*tgid, &stack.python);
+            blaze.warm_python(*tgid, &stack.holder_python);
         }
         let mut out = Vec::new();
         self.tracker.push(ev, &mut out);
         self.outputs(out, probes);
     }
 
-    fn outputs(&mut self, out: Vec<Output>, mut probes: Option<&mut Probes>) {
+    fn outputs(&mut self, out: Vec<Output>, probes: &mut dyn Control) {
         for o in out {
             match o {
                 Output::LoopKey { tid, key } => {
                     let tgid = self.tracker.loops().tgid_of(tid).unwrap_or(tid);
                     let name = self.thread_name(tgid, tid);
                     debug!("thread {tid} ({name}) of {tgid} parks on wait key {key:#x}");
-                    if let Some(p) = probes.as_deref_mut() {
-                        p.set_loop_key(tid, key);
-                    }
+                    probes.set_loop_key(tid, key);
                 }
                 Output::LoopGone { tid } => {
-                    if let Some(p) = probes.as_deref_mut() {
-                        p.forget_loop_thread(tid);
-                    }
+                    probes.forget_loop_thread(tid);
                 }
                 Output::Stall(raw) => {
                     let name = self.thread_name(raw.tgid, raw.tid);
                     // A JIT runtime writes its perf map through a buffer:
                     // names of code compiled just before the stall may not
                     // be in the file yet. Give it a moment.
-                    if Path::new(&format!("/tmp/perf-{}.map", raw.tgid)).exists() {
+                    if self.symbols.live().is_some()
+                        && Path::new(&format!("/tmp/perf-{}.map", raw.tgid)).exists()
+                    {
                         let due = std::time::Instant::now() + JIT_NAME_DELAY;
                         self.pending.push((due, name, raw));
                     } else {
@@ -392,18 +574,8 @@ impl Session {
     }
 
     fn symbolize(&mut self, raw: crate::stall::RawStall, name: &str) {
-        let s = match self.symbols.as_mut() {
-            Some(table) => {
-                let mut rec = Recorder {
-                    inner: &mut self.resolver,
-                    table: std::mem::take(table),
-                };
-                let s = to_stall(&raw, &self.tracker.stacks, &mut rec, name);
-                *table = rec.table;
-                s
-            }
-            None => to_stall(&raw, &self.tracker.stacks, &mut self.resolver, name),
-        };
+        let stacks = &self.tracker.stacks;
+        let s = self.symbols.resolve(|r| to_stall(&raw, stacks, r, name));
         info!(
             "stall on {} ({}) of {}: {}",
             raw.tid,
@@ -422,7 +594,9 @@ impl Session {
             .partition(|p| all || p.0 <= now);
         self.pending = keep;
         for (_, name, raw) in due {
-            self.resolver.refresh(raw.tgid);
+            if let Some(blaze) = self.symbols.live() {
+                blaze.refresh(raw.tgid);
+            }
             self.symbolize(raw, &name);
         }
     }
@@ -431,7 +605,7 @@ impl Session {
     pub fn finish(&mut self, ts: u64) {
         let mut out = Vec::new();
         self.tracker.finish(ts, &mut out);
-        self.outputs(out, None);
+        self.outputs(out, &mut NoControl);
         self.flush_pending(true);
     }
 
@@ -498,13 +672,15 @@ impl Session {
     /// Daemon: forget a process that exited or exec'd — its loop threads
     /// (here and in the kernel), their names, its caches — so that churn
     /// does not grow these tables.
-    pub fn forget(&mut self, pid: u32, probes: &mut Probes) {
+    pub fn forget(&mut self, pid: u32, probes: &mut dyn Control) {
         for tid in self.tracker.forget_process(pid) {
             self.names.remove(&tid);
             probes.forget_loop_thread(tid);
         }
         self.python.remove(&pid);
-        self.resolver.forget_python(pid);
+        if let Some(blaze) = self.symbols.live() {
+            blaze.forget_python(pid);
+        }
         self.runtimes.remove(&pid);
         self.unwinder.forget(pid);
         self.exited.remove(&pid);
@@ -523,7 +699,7 @@ impl Session {
             .any(|(tid, _)| self.tracker.loops().is_loop_thread(tid))
     }
 
-    /// Daemon: [`Session::drain`], except that stack events (samples,
+    /// Daemon: [`Engine::drain`], except that stack events (samples,
     /// switch-outs) of threads that are not executors are dropped before
     /// they are unwound. Host-wide, most threads that ever waited in
     /// poll/select are not event loops, and their stacks can never be part
@@ -531,7 +707,7 @@ impl Session {
     pub fn drain_executors(
         &mut self,
         ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
-        probes: &mut Probes,
+        probes: &mut dyn Control,
     ) -> u64 {
         let mut skipped = 0;
         while let Some(item) = ring.next() {
@@ -542,8 +718,80 @@ impl Session {
                 skipped += 1;
                 continue;
             }
-            self.handle_record(&item, Some(&mut *probes));
+            self.handle_record(&item, probes);
         }
         skipped
     }
+}
+
+/// The raw records of a recording saved by [`Engine::save_to`], in order.
+pub fn read_recording(dir: &Path) -> Result<Vec<Vec<u8>>> {
+    let path = dir.join(EVENTS_FILE);
+    let f = fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let mut r = BufReader::new(GzDecoder::new(f));
+    let mut magic = Vec::new();
+    r.read_until(b'\n', &mut magic)?;
+    if magic != EVENTS_MAGIC {
+        anyhow::bail!(
+            "{} is not a stallprof recording of this version (it starts {:?})",
+            path.display(),
+            String::from_utf8_lossy(&magic[..magic.len().min(40)])
+        );
+    }
+    let mut out = Vec::new();
+    loop {
+        let mut len = [0u8; 4];
+        match r.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+        let len = u32::from_le_bytes(len) as usize;
+        if len > MAX_RECORD {
+            anyhow::bail!(
+                "{}: record {} is {len} bytes long: corrupt",
+                path.display(),
+                out.len()
+            );
+        }
+        let mut rec = vec![0u8; len];
+        match r.read_exact(&mut rec) {
+            Ok(()) => out.push(rec),
+            // A recording cut short (the recorder was killed): keep what is whole.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+    Ok(out)
+}
+
+/// Replay the recording in `dir` through the whole pipeline: the stalls it
+/// finds, symbolized, ordered by start. `end_ns`: where to close busy
+/// periods still open (default: the last record's time).
+pub fn replay(dir: &Path, cfg: TrackerConfig, end_ns: Option<u64>) -> Result<Vec<Stall>> {
+    replay_named(dir, cfg, end_ns, HashMap::new())
+}
+
+/// [`replay`], naming threads as the live recording did (`tid -> name`;
+/// others are named "replayed").
+pub fn replay_named(
+    dir: &Path,
+    cfg: TrackerConfig,
+    end_ns: Option<u64>,
+    names: HashMap<u32, String>,
+) -> Result<Vec<Stall>> {
+    let records = read_recording(dir)?;
+    let mut engine = Engine::replaying(dir, cfg)?;
+    engine.names = names;
+    let mut last = 0;
+    for rec in &records {
+        if let Ok(ev) = event::parse(rec) {
+            last = last.max(ev.ts());
+        }
+        engine.handle_record(rec, &mut NoControl);
+    }
+    engine.finish(end_ns.unwrap_or(last));
+    let mut stalls: Vec<Stall> = engine.take_stalls().into_iter().map(|(_, s)| s).collect();
+    stalls.sort_by_key(|s| (s.start_ns, s.tid));
+    Ok(stalls)
 }
