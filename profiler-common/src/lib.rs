@@ -92,85 +92,223 @@ pub mod sysno {
     }
 }
 
-/// Per-CPU failure counters: every failed read, full map or dropped event in
-/// the BPF programs increments one of these. Index = discriminant.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Drop {
-    /// Ring buffer full: an event was lost.
-    RingbufFull = 0,
-    /// `bpf_get_stack` failed for a kernel stack.
-    KstackFailed = 1,
-    /// `bpf_get_stack` failed for a user stack.
-    UstackFailed = 2,
-    /// The thread table was full: a new thread could not be tracked.
-    ThreadTableFull = 3,
-    /// The user stack filled the whole buffer (possibly truncated).
-    UstackTruncated = 4,
-    /// Reading `pt_regs` to learn the blocking syscall failed.
-    SyscallUnknown = 5,
-    /// Copying the user stack failed (even the smallest window).
-    StackCopyFailed = 8,
-    /// Reading the Python thread state or a frame failed.
-    PyReadFailed = 6,
-    /// The Python frame chain was longer than `python::PY_MAX_FRAMES`.
-    PyTruncated = 7,
-}
+/// The tracepoint record fields the BPF programs load, and where.
+///
+/// Classic tracepoints have no BTF relocation: `profiler-ebpf` loads each
+/// field at a fixed offset from the record, and a wrong offset reads another
+/// field without any error. So every field is named here once, with the
+/// offset BPF loads it from and the type it loads (whose size is the
+/// field's), and userspace checks each against tracefs's
+/// `events/<category>/<name>/format` (`offset:` and `size:`) before it
+/// attaches (`profiler/src/probe`). The offsets are those of the x86-64
+/// kernels stallprof runs on (read from the format files of 6.18).
+pub mod tracepoint {
+    use core::marker::PhantomData;
 
-impl Drop {
-    pub const COUNT: u32 = 9;
-    pub const ALL: [Drop; Self::COUNT as usize] = [
-        Drop::RingbufFull,
-        Drop::KstackFailed,
-        Drop::UstackFailed,
-        Drop::ThreadTableFull,
-        Drop::UstackTruncated,
-        Drop::SyscallUnknown,
-        Drop::PyReadFailed,
-        Drop::PyTruncated,
-        Drop::StackCopyFailed,
-    ];
+    use crate::sysno;
 
-    /// Stable snake_case name used in `stalls.json` and metrics.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Drop::RingbufFull => "ringbuf_full",
-            Drop::KstackFailed => "kernel_stack_failed",
-            Drop::UstackFailed => "user_stack_failed",
-            Drop::ThreadTableFull => "thread_table_full",
-            Drop::UstackTruncated => "user_stack_truncated",
-            Drop::SyscallUnknown => "syscall_unknown",
-            Drop::PyReadFailed => "python_read_failed",
-            Drop::PyTruncated => "python_stack_truncated",
-            Drop::StackCopyFailed => "user_stack_copy_failed",
+    /// A field of a tracepoint record, loaded in BPF as a `T`.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Field<T> {
+        /// The field's name in the `format` file.
+        pub name: &'static str,
+        /// Byte offset in the record.
+        pub offset: usize,
+        _load: PhantomData<T>,
+    }
+
+    impl<T> Field<T> {
+        const fn new(name: &'static str, offset: usize) -> Self {
+            Field {
+                name,
+                offset,
+                _load: PhantomData,
+            }
+        }
+
+        /// What userspace checks: name, offset and the size BPF loads.
+        pub const fn layout(&self) -> Layout {
+            Layout {
+                name: self.name,
+                offset: self.offset,
+                size: core::mem::size_of::<T>(),
+            }
+        }
+    }
+
+    /// A field's place in the record, whatever its load type.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Layout {
+        pub name: &'static str,
+        pub offset: usize,
+        pub size: usize,
+    }
+
+    // syscalls:sys_{enter,exit}_*: the syscall number, then each argument
+    // (or the return value) as an 8-byte slot.
+
+    /// The syscall number (`sys_enter_*` and `sys_exit_*`).
+    pub const SYSCALL_NR: Field<i32> = Field::new("__syscall_nr", 8);
+    /// `sys_exit_*`: the return value.
+    pub const SYSCALL_RET: Field<i64> = Field::new("ret", 16);
+    /// `sys_enter_epoll_wait`/`epoll_pwait`/`epoll_pwait2`: the epoll fd.
+    pub const EPOLL_EPFD: Field<u64> = Field::new("epfd", 16);
+    /// `sys_enter_poll`/`ppoll`: the `struct pollfd` array.
+    pub const POLL_UFDS: Field<u64> = Field::new("ufds", 16);
+    /// `sys_enter_poll`/`ppoll`: its length.
+    pub const POLL_NFDS: Field<u64> = Field::new("nfds", 24);
+    /// `sys_enter_select`/`pselect6`: nfds.
+    pub const SELECT_N: Field<u64> = Field::new("n", 16);
+
+    /// `sched:sched_switch`: the state the previous task leaves in.
+    pub const SWITCH_PREV_STATE: Field<i64> = Field::new("prev_state", 32);
+    /// `sched:sched_switch`: the task switched to.
+    pub const SWITCH_NEXT_PID: Field<i32> = Field::new("next_pid", 56);
+    /// `sched:sched_wakeup`: the task woken.
+    pub const WAKEUP_PID: Field<i32> = Field::new("pid", 24);
+    /// `sched:sched_process_exit`: the whole thread group is gone.
+    pub const EXIT_GROUP_DEAD: Field<u8> = Field::new("group_dead", 32);
+
+    /// Loaded by `sp_wait_exit` from every `sys_exit_<wait>`.
+    pub const SYS_EXIT: &[Layout] = &[SYSCALL_NR.layout(), SYSCALL_RET.layout()];
+    /// Loaded by `sp_sched_switch`.
+    pub const SCHED_SWITCH: &[Layout] = &[SWITCH_PREV_STATE.layout(), SWITCH_NEXT_PID.layout()];
+    /// Loaded by `sp_sched_wakeup`.
+    pub const SCHED_WAKEUP: &[Layout] = &[WAKEUP_PID.layout()];
+    /// Loaded by `sp_exit`.
+    pub const SCHED_PROCESS_EXIT: &[Layout] = &[EXIT_GROUP_DEAD.layout()];
+
+    const EPOLL_ENTER: &[Layout] = &[SYSCALL_NR.layout(), EPOLL_EPFD.layout()];
+    const POLL_ENTER: &[Layout] = &[SYSCALL_NR.layout(), POLL_UFDS.layout(), POLL_NFDS.layout()];
+    const SELECT_ENTER: &[Layout] = &[SYSCALL_NR.layout(), SELECT_N.layout()];
+
+    /// Loaded by `sp_wait_enter` from `sys_enter_<wait>` of syscall `nr`
+    /// (the same three cases it distinguishes).
+    pub const fn sys_enter(nr: u32) -> &'static [Layout] {
+        if sysno::is_epoll(nr) {
+            EPOLL_ENTER
+        } else if nr == sysno::POLL || nr == sysno::PPOLL {
+            POLL_ENTER
+        } else {
+            SELECT_ENTER
         }
     }
 }
 
-/// Per-CPU counters of work the kernel side saved by design (not failures):
-/// see `SAMPLE_AFTER_NS` in `profiler-ebpf`. Index = discriminant.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Filtered {
-    /// Busy periods of a known loop that ended quiet (no other event) before
-    /// the sampling gate: neither their wait return nor their wait entry was
-    /// reported.
-    QuietBusy = 0,
-    /// CPU samples skipped because the thread's busy period was younger
-    /// than the sampling gate.
-    YoungSamples = 1,
+/// Declares a counter enum whose discriminants index a per-CPU array of
+/// `COUNT` slots (`STATS`, `FILTERED` in `profiler-ebpf`). The variants,
+/// `ALL`, `COUNT` and `name()` are generated from one list, so none can miss
+/// a variant; a const assertion checks that the discriminants are exactly
+/// `0..COUNT` in declaration order (every variant has a slot in the array,
+/// every slot a variant) and that the names are distinct (they are the keys
+/// of `drops`/`filtered` in `stalls.json` and the metrics).
+macro_rules! counters {
+    (
+        $(#[$meta:meta])*
+        pub enum $ty:ident {
+            $( $(#[$vmeta:meta])* $var:ident = $idx:literal => $name:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum $ty {
+            $( $(#[$vmeta])* $var = $idx, )+
+        }
+
+        impl $ty {
+            /// Every variant, in index order.
+            pub const ALL: [$ty; [$($idx),+].len()] = [$($ty::$var),+];
+            /// Slots of the per-CPU counter array: one per variant.
+            pub const COUNT: u32 = $ty::ALL.len() as u32;
+
+            /// Stable snake_case name used in `stalls.json` and metrics.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $( $ty::$var => $name, )+
+                }
+            }
+        }
+
+        const _: () = {
+            let all = $ty::ALL;
+            let mut i = 0;
+            while i < all.len() {
+                assert!(
+                    all[i] as u32 == i as u32,
+                    concat!(
+                        stringify!($ty),
+                        ": discriminants must be 0..COUNT in declaration order \
+                         (they index a per-CPU array of COUNT slots)"
+                    )
+                );
+                let mut j = 0;
+                while j < i {
+                    assert!(
+                        !str_eq(all[i].name(), all[j].name()),
+                        concat!(stringify!($ty), ": two counters share a name")
+                    );
+                    j += 1;
+                }
+                i += 1;
+            }
+        };
+    };
 }
 
-impl Filtered {
-    pub const COUNT: u32 = 2;
-    pub const ALL: [Filtered; Self::COUNT as usize] = [Filtered::QuietBusy, Filtered::YoungSamples];
-
-    /// Stable snake_case name used in `stalls.json` and metrics.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Filtered::QuietBusy => "short_busy_periods",
-            Filtered::YoungSamples => "samples_before_gate",
+/// `a == b`, usable in const assertions.
+const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
         }
+        i += 1;
+    }
+    true
+}
+
+counters! {
+    /// Per-CPU failure counters: every failed read, full map or dropped event
+    /// in the BPF programs increments one of these. Index = discriminant.
+    pub enum Drop {
+        /// Ring buffer full: an event was lost.
+        RingbufFull = 0 => "ringbuf_full",
+        /// `bpf_get_stack` failed for a kernel stack.
+        KstackFailed = 1 => "kernel_stack_failed",
+        /// `bpf_get_stack` failed for a user stack.
+        UstackFailed = 2 => "user_stack_failed",
+        /// The thread table was full: a new thread could not be tracked.
+        ThreadTableFull = 3 => "thread_table_full",
+        /// The user stack filled the whole buffer (possibly truncated).
+        UstackTruncated = 4 => "user_stack_truncated",
+        /// Reading `pt_regs` to learn the blocking syscall failed.
+        SyscallUnknown = 5 => "syscall_unknown",
+        /// Reading the Python thread state or a frame failed.
+        PyReadFailed = 6 => "python_read_failed",
+        /// The Python frame chain was longer than `python::PY_MAX_FRAMES`.
+        PyTruncated = 7 => "python_stack_truncated",
+        /// Copying the user stack failed (even the smallest window).
+        StackCopyFailed = 8 => "user_stack_copy_failed",
+    }
+}
+
+counters! {
+    /// Per-CPU counters of work the kernel side saved by design (not
+    /// failures): see `SAMPLE_AFTER_NS` in `profiler-ebpf`. Index =
+    /// discriminant.
+    pub enum Filtered {
+        /// Busy periods of a known loop that ended quiet (no other event)
+        /// before the sampling gate: neither their wait return nor their wait
+        /// entry was reported.
+        QuietBusy = 0 => "short_busy_periods",
+        /// CPU samples skipped because the thread's busy period was younger
+        /// than the sampling gate.
+        YoungSamples = 1 => "samples_before_gate",
     }
 }
 

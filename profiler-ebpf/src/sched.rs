@@ -20,7 +20,7 @@ use aya_ebpf::{
     macros::{perf_event, tracepoint},
     programs::{PerfEventContext, TracePointContext},
 };
-use profiler_common::{SchedEvent, TASK_REPORT_MAX, kind};
+use profiler_common::{SchedEvent, TASK_REPORT_MAX, kind, tracepoint};
 
 use crate::{
     TARGET_TGID,
@@ -42,7 +42,7 @@ pub fn sp_sched_switch(ctx: TracePointContext) -> u32 {
         let st = unsafe { &mut *st };
         if !parked(prev, st) {
             flush_exit(prev, tgid, st);
-            let state = tp_field::<i64>(&ctx, 32);
+            let state = tp_field(&ctx, tracepoint::SWITCH_PREV_STATE);
             if state == 0 || state & TASK_REPORT_MAX != 0 {
                 emit(SchedEvent {
                     hdr: header(kind::PREEMPTED, prev, tgid),
@@ -55,7 +55,7 @@ pub fn sp_sched_switch(ctx: TracePointContext) -> u32 {
             st.off_reported = 1;
         }
     }
-    let next = tp_field::<i32>(&ctx, 56) as u32;
+    let next = tp_field(&ctx, tracepoint::SWITCH_NEXT_PID) as u32;
     if let Some(st) = THREADS.get_ptr_mut(&next) {
         let st = unsafe { &mut *st };
         if st.off_reported != 0 {
@@ -74,7 +74,7 @@ pub fn sp_sched_switch(ctx: TracePointContext) -> u32 {
 /// of its time off-CPU is run-queue wait.
 #[tracepoint]
 pub fn sp_sched_wakeup(ctx: TracePointContext) -> u32 {
-    let tid = tp_field::<i32>(&ctx, 24) as u32;
+    let tid = tp_field(&ctx, tracepoint::WAKEUP_PID) as u32;
     if let Some(st) = THREADS.get_ptr_mut(&tid) {
         let st = unsafe { &*st };
         if st.off_reported != 0 {
@@ -104,7 +104,7 @@ pub fn sp_exit(ctx: TracePointContext) -> u32 {
         }
         None => false,
     };
-    let group_dead = tp_field::<u8>(&ctx, 32) as u32;
+    let group_dead = tp_field(&ctx, tracepoint::EXIT_GROUP_DEAD) as u32;
     let _ = THREADS.remove(&tid);
     let _ = LOOP_KEYS.remove(&tid);
     // In daemon mode only tracked threads matter; a targeted process always

@@ -153,7 +153,13 @@ fn user_regs() -> (UserRegs, i64, u64) {
 /// and submit it. Only a switch-out records its syscall and can be a wait
 /// for the GIL (a `futex` on it).
 #[inline(always)]
-pub(crate) fn emit_stack_event<C: EbpfContext>(ctx: &C, kind: u32, tid: u32, tgid: u32, state: i64) {
+pub(crate) fn emit_stack_event<C: EbpfContext>(
+    ctx: &C,
+    kind: u32,
+    tid: u32,
+    tgid: u32,
+    state: i64,
+) {
     let Some(mut slot) = EVENTS.reserve::<StackEvent>(0) else {
         count(Drop::RingbufFull);
         return;

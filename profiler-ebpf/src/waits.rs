@@ -19,7 +19,7 @@ use aya_ebpf::{
     macros::tracepoint,
     programs::TracePointContext,
 };
-use profiler_common::{Drop, Filtered, ThreadState, WaitEvent, kind, sysno, wait_key};
+use profiler_common::{Drop, Filtered, ThreadState, WaitEvent, kind, sysno, tracepoint, wait_key};
 
 use crate::{
     SAMPLE_AFTER_NS,
@@ -218,23 +218,24 @@ pub fn sp_wait_enter(ctx: TracePointContext) -> u32 {
     if !is_target((bpf_get_current_pid_tgid() >> 32) as u32) {
         return 0;
     }
-    // Common syscall tracepoint layout: __syscall_nr at 8, args from 16.
-    let nr = tp_field::<i32>(&ctx, 8) as u32;
-    let arg0 = tp_field::<u64>(&ctx, 16);
+    // The fields loaded per case are `tracepoint::sys_enter(nr)`'s.
+    let nr = tp_field(&ctx, tracepoint::SYSCALL_NR) as u32;
     let fd = if sysno::is_epoll(nr) {
-        arg0 as i32
+        tp_field(&ctx, tracepoint::EPOLL_EPFD) as i32
     } else if nr == sysno::POLL || nr == sysno::PPOLL {
-        let nfds = tp_field::<u64>(&ctx, 24);
-        match poll_fd(arg0, nfds) {
+        let fds = tp_field(&ctx, tracepoint::POLL_UFDS);
+        let nfds = tp_field(&ctx, tracepoint::POLL_NFDS);
+        match poll_fd(fds, nfds) {
             Some(fd) => fd,
             None => return 0,
         }
     } else {
+        let n = tp_field(&ctx, tracepoint::SELECT_N);
         // select(0, NULL, NULL, NULL, &t) is a sleep (CPython 3.10's time.sleep).
-        if arg0 == 0 {
+        if n == 0 {
             return 0;
         }
-        arg0 as i32 // nfds
+        n as i32
     };
     on_wait_enter(nr, fd)
 }
@@ -242,7 +243,7 @@ pub fn sp_wait_enter(ctx: TracePointContext) -> u32 {
 /// `syscalls:sys_exit_*` for the same wait syscalls.
 #[tracepoint]
 pub fn sp_wait_exit(ctx: TracePointContext) -> u32 {
-    let nr = tp_field::<i32>(&ctx, 8) as u32;
-    let ret = tp_field::<i64>(&ctx, 16);
+    let nr = tp_field(&ctx, tracepoint::SYSCALL_NR) as u32;
+    let ret = tp_field(&ctx, tracepoint::SYSCALL_RET);
     on_wait_exit(nr, ret)
 }

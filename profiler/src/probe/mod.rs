@@ -5,7 +5,17 @@
 //! failure counters out. Dropping [`Probes`] detaches every program and
 //! closes every map: nothing stays loaded after a recording, whatever route
 //! it ended by.
-use std::{collections::BTreeMap, io, num::NonZeroU32, path::Path};
+//!
+//! Before loading anything, every tracepoint record field the programs load
+//! at a fixed offset (`profiler_common::tracepoint`) is checked against the
+//! kernel's tracefs `format` file: a kernel whose layout differs is refused
+//! by name rather than recorded wrong.
+use std::{
+    collections::BTreeMap,
+    fs, io,
+    num::NonZeroU32,
+    path::{Path, PathBuf},
+};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -18,7 +28,10 @@ use aya::{
     util::online_cpus,
 };
 use log::{debug, info};
-use profiler_common::{Drop, Filtered, PyProc, sysno};
+use profiler_common::{
+    Drop, Filtered, PyProc, sysno,
+    tracepoint::{self, Layout},
+};
 use thiserror::Error;
 
 use crate::runtimes::ParkPoint;
@@ -56,6 +69,46 @@ pub enum ProbeError {
         "tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it: mount -t tracefs tracefs {TRACEFS}"
     )]
     Tracefs(io::Error),
+    #[error(
+        "tracepoint {tracepoint} is not available: cannot read {}: {source}. stallprof needs it; \
+         check that the kernel has CONFIG_FTRACE_SYSCALLS (for syscalls:*) and CONFIG_TRACEPOINTS",
+        format.display()
+    )]
+    TracepointFormat {
+        tracepoint: String,
+        format: PathBuf,
+        source: io::Error,
+    },
+    #[error(
+        "tracepoint {tracepoint}: field `{field}` is at offset {found_offset} (size {found_size}) \
+         in this kernel, but stallprof's eBPF programs read it at offset {expected_offset} \
+         (size {expected_size}). This kernel's tracepoint layout differs from the one stallprof \
+         was built for and would be recorded wrong; please report it with the contents of {}",
+        format.display()
+    )]
+    TracepointLayout {
+        tracepoint: String,
+        field: &'static str,
+        expected_offset: usize,
+        expected_size: usize,
+        found_offset: usize,
+        found_size: usize,
+        format: PathBuf,
+    },
+    #[error(
+        "tracepoint {tracepoint} has no field `{field}` in this kernel (stallprof's eBPF \
+         programs read it at offset {expected_offset}, size {expected_size}). This kernel's \
+         tracepoint layout differs from the one stallprof was built for; please report it with \
+         the contents of {}",
+        format.display()
+    )]
+    TracepointFieldMissing {
+        tracepoint: String,
+        field: &'static str,
+        expected_offset: usize,
+        expected_size: usize,
+        format: PathBuf,
+    },
     #[error(
         "eBPF map {0} missing from the object: the agent and the eBPF programs are out of sync; rebuild"
     )]
@@ -104,6 +157,161 @@ fn ensure_tracefs() -> Result<(), ProbeError> {
         return Err(ProbeError::Tracefs(err));
     }
     info!("mounted tracefs at {TRACEFS}");
+    Ok(())
+}
+
+/// A tracepoint a program attaches to, and the record fields it loads.
+struct Tracepoint {
+    program: &'static str,
+    category: &'static str,
+    name: String,
+    fields: &'static [Layout],
+}
+
+impl Tracepoint {
+    fn new(
+        program: &'static str,
+        category: &'static str,
+        name: String,
+        fields: &'static [Layout],
+    ) -> Self {
+        Tracepoint {
+            program,
+            category,
+            name,
+            fields,
+        }
+    }
+
+    /// `category:name`, as `perf list` and error messages spell it.
+    fn id(&self) -> String {
+        format!("{}:{}", self.category, self.name)
+    }
+
+    fn format_path(&self, tracefs: &Path) -> PathBuf {
+        tracefs
+            .join("events")
+            .join(self.category)
+            .join(&self.name)
+            .join("format")
+    }
+}
+
+/// Every tracepoint the programs attach to, in attach order. Order matters
+/// a little: exits before enters, so that no thread is seen entering a wait
+/// whose return we would miss.
+fn tracepoints() -> Vec<Tracepoint> {
+    let exits = sysno::WAITS.iter().map(|&(_, n)| {
+        Tracepoint::new(
+            "sp_wait_exit",
+            "syscalls",
+            format!("sys_exit_{n}"),
+            tracepoint::SYS_EXIT,
+        )
+    });
+    let enters = sysno::WAITS.iter().map(|&(nr, n)| {
+        Tracepoint::new(
+            "sp_wait_enter",
+            "syscalls",
+            format!("sys_enter_{n}"),
+            tracepoint::sys_enter(nr),
+        )
+    });
+    let sched = [
+        ("sp_sched_wakeup", "sched_wakeup", tracepoint::SCHED_WAKEUP),
+        ("sp_sched_switch", "sched_switch", tracepoint::SCHED_SWITCH),
+        (
+            "sp_exit",
+            "sched_process_exit",
+            tracepoint::SCHED_PROCESS_EXIT,
+        ),
+    ]
+    .map(|(program, name, fields)| Tracepoint::new(program, "sched", name.into(), fields));
+    exits.chain(enters).chain(sched).collect()
+}
+
+/// One `field:` line of a tracefs `format` file.
+#[derive(Debug, PartialEq, Eq)]
+struct FormatField {
+    name: String,
+    offset: usize,
+    size: usize,
+}
+
+/// The fields of a tracefs `format` file, from its lines of the form
+/// `field:<declaration>;\toffset:<n>;\tsize:<n>;\tsigned:<n>;`. The name is
+/// the declaration's last word without an array suffix (`prev_comm[16]`).
+fn parse_format(text: &str) -> Vec<FormatField> {
+    let mut fields = Vec::new();
+    for line in text.lines() {
+        let (mut name, mut offset, mut size) = (None, None, None);
+        for part in line.split(';').map(str::trim) {
+            if let Some(decl) = part.strip_prefix("field:") {
+                name = decl
+                    .split_whitespace()
+                    .last()
+                    .map(|w| w.trim_start_matches('*'))
+                    .map(|w| w.split('[').next().unwrap_or(w).to_string());
+            } else if let Some(n) = part.strip_prefix("offset:") {
+                offset = n.trim().parse().ok();
+            } else if let Some(n) = part.strip_prefix("size:") {
+                size = n.trim().parse().ok();
+            }
+        }
+        if let (Some(name), Some(offset), Some(size)) = (name, offset, size) {
+            fields.push(FormatField { name, offset, size });
+        }
+    }
+    fields
+}
+
+/// Check that `format` (the text of `tp`'s format file at `path`) has every
+/// field the program loads, at the offset and with the size it loads.
+fn check_layout(tp: &Tracepoint, path: &Path, format: &str) -> Result<(), ProbeError> {
+    let found = parse_format(format);
+    for want in tp.fields {
+        match found.iter().find(|f| f.name == want.name) {
+            Some(f) if f.offset == want.offset && f.size == want.size => {}
+            Some(f) => {
+                return Err(ProbeError::TracepointLayout {
+                    tracepoint: tp.id(),
+                    field: want.name,
+                    expected_offset: want.offset,
+                    expected_size: want.size,
+                    found_offset: f.offset,
+                    found_size: f.size,
+                    format: path.to_path_buf(),
+                });
+            }
+            None => {
+                return Err(ProbeError::TracepointFieldMissing {
+                    tracepoint: tp.id(),
+                    field: want.name,
+                    expected_offset: want.offset,
+                    expected_size: want.size,
+                    format: path.to_path_buf(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Check every tracepoint's record layout against this kernel's tracefs.
+fn check_layouts(tracepoints: &[Tracepoint]) -> Result<(), ProbeError> {
+    for tp in tracepoints {
+        let path = tp.format_path(Path::new(TRACEFS));
+        let text = fs::read_to_string(&path).map_err(|source| ProbeError::TracepointFormat {
+            tracepoint: tp.id(),
+            format: path.clone(),
+            source,
+        })?;
+        check_layout(tp, &path, &text)?;
+    }
+    debug!(
+        "tracepoint layouts match ({} tracepoints)",
+        tracepoints.len()
+    );
     Ok(())
 }
 
@@ -171,6 +379,8 @@ impl Probes {
             debug!("not root; relying on capabilities");
         }
         ensure_tracefs()?;
+        let tracepoints = tracepoints();
+        check_layouts(&tracepoints)?;
         let mut ebpf = EbpfLoader::new()
             .override_global("TARGET_TGID", &tgid, true)
             .override_global("SAMPLE_AFTER_NS", &sample_after_ns, true)
@@ -190,47 +400,19 @@ impl Probes {
         let stats = take_map(&mut ebpf, "STATS", PerCpuArray::try_from)?;
         let filtered = take_map(&mut ebpf, "FILTERED", PerCpuArray::try_from)?;
 
-        let tp = |ebpf: &mut Ebpf,
-                  prog: &'static str,
-                  targets: &[(&str, String)]|
-         -> Result<(), ProbeError> {
-            let p: &mut TracePoint = program(ebpf, prog)?;
-            p.load().map_err(|source| load_error(prog, source))?;
-            for (cat, name) in targets {
-                p.attach(cat, name).map_err(|source| ProbeError::Attach {
-                    what: format!("tracepoint {cat}:{name}"),
+        let mut loaded: Vec<&str> = Vec::new();
+        for tp in &tracepoints {
+            let p: &mut TracePoint = program(&mut ebpf, tp.program)?;
+            if !loaded.contains(&tp.program) {
+                p.load().map_err(|source| load_error(tp.program, source))?;
+                loaded.push(tp.program);
+            }
+            p.attach(tp.category, &tp.name)
+                .map_err(|source| ProbeError::Attach {
+                    what: format!("tracepoint {}", tp.id()),
                     source,
                 })?;
-            }
-            Ok(())
-        };
-        let enters: Vec<_> = sysno::WAITS
-            .iter()
-            .map(|(_, n)| ("syscalls", format!("sys_enter_{n}")))
-            .collect();
-        let exits: Vec<_> = sysno::WAITS
-            .iter()
-            .map(|(_, n)| ("syscalls", format!("sys_exit_{n}")))
-            .collect();
-        // Order matters a little: exits before enters, so that no thread is
-        // seen entering a wait whose return we would miss.
-        tp(&mut ebpf, "sp_wait_exit", &exits)?;
-        tp(&mut ebpf, "sp_wait_enter", &enters)?;
-        tp(
-            &mut ebpf,
-            "sp_sched_wakeup",
-            &[("sched", "sched_wakeup".into())],
-        )?;
-        tp(
-            &mut ebpf,
-            "sp_sched_switch",
-            &[("sched", "sched_switch".into())],
-        )?;
-        tp(
-            &mut ebpf,
-            "sp_exit",
-            &[("sched", "sched_process_exit".into())],
-        )?;
+        }
 
         // Loaded now, attached once a runtime's park function is found.
         for prog in ["sp_park_enter", "sp_park_exit"] {
@@ -371,4 +553,153 @@ fn sum_counters<const N: usize>(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `events/sched/sched_switch/format` of x86-64 Linux 6.18.
+    const SCHED_SWITCH_FORMAT: &str = "\
+name: sched_switch
+ID: 372
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:0;
+\tfield:pid_t prev_pid;\toffset:24;\tsize:4;\tsigned:1;
+\tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:1;
+\tfield:long prev_state;\toffset:32;\tsize:8;\tsigned:1;
+\tfield:char next_comm[16];\toffset:40;\tsize:16;\tsigned:0;
+\tfield:pid_t next_pid;\toffset:56;\tsize:4;\tsigned:1;
+\tfield:int next_prio;\toffset:60;\tsize:4;\tsigned:1;
+
+print fmt: \"prev_comm=%s prev_pid=%d prev_prio=%d prev_state=%s%s ==> next_comm=%s next_pid=%d next_prio=%d\", REC->prev_comm, REC->prev_pid
+";
+
+    /// `events/syscalls/sys_enter_poll/format` of x86-64 Linux 6.18.
+    const SYS_ENTER_POLL_FORMAT: &str = "\
+name: sys_enter_poll
+ID: 906
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:int __syscall_nr;\toffset:8;\tsize:4;\tsigned:1;
+\tfield:struct pollfd * ufds;\toffset:16;\tsize:8;\tsigned:0;
+\tfield:unsigned int nfds;\toffset:24;\tsize:8;\tsigned:0;
+\tfield:int timeout_msecs;\toffset:32;\tsize:8;\tsigned:0;
+
+print fmt: \"ufds: 0x%08lx, nfds: 0x%08lx, timeout_msecs: 0x%08lx\", ((unsigned long)(REC->ufds))
+";
+
+    fn find<'a>(tps: &'a [Tracepoint], name: &str) -> &'a Tracepoint {
+        tps.iter().find(|t| t.name == name).unwrap()
+    }
+
+    #[test]
+    fn parse_format_reads_every_field() {
+        let fields = parse_format(SCHED_SWITCH_FORMAT);
+        assert_eq!(fields.len(), 11);
+        let field = |name: &str| fields.iter().find(|f| f.name == name).unwrap();
+        assert_eq!(
+            field("prev_comm"),
+            &FormatField {
+                name: "prev_comm".into(),
+                offset: 8,
+                size: 16
+            }
+        );
+        assert_eq!(
+            (field("prev_state").offset, field("prev_state").size),
+            (32, 8)
+        );
+        assert_eq!((field("next_pid").offset, field("next_pid").size), (56, 4));
+        // A pointer's `*` is not part of its name.
+        let poll = parse_format(SYS_ENTER_POLL_FORMAT);
+        assert!(poll.iter().any(|f| f.name == "ufds" && f.offset == 16));
+    }
+
+    #[test]
+    fn the_layouts_bpf_loads_match_this_sample() {
+        let tps = tracepoints();
+        let path = Path::new("format");
+        check_layout(find(&tps, "sched_switch"), path, SCHED_SWITCH_FORMAT).unwrap();
+        check_layout(find(&tps, "sys_enter_poll"), path, SYS_ENTER_POLL_FORMAT).unwrap();
+        check_layout(find(&tps, "sys_enter_ppoll"), path, SYS_ENTER_POLL_FORMAT).unwrap();
+    }
+
+    #[test]
+    fn a_moved_field_is_refused_by_name_with_both_offsets() {
+        // A kernel whose prev_state is an int before prev_prio.
+        let moved = SCHED_SWITCH_FORMAT.replace(
+            "long prev_state;\toffset:32;\tsize:8",
+            "int prev_state;\toffset:28;\tsize:4",
+        );
+        let tps = tracepoints();
+        let err =
+            check_layout(find(&tps, "sched_switch"), Path::new("/t/format"), &moved).unwrap_err();
+        assert!(matches!(
+            err,
+            ProbeError::TracepointLayout {
+                field: "prev_state",
+                expected_offset: 32,
+                expected_size: 8,
+                found_offset: 28,
+                found_size: 4,
+                ..
+            }
+        ));
+        let msg = err.to_string();
+        for part in [
+            "sched:sched_switch",
+            "prev_state",
+            "offset 28",
+            "offset 32",
+            "report",
+            "/t/format",
+        ] {
+            assert!(msg.contains(part), "{part:?} missing from: {msg}");
+        }
+    }
+
+    #[test]
+    fn a_missing_field_is_refused_by_name() {
+        let missing = SYS_ENTER_POLL_FORMAT.replace("nfds;", "count;");
+        let tps = tracepoints();
+        let err =
+            check_layout(find(&tps, "sys_enter_poll"), Path::new("format"), &missing).unwrap_err();
+        assert!(matches!(
+            err,
+            ProbeError::TracepointFieldMissing {
+                field: "nfds",
+                expected_offset: 24,
+                ..
+            }
+        ));
+        assert!(err.to_string().contains("syscalls:sys_enter_poll"));
+    }
+
+    #[test]
+    fn every_wait_is_attached_on_entry_and_return_exits_first() {
+        let tps = tracepoints();
+        for (_, name) in sysno::WAITS {
+            assert!(tps.iter().any(|t| t.name == format!("sys_enter_{name}")));
+            assert!(tps.iter().any(|t| t.name == format!("sys_exit_{name}")));
+        }
+        let first_enter = tps
+            .iter()
+            .position(|t| t.program == "sp_wait_enter")
+            .unwrap();
+        let last_exit = tps
+            .iter()
+            .rposition(|t| t.program == "sp_wait_exit")
+            .unwrap();
+        assert!(last_exit < first_enter);
+    }
 }
