@@ -1,18 +1,30 @@
 """py_session: a voice-session handler (asyncio) whose every turn does three
 synchronous things inside `async def`, as in the field report (一行同步代码拖垮
-asyncio):
+asyncio: a sync `Anthropic()` client streaming inside `async def`):
 
-    SessionHandler.stream_completion()  a blocking socket client reading a
-                                        token stream (6 chunks, 30 ms apart)
-                                        from a local server thread
+    SessionHandler.stream_completion()  a sync streaming HTTP client, as
+                                        requests/httpx/vendor sync SDKs are:
+                                        http.client POST with a socket
+                                        timeout, then a server-sent-events
+                                        stream (60 events, 3 ms apart, chunked
+                                        transfer encoding) read line by line
+                                        with resp.readline() (~200 ms)
     SessionHandler.send_webhook()       first attempt refused, time.sleep(0.1),
                                         second attempt delivered
     SessionHandler.parse_document()     pure-Python parsing of a résumé-like
                                         document (~40-80 ms)
 
 The three run back-to-back in ONE task step per turn: one stall per turn.
-The socket client has a timeout, so CPython waits for each chunk in poll()
-on that socket; time.sleep is clock_nanosleep on 3.11+ and select on 3.10.
+Because the client has a timeout, CPython calls poll() on the socket before
+every recv() (and every send()): each call makes one poll per event, 60+
+polls on the client's socket inside one stall -- more than the 32 waits on
+another key after which a loop-identity rule might take the client's poll for
+a new event loop. time.sleep is clock_nanosleep on 3.11+ and select(0, ...)
+on 3.10.
+
+The upstreams are plain blocking server threads: blocking accept/recv/sendall
+and time.sleep, no timeout, no selectors, no poll or epoll -- nothing that
+looks like an event loop's wait.
 
 Usage: python3 py_session.py LOG_PATH [--turns N]
 
@@ -28,13 +40,14 @@ Log (JSON lines, flushed per line; time.monotonic_ns(), thread_time_ns()):
     {"kind":"turn","turn":N,"tid":T,"start_ns","end_ns","cpu_ns"}
     {"kind":"done"}
 block_line is the line carrying the "# BLOCKS" comment (checked to contain the
-blocking call): the recv() of the client, the time.sleep() of the webhook, the
-parsing loop of parse_document.
+blocking call): the client's resp.readline() (where it waits in poll for each
+event), the time.sleep() of the webhook, the parsing loop of parse_document.
 
 Stdlib only; runs on pyenv 3.10-3.13 and Debian's /usr/bin/python3.11.
 """
 
 import asyncio
+import http.client
 import inspect
 import json
 import os
@@ -43,23 +56,53 @@ import sys
 import threading
 import time
 
-CHUNKS = 6
-CHUNK_GAP_S = 0.030
+CHUNKS = 60
+CHUNK_GAP_S = 0.003
 RETRY_SLEEP_S = 0.1
 DOC_SECTIONS = 2200
 
 
-# ---- the slow upstreams: plain blocking server threads (no selector, so they
-# never call epoll and are not event-loop threads) ----
+# ---- the slow upstreams: plain blocking server threads (blocking sockets
+# without a timeout, no selector: they never call poll or epoll, so they are
+# not event-loop threads) ----
+
+def read_request(conn):
+    """Reads one HTTP/1.1 request (headers, Content-Length body) off a
+    blocking socket; returns (request line, body)."""
+    f = conn.makefile("rb")
+    request_line = f.readline()
+    length = 0
+    while True:
+        line = f.readline()
+        if line in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    body = f.read(length)
+    f.close()
+    return request_line, body
+
 
 def llm_server(listener):
+    """Answers each POST with a server-sent-events stream over chunked
+    transfer encoding: CHUNKS events, CHUNK_GAP_S apart, one HTTP chunk (and
+    one sendall, TCP_NODELAY) per event."""
     while True:
         conn, _ = listener.accept()
         with conn:
-            conn.recv(64)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            read_request(conn)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n"
+                         b"Content-Type: text/event-stream\r\n"
+                         b"Transfer-Encoding: chunked\r\n"
+                         b"Connection: close\r\n\r\n")
             for i in range(CHUNKS):
                 time.sleep(CHUNK_GAP_S)
-                conn.sendall(f"token-{i} ".encode() * 16)
+                delta = json.dumps({"type": "text_delta", "index": i, "text": f"token-{i} "})
+                event = f"event: delta\ndata: {delta}\n\n".encode()
+                conn.sendall(b"%x\r\n%s\r\n" % (len(event), event))
+            conn.sendall(b"0\r\n\r\n")
 
 
 def webhook_server(listener):
@@ -106,16 +149,30 @@ class SessionHandler:
         self.turn = 0
 
     def stream_completion(self):
-        """The sync LLM client: connect, send, read the stream chunk by chunk."""
-        text = []
-        with socket.create_connection(self.llm_addr, timeout=2) as s:
-            s.sendall(b"POST /v1/messages\n")
+        """The sync LLM client, as requests/httpx/vendor sync SDKs do it: POST
+        over a connection with a socket timeout, then read the event stream
+        line by line, one blocking read per event."""
+        conn = http.client.HTTPConnection(*self.llm_addr, timeout=2)
+        try:
+            body = json.dumps({"model": "m", "max_tokens": 400, "stream": True,
+                               "messages": [{"role": "user", "content": f"turn {self.turn}"}]})
+            conn.request("POST", "/v1/messages", body=body.encode(),
+                         headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise RuntimeError(f"upstream answered {resp.status}")
+            text = []
             while True:
-                data = s.recv(4096)  # BLOCKS
-                if not data:
+                line = resp.readline()  # BLOCKS
+                if not line:
                     break
-                text.append(data)
-        return b"".join(text)
+                if line.startswith(b"data: "):
+                    text.append(json.loads(line[6:])["text"])
+            if len(text) != CHUNKS:
+                raise RuntimeError(f"stream ended after {len(text)} of {CHUNKS} events")
+            return "".join(text).encode()
+        finally:
+            conn.close()
 
     def send_webhook(self, body):
         """requests.post-like webhook with the utils retry helper's sleep."""
@@ -157,7 +214,7 @@ class SessionHandler:
 
 STEPS = ["stream_completion", "send_webhook", "parse_document"]
 BLOCKS = {
-    "stream_completion": "s.recv(",
+    "stream_completion": "resp.readline(",
     "send_webhook": "time.sleep(",
     "parse_document": "for raw in self.document.splitlines()",
 }
