@@ -353,13 +353,15 @@ impl Engine {
     /// A fresh engine in place of this one (the daemon's memory bound: the
     /// stack table and per-process caches only grow while an engine lives).
     /// What must survive is carried over: the loop-thread registry (the
-    /// kernel keeps using the published keys) and the runtime park probes
-    /// already attached. Busy periods still open are cut.
+    /// kernel keeps using the published keys), the busy periods still open
+    /// with the stacks they hold (nothing is cut), the thread names and
+    /// the runtime park probes already attached.
     pub fn rebuild(self) -> Engine {
         let cfg = self.tracker.config().clone();
-        let mut next = Engine::new(cfg.threshold_ns, cfg.tids.clone());
-        next.tracker = Tracker::with_loops(cfg, self.tracker.into_loops());
+        let mut next = Engine::new(cfg.threshold_ns, cfg.tids);
+        next.tracker = self.tracker.compacted();
         next.runtimes = self.runtimes;
+        next.names = self.names;
         next
     }
 
@@ -690,13 +692,6 @@ impl Engine {
     /// grows; the daemon replaces the session when it gets large.
     pub fn stack_table_len(&self) -> usize {
         self.tracker.stacks.len()
-    }
-
-    /// Daemon: whether an executor thread is inside a busy period now.
-    pub fn executor_busy(&self) -> bool {
-        self.tracker
-            .busy_threads()
-            .any(|(tid, _)| self.tracker.loops().is_loop_thread(tid))
     }
 
     /// Daemon: [`Engine::drain`], except that stack events (samples,

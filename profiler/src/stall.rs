@@ -261,6 +261,41 @@ impl Tracker {
         self.loops
     }
 
+    /// The same tracker with a stack table holding only what the busy
+    /// periods still open refer to (the daemon's memory bound: the table
+    /// only grows). Loop identities and open busy periods carry over, so
+    /// nothing is cut; the counters start again.
+    pub fn compacted(self) -> Tracker {
+        let Tracker {
+            cfg,
+            loops,
+            mut threads,
+            stacks: old,
+            ..
+        } = self;
+        let mut stacks = StackTable::default();
+        let mut keep = |id: StackId| stacks.intern(old.get(id).clone());
+        for b in threads.values_mut().filter_map(|t| t.busy.as_mut()) {
+            b.last_sample = b.last_sample.map(&mut keep);
+            b.samples = b.samples.drain().map(|(id, n)| (keep(id), n)).collect();
+            b.offs = b
+                .offs
+                .drain()
+                .map(|((id, sys, waker), v)| ((keep(id), sys, waker), v))
+                .collect();
+            if let Some(p) = b.pending.as_mut() {
+                p.stack = keep(p.stack);
+            }
+        }
+        Tracker {
+            cfg,
+            loops,
+            threads,
+            stacks,
+            stats: TrackerStats::default(),
+        }
+    }
+
     /// Forget a process that exited or exec'd; its loop threads (whose
     /// kernel entries must go).
     pub fn forget_process(&mut self, tgid: u32) -> Vec<u32> {
@@ -1071,6 +1106,57 @@ mod tests {
         );
         assert_eq!(s.len(), 1, "{s:?}");
         assert_eq!(s[0].duration_ns(), 30 * MS);
+    }
+
+    /// Compacting the stack table in the middle of a stall (the daemon's
+    /// memory bound) cuts nothing: the stall comes out whole, its stacks
+    /// intact, and the table keeps only what the open stall refers to.
+    /// ```text
+    /// epoll(3) ×2 | busy 0 ─ A×2 ─ [compact] ─ B ─ switch-out(C) 60..70 ─ 90
+    /// ```
+    #[test]
+    fn compaction_keeps_open_stalls_whole() {
+        let mut t = warmed(50);
+        let _ = run(
+            &mut t,
+            vec![
+                exit(0, EPOLL_WAIT, 3),
+                sample(10, 0xA),
+                sample(20, 0xA),
+                enter(25, EPOLL_WAIT, 3),
+                exit(30, EPOLL_WAIT, 3),
+                sample(40, 0xA),
+            ],
+        );
+        let mut t = t.compacted();
+        assert_eq!(t.stacks.len(), 1);
+        let s = run(
+            &mut t,
+            vec![
+                sample(50, 0xB),
+                Event::SwitchOut {
+                    tid: 1,
+                    tgid: 1,
+                    ts: 60 * MS,
+                    runnable: false,
+                    syscall: Some(7),
+                    stack: stack(0xC),
+                },
+                Event::SwitchIn {
+                    tid: 1,
+                    tgid: 1,
+                    ts: 70 * MS,
+                },
+                enter(90, EPOLL_WAIT, 3),
+            ],
+        );
+        assert_eq!(spans(&s), [(1, 30, 90)]);
+        let users: Vec<u64> = s[0]
+            .parts
+            .iter()
+            .map(|p| t.stacks.get(p.stack.unwrap()).user[0])
+            .collect();
+        assert_eq!(users, [0xC, 0xA, 0xB]);
     }
 
     /// Recording ends mid-stall: reported as incomplete.

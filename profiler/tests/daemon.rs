@@ -1163,3 +1163,105 @@ fn daemon_check_config() {
         );
     }
 }
+
+/// Issue 10: the daemon's memory bound rebuilds its engine; the loop-thread
+/// registry must survive the rebuild (the kernel holds back a known loop's
+/// quiet iterations, so a fresh registry could never re-learn it). With
+/// `limits.max_stacks = 1` the daemon rebuilds every second while a Python
+/// victim stalls; each of its stalled calls must still be reported, with
+/// the culprit's Python frame on the stack.
+#[test]
+fn daemon_rebuild_keeps_loops_and_full_stacks() {
+    if !require_root_and_bpf("daemon_rebuild_keeps_loops_and_full_stacks") {
+        return;
+    }
+    ensure_tools();
+    let _serial = serial();
+    let dir = Scratch::new("daemon-rebuild");
+    let port = free_port();
+    let cfg = write_config(
+        &dir.path,
+        port,
+        "window = \"1h\"\n[limits]\nmax_stacks = 1\n",
+    );
+    let mut d = start_daemon(&cfg, port);
+    let (log, start) = (dir.join("p.log"), dir.join("p.start"));
+    let p = spawn_python(&log, &start, 3);
+    let pid = p.pid();
+    wait_metrics(
+        &mut d,
+        &dir.path,
+        "the victim's loop thread",
+        Duration::from_secs(15),
+        |f| loop_threads(f, pid) >= 1.0,
+    );
+    std::thread::sleep(Duration::from_millis(1000)); // CPython detection
+    // Stacks were interned while the loop was learned: the next
+    // housekeeping rebuilds. Go only after a rebuild, so every stall of
+    // the victim is assembled by a rebuilt engine.
+    let resets = |f: &[Value]| sample(f, "stallprof_session_resets_total", &[]).unwrap_or(0.0);
+    let before = wait_metrics(
+        &mut d,
+        &dir.path,
+        "an engine rebuild",
+        Duration::from_secs(15),
+        |f| resets(f) >= 1.0,
+    );
+    std::fs::write(&start, b"go").unwrap();
+    wait_for_log_kind(&log, "done", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(800));
+    let truth = python_truth(&read_log(&log));
+    let after = parse_metrics(&dir.path, &metrics_text(port));
+    let mut c = Checks::new(format!("Python victim:\n{}", truth_table(&truth)));
+    c.check(truth.len() >= 4, || {
+        format!(
+            "py_blocking_client --rounds 3 logged only {} stalled calls",
+            truth.len()
+        )
+    });
+    c.check(resets(&after) > resets(&before), || {
+        format!(
+            "no rebuild while the victim stalled (resets {} -> {})",
+            resets(&before),
+            resets(&after)
+        )
+    });
+    c.check(loop_threads(&after, pid) >= 1.0, || {
+        "the loop thread is gone from stallprof_loop_threads after rebuilds".into()
+    });
+    d.prof.signal(libc::SIGTERM);
+    let run = d.prof.wait(Duration::from_secs(30));
+    c.check(run.status.success(), || {
+        format!("daemon after SIGTERM:\n{}", run.describe())
+    });
+    drop(p);
+    let stalls = report_stalls(&dir.path.join("data"), "python3.11", pid);
+    for t in &truth {
+        let hit = stalls.iter().find(|s| {
+            s["start_ns"].as_u64().unwrap_or(0) < t.end_ns
+                && s["end_ns"].as_u64().unwrap_or(0) > t.start_ns
+        });
+        match hit {
+            None => c.fail(format!(
+                "{} at {}: no stall reported after the rebuilds ({} on disk)",
+                t.func,
+                t.start_ns,
+                stalls.len()
+            )),
+            Some(s) => {
+                let named = s["stacks"].as_array().into_iter().flatten().any(|st| {
+                    st["frames"].as_array().into_iter().flatten().any(|f| {
+                        f["kind"] == "python" && f["name"].as_str() == Some(t.func.as_str())
+                    })
+                });
+                c.check(named, || {
+                    format!(
+                        "{}: the stall after the rebuilds has no Python frame {:?}",
+                        t.func, t.func
+                    )
+                });
+            }
+        }
+    }
+    c.finish();
+}

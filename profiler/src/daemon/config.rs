@@ -67,6 +67,7 @@ pub struct RetentionFile {
 pub struct LimitsFile {
     pub max_processes: Option<usize>,
     pub forget_after: Option<String>,
+    pub max_stacks: Option<usize>,
 }
 
 /// Flags that override the file.
@@ -96,6 +97,9 @@ pub struct DaemonConfig {
     pub max_processes: usize,
     /// How long an exited process's metrics stay exported.
     pub forget_after: Duration,
+    /// The engine is rebuilt past this many interned stacks (its memory
+    /// bound; see `Engine::rebuild`).
+    pub max_stacks: usize,
     pub rules: Rules,
 }
 
@@ -208,6 +212,13 @@ impl DaemonConfig {
             Some(s) => duration("limits.forget_after", s)?,
             None => Duration::from_secs(300),
         };
+        let max_stacks = f.limits.max_stacks.unwrap_or(super::MAX_STACKS);
+        if max_stacks == 0 {
+            return Err(ConfigError::Value {
+                key: "limits.max_stacks",
+                message: "must be at least 1".into(),
+            });
+        }
         let rules = Rules::new(f.include, f.exclude).map_err(|message| ConfigError::Value {
             key: "include/exclude",
             message,
@@ -226,6 +237,7 @@ impl DaemonConfig {
             max_bytes,
             max_processes,
             forget_after,
+            max_stacks,
             rules,
         })
     }
@@ -257,9 +269,10 @@ impl DaemonConfig {
             self.max_bytes
         ));
         s.push_str(&format!(
-            "  limits        max_processes {}, forget_after {}\n",
+            "  limits        max_processes {}, forget_after {}, max_stacks {}\n",
             self.max_processes,
-            fmt_ns(self.forget_after.as_nanos() as u64)
+            fmt_ns(self.forget_after.as_nanos() as u64),
+            self.max_stacks
         ));
         s.push_str(&format!("  rules         {}\n", self.rules.describe()));
         s

@@ -26,8 +26,8 @@
 //! `limits.max_processes`, exited ones forgotten after `forget_after`, recent
 //! stalls ≤ [`RECENT_BUDGET`] bytes, a window's stalls ≤
 //! [`reports::WINDOW_BUDGET`], and the session (interned stacks,
-//! per-process caches) rebuilt past [`MAX_STACKS`] stacks or
-//! [`MAX_FORGOTTEN`] forgotten processes.
+//! per-process caches) rebuilt past `limits.max_stacks` (default
+//! [`MAX_STACKS`]) stacks or [`MAX_FORGOTTEN`] forgotten processes.
 pub mod config;
 pub mod http;
 pub mod metrics;
@@ -113,8 +113,9 @@ const DRAIN_EVERY: Duration = Duration::from_millis(100);
 const TICK_EVERY: Duration = Duration::from_millis(250);
 /// Exits, exec, pid reuse, counters, memory bounds.
 const HOUSEKEEP_EVERY: Duration = Duration::from_secs(1);
-/// The session is rebuilt past this many interned stacks (~1 KiB each with
-/// their index entry): the table only grows while it lives.
+/// Default of `limits.max_stacks`: the engine is rebuilt past this many
+/// interned stacks (~1 KiB each with their index entry): the table only
+/// grows while it lives.
 pub const MAX_STACKS: usize = 50_000;
 /// ... or after this many processes were forgotten (its symbolizer keeps a
 /// maps snapshot and caches per process it has seen).
@@ -319,7 +320,7 @@ struct Collector {
     // Field order = drop order: the ring before the probes that own its map.
     ring: RingBuf<MapData>,
     probes: Probes,
-    session: Engine,
+    engine: Engine,
     /// Monitored live processes, by pid.
     procs: HashMap<u32, Tracked>,
     /// Live processes left out (rules, the daemon itself, over the limit):
@@ -346,7 +347,7 @@ impl Collector {
             crate::probe::default_sample_after(cfg.threshold_ns),
         )?;
         let ring = probes.take_events()?;
-        let session = Engine::new(cfg.threshold_ns, None);
+        let engine = Engine::new(cfg.threshold_ns, None);
         let now = monotonic_ns();
         let next_roll_mono = now + until_boundary(cfg.window);
         info!(
@@ -361,7 +362,7 @@ impl Collector {
             sh,
             ring,
             probes,
-            session,
+            engine,
             procs: HashMap::new(),
             excluded: HashMap::new(),
             gone: VecDeque::new(),
@@ -395,8 +396,8 @@ impl Collector {
         }
         // Last events, close busy periods still open, flush, detach.
         self.drain();
-        self.session.finish(monotonic_ns());
-        let stalls = self.session.take_stalls();
+        self.engine.finish(monotonic_ns());
+        let stalls = self.engine.take_stalls();
         for (pid, s) in stalls {
             self.on_stall(pid, s);
         }
@@ -418,13 +419,13 @@ impl Collector {
 
     fn drain(&mut self) {
         let skipped = self
-            .session
+            .engine
             .drain_executors(&mut self.ring, &mut self.probes);
         self.sh.metrics.non_loop_stack_events.inc_by(skipped);
-        for (pid, s) in self.session.take_stalls() {
+        for (pid, s) in self.engine.take_stalls() {
             self.on_stall(pid, s);
         }
-        for pid in self.session.take_exited() {
+        for pid in self.engine.take_exited() {
             self.exited(pid);
         }
     }
@@ -546,7 +547,7 @@ impl Collector {
     /// A monitored process exited (or exec'd): stop its upkeep, keep its
     /// series for `forget_after`.
     fn exited(&mut self, pid: u32) {
-        self.session.forget(pid, &mut self.probes);
+        self.engine.forget(pid, &mut self.probes);
         self.forgotten_since_reset += 1;
         if let Some(t) = self.procs.remove(&pid) {
             info!("pid {pid} ({}) is gone", t.info.comm);
@@ -556,11 +557,11 @@ impl Collector {
     }
 
     fn tick(&mut self) {
-        for pid in self.session.executor_pids() {
+        for pid in self.engine.executor_pids() {
             self.observe(pid);
         }
         let pids: Vec<u32> = self.procs.keys().copied().collect();
-        self.session.tick(&pids, &mut self.probes);
+        self.engine.tick(&pids, &mut self.probes);
     }
 
     fn housekeep(&mut self) {
@@ -592,7 +593,7 @@ impl Collector {
         // Gauges and counters.
         let mut threads = 0;
         for t in self.procs.values() {
-            let n = self.session.executors(t.info.pid).len();
+            let n = self.engine.executors(t.info.pid).len();
             threads += n;
             self.sh.metrics.set_loop_threads(&t.labels, n);
         }
@@ -601,7 +602,7 @@ impl Collector {
         m.tracked_threads.set(threads as i64);
         m.excluded.set(self.excluded.len() as i64);
         let mut agent = self.agent_base.clone();
-        for (k, v) in self.session.agent_drops() {
+        for (k, v) in self.engine.agent_drops() {
             *agent.entry(k.to_string()).or_default() += v;
         }
         m.set_drops(&self.probes.drops(), &agent);
@@ -610,7 +611,7 @@ impl Collector {
         let mut rows: Vec<ProcRow> = self
             .procs
             .values()
-            .map(|t| t.row(false, self.session.executors(t.info.pid).len()))
+            .map(|t| t.row(false, self.engine.executors(t.info.pid).len()))
             .collect();
         rows.extend(self.gone.iter().map(|(_, t)| t.row(true, 0)));
         rows.sort_by_key(|r| (r.exited, std::cmp::Reverse(r.stall_ns), r.info.pid));
@@ -619,12 +620,11 @@ impl Collector {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .procs = rows;
-        // Memory bound of the stall-assembly state.
-        let stacks = self.session.stack_table_len();
-        let big = stacks > MAX_STACKS || self.forgotten_since_reset > MAX_FORGOTTEN;
-        // Wait for a moment with no loop busy (nothing is cut), but not forever.
-        let forced = stacks > 2 * MAX_STACKS || self.forgotten_since_reset > 2 * MAX_FORGOTTEN;
-        if (big && !self.session.executor_busy()) || forced {
+        // Memory bound of the stall-assembly state. A rebuild cuts nothing
+        // (open busy periods and loop identities carry over).
+        if self.engine.stack_table_len() > self.cfg.max_stacks
+            || self.forgotten_since_reset > MAX_FORGOTTEN
+        {
             self.reset_session();
         }
     }
@@ -632,14 +632,14 @@ impl Collector {
     fn reset_session(&mut self) {
         info!(
             "rebuilding the session ({} stacks, {} processes forgotten) to bound memory",
-            self.session.stack_table_len(),
+            self.engine.stack_table_len(),
             self.forgotten_since_reset
         );
-        for (k, v) in self.session.agent_drops() {
+        for (k, v) in self.engine.agent_drops() {
             *self.agent_base.entry(k.to_string()).or_default() += v;
         }
-        let old = std::mem::replace(&mut self.session, Engine::new(self.cfg.threshold_ns, None));
-        self.session = old.rebuild();
+        let old = std::mem::replace(&mut self.engine, Engine::new(self.cfg.threshold_ns, None));
+        self.engine = old.rebuild();
         self.forgotten_since_reset = 0;
         self.sh.metrics.session_resets.inc();
         // Hand the freed caches back to the kernel: glibc keeps freed heap
