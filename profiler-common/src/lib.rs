@@ -24,8 +24,9 @@ pub const MAX_USTACK: usize = 96;
 /// from the leaf to `uv_run`; deeper stacks are unwound as far as the copy
 /// goes (`unwind_truncated`).
 pub const USER_STACK_COPY: usize = 32 << 10;
-/// Ring buffer size: 64 MiB holds ~1.9k stack events (~35 KiB each), about
-/// a second of a busy 2-core host at 999 Hz, drained every 20 ms.
+/// Ring buffer size as compiled: the largest the agent asks for. At load
+/// the agent sizes it to the sampling rate and CPU count
+/// (`probe::ring_bytes`): 64 MiB holds ~1.9k stack events (~35 KiB each).
 pub const RINGBUF_BYTES: u32 = 64 << 20;
 /// Events are submitted without waking the reader until this much data is
 /// waiting; the reader also drains on a short timer (`record`: 20 ms). A

@@ -370,6 +370,23 @@ pub fn default_sample_after(threshold_ns: u64) -> u64 {
     (threshold_ns / 20).min(2_000_000)
 }
 
+/// Agent delay the ring buffer absorbs at full sampling rate on every CPU.
+const RING_SLACK_MS: u64 = 125;
+/// The smallest ring buffer: room for switch-outs and bursts beyond samples.
+const RING_MIN_BYTES: u32 = 16 << 20;
+
+/// Ring-buffer size for `sample_hz` on `cpus` CPUs: every CPU sampling a
+/// busy loop thread fills `RING_SLACK_MS` of it (the agent drains every
+/// 20 ms; symbolizing a first stall can hold it up longer), as a power of
+/// two between [`RING_MIN_BYTES`] and `RINGBUF_BYTES`. The agent maps the
+/// data pages twice (for reads across the wrap), so its RSS holds twice
+/// this: sized to what the gate lets through, not to the worst case.
+pub fn ring_bytes(sample_hz: u64, cpus: u64) -> u32 {
+    let per_sec = sample_hz * cpus * size_of::<profiler_common::StackEvent>() as u64;
+    let want = (per_sec * RING_SLACK_MS / 1000).next_power_of_two();
+    want.clamp(RING_MIN_BYTES as u64, profiler_common::RINGBUF_BYTES as u64) as u32
+}
+
 impl Probes {
     /// Load the programs for `tgid` (0 = every process) and attach them all.
     /// `sample_after_ns`: the sampling gate (0 = every sample, every busy period).
@@ -381,7 +398,11 @@ impl Probes {
         ensure_tracefs()?;
         let tracepoints = tracepoints();
         check_layouts(&tracepoints)?;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+        let ring = ring_bytes(sample_hz, cpus);
+        debug!("ring buffer: {} MiB", ring >> 20);
         let mut ebpf = EbpfLoader::new()
+            .set_max_entries("EVENTS", ring)
             .override_global("TARGET_TGID", &tgid, true)
             .override_global("SAMPLE_AFTER_NS", &sample_after_ns, true)
             .load(EBPF_OBJECT)
@@ -558,6 +579,15 @@ fn sum_counters<const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ring_is_sized_to_the_sampling_rate() {
+        // 2 CPUs at 999 Hz: ~8.9 MB of stack events in 125 ms -> 16 MiB.
+        assert_eq!(ring_bytes(999, 2), 16 << 20);
+        assert_eq!(ring_bytes(199, 2), RING_MIN_BYTES);
+        assert_eq!(ring_bytes(999, 8), 64 << 20);
+        assert_eq!(ring_bytes(10_000, 64), profiler_common::RINGBUF_BYTES);
+    }
 
     /// `events/sched/sched_switch/format` of x86-64 Linux 6.18.
     const SCHED_SWITCH_FORMAT: &str = "\

@@ -5,6 +5,7 @@
 //! summary text.
 use std::{
     fs,
+    io::Write,
     path::{Path, PathBuf},
 };
 
@@ -38,14 +39,27 @@ pub enum RenderError {
 }
 
 pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<(), RenderError> {
-    // Write then rename, so an interrupted run never leaves half a file.
+    write_file_with(path, |w| w.write_all(bytes))
+}
+
+/// Write `path` through a buffered writer (large outputs are streamed, never
+/// held whole in memory), to a temporary name first and renamed into place,
+/// so an interrupted run never leaves half a file.
+pub(crate) fn write_file_with(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), RenderError> {
     let tmp = path.with_extension("tmp");
-    fs::write(&tmp, bytes)
-        .and_then(|()| fs::rename(&tmp, path))
-        .map_err(|source| RenderError::Write {
-            path: path.to_path_buf(),
-            source,
-        })
+    let run = || -> std::io::Result<()> {
+        let mut w = std::io::BufWriter::new(fs::File::create(&tmp)?);
+        write(&mut w)?;
+        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        fs::rename(&tmp, path)
+    };
+    run().map_err(|source| RenderError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Create the output directory (and check it is writable) before recording.
@@ -65,8 +79,9 @@ pub fn prepare_dir(dir: &Path) -> Result<(), RenderError> {
 
 pub fn write_json(rec: &Recording, dir: &Path) -> Result<PathBuf, RenderError> {
     let path = dir.join("stalls.json");
-    let bytes = serde_json::to_vec_pretty(rec).expect("recording serializes");
-    write_file(&path, &bytes)?;
+    write_file_with(&path, |w| {
+        serde_json::to_writer_pretty(w, rec).map_err(std::io::Error::other)
+    })?;
     Ok(path)
 }
 
