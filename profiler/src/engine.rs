@@ -96,7 +96,7 @@ impl Control for NoControl {
 enum Symbols {
     /// The live process; `recorded`: every answer also kept for a recording.
     Live {
-        blaze: BlazeResolver,
+        blaze: Box<BlazeResolver>,
         recorded: Option<TableResolver>,
     },
     /// A recording's symbol table.
@@ -118,14 +118,14 @@ impl Symbols {
                 recorded: Some(table),
             } => {
                 let mut rec = Recorder {
-                    inner: blaze,
+                    inner: blaze.as_mut(),
                     table: std::mem::take(table),
                 };
                 let r = f(&mut rec);
                 *table = rec.table;
                 r
             }
-            Symbols::Live { blaze, .. } => f(blaze),
+            Symbols::Live { blaze, .. } => f(blaze.as_mut()),
             Symbols::Saved(t) => f(t),
         }
     }
@@ -178,7 +178,7 @@ impl PythonWatch {
     fn poll(&mut self, pid: u32, probes: &mut dyn Control) {
         if self.interp.is_none() && !self.given_up && !is_own_fork(pid) {
             self.attempts += 1;
-            if self.attempts <= 20 || self.attempts % 20 == 0 {
+            if self.attempts <= 20 || self.attempts.is_multiple_of(20) {
                 match python::detect(pid) {
                     Ok(Some(interp)) => {
                         let gil = interp.gil_addrs().ok();
@@ -259,7 +259,7 @@ impl RuntimeWatch {
         if is_own_fork(pid) || exe == self.scanned_exe {
             self.attempts += 1;
             // Libraries loaded later (dlopen) get a look now and then.
-            if self.attempts % 40 != 0 || self.scanned_exe.is_none() {
+            if !self.attempts.is_multiple_of(40) || self.scanned_exe.is_none() {
                 return;
             }
         }
@@ -309,7 +309,7 @@ impl Engine {
         Self::with(
             TrackerConfig { threshold_ns, tids },
             Symbols::Live {
-                blaze: BlazeResolver::new(),
+                blaze: Box::new(BlazeResolver::new()),
                 recorded: None,
             },
             Unwinder::new(),

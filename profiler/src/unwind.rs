@@ -366,7 +366,7 @@ fn hex(d: &[u8]) -> String {
 
 fn unhex(s: &str) -> Option<Data> {
     let b = s.as_bytes();
-    if b.len() % 2 != 0 {
+    if !b.len().is_multiple_of(2) {
         return None;
     }
     let v: Option<Vec<u8>> = b

@@ -402,7 +402,7 @@ impl Probes {
         let ring = ring_bytes(sample_hz, cpus);
         debug!("ring buffer: {} MiB", ring >> 20);
         let mut ebpf = EbpfLoader::new()
-            .set_max_entries("EVENTS", ring)
+            .map_max_entries("EVENTS", ring)
             .override_global("TARGET_TGID", &tgid, true)
             .override_global("SAMPLE_AFTER_NS", &sample_after_ns, true)
             .load(EBPF_OBJECT)
