@@ -1,7 +1,9 @@
 //! Root integration tests of `stallprof::python` against live CPython victims.
 //!
-//! For each interpreter in [`PYTHONS`] (all expected on the dev machine and
-//! in CI: a missing one fails its test, naming it), start
+//! For each supported interpreter (pyenv's or PATH's newest 3.10, 3.11, 3.12,
+//! 3.13 and Debian's stripped /usr/bin/python3.11, found by tests/common's
+//! `find_python` / `debian_python311`; a missing one FAILS its test, naming
+//! it and how to install it), start
 //! `victims/py_frames_victim.py`, which spins in `outer -> middle ->
 //! spin_here` in its main thread and in a thread named "py-spinner", then
 //! detect the interpreter, map TIDs to thread states, walk both stacks with
@@ -9,21 +11,18 @@
 //! and lines (the victim prints its own spin-loop lines), never addresses.
 //! Needs root (or CAP_SYS_PTRACE) to read the child's /proc/PID/mem.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{debian_python311, find_python, require_debian_python311, require_python};
 use stallprof::python::{self, Interpreter, PyFrameInfo, PythonError};
 
-/// (interpreter, expected (major, minor)).
-const PYTHONS: &[(&str, (u8, u8))] = &[
-    ("/root/.pyenv/versions/3.10.13/bin/python3", (3, 10)),
-    ("/root/.pyenv/versions/3.11.7/bin/python3", (3, 11)),
-    ("/root/.pyenv/versions/3.12.1/bin/python3", (3, 12)),
-    ("/root/.pyenv/versions/3.13.0/bin/python3", (3, 13)),
-    // Debian's: stripped, non-PIE, libpython linked in statically.
-    ("/usr/bin/python3.11", (3, 11)),
-];
+/// The supported (major, minor) versions, each run from its newest build here.
+const SUPPORTED: &[(u8, u8)] = &[(3, 10), (3, 11), (3, 12), (3, 13)];
 
 const VICTIM: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -34,42 +33,51 @@ const FILE_NAME: &str = "py_frames_victim.py";
 /// How long the victim gets to reach its spin loops.
 const SETTLE: Duration = Duration::from_secs(5);
 
+fn pyenv_frames(minor: u8) {
+    check_python(&require_python(3, minor as u32), (3, minor));
+}
+
 #[test]
 fn pyenv_3_10_frames() {
-    check_python(PYTHONS[0]);
+    pyenv_frames(10);
 }
 
 #[test]
 fn pyenv_3_11_frames() {
-    check_python(PYTHONS[1]);
+    pyenv_frames(11);
 }
 
 #[test]
 fn pyenv_3_12_frames() {
-    check_python(PYTHONS[2]);
+    pyenv_frames(12);
 }
 
 #[test]
 fn pyenv_3_13_frames() {
-    check_python(PYTHONS[3]);
+    pyenv_frames(13);
 }
 
+/// Debian's: stripped, non-PIE, libpython linked in statically.
 #[test]
 fn debian_static_3_11_frames() {
-    check_python(PYTHONS[4]);
+    check_python(&require_debian_python311(), (3, 11));
 }
 
+/// Every missing interpreter at once (each test above also fails alone).
 #[test]
-fn every_listed_python_is_present() {
-    let missing: Vec<&str> = PYTHONS
+fn every_supported_python_is_present() {
+    let mut missing: Vec<String> = SUPPORTED
         .iter()
-        .map(|p| p.0)
-        .filter(|p| !std::path::Path::new(p).exists())
+        .filter(|(ma, mi)| find_python(*ma as u32, *mi as u32).is_none())
+        .map(|(ma, mi)| format!("CPython {ma}.{mi} (pyenv install {ma}.{mi})"))
         .collect();
+    if debian_python311().is_none() {
+        missing.push("/usr/bin/python3.11 (apt-get install -y python3.11)".into());
+    }
     assert!(
         missing.is_empty(),
-        "interpreters listed in PYTHONS are missing: {missing:?} \
-         (pyenv install 3.X.Y / apt-get install -y python3.11)"
+        "supported interpreters are MISSING here: {missing:?} \
+         (`cargo xtask test` as root installs Debian's; pyenv builds the others)"
     );
 }
 
@@ -88,13 +96,17 @@ fn non_python_process_is_none() {
 
 #[test]
 fn unsupported_version_names_found_and_supported() {
-    // Not one of PYTHONS: an extra check where pyenv also has 3.9.
-    let python = "/root/.pyenv/versions/3.9.18/bin/python3";
-    if !std::path::Path::new(python).exists() {
-        eprintln!("SKIP: {python} not installed");
+    // Not a supported version: an extra check, run where a 3.9 is found.
+    let Some(python) = find_python(3, 9) else {
+        eprintln!(
+            "\n!!!!!!!!!! NOT RUN: unsupported_version_names_found_and_supported found no CPython 3.9 \
+             (pyenv or python3.9 on PATH).\n!!!!!!!!!! It is an extra beyond the supported set \
+             (3.10-3.13): the refusal of 3.9 was NOT checked.\n"
+        );
         return;
-    }
-    let child = Command::new(python)
+    };
+    eprintln!("3.9 refusal checked with {}", python.display());
+    let child = Command::new(&python)
         .args(["-c", "import time; print('up', flush=True); time.sleep(30)"])
         .stdout(Stdio::piped())
         .spawn()
@@ -134,14 +146,14 @@ impl Drop for Killer {
 }
 
 impl Victim {
-    fn start(python: &str) -> Victim {
+    fn start(python: &Path) -> Victim {
         let mut child = Command::new(python)
             .arg(VICTIM)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {python}: {e}"));
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", python.display()));
         let stdout = child.stdout.take().expect("piped stdout");
         let mut stderr = child.stderr.take().expect("piped stderr");
         let child = Killer(child);
@@ -152,7 +164,7 @@ impl Victim {
         if line.is_empty() {
             let mut err = String::new();
             let _ = stderr.read_to_string(&mut err);
-            panic!("{python} victim exited before reporting: {err}");
+            panic!("{} victim exited before reporting: {err}", python.display());
         }
         let field = |key: &str| -> String {
             line.split_whitespace()
@@ -173,13 +185,10 @@ impl Victim {
     }
 }
 
-fn check_python((python, version): (&str, (u8, u8))) {
-    assert!(
-        std::path::Path::new(python).exists(),
-        "{python} (listed in PYTHONS as present) is missing: install it \
-         (pyenv install / apt-get install -y python3.11) or fix the list"
-    );
-    let victim = Victim::start(python);
+fn check_python(path: &Path, version: (u8, u8)) {
+    let python = path.display().to_string();
+    let python = python.as_str();
+    let victim = Victim::start(path);
     assert_eq!(victim.child.0.id(), victim.pid);
     assert_eq!(victim.version, format!("{}.{}", version.0, version.1));
 

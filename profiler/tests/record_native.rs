@@ -384,8 +384,10 @@ fn assert_no_frame_pointer_chain(exe: &Path) {
     );
 }
 
-/// `stallprof record --threshold 40ms -o OUT -- ARGV…`, which must succeed.
-fn record(argv: &[&OsStr], out: &Path, timeout: Duration) -> RunOutput {
+/// `stallprof record --threshold 40ms -o OUT -- ARGV…`, which must succeed,
+/// run in the test's scratch directory `cwd`: the victim inherits it, and
+/// whatever it writes there (Node's isolate-*-v8.log) stays out of the tree.
+fn record(cwd: &Path, argv: &[&OsStr], out: &Path, timeout: Duration) -> RunOutput {
     let mut args: Vec<&OsStr> = vec![
         "record".as_ref(),
         "--threshold".as_ref(),
@@ -395,7 +397,7 @@ fn record(argv: &[&OsStr], out: &Path, timeout: Duration) -> RunOutput {
     args.push(out.as_os_str());
     args.push("--".as_ref());
     args.extend_from_slice(argv);
-    let run = run_stallprof(&args, timeout);
+    let run = run_stallprof_in(cwd, &args, timeout);
     assert!(
         run.status.success(),
         "stallprof {args:?} failed:\n{}",
@@ -602,6 +604,7 @@ fn record_tokio(test: &str, flavor: &str) {
     let log = dir.join("victim.jsonl");
     let out = dir.join("out");
     record(
+        &dir.path,
         &[
             exe.as_os_str(),
             log.as_os_str(),
@@ -751,7 +754,9 @@ fn record_node_perf_basic_prof_pbkdf2_and_json_parse() {
     argv.extend(NODE_FLAGS.iter().map(|f| OsStr::new(f)));
     argv.push(script.as_os_str());
     argv.push(log.as_os_str());
-    record(&argv, &out, Duration::from_secs(60));
+    // In the scratch dir: --perf-basic-prof makes Node write
+    // isolate-*-v8.log into its current directory.
+    record(&dir.path, &argv, &out, Duration::from_secs(60));
 
     let (ready, truth) = victim_truth(&log, &["pbkdf2", "json"], 4);
     let pid = ready["pid"].as_u64().unwrap() as u32;
@@ -912,6 +917,7 @@ fn record_c_loop(dir: &Scratch, name: &str, flags: &[&str]) -> CRun {
     let log = dir.join(&format!("{name}.jsonl"));
     let out = dir.join(&format!("{name}-out"));
     record(
+        &dir.path,
         &[exe.as_os_str(), log.as_os_str()],
         &out,
         Duration::from_secs(60),

@@ -13,24 +13,24 @@
 mod common;
 
 use common::*;
+use std::path::PathBuf;
 use std::time::Duration;
 
 const THRESHOLD: &str = "40ms";
 const THRESHOLD_NS: u64 = 40 * MS;
 
-fn record_python_victim(test: &str, python: &str) {
+/// `python` finds the interpreter (tests/common: `require_python`,
+/// `require_debian_python311`), failing the test when it is missing.
+fn record_python_victim(test: &str, python: fn() -> PathBuf) {
     record_python_victim_with(test, python, &[]);
 }
 
 /// `extra`: more victim arguments (`--loop uvloop --path DIR`, `--loop select`).
-fn record_python_victim_with(test: &str, python: &str, extra: &[&std::ffi::OsStr]) {
+fn record_python_victim_with(test: &str, python: fn() -> PathBuf, extra: &[&std::ffi::OsStr]) {
     if !require_root_and_bpf(test) {
         return;
     }
-    assert!(
-        std::path::Path::new(python).exists(),
-        "{python} is missing: this test needs that interpreter (see docs/toolchain.md)"
-    );
+    let python = python();
     let _serial = serial();
     let dir = Scratch::new(test);
     let script = victims_dir().join("py_blocking_client.py");
@@ -45,7 +45,7 @@ fn record_python_victim_with(test: &str, python: &str, extra: &[&std::ffi::OsStr
             "-o".as_ref(),
             out.as_os_str(),
             "--".as_ref(),
-            python.as_ref(),
+            python.as_os_str(),
             script.as_os_str(),
             log.as_os_str(),
         ]
@@ -56,7 +56,8 @@ fn record_python_victim_with(test: &str, python: &str, extra: &[&std::ffi::OsStr
     );
     assert!(
         run.status.success(),
-        "stallprof record -- {python} victim failed:\n{}",
+        "stallprof record -- {} victim failed:\n{}",
+        python.display(),
         run.describe()
     );
     let entries = read_log(&log);
@@ -84,7 +85,8 @@ fn record_python_victim_with(test: &str, python: &str, extra: &[&std::ffi::OsStr
 
     let rec = load_recording(&out);
     let mut c = Checks::new(format!(
-        "{python}\n{}\n{}",
+        "{}\n{}\n{}",
+        python.display(),
         truth_table(&truth),
         stalls_table(&rec)
     ));
@@ -214,10 +216,9 @@ fn record_python_victim_with(test: &str, python: &str, extra: &[&std::ffi::OsStr
 
 #[test]
 fn record_python_blocking_client_pyenv_311() {
-    record_python_victim(
-        "record_python_blocking_client_pyenv_311",
-        "/root/.pyenv/versions/3.11.7/bin/python3",
-    );
+    record_python_victim("record_python_blocking_client_pyenv_311", || {
+        require_python(3, 11)
+    });
 }
 
 /// Debian's interpreter: static libpython, non-PIE, stripped. Stall detection
@@ -226,21 +227,20 @@ fn record_python_blocking_client_pyenv_311() {
 fn record_python_blocking_client_debian_311() {
     record_python_victim(
         "record_python_blocking_client_debian_311",
-        "/usr/bin/python3.11",
+        require_debian_python311,
     );
 }
 
 /// uvloop (libuv's epoll loop, from PyPI) parks the same way: same checks.
 #[test]
 fn record_python_blocking_client_uvloop_311() {
-    let python = "/root/.pyenv/versions/3.11.7/bin/python3";
     if !require_root_and_bpf("record_python_blocking_client_uvloop_311") {
         return;
     }
-    let deps = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/test-deps/uvloop-py311");
+    let python = require_python(3, 11);
+    let deps = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-deps/uvloop-py311");
     if !deps.join("uvloop").exists() {
-        let st = std::process::Command::new(python)
+        let st = std::process::Command::new(&python)
             .args([
                 "-m",
                 "pip",
@@ -252,7 +252,7 @@ fn record_python_blocking_client_uvloop_311() {
             .arg(&deps)
             .arg("uvloop==0.21.0")
             .status()
-            .expect("running pip");
+            .unwrap_or_else(|e| panic!("running {} -m pip: {e}", python.display()));
         assert!(
             st.success(),
             "installing uvloop from PyPI into {} failed",
@@ -261,7 +261,7 @@ fn record_python_blocking_client_uvloop_311() {
     }
     record_python_victim_with(
         "record_python_blocking_client_uvloop_311",
-        python,
+        || require_python(3, 11),
         &[
             "--loop".as_ref(),
             "uvloop".as_ref(),
@@ -277,7 +277,7 @@ fn record_python_blocking_client_uvloop_311() {
 fn record_python_blocking_client_select_loop_311() {
     record_python_victim_with(
         "record_python_blocking_client_select_loop_311",
-        "/root/.pyenv/versions/3.11.7/bin/python3",
+        || require_python(3, 11),
         &["--loop".as_ref(), "select".as_ref()],
     );
 }

@@ -213,31 +213,32 @@ impl Python {
     }
 }
 
-const PY310: Python = Python {
-    path: "/root/.pyenv/versions/3.10.13/bin/python3",
-    version: (3, 10),
-    symbols: true,
-};
-const PY311: Python = Python {
-    path: "/root/.pyenv/versions/3.11.7/bin/python3",
-    version: (3, 11),
-    symbols: true,
-};
-const PY312: Python = Python {
-    path: "/root/.pyenv/versions/3.12.1/bin/python3",
-    version: (3, 12),
-    symbols: true,
-};
-const PY313: Python = Python {
-    path: "/root/.pyenv/versions/3.13.0/bin/python3",
-    version: (3, 13),
-    symbols: true,
-};
-const DEBIAN311: Python = Python {
-    path: "/usr/bin/python3.11",
-    version: (3, 11),
-    symbols: false,
-};
+/// CPython 3.`minor` as found on this machine (tests/common `require_python`:
+/// the newest pyenv build, else python3.X on PATH); a missing one FAILS the
+/// test, naming it and how to install it.
+fn found_python(minor: u32) -> &'static Python {
+    let path = require_python(3, minor);
+    let symbols = path.starts_with(pyenv_root());
+    leak_python(path, (3, minor), symbols)
+}
+
+/// Debian's /usr/bin/python3.11 (tests/common `require_debian_python311`).
+fn debian_python() -> &'static Python {
+    leak_python(require_debian_python311(), (3, 11), false)
+}
+
+/// A found interpreter, kept for the test's lifetime (one per test).
+fn leak_python(path: std::path::PathBuf, version: (u32, u32), symbols: bool) -> &'static Python {
+    let path = path
+        .into_os_string()
+        .into_string()
+        .unwrap_or_else(|p| panic!("interpreter path {p:?} is not UTF-8"));
+    Box::leak(Box::new(Python {
+        path: Box::leak(path.into_boxed_str()),
+        version,
+        symbols,
+    }))
+}
 
 /// One test per interpreter for a victim: `$victim::pyenv_3_10`, ...
 macro_rules! on_every_python {
@@ -246,24 +247,39 @@ macro_rules! on_every_python {
             use super::*;
             #[test]
             fn pyenv_3_10() {
-                $check(concat!(stringify!($victim), "_pyenv_3_10"), &PY310);
+                $check(
+                    concat!(stringify!($victim), "_pyenv_3_10"),
+                    found_python(10),
+                );
             }
             #[test]
             fn pyenv_3_11() {
-                $check(concat!(stringify!($victim), "_pyenv_3_11"), &PY311);
+                $check(
+                    concat!(stringify!($victim), "_pyenv_3_11"),
+                    found_python(11),
+                );
             }
             #[test]
             fn pyenv_3_12() {
-                $check(concat!(stringify!($victim), "_pyenv_3_12"), &PY312);
+                $check(
+                    concat!(stringify!($victim), "_pyenv_3_12"),
+                    found_python(12),
+                );
             }
             #[test]
             fn pyenv_3_13() {
-                $check(concat!(stringify!($victim), "_pyenv_3_13"), &PY313);
+                $check(
+                    concat!(stringify!($victim), "_pyenv_3_13"),
+                    found_python(13),
+                );
             }
             /// Debian's interpreter: static libpython, non-PIE, stripped.
             #[test]
             fn debian_3_11() {
-                $check(concat!(stringify!($victim), "_debian_3_11"), &DEBIAN311);
+                $check(
+                    concat!(stringify!($victim), "_debian_3_11"),
+                    debian_python(),
+                );
             }
         }
     };

@@ -8,6 +8,13 @@
 //!   nightly changes;
 //! - tracefs mounted at /sys/kernel/tracing.
 //! Every other command runs `setup` first.
+//!
+//! `test` (and `setup --tests`) also installs what the tests need, the same
+//! way (idempotent; no network when everything is present): the system tools
+//! the root tests run (bpftool, cc, objdump, Debian's /usr/bin/python3.11,
+//! /usr/bin/node, npm, pip) with apt-get, and the daemon tests' readers at
+//! pinned versions under target/daemon-test-deps. The README's test command
+//! alone prepares a fresh machine; CI's `.ci/run` adds nothing to it.
 use std::{
     env, fs,
     path::{Path, PathBuf},
@@ -20,6 +27,10 @@ use clap::{Parser, Subcommand};
 mod bench;
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The daemon tests parse /metrics with Python's prometheus_client and read
+/// pprof files with npm's pprof-format (target/daemon-test-deps/{py,node}).
+const PROMETHEUS_CLIENT_VERSION: &str = "0.26.0";
+const PPROF_FORMAT_VERSION: &str = "2.3.2";
 
 #[derive(Parser)]
 #[command(name = "xtask", about = "stallprof project automation")]
@@ -31,7 +42,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Install what building the eBPF programs needs (idempotent).
-    Setup,
+    Setup {
+        /// Also install what the tests need (what `test` installs first).
+        #[arg(long)]
+        tests: bool,
+    },
     /// Build everything (release).
     Build,
     /// Run the bundled asyncio demo under `stallprof record` and write its flamegraph.
@@ -243,9 +258,179 @@ fn demo(seconds: u32, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A system tool the tests run, and the Debian package that provides it.
+struct Tool {
+    package: &'static str,
+    /// What needs it, for the "installing" line.
+    purpose: &'static str,
+    present: fn() -> bool,
+}
+
+const TEST_TOOLS: &[Tool] = &[
+    Tool {
+        package: "bpftool",
+        purpose: "the root tests (they check that stallprof unloads its BPF programs)",
+        present: || succeeds(Command::new("bpftool").arg("version")),
+    },
+    Tool {
+        package: "gcc",
+        purpose: "the C victims (cc)",
+        present: || on_path("cc"),
+    },
+    Tool {
+        package: "binutils",
+        purpose: "the tokio victim's frame-pointer check (objdump)",
+        present: || on_path("objdump"),
+    },
+    Tool {
+        package: "python3.11",
+        purpose: "the Python tests (Debian's stripped /usr/bin/python3.11)",
+        present: || Path::new("/usr/bin/python3.11").exists(),
+    },
+    Tool {
+        package: "nodejs",
+        purpose: "the Node test (/usr/bin/node) and the daemon tests' pprof reader",
+        present: || Path::new("/usr/bin/node").exists(),
+    },
+    Tool {
+        package: "npm",
+        purpose: "the daemon tests (installs their pprof reader)",
+        present: || on_path("npm"),
+    },
+    Tool {
+        package: "python3-pip",
+        purpose: "the daemon tests (`python3 -m pip` installs their Prometheus parser)",
+        present: || succeeds(Command::new("python3").args(["-m", "pip", "--version"])),
+    },
+];
+
+/// Installs what the tests need beyond the build: missing system tools with
+/// apt-get (`apt-get update` only then), and the daemon tests' readers at
+/// their pinned versions. Idempotent; a few stats and process runs when
+/// everything is present.
+fn test_setup() -> Result<()> {
+    let missing: Vec<&Tool> = TEST_TOOLS.iter().filter(|t| !(t.present)()).collect();
+    if !missing.is_empty() {
+        let packages: Vec<&str> = missing.iter().map(|t| t.package).collect();
+        if unsafe_geteuid() != 0 {
+            eprintln!(
+                "xtask: WARNING: the tests need {} and only root can install them \
+                 (`apt-get install -y {}`); the tests that need them will FAIL",
+                packages.join(", "),
+                packages.join(" ")
+            );
+        } else {
+            apt_install(&missing)?;
+        }
+    }
+
+    let deps = root().join("target/daemon-test-deps");
+    let py = deps.join("py");
+    let dist_info = py.join(format!(
+        "prometheus_client-{PROMETHEUS_CLIENT_VERSION}.dist-info"
+    ));
+    if !dist_info.is_dir() {
+        eprintln!(
+            "xtask: installing prometheus-client {PROMETHEUS_CLIENT_VERSION} for the daemon tests (their Prometheus parser) into {}",
+            py.display()
+        );
+        run(Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--root-user-action",
+                "ignore",
+                "--upgrade",
+            ])
+            .arg("--target")
+            .arg(&py)
+            .arg(format!("prometheus-client=={PROMETHEUS_CLIENT_VERSION}")))?;
+    }
+    let node = deps.join("node");
+    let package_json = node.join("node_modules/pprof-format/package.json");
+    let have = fs::read_to_string(&package_json)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["version"].as_str().map(String::from));
+    if have.as_deref() != Some(PPROF_FORMAT_VERSION) {
+        eprintln!(
+            "xtask: installing pprof-format {PPROF_FORMAT_VERSION} for the daemon tests (their pprof reader) into {}",
+            node.display()
+        );
+        run(Command::new("npm")
+            .args(["install", "--silent", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&node)
+            .arg(format!("pprof-format@{PPROF_FORMAT_VERSION}")))?;
+    }
+    Ok(())
+}
+
+/// Installs the packages of `missing` with apt-get (root), and checks that
+/// each tool is there afterwards.
+fn apt_install(missing: &[&Tool]) -> Result<()> {
+    let packages: Vec<&str> = missing.iter().map(|t| t.package).collect();
+    if !on_path("apt-get") {
+        bail!(
+            "the tests need {} and this machine has no apt-get: install them (Debian package names)",
+            packages.join(", ")
+        );
+    }
+    for t in missing {
+        eprintln!("xtask: installing {} for {}", t.package, t.purpose);
+    }
+    run(Command::new("apt-get")
+        .args(["update", "-qq"])
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    // --reinstall: also brings back a tool whose package dpkg still lists as
+    // installed (a fresh machine's missing packages just install).
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--reinstall"])
+        .args(&packages)
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    let still: Vec<&str> = missing
+        .iter()
+        .filter(|t| !(t.present)())
+        .map(|t| t.package)
+        .collect();
+    if !still.is_empty() {
+        bail!(
+            "apt-get installed {} but the tests still cannot use {}",
+            packages.join(" "),
+            still.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Runs and exits 0 (output discarded).
+fn succeeds(cmd: &mut Command) -> bool {
+    cmd.output().is_ok_and(|o| o.status.success())
+}
+
+/// An executable file named `name` in a PATH directory.
+fn on_path(name: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    env::var_os("PATH").is_some_and(|path| {
+        env::split_paths(&path).any(|d| {
+            fs::metadata(d.join(name))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
 fn test(args: &[String]) -> Result<()> {
     setup()?;
-    if unsafe_geteuid() != 0 {
+    let root_user = unsafe_geteuid() == 0;
+    if let Err(e) = test_setup() {
+        if root_user {
+            return Err(e.context("installing what the tests need"));
+        }
+        eprintln!("xtask: WARNING: {e:#}; the tests that need it will FAIL");
+    }
+    if !root_user {
         eprintln!(
             "xtask: WARNING: not root — the integration tests need root (BPF) and will FAIL; \
              run as root, or set STALLPROF_SKIP_ROOT_TESTS=1 to skip them explicitly"
@@ -280,7 +465,7 @@ fn unsafe_geteuid() -> u32 {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Setup => setup(),
+        Cmd::Setup { tests } => setup().and_then(|()| if tests { test_setup() } else { Ok(()) }),
         Cmd::Build => build().map(|_| ()),
         Cmd::Demo { seconds, output } => demo(seconds, &output),
         Cmd::Test { args } => test(&args),

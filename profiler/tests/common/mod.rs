@@ -272,11 +272,26 @@ fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
 
 impl Profiler {
     pub fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Profiler {
+        Profiler::spawn_with(args, None)
+    }
+
+    /// Runs in `cwd`, and so does the command it starts after `--`: for
+    /// targets that write into their current directory (Node with
+    /// --perf-basic-prof writes isolate-*-v8.log there), a Scratch dir.
+    pub fn spawn_in<S: AsRef<std::ffi::OsStr>>(cwd: &Path, args: &[S]) -> Profiler {
+        Profiler::spawn_with(args, Some(cwd))
+    }
+
+    fn spawn_with<S: AsRef<std::ffi::OsStr>>(args: &[S], cwd: Option<&Path>) -> Profiler {
         let args_s: Vec<String> = args
             .iter()
             .map(|a| a.as_ref().to_string_lossy().into_owned())
             .collect();
-        let mut child = Command::new(stallprof_bin())
+        let mut cmd = Command::new(stallprof_bin());
+        if let Some(cwd) = cwd {
+            cmd.current_dir(cwd);
+        }
+        let mut child = cmd
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -361,6 +376,106 @@ impl Drop for Profiler {
 /// Runs stallprof to completion with a deadline.
 pub fn run_stallprof<S: AsRef<std::ffi::OsStr>>(args: &[S], timeout: Duration) -> RunOutput {
     Profiler::spawn(args).wait(timeout)
+}
+
+/// `run_stallprof` in `cwd` (see `Profiler::spawn_in`).
+pub fn run_stallprof_in<S: AsRef<std::ffi::OsStr>>(
+    cwd: &Path,
+    args: &[S],
+    timeout: Duration,
+) -> RunOutput {
+    Profiler::spawn_in(cwd, args).wait(timeout)
+}
+
+// ---------------------------------------------------------------------------
+// Interpreters: found on the machine, never assumed at a fixed path
+
+/// pyenv's root: $PYENV_ROOT, else ~/.pyenv.
+pub fn pyenv_root() -> PathBuf {
+    std::env::var_os("PYENV_ROOT")
+        .filter(|r| !r.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/root"))
+                .join(".pyenv")
+        })
+}
+
+/// CPython `major.minor` on this machine: the newest pyenv build
+/// (`<pyenv root>/versions/M.m.P/bin/python3`, highest P; variants such as
+/// free-threaded `3.13.0t` or `3.12-dev` are not candidates), else
+/// `pythonM.m` on PATH that says it is that version (resolved to the
+/// interpreter it runs, so a pyenv shim is never the victim).
+pub fn find_python(major: u32, minor: u32) -> Option<PathBuf> {
+    let prefix = format!("{major}.{minor}.");
+    let newest = std::fs::read_dir(pyenv_root().join("versions"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let patch: u32 = name.strip_prefix(&prefix)?.parse().ok()?;
+            let exe = e.path().join("bin/python3");
+            exe.is_file().then_some((patch, exe))
+        })
+        .max_by_key(|(patch, _)| *patch);
+    if let Some((_, exe)) = newest {
+        return Some(exe);
+    }
+    let name = format!("python{major}.{minor}");
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(&name))
+        .filter(|c| c.is_file())
+        .find_map(|c| {
+            let out = Command::new(&c)
+                .args([
+                    "-c",
+                    "import sys; print('%d.%d' % sys.version_info[:2]); print(sys.executable)",
+                ])
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .output()
+                .ok()?;
+            let text = String::from_utf8(out.stdout).ok()?;
+            let mut lines = text.lines();
+            if !out.status.success() || lines.next()? != format!("{major}.{minor}") {
+                return None;
+            }
+            let exe = PathBuf::from(lines.next()?);
+            exe.is_file().then_some(exe)
+        })
+}
+
+/// Debian's CPython 3.11, /usr/bin/python3.11 (stripped, non-PIE, libpython
+/// linked in statically), if installed.
+pub fn debian_python311() -> Option<PathBuf> {
+    let p = PathBuf::from("/usr/bin/python3.11");
+    p.is_file().then_some(p)
+}
+
+/// `find_python`, or FAIL the test naming what is missing and how to get it.
+pub fn require_python(major: u32, minor: u32) -> PathBuf {
+    find_python(major, minor).unwrap_or_else(|| {
+        panic!(
+            "\n\nCPython {major}.{minor} is MISSING: this test needs it and found neither a pyenv build \
+             ({}/versions/{major}.{minor}.*/bin/python3) nor python{major}.{minor} on PATH.\n\
+             Install it: `pyenv install {major}.{minor}` (or the distribution's python{major}.{minor}).\n",
+            pyenv_root().display()
+        )
+    })
+}
+
+/// `debian_python311`, or FAIL the test naming what is missing and how to get it.
+pub fn require_debian_python311() -> PathBuf {
+    debian_python311().unwrap_or_else(|| {
+        panic!(
+            "\n\n/usr/bin/python3.11 (Debian's stripped CPython 3.11) is MISSING: this test needs it.\n\
+             `cargo xtask test` installs it when run as root; or: apt-get install -y python3.11\n"
+        )
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -801,7 +916,7 @@ pub fn loaded_sp_programs() -> Vec<(u64, String)> {
     let out = Command::new("bpftool").args(["-j", "prog", "list"]).output().unwrap_or_else(|e| {
         panic!(
             "bpftool is needed to check that stallprof unloads its programs, and running it failed: {e}.\n\
-             Install it (`apt-get install bpftool`); the CI script does."
+             `cargo xtask test` installs it when run as root; or: apt-get install -y bpftool"
         )
     });
     assert!(

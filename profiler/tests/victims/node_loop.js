@@ -15,6 +15,19 @@
 // The work per call is calibrated at startup with short runs (well below any
 // stall threshold), so each call lasts ~TARGET_MS on this machine.
 //
+// Each culprit reads the clock itself, first and last thing in its body, and
+// the step builds its log record's fixed part before the call. Why: a parse
+// promotes ~MBs into V8's old space, which can start incremental marking
+// mid-parse; V8 then finishes it with a mark-compact (tens of ms) at the
+// next JS stack check after JSON.parse returns ("finalize incremental
+// marking via stack guard"), i.e. on entering the next JS function. When
+// that was the step's own `end = now()`, after parseBig had returned, the
+// pause ran on a stack without parseBig: a GC caused by the parse, counted
+// against it (once 86% of the stall on parseBig's stacks against the test's
+// 90%). Read inside parseBig, the clock call is where the pause lands, under
+// parseBig's frame and within the logged call; nothing is left between
+// the culprit's return and the step's end but one write(2) and a setTimeout.
+//
 // Log: JSON lines, each one synchronous write(2):
 //   {"kind":"ready","pid":P,"tid":P,"mono_ns":NOW}
 //   {"kind":"pbkdf2"|"json","func":"deriveKey"|"parseBig","seq":N,"tid":P,
@@ -42,23 +55,32 @@ function log(obj) {
   fs.writeSync(logFd, JSON.stringify(obj) + '\n');
 }
 // JSON.stringify cannot write a bigint; nanosecond timestamps are spliced in
-// as exact decimal numbers by hand.
-function logTimes(obj, start, end) {
-  const head = JSON.stringify(obj);
-  fs.writeSync(logFd, head.slice(0, -1) + `,"start_ns":${start},"end_ns":${end}}\n`);
+// as exact decimal numbers by hand, after `head`: the record without its
+// closing brace, built before the call.
+function recordHead(obj) {
+  return JSON.stringify(obj).slice(0, -1);
+}
+function logTimes(head, times) {
+  fs.writeSync(logFd, `${head},"start_ns":${times.start},"end_ns":${times.end}}\n`);
 }
 
 const now = () => process.hrtime.bigint();
 
 // ---- the two culprits --------------------------------------------------------
+// Each writes its own start/end into `times` (see the header: the GC a call
+// causes must land inside it, not in the bookkeeping after it).
 
-function deriveKey(iterations) {
-  return crypto.pbkdf2Sync('correct horse battery staple', 'salt-of-the-earth', iterations, 64, 'sha512');
+function deriveKey(iterations, times) {
+  times.start = now();
+  crypto.pbkdf2Sync('correct horse battery staple', 'salt-of-the-earth', iterations, 64, 'sha512');
+  times.end = now();
 }
 
 let bigText = '';
-function parseBig(text) {
-  return JSON.parse(text);
+function parseBig(text, times) {
+  times.start = now();
+  JSON.parse(text);
+  times.end = now();
 }
 
 // ---- calibration ---------------------------------------------------------------
@@ -111,21 +133,16 @@ function step() {
     return;
   }
   const kind = SCHEDULE[seq];
-  let func, work, start, end;
-  if (kind === 'pbkdf2') {
-    func = 'deriveKey';
-    work = iterations;
-    start = now();
-    deriveKey(iterations);
-    end = now();
+  const pbkdf2 = kind === 'pbkdf2';
+  const func = pbkdf2 ? 'deriveKey' : 'parseBig';
+  const head = recordHead({ kind, func, seq, tid: process.pid, work: pbkdf2 ? iterations : bigText.length });
+  const times = { start: 0n, end: 0n };
+  if (pbkdf2) {
+    deriveKey(iterations, times);
   } else {
-    func = 'parseBig';
-    work = bigText.length;
-    start = now();
-    parseBig(bigText);
-    end = now();
+    parseBig(bigText, times);
   }
-  logTimes({ kind, func, seq, tid: process.pid, work }, start, end);
+  logTimes(head, times);
   seq++;
   setTimeout(step, GAP_MS);
 }
