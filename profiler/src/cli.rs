@@ -1,11 +1,12 @@
-//! Command line: clap derive types, turned into validated configs before any
-//! work starts (so bad input fails before a probe is loaded).
+//! Command line: the top-level clap parser. Each command's arguments are
+//! defined beside the command (`commands::*::*Args`) and turned into a
+//! validated config there before any work starts (so bad input fails
+//! before a probe is loaded).
 //!
-//! In: argv. Out: `Command` with `RecordConfig` / `ReportConfig`.
-use std::path::PathBuf;
+//! In: argv. Out: a [`Command`] holding that command's arguments.
+use clap::{Parser, Subcommand};
 
-use clap::{Args, Parser, Subcommand};
-use thiserror::Error;
+use crate::commands::{daemon::DaemonArgs, record::RecordArgs, report::ReportArgs};
 
 const EXAMPLES: &str = "\
 EXAMPLES:
@@ -52,114 +53,7 @@ pub enum Command {
     #[command(after_help = EXAMPLES)]
     Report(ReportArgs),
     /// Watch every event-loop process on the host: Prometheus metrics and rolling reports.
-    Daemon(crate::daemon::DaemonArgs),
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct StallArgs {
-    /// Busy periods at least this long are stalls (e.g. 50ms, 0.2s, 1s).
-    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
-    pub threshold: u64,
-}
-
-#[derive(Args, Debug)]
-pub struct RecordArgs {
-    /// Process to attach to.
-    #[arg(short, long, conflicts_with = "command")]
-    pub pid: Option<u32>,
-    /// Only these threads count as executors (repeatable). Default: every
-    /// thread that parks in an event-loop wait.
-    #[arg(long = "tid")]
-    pub tids: Vec<u32>,
-    #[command(flatten)]
-    pub stall: StallArgs,
-    /// CPU-clock sampling frequency in Hz for on-CPU stacks.
-    #[arg(short = 'F', long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    pub frequency: u64,
-    /// Skip CPU samples in the first DUR of every busy period, and do not
-    /// report busy periods shorter than DUR at all, inside the kernel: the
-    /// loop's short iterations then cost no stack copy. 0 takes every sample.
-    /// Default: threshold/20, at most 2ms.
-    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
-    pub sample_after: Option<u64>,
-    /// Stop after this long (e.g. 30s, 5m). Default: until Ctrl-C or the target exits.
-    #[arg(short, long, value_parser = parse_duration)]
-    pub duration: Option<u64>,
-    /// Output directory (default ./stallprof-<pid>-<time>/).
-    #[arg(short, long)]
-    pub output: Option<PathBuf>,
-    /// Also save a recording that replays everything without the target:
-    /// the kernel's raw records before unwinding (events.bin.gz), what the
-    /// unwinder read (unwind.json.gz) and every symbol (symbols.json).
-    /// `report --threshold` can then go below the recorded threshold.
-    #[arg(long)]
-    pub save_events: bool,
-    /// No live status line.
-    #[arg(short, long)]
-    pub quiet: bool,
-    /// Command to start and profile from its first instruction.
-    #[arg(last = true, value_name = "CMD")]
-    pub command: Vec<String>,
-}
-
-#[derive(Args, Debug)]
-pub struct ReportArgs {
-    /// A directory written by `stallprof record` (or its stalls.json).
-    pub input: PathBuf,
-    /// Only stalls at least this long. Below the recording's threshold it
-    /// replays the raw records of a `--save-events` recording.
-    #[arg(long, value_parser = parse_duration)]
-    pub threshold: Option<u64>,
-    /// Where to write the re-rendered files (default: the input directory).
-    #[arg(short, long)]
-    pub output: Option<PathBuf>,
-}
-
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum DurationError {
-    #[error("'{0}' is not a duration: write a number with a unit, e.g. 50ms, 0.2s, 2s, 1m")]
-    Malformed(String),
-    #[error("'{0}' has an unknown unit: use ns, us, ms, s, m or h (e.g. 50ms)")]
-    Unit(String),
-}
-
-/// Parse `50ms`, `0.2s`, `2s`, `1m`, `750us`, `100ns` into nanoseconds.
-pub fn parse_duration(s: &str) -> Result<u64, DurationError> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    if num.is_empty() || num.chars().filter(|&c| c == '.').count() > 1 {
-        return Err(DurationError::Malformed(s.to_string()));
-    }
-    let value: f64 = num
-        .parse()
-        .map_err(|_| DurationError::Malformed(s.to_string()))?;
-    let scale = match unit.trim() {
-        "ns" => 1.0,
-        "us" | "µs" => 1e3,
-        "ms" => 1e6,
-        "s" => 1e9,
-        "m" => 60e9,
-        "h" => 3600e9,
-        // Zero needs no unit.
-        "" if value == 0.0 => 1.0,
-        "" => return Err(DurationError::Malformed(s.to_string())),
-        _ => return Err(DurationError::Unit(s.to_string())),
-    };
-    Ok((value * scale).round() as u64)
-}
-
-/// Human form of a nanosecond duration: `1.23s`, `85.0ms`, `420us`.
-pub fn fmt_ns(ns: u64) -> String {
-    if ns >= 1_000_000_000 {
-        format!("{:.2}s", ns as f64 / 1e9)
-    } else if ns >= 1_000_000 {
-        format!("{:.1}ms", ns as f64 / 1e6)
-    } else {
-        format!("{}us", ns / 1000)
-    }
+    Daemon(DaemonArgs),
 }
 
 #[cfg(test)]
@@ -170,32 +64,6 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("50ms"), Ok(50_000_000));
-        assert_eq!(parse_duration("0.2s"), Ok(200_000_000));
-        assert_eq!(parse_duration("2s"), Ok(2_000_000_000));
-        assert_eq!(parse_duration("1m"), Ok(60_000_000_000));
-        assert_eq!(parse_duration("750us"), Ok(750_000));
-        assert_eq!(parse_duration("0"), Ok(0));
-        assert!(matches!(
-            parse_duration("banana"),
-            Err(DurationError::Malformed(_))
-        ));
-        assert!(matches!(
-            parse_duration("50"),
-            Err(DurationError::Malformed(_))
-        ));
-        assert!(matches!(
-            parse_duration("5 parsecs"),
-            Err(DurationError::Unit(_))
-        ));
-        assert!(matches!(
-            parse_duration("1.2.3s"),
-            Err(DurationError::Malformed(_))
-        ));
     }
 
     #[test]

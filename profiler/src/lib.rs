@@ -1,25 +1,17 @@
 //! stallprof: an eBPF stall profiler for event-loop runtimes.
 //!
-//! The modules follow the data flow:
-//! `probe` (kernel programs) -> `event` (typed records) -> `stall` (busy
-//! periods, time split) -> `symbolize` (frames; `pyframes`/`python` for
-//! CPython) -> `aggregate` (weighted stacks, summary) -> `render` (files).
-//! `record` and `report` wire them for the two commands.
-pub mod aggregate;
+//! The tree follows the data flow (docs/architecture.md):
+//! `kernel` (BPF programs, their maps, decoding their records) ->
+//! `pipeline` (the engine: loop identity, stall assembly) with `unwind`
+//! (native stacks) and `symbolize` (frames; CPython) -> `report` (the
+//! recording model, aggregation, every output writer). `commands` are thin
+//! drivers (`record`, `report`, `daemon`); `cli` turns argv into their
+//! configs; `os` is procfs, the clock and units.
 pub mod cli;
-pub mod daemon;
-pub mod engine;
-pub mod event;
-pub mod loops;
-pub mod model;
-pub mod probe;
-pub mod pyframes;
-pub mod python;
-pub mod record;
-pub mod render;
+pub mod commands;
+pub mod kernel;
+pub mod os;
+pub mod pipeline;
 pub mod report;
-pub mod runtimes;
-
-pub mod stall;
 pub mod symbolize;
 pub mod unwind;

@@ -4,8 +4,11 @@ use std::process::ExitCode;
 use clap::Parser;
 use stallprof::{
     cli::{Cli, Command},
-    record::{self, RecordConfig},
-    report,
+    commands::{
+        daemon,
+        record::{self, RecordConfig},
+        report,
+    },
 };
 
 fn main() -> ExitCode {
@@ -24,7 +27,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Record(a) => RecordConfig::from_args(a).and_then(record::run),
         Command::Report(a) => report::run(a),
-        Command::Daemon(a) => stallprof::daemon::run(a),
+        Command::Daemon(a) => daemon::run(a),
     };
     match result {
         Ok(summary) => {

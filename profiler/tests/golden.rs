@@ -10,7 +10,10 @@
 //! `symbols.json` and `stalls.folded` (as `expected.folded`) here.
 use std::{fs, path::PathBuf};
 
-use stallprof::{aggregate, engine, stall::TrackerConfig};
+use stallprof::{
+    pipeline::{engine, stall::TrackerConfig},
+    report::aggregate,
+};
 
 fn case(name: &str, threshold_ns: u64) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -1,4 +1,4 @@
-//! Root integration tests of `stallprof::python` against live CPython victims.
+//! Root integration tests of `stallprof::symbolize::python` against live CPython victims.
 //!
 //! For each supported interpreter (pyenv's or PATH's newest 3.10, 3.11, 3.12,
 //! 3.13 and Debian's stripped /usr/bin/python3.11, found by tests/common's
@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{debian_python311, find_python, require_debian_python311, require_python};
-use stallprof::python::{self, Interpreter, PyFrameInfo, PythonError};
+use stallprof::symbolize::python::{self, Interpreter, PyFrameInfo, PythonError};
 
 /// The supported (major, minor) versions, each run from its newest build here.
 const SUPPORTED: &[(u8, u8)] = &[(3, 10), (3, 11), (3, 12), (3, 13)];

@@ -10,6 +10,9 @@
 //! process, so a command that exits right after its last stall still gets
 //! names. Results are cached per (file, offset) and per kernel address.
 //! A [`Resolve`] trait lets golden tests replay recordings with a fixed table.
+
+pub mod pyframes;
+pub mod python;
 use std::{
     collections::HashMap,
     fs,
@@ -23,9 +26,9 @@ use blazesym::symbolize::{
 use log::debug;
 
 use crate::{
-    model::{Frame, FrameKind, GilHolder, StackPart, Stall},
-    pyframes::PyResolver,
-    stall::{PartKind, RawStall, StackTable},
+    pipeline::stall::{PartKind, RawStall, StackTable},
+    report::model::{Frame, FrameKind, GilHolder, StackPart, Stall},
+    symbolize::pyframes::PyResolver,
 };
 
 /// Turns addresses into frames. Frames come back outermost first.
@@ -432,7 +435,11 @@ pub fn frames_of(res: &mut dyn Resolve, pid: u32, stacks: &StackTable, id: u32) 
             .iter()
             .map(|&(c, i)| (c != 0).then(|| res.python(pid, c, i)))
             .collect();
-        user = crate::pyframes::merge(user, crate::pyframes::groups(walk), raw.py_status);
+        user = crate::symbolize::pyframes::merge(
+            user,
+            crate::symbolize::pyframes::groups(walk),
+            raw.py_status,
+        );
     }
     let mut frames = user;
     for &a in raw.kernel.iter().rev() {

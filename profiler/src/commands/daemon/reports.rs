@@ -20,8 +20,8 @@ use anyhow::{Context, Result};
 
 use super::{pprof, procs::ProcInfo};
 use crate::{
-    model::{Recording, Stall},
-    render::{self, flamegraph},
+    report::model::{Recording, Stall},
+    report::{self, flamegraph},
 };
 
 /// Memory budget of one window's buffered stalls (approximate bytes); past
@@ -196,7 +196,7 @@ impl Window {
                 comm: p.info.comm.clone(),
                 threshold_ns,
                 sample_hz,
-                sample_after_ns: crate::probe::default_sample_after(threshold_ns),
+                sample_after_ns: crate::kernel::probe::default_sample_after(threshold_ns),
                 kernel_filtered: Default::default(),
                 busy_periods: 0,
                 clock: "monotonic".into(),
@@ -214,8 +214,8 @@ impl Window {
                 stallprof_version: env!("CARGO_PKG_VERSION").into(),
                 stalls: p.stalls,
             };
-            render::write_json(&rec, &dir)?;
-            render::folded::write(&rec, &dir)?;
+            report::write_json(&rec, &dir)?;
+            report::folded::write(&rec, &dir)?;
             flamegraph::write(&rec, &dir)?;
             let label = pprof::ProcLabel {
                 pid: rec.pid,
@@ -227,7 +227,7 @@ impl Window {
                 time_nanos,
                 duration_nanos,
             );
-            render::write_file(&dir.join("stalls.pb.gz"), &pprof::encode_gz(&prof))?;
+            report::write_file(&dir.join("stalls.pb.gz"), &pprof::encode_gz(&prof))?;
             out.push(Written {
                 window: name.clone(),
                 dir,

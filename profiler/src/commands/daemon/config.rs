@@ -15,7 +15,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::rules::{Rule, Rules};
-use crate::cli::parse_duration;
+use crate::os::units::parse_duration;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9436";
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/stallprof";
@@ -244,7 +244,7 @@ impl DaemonConfig {
 
     /// The effective settings, as `--check-config` prints them.
     pub fn describe(&self) -> String {
-        use crate::cli::fmt_ns;
+        use crate::os::units::fmt_ns;
         let mut s = String::new();
         s.push_str("stallprof daemon: configuration is valid\n");
         s.push_str(&format!(

@@ -12,7 +12,7 @@
 //!   100 ms on a timer rather than waiting on its fd: a thread that never
 //!   enters epoll/poll/select is invisible to the probes, so the daemon does
 //!   not watch itself, and batching bounds its wakeups on a busy host.
-//!   Every 250 ms it ticks the session for the monitored processes; every
+//!   Every 250 ms it ticks the engine for the monitored processes; every
 //!   second it follows exits, exec and pid reuse, publishes counters, and
 //!   enforces the memory bounds; at each window's end it writes reports and
 //!   applies retention.
@@ -25,7 +25,7 @@
 //! Memory is bounded (docs/daemon.md): tracked processes ≤
 //! `limits.max_processes`, exited ones forgotten after `forget_after`, recent
 //! stalls ≤ [`RECENT_BUDGET`] bytes, a window's stalls ≤
-//! [`reports::WINDOW_BUDGET`], and the session (interned stacks,
+//! [`reports::WINDOW_BUDGET`], and the engine (interned stacks,
 //! per-process caches) rebuilt past `limits.max_stacks` (default
 //! [`MAX_STACKS`]) stacks or [`MAX_FORGOTTEN`] forgotten processes.
 pub mod config;
@@ -63,7 +63,8 @@ use self::{
     reports::Window,
 };
 use crate::{
-    cli::fmt_ns, engine::Engine, model::Stall, probe::Probes, record::monotonic_ns, render,
+    kernel::probe::Probes, os::clock::monotonic_ns, os::units::fmt_ns, pipeline::engine::Engine,
+    report, report::model::Stall,
 };
 
 const EXAMPLES: &str = "\
@@ -201,7 +202,7 @@ pub fn run(a: DaemonArgs) -> Result<String> {
     if a.check_config {
         return Ok(cfg.describe());
     }
-    render::prepare_dir(&cfg.data_dir).with_context(|| {
+    report::prepare_dir(&cfg.data_dir).with_context(|| {
         format!(
             "the data directory {} is not writable (set data_dir or --data-dir)",
             cfg.data_dir.display()
@@ -290,7 +291,7 @@ struct Tracked {
 }
 
 impl Tracked {
-    /// `loop_threads`: from the session's registry (0 once it exited).
+    /// `loop_threads`: from the engine's registry (0 once it exited).
     fn row(&self, exited: bool, loop_threads: usize) -> ProcRow {
         ProcRow {
             info: self.info.clone(),
@@ -344,7 +345,7 @@ impl Collector {
         let mut probes = Probes::attach(
             0,
             cfg.sample_hz,
-            crate::probe::default_sample_after(cfg.threshold_ns),
+            crate::kernel::probe::default_sample_after(cfg.threshold_ns),
         )?;
         let ring = probes.take_events()?;
         let engine = Engine::new(cfg.threshold_ns, None);
@@ -625,13 +626,13 @@ impl Collector {
         if self.engine.stack_table_len() > self.cfg.max_stacks
             || self.forgotten_since_reset > MAX_FORGOTTEN
         {
-            self.reset_session();
+            self.rebuild_engine();
         }
     }
 
-    fn reset_session(&mut self) {
+    fn rebuild_engine(&mut self) {
         info!(
-            "rebuilding the session ({} stacks, {} processes forgotten) to bound memory",
+            "rebuilding the engine ({} stacks, {} processes forgotten) to bound memory",
             self.engine.stack_table_len(),
             self.forgotten_since_reset
         );

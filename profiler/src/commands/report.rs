@@ -6,15 +6,28 @@
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
+use clap::Args;
 
 use crate::{
-    cli::{ReportArgs, fmt_ns},
-    engine, render,
-    stall::TrackerConfig,
+    os::units::fmt_ns, os::units::parse_duration, pipeline::engine, pipeline::stall::TrackerConfig,
+    report,
 };
 
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// A directory written by `stallprof record` (or its stalls.json).
+    pub input: PathBuf,
+    /// Only stalls at least this long. Below the recording's threshold it
+    /// replays the raw records of a `--save-events` recording.
+    #[arg(long, value_parser = parse_duration)]
+    pub threshold: Option<u64>,
+    /// Where to write the re-rendered files (default: the input directory).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
 pub fn run(a: ReportArgs) -> Result<String> {
-    let mut rec = render::read_json(&a.input)?;
+    let mut rec = report::read_json(&a.input)?;
     if let Some(t) = a.threshold {
         if t < rec.threshold_ns {
             let dir = if a.input.is_dir() {
@@ -65,7 +78,7 @@ pub fn run(a: ReportArgs) -> Result<String> {
                 .unwrap_or_else(|| PathBuf::from("."))
         }
     });
-    render::prepare_dir(&out)?;
-    let files = render::write_all(&rec, &out)?;
-    Ok(render::summary::text(&rec, &files))
+    report::prepare_dir(&out)?;
+    let files = report::write_all(&rec, &out)?;
+    Ok(report::summary::text(&rec, &files))
 }

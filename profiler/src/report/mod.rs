@@ -11,10 +11,12 @@ use std::{
 
 use thiserror::Error;
 
-use crate::model::Recording;
+use crate::report::model::Recording;
 
+pub mod aggregate;
 pub mod flamegraph;
 pub mod folded;
+pub mod model;
 pub mod summary;
 
 #[derive(Debug, Error)]

@@ -1,7 +1,7 @@
 //! The end-of-recording summary printed to the terminal.
 use std::{fmt::Write, path::PathBuf};
 
-use crate::{aggregate::summarize, cli::fmt_ns, model::Recording};
+use crate::{os::units::fmt_ns, report::aggregate::summarize, report::model::Recording};
 
 fn pct(part: u64, total: u64) -> f64 {
     if total == 0 {

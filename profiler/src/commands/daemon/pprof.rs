@@ -15,7 +15,7 @@ use std::{collections::HashMap, io::Write};
 
 use flate2::{Compression, write::GzEncoder};
 
-use crate::model::{Frame, FrameKind, Stall};
+use crate::report::model::{Frame, FrameKind, Stall};
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Profile {
@@ -331,7 +331,7 @@ pub fn encode_gz(p: &Profile) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{PartKind, StackPart};
+    use crate::report::model::{PartKind, StackPart};
     use prost::Message;
 
     #[test]

@@ -7,13 +7,13 @@
 //! outputs are written.
 use std::{
     collections::HashSet,
-    fs,
     io::{IsTerminal, Write},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
+use clap::Args;
 use log::info;
 use tokio::{
     io::unix::AsyncFd,
@@ -21,12 +21,58 @@ use tokio::{
 };
 
 use crate::{
-    cli::{RecordArgs, fmt_ns},
-    engine::{Engine, NoControl, is_own_fork, read_comm},
-    model::{Recording, Stall},
-    probe::Probes,
-    render,
+    commands::StallArgs,
+    kernel::probe::Probes,
+    os::units::fmt_ns,
+    os::units::parse_duration,
+    os::{
+        clock::monotonic_ns,
+        proc::{is_own_fork, process_alive, read_comm},
+    },
+    pipeline::engine::{Engine, NoControl},
+    report,
+    report::model::{Recording, Stall},
 };
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// Process to attach to.
+    #[arg(short, long, conflicts_with = "command")]
+    pub pid: Option<u32>,
+    /// Only these threads count as executors (repeatable). Default: every
+    /// thread that parks in an event-loop wait.
+    #[arg(long = "tid")]
+    pub tids: Vec<u32>,
+    #[command(flatten)]
+    pub stall: StallArgs,
+    /// CPU-clock sampling frequency in Hz for on-CPU stacks.
+    #[arg(short = 'F', long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub frequency: u64,
+    /// Skip CPU samples in the first DUR of every busy period, and do not
+    /// report busy periods shorter than DUR at all, inside the kernel: the
+    /// loop's short iterations then cost no stack copy. 0 takes every sample.
+    /// Default: threshold/20, at most 2ms.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub sample_after: Option<u64>,
+    /// Stop after this long (e.g. 30s, 5m). Default: until Ctrl-C or the target exits.
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<u64>,
+    /// Output directory (default ./stallprof-<pid>-<time>/).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Also save a recording that replays everything without the target:
+    /// the kernel's raw records before unwinding (events.bin.gz), what the
+    /// unwinder read (unwind.json.gz) and every symbol (symbols.json).
+    /// `report --threshold` can then go below the recorded threshold.
+    #[arg(long)]
+    pub save_events: bool,
+    /// No live status line.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Command to start and profile from its first instruction.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
 
 /// Validated `record` settings.
 #[derive(Debug, Clone)]
@@ -47,15 +93,6 @@ pub struct RecordConfig {
 pub enum Target {
     Pid(u32),
     Command(Vec<String>),
-}
-
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn find_in_path(cmd: &str) -> Option<PathBuf> {
@@ -98,7 +135,7 @@ impl RecordConfig {
         let threshold_ns = a.stall.threshold;
         let sample_after_ns = a
             .sample_after
-            .unwrap_or_else(|| crate::probe::default_sample_after(threshold_ns));
+            .unwrap_or_else(|| crate::kernel::probe::default_sample_after(threshold_ns));
         if sample_after_ns > threshold_ns {
             bail!(
                 "--sample-after {} is longer than --threshold {}: stalls would lose their first samples; \
@@ -212,19 +249,9 @@ impl Drop for Launched {
     }
 }
 
-fn process_alive(pid: u32) -> bool {
-    // Zombies count as gone: their threads no longer run.
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
 /// Run a recording to the end and write its outputs. Returns the summary text.
 pub fn run(cfg: RecordConfig) -> Result<String> {
-    render::prepare_dir(&cfg.output)?;
+    report::prepare_dir(&cfg.output)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -367,8 +394,8 @@ async fn record(cfg: RecordConfig) -> Result<String> {
         stallprof_version: env!("CARGO_PKG_VERSION").into(),
         stalls,
     };
-    let files = render::write_all(&rec, &cfg.output)?;
-    let mut text = render::summary::text(&rec, &files);
+    let files = report::write_all(&rec, &cfg.output)?;
+    let mut text = report::summary::text(&rec, &files);
     if let Some(l) = launched.as_mut() {
         // The command may still run (duration/Ctrl-C): leave it be, but reap if done.
         match l.try_wait() {

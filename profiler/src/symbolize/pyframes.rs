@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 
 use crate::{
-    model::{Frame, FrameKind},
-    python::{CodeResolver, Interpreter, PyFrameInfo},
+    report::model::{Frame, FrameKind},
+    symbolize::python::{CodeResolver, Interpreter, PyFrameInfo},
 };
 
 /// The native function that executes Python bytecode: each activation runs
@@ -200,7 +200,7 @@ mod tests {
 }
 
 /// Resolves one process's Python frames and GIL holders, reading its
-/// memory (through `crate::python`). Created on first need, kept for the
+/// memory (through `crate::symbolize::python`). Created on first need, kept for the
 /// recording: code objects are cached by address (with a reuse check).
 pub struct PyResolver {
     interp: Interpreter,
@@ -212,7 +212,7 @@ pub struct PyResolver {
 impl PyResolver {
     /// None when `pid` is not a supported CPython (or is gone).
     pub fn for_pid(pid: u32) -> Option<PyResolver> {
-        match crate::python::detect(pid) {
+        match crate::symbolize::python::detect(pid) {
             Ok(Some(interp)) => {
                 let code = interp.code_resolver();
                 Some(PyResolver {

@@ -16,7 +16,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::model::{PartKind, Stall};
+use crate::report::model::{PartKind, Stall};
 
 /// Label pairs of one process: pid, comm, exe, cgroup, container, runtime.
 pub type Labels = Vec<(&'static str, String)>;
@@ -376,7 +376,7 @@ pub fn self_usage() -> (f64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Frame, StackPart};
+    use crate::report::model::{Frame, StackPart};
 
     #[test]
     fn names_follow_conventions() {

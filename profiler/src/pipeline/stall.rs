@@ -34,8 +34,8 @@ use profiler_common::wait_key;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    event::{Event, RawStack},
-    loops::{Decision, LoopRegistry},
+    kernel::event::{Event, RawStack},
+    pipeline::loops::{Decision, LoopRegistry},
 };
 
 pub type StackId = u32;
@@ -568,7 +568,7 @@ fn spread(total: u64, samples: HashMap<StackId, u64>) -> Vec<RawPart> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loops::POLL_DECIDE;
+    use crate::pipeline::loops::POLL_DECIDE;
     use profiler_common::sysno::{EPOLL_WAIT, POLL};
 
     const MS: u64 = 1_000_000;
@@ -949,7 +949,7 @@ mod tests {
     /// ```
     #[test]
     fn loop_that_recreates_its_epoll_fd() {
-        use crate::loops::LOOP_IDLE_NS;
+        use crate::pipeline::loops::LOOP_IDLE_NS;
         let mut t = warmed(50);
         let mut ev = vec![exit(0, EPOLL_WAIT, 3)];
         let idle_ms = LOOP_IDLE_NS / MS;

@@ -5,7 +5,7 @@
 //! split, top culprits).
 use std::collections::{BTreeMap, HashMap};
 
-use crate::model::{Frame, FrameKind, PartKind, Recording, StackPart, Stall};
+use crate::report::model::{Frame, FrameKind, PartKind, Recording, StackPart, Stall};
 
 /// Stall time per distinct folded stack, in nanoseconds, sorted by stack.
 pub fn folded_ns(stalls: &[Stall]) -> BTreeMap<String, u64> {

@@ -16,9 +16,9 @@ use inferno::flamegraph::{
 
 use super::{RenderError, write_file};
 use crate::{
-    aggregate,
-    cli::fmt_ns,
-    model::{Frame, FrameKind, Recording},
+    os::units::fmt_ns,
+    report::aggregate,
+    report::model::{Frame, FrameKind, Recording},
 };
 
 fn jitter(label: &str, span: u8) -> u8 {

@@ -34,7 +34,7 @@ use profiler_common::{
 };
 use thiserror::Error;
 
-use crate::runtimes::ParkPoint;
+use crate::kernel::runtimes::ParkPoint;
 
 /// The eBPF object built by build.rs from `profiler-ebpf`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));

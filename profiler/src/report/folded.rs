@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{RenderError, write_file};
-use crate::{aggregate, model::Recording};
+use crate::{report::aggregate, report::model::Recording};
 
 pub fn write(rec: &Recording, dir: &Path) -> Result<PathBuf, RenderError> {
     let path = dir.join("stalls.folded");

@@ -34,13 +34,14 @@ use log::{debug, info, warn};
 use profiler_common::PyProc;
 
 use crate::{
-    cli::fmt_ns,
-    event::{self, Event},
-    model::{Stall, ThreadInfo},
-    probe::{ProbeError, Probes},
-    python::{self, Interpreter, PythonError},
-    runtimes::{self, ParkPoint},
-    stall::{Output, Tracker, TrackerConfig},
+    kernel::event::{self, Event},
+    kernel::probe::{ProbeError, Probes},
+    kernel::runtimes::{self, ParkPoint},
+    os::proc::{is_own_fork, read_comm},
+    os::units::fmt_ns,
+    pipeline::stall::{Output, Tracker, TrackerConfig},
+    report::model::{Stall, ThreadInfo},
+    symbolize::python::{self, Interpreter, PythonError},
     symbolize::{BlazeResolver, Recorder, Resolve, TableResolver, to_stall},
     unwind::{UnwindBundle, UnwindOutcome, Unwinder, UserRegs},
 };
@@ -140,19 +141,6 @@ const EVENTS_MAGIC: &[u8] = b"stallprof-events 1\n";
 /// A recorded record longer than this is corrupt (the largest is a stack
 /// event, ~35 KiB).
 const MAX_RECORD: usize = 1 << 20;
-
-pub fn read_comm(pid: u32, tid: u32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-        .ok()
-        .map(|s| s.trim_end().to_string())
-}
-
-/// A launched command before its exec is still an image of this program:
-/// nothing to discover in it yet.
-pub fn is_own_fork(pid: u32) -> bool {
-    let exe = fs::read_link(format!("/proc/{pid}/exe")).ok();
-    exe.is_none() || exe == std::env::current_exe().ok()
-}
 
 /// Keeps BPF's view of one process's CPython current: interpreter offsets
 /// once found, and the thread -> `PyThreadState*` table as threads come and
@@ -289,7 +277,7 @@ const JIT_NAME_DELAY: std::time::Duration = std::time::Duration::from_secs(2);
 /// to bound memory, see [`Engine::rebuild`]) or replay.
 pub struct Engine {
     /// Stalls held back for JIT names: (due, thread name, stall).
-    pending: Vec<(std::time::Instant, String, crate::stall::RawStall)>,
+    pending: Vec<(std::time::Instant, String, crate::pipeline::stall::RawStall)>,
     tracker: Tracker,
     symbols: Symbols,
     unwinder: Unwinder,
@@ -575,7 +563,7 @@ impl Engine {
         }
     }
 
-    fn symbolize(&mut self, raw: crate::stall::RawStall, name: &str) {
+    fn symbolize(&mut self, raw: crate::pipeline::stall::RawStall, name: &str) {
         let stacks = &self.tracker.stacks;
         let s = self.symbols.resolve(|r| to_stall(&raw, stacks, r, name));
         info!(
@@ -689,7 +677,7 @@ impl Engine {
     }
 
     /// Daemon: interned stacks held for stall assembly. The table only
-    /// grows; the daemon replaces the session when it gets large.
+    /// grows; the daemon rebuilds the engine when it gets large.
     pub fn stack_table_len(&self) -> usize {
         self.tracker.stacks.len()
     }

@@ -22,7 +22,7 @@ use log::debug;
 use tokio::{net::TcpListener, sync::watch};
 
 use super::{Shared, pprof};
-use crate::{aggregate, cli::fmt_ns, record::monotonic_ns};
+use crate::{os::clock::monotonic_ns, os::units::fmt_ns, report::aggregate};
 
 /// How long after a profile's interval the collector may still be handing
 /// over stalls that ended in it (it drains every 100 ms).
