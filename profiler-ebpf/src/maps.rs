@@ -12,7 +12,7 @@
 //! on both sides.
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::map,
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
@@ -82,6 +82,25 @@ pub(crate) fn note(what: Filtered) {
 pub(crate) fn is_target(tgid: u32) -> bool {
     let t = TARGET_TGID.load();
     t == 0 || t == tgid
+}
+
+/// The current task as (tgid, tid) when it belongs to the target.
+#[inline(always)]
+pub(crate) fn current_target() -> Option<(u32, u32)> {
+    let id = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((id >> 32) as u32, id as u32);
+    is_target(tgid).then_some((tgid, tid))
+}
+
+/// The current task as (tgid, tid, its `THREADS` entry) when it is a thread
+/// of the target that has been seen waiting.
+#[inline(always)]
+pub(crate) fn current_tracked() -> Option<(u32, u32, &'static mut ThreadState)> {
+    let (tgid, tid) = current_target()?;
+    let st = THREADS.get_ptr_mut(&tid)?;
+    // SAFETY: a map value stays valid for the program's run; only this
+    // thread's own events write its entry.
+    Some((tgid, tid, unsafe { &mut *st }))
 }
 
 #[inline(always)]

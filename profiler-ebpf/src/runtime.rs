@@ -10,14 +10,14 @@
 //! Constraints: one uprobe pair per park, not per task poll. A worker
 //! already parked when the probes attach is first seen at its next park.
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::bpf_ktime_get_ns,
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
 use profiler_common::{Drop, WaitEvent, kind, sysno, wait_key};
 
 use crate::{
-    maps::{THREADS, count, emit, header, is_target, new_thread},
+    maps::{THREADS, count, current_target, emit, header, new_thread},
     waits::{defer_exit, flush_exit, is_loop_key, quiet_busy},
 };
 
@@ -25,11 +25,9 @@ use crate::{
 /// `park_internal`): reported as a wait with `sysno::RUNTIME_PARK`.
 #[inline(always)]
 fn runtime_park(enter: bool) -> u32 {
-    let id = bpf_get_current_pid_tgid();
-    let (tgid, tid) = ((id >> 32) as u32, id as u32);
-    if !is_target(tgid) {
+    let Some((tgid, tid)) = current_target() else {
         return 0;
-    }
+    };
     let key = wait_key(sysno::RUNTIME_PARK, 0);
     match THREADS.get_ptr_mut(&tid) {
         Some(st) => {

@@ -24,7 +24,7 @@ use profiler_common::{SchedEvent, TASK_REPORT_MAX, kind, tracepoint};
 
 use crate::{
     TARGET_TGID,
-    maps::{LOOP_KEYS, THREADS, emit, header, is_target},
+    maps::{LOOP_KEYS, THREADS, current_target, current_tracked, emit, header, is_target},
     stack::emit_stack_event,
     tracepoint::tp_field,
     waits::{before_gate, flush_exit, parked},
@@ -92,11 +92,9 @@ pub fn sp_sched_wakeup(ctx: TracePointContext) -> u32 {
 /// `sched:sched_process_exit`: a thread of the target is gone.
 #[tracepoint]
 pub fn sp_exit(ctx: TracePointContext) -> u32 {
-    let id = bpf_get_current_pid_tgid();
-    let (tgid, tid) = ((id >> 32) as u32, id as u32);
-    if !is_target(tgid) {
+    let Some((tgid, tid)) = current_target() else {
         return 0;
-    }
+    };
     let tracked = match THREADS.get_ptr_mut(&tid) {
         Some(st) => {
             flush_exit(tid, tgid, unsafe { &mut *st });
@@ -122,15 +120,9 @@ pub fn sp_exit(ctx: TracePointContext) -> u32 {
 /// CPU-clock sample: the stacks of a busy tracked thread that is on-CPU.
 #[perf_event]
 pub fn sp_sample(ctx: PerfEventContext) -> u32 {
-    let id = bpf_get_current_pid_tgid();
-    let (tgid, tid) = ((id >> 32) as u32, id as u32);
-    if !is_target(tgid) {
-        return 0;
-    }
-    let Some(st) = THREADS.get_ptr_mut(&tid) else {
+    let Some((tgid, tid, st)) = current_tracked() else {
         return 0;
     };
-    let st = unsafe { &mut *st };
     if parked(tid, st) {
         return 0;
     }

@@ -23,7 +23,10 @@ use profiler_common::{Drop, Filtered, ThreadState, WaitEvent, kind, sysno, trace
 
 use crate::{
     SAMPLE_AFTER_NS,
-    maps::{LOOP_GEN, LOOP_KEYS, THREADS, count, emit, header, is_target, new_thread, note},
+    maps::{
+        LOOP_GEN, LOOP_KEYS, THREADS, count, current_target, current_tracked, emit, header,
+        is_target, new_thread, note,
+    },
     tracepoint::tp_field,
 };
 
@@ -130,11 +133,9 @@ pub(crate) fn flush_exit(tid: u32, tgid: u32, st: &mut ThreadState) {
 /// (the epoll fd, a poll set's first fd, select's nfds).
 #[inline(always)]
 fn on_wait_enter(nr: u32, fd: i32) -> u32 {
-    let id = bpf_get_current_pid_tgid();
-    let (tgid, tid) = ((id >> 32) as u32, id as u32);
-    if !is_target(tgid) {
+    let Some((tgid, tid)) = current_target() else {
         return 0;
-    }
+    };
     let key = wait_key(nr, fd);
     match THREADS.get_ptr_mut(&tid) {
         Some(st) => {
@@ -166,15 +167,9 @@ fn on_wait_enter(nr: u32, fd: i32) -> u32 {
 /// A thread returns from a wait `on_wait_enter` saw.
 #[inline(always)]
 fn on_wait_exit(nr: u32, ret: i64) -> u32 {
-    let id = bpf_get_current_pid_tgid();
-    let (tgid, tid) = ((id >> 32) as u32, id as u32);
-    if !is_target(tgid) {
-        return 0;
-    }
-    let Some(st) = THREADS.get_ptr_mut(&tid) else {
+    let Some((tgid, tid, st)) = current_tracked() else {
         return 0;
     };
-    let st = unsafe { &mut *st };
     let key = st.wait_key;
     if key == 0 {
         return 0; // a sleep (see sp_wait_enter), or entered before attach

@@ -1923,7 +1923,7 @@ mod tests {
                 "-fno-unwind-tables",
             ],
             // Our code is in .debug_frame, but `_start` (crt1.o) only has
-            // .eh_frame, which this module no longer uses: the last step
+            // .eh_frame, which this module does not use: the last step
             // falls back to a frame-pointer guess and may end as Failed.
             false,
         );

@@ -222,14 +222,7 @@ pub struct Tracker {
 
 impl Tracker {
     pub fn new(cfg: TrackerConfig) -> Self {
-        Self::with_loops(cfg, LoopRegistry::default())
-    }
-
-    /// A tracker that starts from loop identities already established
-    /// (the daemon's rebuild: the kernel keeps using published keys, and
-    /// with the sampling gate it no longer reports a loop's quiet
-    /// iterations to re-elect them from).
-    pub fn with_loops(cfg: TrackerConfig, loops: LoopRegistry) -> Self {
+        let loops = LoopRegistry::default();
         Tracker {
             cfg,
             loops,
@@ -254,11 +247,6 @@ impl Tracker {
     /// The loop-thread registry.
     pub fn loops(&self) -> &LoopRegistry {
         &self.loops
-    }
-
-    /// Give up the registry (to a tracker that replaces this one).
-    pub fn into_loops(self) -> LoopRegistry {
-        self.loops
     }
 
     /// The same tracker with a stack table holding only what the busy
@@ -1081,21 +1069,13 @@ mod tests {
         assert_eq!(t.stats.switch_ins_missed, 1);
     }
 
-    /// A tracker that takes over an established registry (the daemon's
-    /// rebuild) needs no new election: the kernel held back the loop's
-    /// quiet iterations, and the first busy period it sees is reported.
+    /// After a compaction (the daemon's rebuild) no new election is
+    /// needed: the kernel held back the loop's quiet iterations, and the
+    /// first busy period it sees is reported.
     #[test]
-    fn a_carried_over_registry_needs_no_election() {
-        let old = warmed(10);
-        let loops = old.into_loops();
-        assert_eq!(loops.loop_threads().len(), 1);
-        let mut t = Tracker::with_loops(
-            TrackerConfig {
-                threshold_ns: 10 * MS,
-                tids: None,
-            },
-            loops,
-        );
+    fn a_compacted_tracker_needs_no_election() {
+        let mut t = warmed(10).compacted();
+        assert_eq!(t.loops().loop_threads().len(), 1);
         let s = run(
             &mut t,
             vec![
