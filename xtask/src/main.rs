@@ -221,7 +221,8 @@ fn cargo() -> Command {
 fn build() -> Result<PathBuf> {
     setup()?;
     run(cargo().args(["build", "--release"]))?;
-    Ok(root().join("target/release/stallprof"))
+    let target = env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
+    Ok(target.join("release/stallprof"))
 }
 
 fn demo(seconds: u32, out: &Path) -> Result<()> {

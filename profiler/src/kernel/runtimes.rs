@@ -60,8 +60,11 @@ fn mapped_binaries(pid: u32) -> Vec<PathBuf> {
 pub fn tokio_park_points(pid: u32) -> Vec<ParkPoint> {
     let mut points = Vec::new();
     for bin in mapped_binaries(pid) {
-        let Ok(data) = fs::read(&bin) else { continue };
-        let Ok(file) = object::File::parse(&*data) else {
+        // Read on demand (headers and the symbol tables), never the whole
+        // file: a libpython with DWARF is tens of MiB.
+        let Ok(f) = fs::File::open(&bin) else { continue };
+        let data = object::ReadCache::new(f);
+        let Ok(file) = object::File::parse(&data) else {
             continue;
         };
         let mut found: Vec<Option<(usize, String, String)>> = vec![None; TOKIO_PARKS.len()];
