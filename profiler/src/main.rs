@@ -9,6 +9,7 @@ use stallprof::{
         record::{self, RecordConfig},
         report,
     },
+    report::label::escape,
 };
 
 fn main() -> ExitCode {
@@ -22,7 +23,19 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(
         env_logger::Env::default().default_filter_or(format!("stallprof={level}")),
     )
-    .format_timestamp_millis()
+    .format(|buf, record| {
+        use std::io::Write;
+        // Log lines carry names the target chose (threads, symbols, paths):
+        // escaped, so a name cannot forge a line or drive the terminal.
+        let ts = buf.timestamp_millis();
+        writeln!(
+            buf,
+            "[{ts} {} {}] {}",
+            record.level(),
+            record.target(),
+            escape(&record.args().to_string())
+        )
+    })
     .init();
     let result = match cli.command {
         Command::Record(a) => RecordConfig::from_args(a).and_then(record::run),
@@ -35,9 +48,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("stallprof: error: {e}");
+            eprintln!("stallprof: error: {}", escape(&e.to_string()));
             for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                eprintln!("  caused by: {}", escape(&cause.to_string()));
             }
             ExitCode::FAILURE
         }

@@ -27,10 +27,13 @@ use crate::{
     os::units::parse_duration,
     os::{
         clock::monotonic_ns,
-        proc::{is_own_fork, process_alive, read_comm},
+        outdir::{OutDir, random_suffix},
+        proc::{is_own_fork, process_alive, read_comm, refuse_target, refuse_thread},
+        user::{self, User},
     },
     pipeline::engine::{Engine, NoControl},
     report,
+    report::label::escape,
     report::model::{Recording, Stall},
 };
 
@@ -57,9 +60,14 @@ pub struct RecordArgs {
     /// Stop after this long (e.g. 30s, 5m). Default: until Ctrl-C or the target exits.
     #[arg(short, long, value_parser = parse_duration)]
     pub duration: Option<u64>,
-    /// Output directory (default ./stallprof-<pid>-<time>/).
+    /// Output directory (default ./stallprof-<target>-<random>/, new). An
+    /// existing one must be yours and writable by no one else.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+    /// Run the command after -- as this user (name or uid). Default under
+    /// sudo: the user who ran sudo (SUDO_UID); stallprof alone keeps root.
+    #[arg(long, value_name = "USER", requires = "command")]
+    pub user: Option<String>,
     /// Also save a recording that replays everything without the target:
     /// the kernel's raw records before unwinding (events.bin.gz), what the
     /// unwinder read (unwind.json.gz) and every symbol (symbols.json).
@@ -85,6 +93,8 @@ pub struct RecordConfig {
     pub sample_after_ns: u64,
     pub duration: Option<Duration>,
     pub output: PathBuf,
+    /// The output directory is stallprof's own random name: it must be new.
+    pub output_is_new: bool,
     pub save_events: bool,
     pub live_status: bool,
 }
@@ -92,7 +102,9 @@ pub struct RecordConfig {
 #[derive(Debug, Clone)]
 pub enum Target {
     Pid(u32),
-    Command(Vec<String>),
+    /// The command, the executable it resolves to, and the user it runs as
+    /// (`None`: as stallprof's own user, root).
+    Command(Vec<String>, PathBuf, Option<User>),
 }
 
 fn find_in_path(cmd: &str) -> Option<PathBuf> {
@@ -113,19 +125,28 @@ impl RecordConfig {
     pub fn from_args(a: RecordArgs) -> Result<RecordConfig> {
         let target = match (a.pid, a.command.is_empty()) {
             (Some(pid), true) => {
-                if !Path::new(&format!("/proc/{pid}")).exists() {
-                    bail!("no process with pid {pid}: check the pid (e.g. `pgrep -f yourapp`)");
+                if let Some(why) = refuse_target(pid) {
+                    bail!("{why}");
+                }
+                for &tid in &a.tids {
+                    if let Some(why) = refuse_thread(pid, tid) {
+                        bail!("{why}");
+                    }
                 }
                 Target::Pid(pid)
             }
             (None, false) => {
-                if find_in_path(&a.command[0]).is_none() {
+                let Some(exe) = find_in_path(&a.command[0]) else {
                     bail!(
                         "command not found: {} (give a path or put it on PATH)",
                         a.command[0]
                     );
-                }
-                Target::Command(a.command)
+                };
+                let user = match &a.user {
+                    Some(name) => Some(user::by_name(name)?),
+                    None => user::sudo_invoker(),
+                };
+                Target::Command(a.command, exe, user)
             }
             (Some(_), false) => bail!("give either --pid PID or -- CMD, not both"),
             (None, true) => bail!(
@@ -144,19 +165,17 @@ impl RecordConfig {
                 fmt_ns(threshold_ns)
             );
         }
+        let output_is_new = a.output.is_none();
         let output = a.output.unwrap_or_else(|| {
             let who = match &target {
                 Target::Pid(p) => p.to_string(),
-                Target::Command(c) => Path::new(&c[0])
+                Target::Command(c, ..) => Path::new(&c[0])
                     .file_name()
                     .map(|s| s.to_string_lossy().into_owned())
                     .unwrap_or_default(),
             };
-            let secs = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
-            PathBuf::from(format!("stallprof-{who}-{secs}"))
+            // Unguessable, so no one can plant it before stallprof creates it.
+            PathBuf::from(format!("stallprof-{who}-{}", random_suffix()))
         });
         Ok(RecordConfig {
             target,
@@ -166,6 +185,7 @@ impl RecordConfig {
             sample_after_ns,
             duration: a.duration.map(Duration::from_nanos),
             output,
+            output_is_new,
             save_events: a.save_events,
             live_status: !a.quiet && std::io::stderr().is_terminal(),
         })
@@ -182,16 +202,50 @@ struct Launched {
     status: Option<i32>,
 }
 
+/// What the child of [`Launched::spawn`] exits with when it cannot become
+/// the command's user (setgroups/setgid/setuid failed).
+const EXIT_NO_USER: i32 = 125;
+
 impl Launched {
-    fn spawn(argv: &[String]) -> Result<Launched> {
-        use std::ffi::CString;
-        // Everything the child needs is allocated before fork.
+    /// Fork; the child waits for [`Launched::release`], drops to `user`
+    /// (supplementary groups, gid, uid, in that order: each step needs the
+    /// privilege the next one gives up) and execs `exe`.
+    fn spawn(argv: &[String], exe: &Path, user: Option<&User>) -> Result<Launched> {
+        use std::{ffi::CString, os::unix::ffi::OsStrExt};
+        // Everything the child needs is allocated before fork: between fork
+        // and exec only async-signal-safe calls are allowed.
         let cargs: Vec<CString> = argv
             .iter()
             .map(|a| CString::new(a.as_bytes()).context("an argument contains a NUL byte"))
             .collect::<Result<_>>()?;
         let mut ptrs: Vec<*const libc::c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
         ptrs.push(std::ptr::null());
+        let cexe = CString::new(exe.as_os_str().as_bytes())
+            .context("the command path contains a NUL byte")?;
+        // The environment as it is, with the identity variables of the user
+        // the command runs as.
+        let mut env: Vec<(Vec<u8>, Vec<u8>)> = std::env::vars_os()
+            .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect();
+        if let Some(u) = user {
+            let mut set = |k: &str, v: Option<&str>| {
+                env.retain(|(key, _)| key != k.as_bytes());
+                if let Some(v) = v {
+                    env.push((k.as_bytes().to_vec(), v.as_bytes().to_vec()));
+                }
+            };
+            set("HOME", u.home.as_deref());
+            set("USER", u.name.as_deref());
+            set("LOGNAME", u.name.as_deref());
+        }
+        let cenv: Vec<CString> = env
+            .into_iter()
+            .filter_map(|(k, v)| CString::new([k, b"=".to_vec(), v].concat()).ok())
+            .collect();
+        let mut envp: Vec<*const libc::c_char> = cenv.iter().map(|c| c.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        let groups: Vec<libc::gid_t> = user.map(|u| u.groups.clone()).unwrap_or_default();
+        let ids = user.map(|u| (u.uid, u.gid));
         let mut fds = [0i32; 2];
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
             bail!("pipe2: {}", std::io::Error::last_os_error());
@@ -207,7 +261,14 @@ impl Launched {
                 if n != 1 {
                     libc::_exit(111); // the recorder gave up before attaching
                 }
-                libc::execvp(ptrs[0], ptrs.as_ptr());
+                if let Some((uid, gid)) = ids
+                    && (libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                        || libc::setgid(gid) != 0
+                        || libc::setuid(uid) != 0)
+                {
+                    libc::_exit(EXIT_NO_USER);
+                }
+                libc::execve(cexe.as_ptr(), ptrs.as_ptr(), envp.as_ptr());
                 libc::_exit(127);
             },
             pid => {
@@ -251,16 +312,30 @@ impl Drop for Launched {
 
 /// Run a recording to the end and write its outputs. Returns the summary text.
 pub fn run(cfg: RecordConfig) -> Result<String> {
-    report::prepare_dir(&cfg.output)?;
+    let out = if cfg.output_is_new {
+        OutDir::create_new(&cfg.output)?
+    } else {
+        OutDir::open_or_create(&cfg.output)?
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(record(cfg))
+    rt.block_on(record(cfg, out))
 }
 
-async fn record(cfg: RecordConfig) -> Result<String> {
+async fn record(cfg: RecordConfig, out: OutDir) -> Result<String> {
     let mut launched = match &cfg.target {
-        Target::Command(argv) => Some(Launched::spawn(argv)?),
+        Target::Command(argv, exe, user) => {
+            if let Some(u) = user {
+                info!(
+                    "the command runs as uid {} gid {} ({})",
+                    u.uid,
+                    u.gid,
+                    u.name.as_deref().map(escape).unwrap_or_default()
+                );
+            }
+            Some(Launched::spawn(argv, exe, user.as_ref())?)
+        }
         Target::Pid(_) => None,
     };
     let pid = match (&cfg.target, &launched) {
@@ -284,7 +359,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
 
     let mut engine = Engine::new(cfg.threshold_ns, cfg.tids.clone());
     if cfg.save_events {
-        engine.save_to(&cfg.output)?;
+        engine.save_to(&out)?;
     }
     engine.tick(&[pid], &mut probes);
     let mut comm = read_comm(pid, pid).filter(|_| launched.is_none());
@@ -359,7 +434,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
 
     engine.finish(ended_ns);
     if cfg.save_events {
-        engine.finish_saving(&cfg.output)?;
+        engine.finish_saving(&out)?;
     }
     for (k, v) in engine.agent_drops() {
         drops.insert(k.to_string(), v);
@@ -369,7 +444,7 @@ async fn record(cfg: RecordConfig) -> Result<String> {
         .copied()
         .unwrap_or(0);
     let comm = comm.unwrap_or_else(|| match &cfg.target {
-        Target::Command(c) => Path::new(&c[0])
+        Target::Command(c, ..) => Path::new(&c[0])
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default(),
@@ -394,13 +469,19 @@ async fn record(cfg: RecordConfig) -> Result<String> {
         stallprof_version: env!("CARGO_PKG_VERSION").into(),
         stalls,
     };
-    let files = report::write_all(&rec, &cfg.output)?;
+    let files = report::write_all(&rec, &out)?;
     let mut text = report::summary::text(&rec, &files);
     if let Some(l) = launched.as_mut() {
         // The command may still run (duration/Ctrl-C): leave it be, but reap if done.
         match l.try_wait() {
             Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 127 => {
                 text.push_str("  note: the command could not be executed (exit 127)\n")
+            }
+            Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == EXIT_NO_USER => {
+                text.push_str(
+                    "  note: the command could not switch to its user (setgroups/setgid/setuid failed); \
+                     is stallprof running as root?\n",
+                )
             }
             Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) != 0 => {
                 text.push_str(&format!(

@@ -3,13 +3,17 @@
 //! In: `stalls.json` (and, for a lower threshold, the raw records of a
 //! `--save-events` recording, replayed through the engine). Out: the same
 //! files as `record`, optionally for another threshold, and the summary.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 use clap::Args;
 
 use crate::{
-    os::units::fmt_ns, os::units::parse_duration, pipeline::engine, pipeline::stall::TrackerConfig,
+    os::outdir::{OutDir, random_suffix},
+    os::units::fmt_ns,
+    os::units::parse_duration,
+    pipeline::engine,
+    pipeline::stall::TrackerConfig,
     report,
 };
 
@@ -21,9 +25,20 @@ pub struct ReportArgs {
     /// replays the raw records of a `--save-events` recording.
     #[arg(long, value_parser = parse_duration)]
     pub threshold: Option<u64>,
-    /// Where to write the re-rendered files (default: the input directory).
+    /// Where to write the re-rendered files (default: a new directory
+    /// `<input>-report-<random>` beside the input; never the input itself,
+    /// whose stalls.json holds stalls a higher threshold would drop).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+}
+
+/// Do `a` and `b` name one directory (symlinks and `..` resolved)?
+fn same_dir(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
 }
 
 pub fn run(a: ReportArgs) -> Result<String> {
@@ -68,17 +83,40 @@ pub fn run(a: ReportArgs) -> Result<String> {
         }
         rec.threshold_ns = t;
     }
-    let out: PathBuf = a.output.unwrap_or_else(|| {
-        if a.input.is_dir() {
-            a.input.clone()
-        } else {
-            a.input
-                .parent()
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("."))
+    let input_dir = if a.input.is_dir() {
+        a.input.clone()
+    } else {
+        a.input
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("."))
+    };
+    let out = match &a.output {
+        Some(o) => {
+            if same_dir(o, &input_dir) {
+                bail!(
+                    "-o {} is the recording being read: rewriting it would lose what it holds; \
+                     give a new directory with -o DIR (or leave -o out for <input>-report-<random>)",
+                    o.display()
+                );
+            }
+            OutDir::open_or_create(o)?
         }
-    });
-    report::prepare_dir(&out)?;
+        None => {
+            let base = input_dir
+                .canonicalize()
+                .unwrap_or_else(|_| input_dir.clone());
+            let name = format!(
+                "{}-report-{}",
+                base.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "stallprof".into()),
+                random_suffix()
+            );
+            OutDir::create_new(&base.with_file_name(name))?
+        }
+    };
     let files = report::write_all(&rec, &out)?;
     Ok(report::summary::text(&rec, &files))
 }

@@ -26,3 +26,63 @@ pub fn process_alive(pid: u32) -> bool {
         Err(_) => false,
     }
 }
+
+/// `PF_KTHREAD` in the flags field of `/proc/PID/stat` (include/linux/sched.h).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// Why `pid` cannot be a recording target, if it cannot: a kernel thread
+/// (no user stack, no executable), a zombie (nothing runs), or stallprof
+/// itself (it would record its own reading of the ring buffer).
+pub fn refuse_target(pid: u32) -> Option<String> {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Some(format!(
+            "no process with pid {pid}: check the pid (e.g. `pgrep -f yourapp`)"
+        ));
+    };
+    let own = std::process::id();
+    let tgid = fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Tgid:"))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        });
+    if pid == own || tgid == Some(own) {
+        return Some(format!(
+            "pid {pid} is this stallprof itself: give the pid of the process to record"
+        ));
+    }
+    // Fields after the command name, which may itself hold ") ".
+    let rest: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    // rest[0] is field 3 (state), rest[6] field 9 (flags).
+    // A zombie has no exe either: say which it is first.
+    if rest.first() == Some(&"Z") {
+        return Some(format!(
+            "pid {pid} is a zombie (it has exited and waits for its parent to reap it): nothing runs to record"
+        ));
+    }
+    let flags: u64 = rest.get(6).and_then(|f| f.parse().ok()).unwrap_or(0);
+    if flags & PF_KTHREAD != 0
+        || fs::read_link(format!("/proc/{pid}/exe"))
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+    {
+        return Some(format!(
+            "pid {pid} is a kernel thread: it has no user-space stack or event loop to record; \
+             give the pid of a user process"
+        ));
+    }
+    None
+}
+
+/// Why `tid` cannot be a loop thread of `pid`, if it cannot.
+pub fn refuse_thread(pid: u32, tid: u32) -> Option<String> {
+    (!std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()).then(|| {
+        format!(
+            "--tid {tid} is not a thread of pid {pid} (no /proc/{pid}/task/{tid}): \
+             list its threads with `ls /proc/{pid}/task`"
+        )
+    })
+}

@@ -37,6 +37,7 @@ use crate::{
     kernel::event::{self, Event},
     kernel::probe::{ProbeError, Probes},
     kernel::runtimes::{self, ParkPoint},
+    os::outdir::{OutDir, PendingFile},
     os::proc::{is_own_fork, read_comm},
     os::units::fmt_ns,
     pipeline::stall::{Output, Tracker, TrackerConfig},
@@ -286,7 +287,7 @@ pub struct Engine {
     python: HashMap<u32, PythonWatch>,
     runtimes: HashMap<u32, RuntimeWatch>,
     /// With [`Engine::save_to`]: raw records as they came (`events.bin.gz`).
-    events_out: Option<GzEncoder<BufWriter<fs::File>>>,
+    events_out: Option<GzEncoder<BufWriter<PendingFile>>>,
     agent_drops: BTreeMap<&'static str, u64>,
     exited: HashSet<u32>,
 }
@@ -356,9 +357,10 @@ impl Engine {
     /// Also write a recording that replays everything into `dir`: the raw
     /// records from now on, and (on [`Engine::finish_saving`]) what the
     /// unwinder and the symbolizer read.
-    pub fn save_to(&mut self, dir: &Path) -> Result<()> {
-        let path = dir.join(EVENTS_FILE);
-        let f = fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    pub fn save_to(&mut self, dir: &OutDir) -> Result<()> {
+        let f = dir
+            .create(EVENTS_FILE)
+            .with_context(|| format!("creating {}", dir.join(EVENTS_FILE).display()))?;
         let mut w = GzEncoder::new(BufWriter::new(f), Compression::fast());
         w.write_all(EVENTS_MAGIC)?;
         self.events_out = Some(w);
@@ -369,26 +371,32 @@ impl Engine {
         Ok(())
     }
 
-    pub fn finish_saving(&mut self, dir: &Path) -> Result<()> {
+    pub fn finish_saving(&mut self, dir: &OutDir) -> Result<()> {
+        let persist = |w: GzEncoder<BufWriter<PendingFile>>, name: &str| -> Result<()> {
+            w.finish()?
+                .into_inner()
+                .map_err(|e| e.into_error())?
+                .persist()
+                .with_context(|| format!("writing {}", dir.join(name).display()))
+        };
         if let Some(w) = self.events_out.take() {
-            w.finish()?.flush()?;
+            persist(w, EVENTS_FILE)?;
         }
         if let Some(bundle) = self.unwinder.saved() {
-            let path = dir.join(UNWIND_FILE);
-            let f =
-                fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+            let f = dir
+                .create(UNWIND_FILE)
+                .with_context(|| format!("creating {}", dir.join(UNWIND_FILE).display()))?;
             let mut w = GzEncoder::new(BufWriter::new(f), Compression::default());
             serde_json::to_writer(&mut w, bundle)?;
-            w.finish()?.flush()?;
+            persist(w, UNWIND_FILE)?;
         }
         if let Symbols::Live {
             recorded: Some(table),
             ..
         } = &self.symbols
         {
-            let path = dir.join(SYMBOLS_FILE);
-            fs::write(&path, serde_json::to_vec(table)?)
-                .with_context(|| format!("writing {}", path.display()))?;
+            dir.write(SYMBOLS_FILE, &serde_json::to_vec(table)?)
+                .with_context(|| format!("writing {}", dir.join(SYMBOLS_FILE).display()))?;
         }
         Ok(())
     }

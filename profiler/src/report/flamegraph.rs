@@ -6,7 +6,7 @@
 use std::{
     collections::HashMap,
     hash::{DefaultHasher, Hash, Hasher},
-    path::{Path, PathBuf},
+    path::PathBuf,
 };
 
 use inferno::flamegraph::{
@@ -16,6 +16,7 @@ use inferno::flamegraph::{
 
 use super::{RenderError, write_file};
 use crate::{
+    os::outdir::OutDir,
     os::units::fmt_ns,
     report::aggregate,
     report::model::{Frame, FrameKind, Recording},
@@ -86,7 +87,7 @@ pub fn render(rec: &Recording) -> Result<Vec<u8>, std::io::Error> {
     opts.title = format!(
         "stallprof: pid {} ({}) — {} stalls ≥ {}, {} of stall time",
         rec.pid,
-        rec.comm,
+        crate::report::label::escape(&rec.comm),
         rec.stalls.len(),
         fmt_ns(rec.threshold_ns),
         fmt_ns(rec.total_stall_ns())
@@ -110,12 +111,10 @@ pub fn render(rec: &Recording) -> Result<Vec<u8>, std::io::Error> {
     Ok(svg)
 }
 
-pub fn write(rec: &Recording, dir: &Path) -> Result<PathBuf, RenderError> {
-    let path = dir.join("stalls.svg");
+pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
     let svg = render(rec).map_err(|source| RenderError::Write {
-        path: path.clone(),
+        path: dir.join("stalls.svg"),
         source,
     })?;
-    write_file(&path, &svg)?;
-    Ok(path)
+    write_file(dir, "stalls.svg", &svg)
 }

@@ -1,14 +1,12 @@
 //! `stalls.folded`: collapsed stacks, `frame;frame;…;frame weight_us`,
 //! the input format of inferno, flamegraph.pl and speedscope.
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::{RenderError, write_file};
-use crate::{report::aggregate, report::model::Recording};
+use crate::{os::outdir::OutDir, report::aggregate, report::model::Recording};
 
-pub fn write(rec: &Recording, dir: &Path) -> Result<PathBuf, RenderError> {
-    let path = dir.join("stalls.folded");
+pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
     let mut text = aggregate::folded_lines(&rec.stalls).join("\n");
     text.push('\n');
-    write_file(&path, text.as_bytes())?;
-    Ok(path)
+    write_file(dir, "stalls.folded", text.as_bytes())
 }

@@ -11,11 +11,12 @@ use std::{
 
 use thiserror::Error;
 
-use crate::report::model::Recording;
+use crate::{os::outdir::OutDir, report::model::Recording};
 
 pub mod aggregate;
 pub mod flamegraph;
 pub mod folded;
+pub mod label;
 pub mod model;
 pub mod summary;
 
@@ -40,51 +41,32 @@ pub enum RenderError {
     },
 }
 
-pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<(), RenderError> {
-    write_file_with(path, |w| w.write_all(bytes))
+/// Write `name` in `dir` whole (see [`write_file_with`]).
+pub(crate) fn write_file(dir: &OutDir, name: &str, bytes: &[u8]) -> Result<PathBuf, RenderError> {
+    write_file_with(dir, name, |w| w.write_all(bytes))
 }
 
-/// Write `path` through a buffered writer (large outputs are streamed, never
-/// held whole in memory), to a temporary name first and renamed into place,
-/// so an interrupted run never leaves half a file.
+/// Write `name` in `dir` through a buffered writer (large outputs are
+/// streamed, never held whole in memory), under a random temporary name
+/// first, fsynced and renamed into place: an interrupted run never leaves
+/// half a file, and a planted symlink is replaced, never followed
+/// ([`OutDir`]).
 pub(crate) fn write_file_with(
-    path: &Path,
+    dir: &OutDir,
+    name: &str,
     write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
-) -> Result<(), RenderError> {
-    let tmp = path.with_extension("tmp");
-    let run = || -> std::io::Result<()> {
-        let mut w = std::io::BufWriter::new(fs::File::create(&tmp)?);
-        write(&mut w)?;
-        w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-        fs::rename(&tmp, path)
-    };
-    run().map_err(|source| RenderError::Write {
-        path: path.to_path_buf(),
-        source,
-    })
+) -> Result<PathBuf, RenderError> {
+    dir.write_with(name, write)
+        .map_err(|source| RenderError::Write {
+            path: dir.join(name),
+            source,
+        })
 }
 
-/// Create the output directory (and check it is writable) before recording.
-pub fn prepare_dir(dir: &Path) -> Result<(), RenderError> {
-    fs::create_dir_all(dir).map_err(|source| RenderError::Write {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let probe = dir.join(".stallprof-write-test");
-    fs::write(&probe, b"").map_err(|source| RenderError::Write {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    let _ = fs::remove_file(probe);
-    Ok(())
-}
-
-pub fn write_json(rec: &Recording, dir: &Path) -> Result<PathBuf, RenderError> {
-    let path = dir.join("stalls.json");
-    write_file_with(&path, |w| {
+pub fn write_json(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
+    write_file_with(dir, "stalls.json", |w| {
         serde_json::to_writer_pretty(w, rec).map_err(std::io::Error::other)
-    })?;
-    Ok(path)
+    })
 }
 
 pub fn read_json(path: &Path) -> Result<Recording, RenderError> {
@@ -101,7 +83,7 @@ pub fn read_json(path: &Path) -> Result<Recording, RenderError> {
 }
 
 /// Write every output format; returns the paths written.
-pub fn write_all(rec: &Recording, dir: &Path) -> Result<Vec<PathBuf>, RenderError> {
+pub fn write_all(rec: &Recording, dir: &OutDir) -> Result<Vec<PathBuf>, RenderError> {
     Ok(vec![
         write_json(rec, dir)?,
         folded::write(rec, dir)?,

@@ -53,9 +53,12 @@ impl Frame {
     }
 
     /// Folded-stack text: the plain name first, then `(file:line)` with the
-    /// file's base name, e.g. `load_tokenizer (tok.py:41)`.
+    /// file's base name, e.g. `load_tokenizer (tok.py:41)`. Control
+    /// characters are escaped ([`crate::report::label::escape`]) and `;`,
+    /// the folded format's separator, becomes `:`, so a label is always one
+    /// frame on one line.
     pub fn label(&self) -> String {
-        let mut s = self.name.replace(';', ":");
+        let mut s = self.name.clone();
         if let Some(file) = &self.file {
             let base = file.rsplit('/').next().unwrap_or(file);
             match self.line {
@@ -63,7 +66,7 @@ impl Frame {
                 _ => s.push_str(&format!(" ({base})")),
             }
         }
-        s
+        crate::report::label::escape(&s).replace(';', ":")
     }
 }
 

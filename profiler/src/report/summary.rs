@@ -1,7 +1,12 @@
-//! The end-of-recording summary printed to the terminal.
+//! The end-of-recording summary printed to the terminal. Every name in it
+//! (command, frames, paths) goes through [`escape`]: a name cannot move the
+//! cursor or forge a line.
 use std::{fmt::Write, path::PathBuf};
 
-use crate::{os::units::fmt_ns, report::aggregate::summarize, report::model::Recording};
+use crate::{
+    os::units::fmt_ns, report::aggregate::summarize, report::label::escape,
+    report::model::Recording,
+};
 
 fn pct(part: u64, total: u64) -> f64 {
     if total == 0 {
@@ -19,7 +24,7 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
         out,
         "stallprof: pid {} ({}), {} recorded, threshold {}",
         rec.pid,
-        rec.comm,
+        escape(&rec.comm),
         fmt_ns(span),
         fmt_ns(rec.threshold_ns)
     );
@@ -60,7 +65,7 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
                 "    {:5.1}%  {:>9}  {}",
                 100.0 * c.share,
                 fmt_ns(c.ns),
-                c.label
+                escape(&c.label)
             );
         }
     }
@@ -76,7 +81,7 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
     if !files.is_empty() {
         let _ = writeln!(out, "  wrote:");
         for f in files {
-            let _ = writeln!(out, "    {}", f.display());
+            let _ = writeln!(out, "    {}", escape(&f.to_string_lossy()));
         }
     }
     out

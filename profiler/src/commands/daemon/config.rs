@@ -42,6 +42,9 @@ pub enum ConfigError {
 pub struct FileConfig {
     pub listen: Option<String>,
     pub data_dir: Option<PathBuf>,
+    /// A group that may read the reports (files 0640, directories 0750);
+    /// without it only root can.
+    pub data_group: Option<String>,
     pub threshold: Option<String>,
     pub frequency: Option<u64>,
     pub window: Option<String>,
@@ -85,6 +88,8 @@ pub struct Overrides {
 pub struct DaemonConfig {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
+    /// `data_group`: its name and gid.
+    pub data_group: Option<(String, u32)>,
     pub threshold_ns: u64,
     pub sample_hz: u64,
     /// Length of one rolling report window.
@@ -223,8 +228,19 @@ impl DaemonConfig {
             key: "include/exclude",
             message,
         })?;
+        let data_group = match f.data_group {
+            Some(g) => {
+                let gid = crate::os::user::group_id(&g).map_err(|e| ConfigError::Value {
+                    key: "data_group",
+                    message: e.to_string(),
+                })?;
+                Some((g, gid))
+            }
+            None => None,
+        };
         Ok(DaemonConfig {
             listen,
+            data_group,
             data_dir: o
                 .data_dir
                 .clone()
@@ -256,7 +272,14 @@ impl DaemonConfig {
                 "  (NOT loopback: metrics and reports are reachable from the network)"
             }
         ));
-        s.push_str(&format!("  data_dir      {}\n", self.data_dir.display()));
+        s.push_str(&format!(
+            "  data_dir      {}{}\n",
+            self.data_dir.display(),
+            match &self.data_group {
+                Some((name, gid)) => format!("  (readable by group {name}, gid {gid})"),
+                None => "  (readable by root only)".into(),
+            }
+        ));
         s.push_str(&format!("  threshold     {}\n", fmt_ns(self.threshold_ns)));
         s.push_str(&format!("  frequency     {} Hz\n", self.sample_hz));
         s.push_str(&format!(

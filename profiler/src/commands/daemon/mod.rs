@@ -63,8 +63,8 @@ use self::{
     reports::Window,
 };
 use crate::{
-    kernel::probe::Probes, os::clock::monotonic_ns, os::units::fmt_ns, pipeline::engine::Engine,
-    report, report::model::Stall,
+    kernel::probe::Probes, os::clock::monotonic_ns, os::outdir::OutDir, os::units::fmt_ns,
+    pipeline::engine::Engine, report::model::Stall,
 };
 
 const EXAMPLES: &str = "\
@@ -202,19 +202,20 @@ pub fn run(a: DaemonArgs) -> Result<String> {
     if a.check_config {
         return Ok(cfg.describe());
     }
-    report::prepare_dir(&cfg.data_dir).with_context(|| {
+    let data = OutDir::open_or_create_shared(&cfg.data_dir, cfg.data_group.as_ref().map(|g| g.1))
+        .with_context(|| {
         format!(
-            "the data directory {} is not writable (set data_dir or --data-dir)",
+            "the data directory {} cannot be used (set data_dir or --data-dir)",
             cfg.data_dir.display()
         )
     })?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(daemon(cfg))
+    rt.block_on(daemon(cfg, data))
 }
 
-async fn daemon(cfg: DaemonConfig) -> Result<String> {
+async fn daemon(cfg: DaemonConfig, data: OutDir) -> Result<String> {
     let listener = TcpListener::bind(cfg.listen).await.with_context(|| {
         format!("cannot listen on {}: is the port in use (another stallprof daemon)? choose another with --listen", cfg.listen)
     })?;
@@ -235,7 +236,7 @@ async fn daemon(cfg: DaemonConfig) -> Result<String> {
         std::thread::Builder::new()
             .name("stallprof-collect".into())
             .spawn(move || {
-                let r = Collector::start(cfg, shared).and_then(|c| {
+                let r = Collector::start(cfg, shared, data).and_then(|c| {
                     let _ = ready_tx.send(());
                     c.run(&stop)
                 });
@@ -317,6 +318,8 @@ fn labels_of(p: &ProcInfo) -> Labels {
 
 struct Collector {
     cfg: DaemonConfig,
+    /// The data directory, opened once (reports are written relative to it).
+    data: OutDir,
     sh: Arc<Shared>,
     // Field order = drop order: the ring before the probes that own its map.
     ring: RingBuf<MapData>,
@@ -341,7 +344,7 @@ struct Collector {
 }
 
 impl Collector {
-    fn start(cfg: DaemonConfig, sh: Arc<Shared>) -> Result<Collector> {
+    fn start(cfg: DaemonConfig, sh: Arc<Shared>, data: OutDir) -> Result<Collector> {
         let mut probes = Probes::attach(
             0,
             cfg.sample_hz,
@@ -360,6 +363,7 @@ impl Collector {
             window: Window::new(SystemTime::now(), now),
             next_roll_mono,
             cfg,
+            data,
             sh,
             ring,
             probes,
@@ -657,12 +661,7 @@ impl Collector {
         let next = Window::new(SystemTime::now(), now);
         let w = std::mem::replace(&mut self.window, next);
         self.next_roll_mono = now + until_boundary(self.cfg.window);
-        match w.write(
-            &self.cfg.data_dir,
-            now,
-            self.cfg.threshold_ns,
-            self.cfg.sample_hz,
-        ) {
+        match w.write(&self.data, now, self.cfg.threshold_ns, self.cfg.sample_hz) {
             Ok(written) => {
                 self.sh.metrics.reports_written.inc_by(written.len() as u64);
                 self.total_reports += written.len() as u64;

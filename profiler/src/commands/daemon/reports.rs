@@ -20,6 +20,7 @@ use anyhow::{Context, Result};
 
 use super::{pprof, procs::ProcInfo};
 use crate::{
+    os::outdir::OutDir,
     report::model::{Recording, Stall},
     report::{self, flamegraph},
 };
@@ -151,7 +152,7 @@ impl Window {
     /// Write every process's report for this window, ending now.
     pub fn write(
         self,
-        data_dir: &Path,
+        data_dir: &OutDir,
         end_mono: u64,
         threshold_ns: u64,
         sample_hz: u64,
@@ -164,14 +165,7 @@ impl Window {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let mut name = utc_stamp(start_secs);
-        let mut n = 1;
-        while data_dir.join(&name).exists() {
-            n += 1;
-            name = format!("{}-{n}", utc_stamp(start_secs));
-        }
-        let wdir = data_dir.join(&name);
-        fs::create_dir_all(&wdir).with_context(|| format!("creating {}", wdir.display()))?;
+        let (name, wdir) = new_subdir(data_dir, &utc_stamp(start_secs))?;
         let mut out = Vec::new();
         let mut procs: Vec<ProcWindow> = self.procs.into_values().collect();
         procs.sort_by_key(|p| (p.info.pid, p.info.start_ticks));
@@ -184,13 +178,7 @@ impl Window {
         for mut p in procs {
             p.stalls.sort_by_key(|s| (s.start_ns, s.tid));
             // The same comm and pid twice in a window: a reused pid.
-            let mut dir = wdir.join(p.info.dir_name());
-            let mut n = 1;
-            while dir.exists() {
-                n += 1;
-                dir = wdir.join(format!("{}-{n}", p.info.dir_name()));
-            }
-            fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let (_, dir) = new_subdir(&wdir, &p.info.dir_name())?;
             let rec = Recording {
                 pid: p.info.pid,
                 comm: p.info.comm.clone(),
@@ -227,10 +215,10 @@ impl Window {
                 time_nanos,
                 duration_nanos,
             );
-            report::write_file(&dir.join("stalls.pb.gz"), &pprof::encode_gz(&prof))?;
+            report::write_file(&dir, "stalls.pb.gz", &pprof::encode_gz(&prof))?;
             out.push(Written {
                 window: name.clone(),
-                dir,
+                dir: dir.path().to_path_buf(),
                 pid: rec.pid,
                 comm: rec.comm.clone(),
                 stalls: rec.stalls.len(),
@@ -239,6 +227,24 @@ impl Window {
         }
         Ok(out)
     }
+}
+
+/// A new directory `base` (or `base-2`, `base-3`, … when taken) in `parent`.
+fn new_subdir(parent: &OutDir, base: &str) -> Result<(String, OutDir)> {
+    for n in 1..10_000 {
+        let name = if n == 1 {
+            base.to_string()
+        } else {
+            format!("{base}-{n}")
+        };
+        let made = parent
+            .subdir_new(&name)
+            .with_context(|| format!("creating {}", parent.join(&name).display()))?;
+        if let Some(dir) = made {
+            return Ok((name, dir));
+        }
+    }
+    anyhow::bail!("{}: no free name {base}-N", parent.path().display())
 }
 
 fn dir_size(p: &Path) -> u64 {
