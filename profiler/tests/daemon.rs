@@ -1127,7 +1127,7 @@ fn daemon_check_config() {
     let good = dir.join("good.toml");
     std::fs::write(
         &good,
-        "listen = \"127.0.0.1:9999\"\nthreshold = \"25ms\"\nwindow = \"30s\"\n[retention]\nmax_age = \"2h\"\nmax_size = \"64MiB\"\n\
+        "listen = \"127.0.0.1:9999\"\nthreshold = \"25ms\"\nwindow = \"30s\"\ndata_group = \"nogroup\"\n[retention]\nmax_age = \"2h\"\nmax_size = \"64MiB\"\n\
          [limits]\nmax_processes = 50\n[[include]]\ncomm = \"python*\"\n[[exclude]]\ncgroup = \"*system.slice*\"\n",
     )
     .unwrap();
@@ -1139,6 +1139,7 @@ fn daemon_check_config() {
         "max_processes 50",
         "comm=python*",
         "cgroup=*system.slice*",
+        "readable by group nogroup",
     ] {
         assert!(
             out.stdout.contains(want),
@@ -1152,6 +1153,7 @@ fn daemon_check_config() {
         ("listen = \"localhost\"\n", "listen"),
         ("[retention]\nmax_size = \"lots\"\n", "max_size"),
         ("[[include]]\n", "rule"),
+        ("data_group = \"no-such-group-stallprof\"\n", "data_group"),
     ] {
         let bad = dir.join("bad.toml");
         std::fs::write(&bad, text).unwrap();
