@@ -13,7 +13,7 @@
 //! p = *(tstate + tstate_frame)
 //! if cframe_current_frame != PY_OFFSET_NONE { p = *(p + cframe_current_frame) }
 //! while p != 0 and n < PY_MAX_FRAMES:
-//!     if frame_owner != PY_OFFSET_NONE and *(u8*)(p + frame_owner) == owner_cstack:
+//!     if frame_owner != PY_OFFSET_NONE and *(u8*)(p + frame_owner) >= owner_shim_min:
 //!         emit PY_BOUNDARY (an eval-loop activation begins below)
 //!     else emit PyFrame { code: *(p + frame_code) & !code_tag_mask,
 //!                         instr: *(p + frame_instr) (frame_instr_size bytes) }
@@ -27,7 +27,7 @@ pub const PY_MAX_FRAMES: usize = 64;
 
 /// An offset field that does not apply to this version.
 pub const PY_OFFSET_NONE: u16 = u16::MAX;
-/// [`PyOffsets::owner_cstack`] when the version has no C-stack shim frames (3.11).
+/// [`PyOffsets::owner_shim_min`] when the version has no C-stack shim frames (3.11).
 pub const PY_OWNER_NONE: u16 = u16::MAX;
 
 /// 3.10: `PyThreadState.frame` is a `PyFrameObject*` chain linked by
@@ -66,10 +66,15 @@ pub struct PyOffsets {
     pub frame_instr_size: u16,
     /// `_PyInterpreterFrame.owner` (a `char`); [`PY_OFFSET_NONE`] for 3.10.
     pub frame_owner: u16,
-    /// `owner` value of the shim frames the C stack pushes on entry to the
-    /// eval loop (`FRAME_OWNED_BY_CSTACK`, 3.12+); such frames are skipped.
-    /// [`PY_OWNER_NONE`] when the version has none.
-    pub owner_cstack: u16,
+    /// Lowest `owner` value of the frames that are no Python function's:
+    /// the shim each eval-loop activation pushes on the C stack and the
+    /// thread's base frame. Every such owner value is at or above the
+    /// owned-by-thread/generator/frame-object ones: 3.12/3.13
+    /// `FRAME_OWNED_BY_CSTACK` = 3; 3.14 `FRAME_OWNED_BY_INTERPRETER` = 3
+    /// (the eval loop's entry frame) and `FRAME_OWNED_BY_CSTACK` = 4; 3.15
+    /// `FRAME_OWNED_BY_INTERPRETER` = 3 only. Such frames are not emitted: each
+    /// marks a boundary. [`PY_OWNER_NONE`] when the version has none.
+    pub owner_shim_min: u16,
     /// `PyCodeObject.co_code_adaptive`: the bytecode starts at
     /// `code + code_adaptive`, so instruction byte offset =
     /// `instr - code - code_adaptive` (3.11+). 0 for 3.10 (unused).
@@ -79,8 +84,8 @@ pub struct PyOffsets {
     /// activations with C-stack shim frames instead; 3.10 runs one frame
     /// per activation).
     pub frame_is_entry: u16,
-    /// Low tag bits to clear from the `frame_code` value (`_PyStackRef`
-    /// tagging in 3.14); 0 for every supported version.
+    /// Low tag bits to clear from the `frame_code` value: `f_executable` is
+    /// a tagged `_PyStackRef` from 3.14 on (3 there); 0 before.
     pub code_tag_mask: u64,
 }
 

@@ -85,9 +85,10 @@ extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let shim = o.frame_owner != PY_OFFSET_NONE
         && unsafe { bpf_probe_read_user((p + o.frame_owner as u64) as *const u8) }.unwrap_or(0)
             as u16
-            == o.owner_cstack;
+            >= o.owner_shim_min;
     if shim {
-        // 3.12+: a C-stack shim sits below each eval-loop activation.
+        // 3.12+: a C-stack shim sits below each eval-loop activation
+        // (3.15: also the thread's base frame, at the very bottom).
         push_frame(w, PY_BOUNDARY.code, PY_BOUNDARY.instr);
     } else {
         let Some(code) = read_u64(p + o.frame_code as u64) else {

@@ -2,9 +2,13 @@
 //! where it is loaded, and which version it is.
 //!
 //! In: a pid. Out: [`Found`]: runtime addresses of the few symbols we need
-//! and the version. Files are opened through `/proc/PID/root` so a target in
-//! another mount namespace (a container) works. ELF parsing reads only the
-//! headers and dynamic symbol table (`object::ReadCache`), not whole files.
+//! and the version. Files are opened as the target maps them: through
+//! `/proc/PID/root` (a target in another mount namespace, a container,
+//! names paths inside its own root) when the file there is the mapped one
+//! (device and inode as `/proc/PID/maps` shows them), else through
+//! `/proc/PID/map_files/START-END`; never by the host path, which may be
+//! another file. ELF parsing reads only the headers and dynamic symbol
+//! table (`object::ReadCache`), not whole files.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -22,6 +26,9 @@ pub struct Mapping {
     pub start: u64,
     pub end: u64,
     pub offset: u64,
+    /// Device (major, minor) and inode of the mapped file.
+    pub dev: (u32, u32),
+    pub inode: u64,
     pub path: String,
 }
 
@@ -30,17 +37,23 @@ pub fn parse_maps(text: &str) -> Vec<Mapping> {
     text.lines()
         .filter_map(|line| {
             let mut it = line.split_ascii_whitespace();
-            let (range, _perms, offset, _dev, _inode) =
+            let (range, _perms, offset, dev, inode) =
                 (it.next()?, it.next()?, it.next()?, it.next()?, it.next()?);
             let path = it.collect::<Vec<_>>().join(" ");
             if !path.starts_with('/') {
                 return None; // anonymous, [heap], [stack], ...
             }
             let (start, end) = range.split_once('-')?;
+            let (major, minor) = dev.split_once(':')?;
             Some(Mapping {
                 start: u64::from_str_radix(start, 16).ok()?,
                 end: u64::from_str_radix(end, 16).ok()?,
                 offset: u64::from_str_radix(offset, 16).ok()?,
+                dev: (
+                    u32::from_str_radix(major, 16).ok()?,
+                    u32::from_str_radix(minor, 16).ok()?,
+                ),
+                inode: inode.parse().ok()?,
                 path,
             })
         })
@@ -106,7 +119,7 @@ pub fn find(pid: u32) -> Result<Option<Found>, PythonError> {
     candidates.extend(exe.filter(|e| by_path.contains_key(e)));
 
     for path in candidates {
-        let file_path = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        let file_path = mapped_file(pid, by_path[path][0]);
         let Some(syms) = symbols(&file_path, &["_PyRuntime", "Py_Version", "PyCode_Type"])? else {
             continue;
         };
@@ -129,6 +142,35 @@ pub fn find(pid: u32) -> Result<Option<Found>, PythonError> {
         }));
     }
     Ok(None)
+}
+
+/// A path that opens the file `m` maps: `/proc/PID/root/<path>` if the file
+/// there has the mapping's device and inode, else the mapping itself in
+/// `/proc/PID/map_files` (the file as mapped, even if replaced or deleted
+/// since; root only).
+pub fn mapped_file(pid: u32, m: &Mapping) -> PathBuf {
+    let via_root = PathBuf::from(format!("/proc/{pid}/root{}", m.path));
+    match std::fs::metadata(&via_root) {
+        Ok(meta) if same_file(&meta, m) => via_root,
+        other => {
+            log::debug!(
+                "pid {pid}: {} is not the mapped file ({}): opening the mapping",
+                via_root.display(),
+                match other {
+                    Ok(_) => "another device/inode".to_string(),
+                    Err(e) => e.to_string(),
+                }
+            );
+            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+        }
+    }
+}
+
+fn same_file(meta: &std::fs::Metadata, m: &Mapping) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let dev = meta.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    meta.ino() == m.inode && (major, minor) == m.dev
 }
 
 struct Symbols {
@@ -205,6 +247,8 @@ mod tests {
                 start: 0x400000,
                 end: 0x420000,
                 offset: 0,
+                dev: (8, 1),
+                inode: 123,
                 path: "/usr/bin/python3.11".into()
             }
         );
@@ -225,11 +269,34 @@ mod tests {
     }
 
     #[test]
+    fn mapped_files_open_as_mapped() {
+        // This test binary: its path through /proc/self/root is the mapped file.
+        let pid = std::process::id();
+        let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let maps = parse_maps(&text);
+        let m = maps.iter().find(|m| Path::new(&m.path) == exe).unwrap();
+        assert_eq!(
+            mapped_file(pid, m),
+            PathBuf::from(format!("/proc/{pid}/root{}", m.path))
+        );
+        // A mapping whose path now names another file: the mapping itself.
+        let other = Mapping {
+            inode: m.inode + 1,
+            ..m.clone()
+        };
+        let p = mapped_file(pid, &other);
+        assert!(p.starts_with(format!("/proc/{pid}/map_files/")), "{p:?}");
+    }
+
+    #[test]
     fn load_bias_of_pie_and_non_pie() {
         let m = |start, offset| Mapping {
             start,
             end: start + 0x1000,
             offset,
+            dev: (0, 0),
+            inode: 0,
             path: String::new(),
         };
         let (a, b) = (m(0x7f00_0000_0000, 0), m(0x7f00_0000_5000, 0x5000));

@@ -9,7 +9,7 @@
 //! Formats (pinned to the CPython sources they were written from):
 //! - 3.10: pairs `(offset delta: u8, line delta: i8)`; line delta -128 means
 //!   "no line". <https://github.com/python/cpython/blob/v3.10.13/Objects/lnotab_notes.txt>
-//! - 3.11-3.13: the location table, one entry per run of code units.
+//! - 3.11-3.15: the location table, one entry per run of code units.
 //!   <https://github.com/python/cpython/blob/v3.12.1/Objects/locations.md>
 
 /// `co_linetable` encoding.

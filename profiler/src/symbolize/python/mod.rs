@@ -7,22 +7,25 @@
 //!
 //! Constraints: read-only and without ptrace, through `/proc/PID/maps` and
 //! `/proc/PID/mem` (root or `CAP_SYS_PTRACE`); the target keeps running, so
-//! every read may be stale or torn, and loops and sizes are bounded. Layouts
-//! come from one table ([`offsets`]) with one row per supported minor
-//! version, chosen from the target's own `Py_Version` (3.11+) or its file
-//! name (3.10) and, for 3.13, cross-checked against the interpreter's
-//! `_Py_DebugOffsets`. An unknown version is an error, never a guess.
-//! x86-64 Linux with glibc only (3.10's thread mapping reads glibc's
-//! `struct pthread`).
+//! every read may be stale or torn, and loops and sizes are bounded. The
+//! version comes from the target's own `Py_Version` (3.11+) or its file
+//! name (3.10); layouts from one table ([`offsets`], 3.10-3.12) or, for
+//! 3.13+, from the interpreter's own `_Py_DebugOffsets`
+//! ([`debug_offsets`], checked at attach). An unknown version is an
+//! error, never a guess. A target in its own PID namespace (a container)
+//! reports namespace thread ids: they are mapped to the host's through
+//! `NSpid:`. x86-64 Linux with glibc only (3.10's thread mapping reads
+//! glibc's `struct pthread`).
 
 mod code;
+mod debug_offsets;
 mod discover;
 mod linetable;
 mod memory;
 pub mod offsets;
 mod walk;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -102,7 +105,7 @@ pub enum PythonError {
 }
 
 /// Kept in sync with [`offsets::SUPPORTED`] by a test.
-const SUPPORTED_DISPLAY: &str = "3.10, 3.11, 3.12 and 3.13";
+const SUPPORTED_DISPLAY: &str = "3.10, 3.11, 3.12, 3.13, 3.14 and 3.15";
 
 impl PythonError {
     fn open(pid: u32, path: PathBuf, e: io::Error) -> Self {
@@ -134,6 +137,9 @@ pub struct Interpreter {
     code_type: Option<u64>,
     layout: Layout,
     mem: Arc<ProcessMemory>,
+    /// The target runs in a PID namespace below ours: the thread ids it
+    /// stores are that namespace's.
+    own_pid_namespace: bool,
 }
 
 /// Finds the CPython interpreter in process `pid`. `Ok(None)`: not a Python
@@ -162,12 +168,20 @@ pub fn detect(pid: u32) -> Result<Option<Interpreter>, PythonError> {
             });
         }
     };
-    let layout = offsets::layout(version.0, version.1).ok_or_else(|| PythonError::Unsupported {
+    let unsupported = || PythonError::Unsupported {
         found: format!("{version_string} ({})", found.path),
-    })?;
-    if version == (3, 13) {
-        offsets::check_debug_offsets(&mem, found.runtime, &layout)?;
-    }
+    };
+    let layout = match (version, found.py_version) {
+        ((3, minor), Some(addr)) if minor >= 13 => {
+            let hex = mem.read_u64(addr)? as u32;
+            if !debug_offsets::minors().any(|m| m == minor) {
+                return Err(unsupported());
+            }
+            let buf = mem.read_bytes(found.runtime, debug_offsets::READ_LEN)?;
+            debug_offsets::layout(&buf, hex)?
+        }
+        _ => offsets::layout(version.0, version.1).ok_or_else(unsupported)?,
+    };
     log::debug!(
         "pid {pid}: CPython {version_string} in {}, _PyRuntime at {:#x}",
         found.path,
@@ -182,7 +196,32 @@ pub fn detect(pid: u32) -> Result<Option<Interpreter>, PythonError> {
         code_type: found.code_type,
         layout,
         mem: Arc::new(mem),
+        own_pid_namespace: ns_depth(&format!("/proc/{pid}/status")) > ns_depth("/proc/self/status"),
     }))
+}
+
+/// Number of PID namespaces a process is seen in from ours (`NSpid:` fields).
+fn ns_depth(status_path: &str) -> usize {
+    std::fs::read_to_string(status_path)
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .map(|l| l.split_whitespace().count())
+        })
+        .unwrap_or(1)
+}
+
+/// The thread's id in its own (innermost) PID namespace, from a
+/// `/proc/PID/task/TID/status` text: the last `NSpid:` field.
+fn innermost_tid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
 }
 
 impl Interpreter {
@@ -243,8 +282,8 @@ impl Interpreter {
                 }
                 seen += 1;
                 let tid = self.tid_of(ts)?;
-                if live.contains(&tid) {
-                    out.push((tid, ts));
+                if let Some(&host_tid) = live.get(&tid) {
+                    out.push((host_tid, ts));
                 } else {
                     unmapped.push(tid); // exited thread, or a wrong mapping (checked below)
                 }
@@ -279,12 +318,22 @@ impl Interpreter {
         }
     }
 
-    fn live_tids(&self) -> Result<HashSet<u32>, PythonError> {
+    /// Live threads: the tid the interpreter stores (its own namespace's)
+    /// -> the host's.
+    fn live_tids(&self) -> Result<HashMap<u32, u32>, PythonError> {
         let dir = PathBuf::from(format!("/proc/{}/task", self.pid));
         let entries =
             std::fs::read_dir(&dir).map_err(|e| PythonError::open(self.pid, dir.clone(), e))?;
-        Ok(entries
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        let host = entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok());
+        if !self.own_pid_namespace {
+            return Ok(host.map(|t| (t, t)).collect());
+        }
+        Ok(host
+            .filter_map(|t| {
+                let status =
+                    std::fs::read_to_string(format!("/proc/{}/task/{t}/status", self.pid)).ok()?;
+                Some((innermost_tid(&status)?, t))
+            })
             .collect())
     }
 
@@ -364,6 +413,14 @@ mod tests {
                 "{msg} lacks {major}.{minor}"
             );
         }
+    }
+
+    #[test]
+    fn innermost_namespace_tid() {
+        let status = "Name:\tpython3.14\nTgid:\t21316\nNSpid:\t21318\t3\nNSsid:\t1\n";
+        assert_eq!(innermost_tid(status), Some(3));
+        assert_eq!(innermost_tid("NSpid:\t42\n"), Some(42));
+        assert_eq!(innermost_tid("Name:\tx\n"), None);
     }
 
     #[test]

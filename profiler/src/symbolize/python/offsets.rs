@@ -1,13 +1,13 @@
-//! Per-version CPython struct layouts (x86-64), one table, each row with its
-//! provenance.
+//! Per-version CPython struct layouts (x86-64) for 3.10-3.12, one table,
+//! each row with its provenance.
 //!
 //! In: `(major, minor)` of the target. Out: a [`Layout`]: the
 //! [`PyOffsets`] handed to BPF plus the offsets only userspace needs
 //! (thread discovery, GIL, code objects, strings). A version without a row
-//! is an error, never a guess. For 3.13 the row is also checked against the
-//! `_Py_DebugOffsets` the interpreter carries at the start of `_PyRuntime`
-//! ([`check_debug_offsets`]), so a patch release that moved a field fails at
-//! attach instead of producing garbage.
+//! is an error, never a guess. 3.13 and later carry their own layout in
+//! `_Py_DebugOffsets` at the start of `_PyRuntime`: their [`Layout`] is
+//! read from the target by [`super::debug_offsets`], which keeps the few
+//! per-version facts that struct lacks.
 //!
 //! Provenance key: "gdb X.Y.Z" = `gdb -batch -ex 'print (unsigned
 //! long)&((T*)0)->field'` / `ptype /o T` on
@@ -20,12 +20,11 @@ use profiler_common::python::{
     PyOffsets,
 };
 
-use super::PythonError;
 use super::linetable::LineTableFormat;
-use super::memory::{ProcessMemory, le_u64};
 
-/// Versions with a row, for error messages.
-pub const SUPPORTED: &[(u8, u8)] = &[(3, 10), (3, 11), (3, 12), (3, 13)];
+/// Versions stallprof reads: a row here (3.10-3.12) or a reader of their
+/// `_Py_DebugOffsets` (3.13-3.15).
+pub const SUPPORTED: &[(u8, u8)] = &[(3, 10), (3, 11), (3, 12), (3, 13), (3, 14), (3, 15)];
 
 /// Everything userspace reads in a target of one minor version.
 #[derive(Clone, Copy, Debug)]
@@ -80,7 +79,8 @@ pub struct GilFields {
     pub last_holder: u32,
 }
 
-/// Version-independent (every supported version, gdb 3.10.13..3.13.0).
+/// Version-independent (gdb 3.10.13..3.13.0; checked against the target's
+/// `_Py_DebugOffsets` for 3.13+).
 pub const OB_TYPE: u64 = 8; // PyObject.ob_type
 pub const VAR_OB_SIZE: u64 = 16; // PyVarObject.ob_size
 pub const BYTES_OB_SVAL: u64 = 32; // PyBytesObject.ob_sval
@@ -113,7 +113,7 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
                 frame_instr: 96,    // PyFrameObject.f_lasti (int)
                 frame_instr_size: 4,
                 frame_owner: PY_OFFSET_NONE,
-                owner_cstack: PY_OWNER_NONE,
+                owner_shim_min: PY_OWNER_NONE,
                 code_adaptive: 0,
                 frame_is_entry: PY_OFFSET_NONE,
                 code_tag_mask: 0,
@@ -150,10 +150,10 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
                 frame_previous: 48,      // _PyInterpreterFrame.previous
                 frame_instr: 56,         // _PyInterpreterFrame.prev_instr
                 frame_instr_size: 8,
-                frame_owner: 69,             // _PyInterpreterFrame.owner (char)
-                owner_cstack: PY_OWNER_NONE, // enum _frameowner has no FRAME_OWNED_BY_CSTACK
-                code_adaptive: 184,          // PyCodeObject.co_code_adaptive
-                frame_is_entry: 68,          // _PyInterpreterFrame.is_entry (gdb ptype /o, 3.11.7)
+                frame_owner: 69,               // _PyInterpreterFrame.owner (char)
+                owner_shim_min: PY_OWNER_NONE, // enum _frameowner has no FRAME_OWNED_BY_CSTACK
+                code_adaptive: 184,            // PyCodeObject.co_code_adaptive
+                frame_is_entry: 68, // _PyInterpreterFrame.is_entry (gdb ptype /o, 3.11.7)
                 code_tag_mask: 0,
             },
             runtime_interpreters_head: 40,
@@ -189,7 +189,7 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
                 frame_instr: 56,         // _PyInterpreterFrame.prev_instr
                 frame_instr_size: 8,
                 frame_owner: 70,    // _PyInterpreterFrame.owner (char)
-                owner_cstack: 3,    // FRAME_OWNED_BY_CSTACK
+                owner_shim_min: 3,  // FRAME_OWNED_BY_CSTACK
                 code_adaptive: 192, // PyCodeObject.co_code_adaptive
                 frame_is_entry: PY_OFFSET_NONE,
                 code_tag_mask: 0,
@@ -212,167 +212,9 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
             unicode_ascii_data: 40,   // sizeof(PyASCIIObject): wstr is gone
             unicode_compact_data: 56, // sizeof(PyCompactUnicodeObject)
         },
-        // 3.13: gdb 3.13.0; runtime 3.13.0; cross-checked at every attach
-        // against the target's _Py_DebugOffsets (check_debug_offsets).
-        (3, 13) => Layout {
-            bpf: PyOffsets {
-                version: 0x030d,
-                frame_model: PY_FRAME_MODEL_INTERPRETER_FRAME,
-                tstate_frame: 72,                     // PyThreadState.current_frame
-                cframe_current_frame: PY_OFFSET_NONE, // _PyCFrame is gone
-                frame_code: 0,                        // _PyInterpreterFrame.f_executable
-                frame_previous: 8,                    // _PyInterpreterFrame.previous
-                frame_instr: 56,                      // _PyInterpreterFrame.instr_ptr
-                frame_instr_size: 8,
-                frame_owner: 70,    // _PyInterpreterFrame.owner (char)
-                owner_cstack: 3,    // FRAME_OWNED_BY_CSTACK (f_executable is Py_None)
-                code_adaptive: 200, // PyCodeObject.co_code_adaptive
-                frame_is_entry: PY_OFFSET_NONE,
-                code_tag_mask: 0,
-            },
-            runtime_interpreters_head: 632,
-            runtime_interpreters_main: 640,
-            runtime_gil: None,
-            interp_next: 7264,
-            interp_threads_head: 7344,
-            interp_gil_ptr: Some((16, gil)), // PyInterpreterState.ceval.gil
-            tstate_next: 8,
-            tstate_thread_id: 152,
-            tstate_native_thread_id: Some(160),
-            code_filename: 112,
-            code_name: 120,
-            code_qualname: Some(128),
-            code_firstlineno: 68,
-            code_linetable: 136,
-            linetable_format: LineTableFormat::Locations,
-            unicode_ascii_data: 40,
-            unicode_compact_data: 56,
-        },
         _ => return None,
     };
     Some(row)
-}
-
-/// `_Py_DebugOffsets` as laid out by 3.13 (gdb 3.13.0: `ptype /o struct
-/// _Py_DebugOffsets`, 584 bytes). 3.14 extends the struct, so this reader is
-/// for 3.13 only.
-mod debug_3_13 {
-    pub const SIZE: usize = 584;
-    pub const COOKIE: &[u8; 8] = b"xdebugpy";
-    pub const VERSION: usize = 8;
-    pub const FREE_THREADED: usize = 16;
-}
-
-/// Compares the 3.13 row with the target's own `_Py_DebugOffsets`.
-pub fn check_debug_offsets(
-    mem: &ProcessMemory,
-    runtime_addr: u64,
-    layout: &Layout,
-) -> Result<(), PythonError> {
-    use debug_3_13::*;
-    let buf = mem.read_bytes(runtime_addr, SIZE)?;
-    if &buf[..8] != COOKIE {
-        return Err(PythonError::LayoutMismatch {
-            version: "3.13".into(),
-            field: "_Py_DebugOffsets.cookie",
-            table: u64::from_le_bytes(*COOKIE),
-            target: le_u64(&buf, 0),
-        });
-    }
-    let hex = le_u64(&buf, VERSION);
-    if le_u64(&buf, FREE_THREADED) != 0 {
-        return Err(PythonError::Unsupported {
-            found: format!("{} (free-threaded build)", hex_version(hex as u32)),
-        });
-    }
-    let b = &layout.bpf;
-    let gil = layout.interp_gil_ptr.expect("3.13 row has interp_gil_ptr");
-    // (field name, position in _Py_DebugOffsets, our table's value)
-    let checks: &[(&'static str, usize, u64)] = &[
-        (
-            "runtime_state.interpreters_head",
-            40,
-            layout.runtime_interpreters_head.into(),
-        ),
-        ("interpreter_state.next", 64, layout.interp_next.into()),
-        (
-            "interpreter_state.threads_head",
-            72,
-            layout.interp_threads_head.into(),
-        ),
-        ("interpreter_state.ceval_gil", 112, gil.0.into()),
-        ("thread_state.next", 168, layout.tstate_next.into()),
-        ("thread_state.current_frame", 184, b.tstate_frame.into()),
-        (
-            "thread_state.thread_id",
-            192,
-            layout.tstate_thread_id.into(),
-        ),
-        (
-            "thread_state.native_thread_id",
-            200,
-            layout.tstate_native_thread_id.unwrap_or(0).into(),
-        ),
-        ("interpreter_frame.previous", 232, b.frame_previous.into()),
-        ("interpreter_frame.executable", 240, b.frame_code.into()),
-        ("interpreter_frame.instr_ptr", 248, b.frame_instr.into()),
-        ("interpreter_frame.owner", 264, b.frame_owner.into()),
-        ("code_object.filename", 280, layout.code_filename.into()),
-        ("code_object.name", 288, layout.code_name.into()),
-        (
-            "code_object.qualname",
-            296,
-            layout.code_qualname.unwrap_or(0).into(),
-        ),
-        ("code_object.linetable", 304, layout.code_linetable.into()),
-        (
-            "code_object.firstlineno",
-            312,
-            layout.code_firstlineno.into(),
-        ),
-        ("code_object.co_code_adaptive", 344, b.code_adaptive.into()),
-        ("pyobject.ob_type", 360, OB_TYPE),
-        ("bytes_object.ob_size", 520, VAR_OB_SIZE),
-        ("bytes_object.ob_sval", 528, BYTES_OB_SVAL),
-        ("unicode_object.state", 544, UNICODE_STATE),
-        ("unicode_object.length", 552, UNICODE_LENGTH),
-        (
-            "unicode_object.asciiobject_size",
-            560,
-            layout.unicode_ascii_data.into(),
-        ),
-    ];
-    // The GIL fields are given relative to the interpreter (its embedded
-    // `_gil` at `gil_runtime_state`); the table has them relative to the
-    // `_gil_runtime_state` that `ceval.gil` points to.
-    let gil_base = le_u64(&buf, 120);
-    let gil_checks: &[(&'static str, usize, u64)] = &[
-        (
-            "interpreter_state.gil_runtime_state_locked",
-            136,
-            gil.1.locked.into(),
-        ),
-        (
-            "interpreter_state.gil_runtime_state_holder",
-            144,
-            gil.1.last_holder.into(),
-        ),
-    ];
-    let absolute = checks.iter().map(|&(f, pos, t)| (f, le_u64(&buf, pos), t));
-    let relative = gil_checks
-        .iter()
-        .map(|&(f, pos, t)| (f, le_u64(&buf, pos).wrapping_sub(gil_base), t));
-    for (field, target, table) in absolute.chain(relative) {
-        if target != table {
-            return Err(PythonError::LayoutMismatch {
-                version: hex_version(hex as u32),
-                field,
-                table,
-                target,
-            });
-        }
-    }
-    Ok(())
 }
 
 /// `PY_VERSION_HEX` (e.g. `0x030b07f0`) -> "3.11.7" (+ "a1"/"b2"/"rc1").
@@ -392,6 +234,52 @@ pub fn hex_version(hex: u32) -> String {
     }
 }
 
+/// The 3.13 row as gdb printed it on pyenv 3.13.0 (DWARF), before 3.13+
+/// layouts came from the target's own `_Py_DebugOffsets`
+/// ([`super::debug_offsets`]); a test checks that reader against it.
+#[cfg(test)]
+pub fn gdb_3_13() -> Layout {
+    let gil = GilFields {
+        locked: 16,
+        last_holder: 8,
+    };
+    // gdb 3.13.0; runtime 3.13.0.
+    Layout {
+        bpf: PyOffsets {
+            version: 0x030d,
+            frame_model: PY_FRAME_MODEL_INTERPRETER_FRAME,
+            tstate_frame: 72,                     // PyThreadState.current_frame
+            cframe_current_frame: PY_OFFSET_NONE, // _PyCFrame is gone
+            frame_code: 0,                        // _PyInterpreterFrame.f_executable
+            frame_previous: 8,                    // _PyInterpreterFrame.previous
+            frame_instr: 56,                      // _PyInterpreterFrame.instr_ptr
+            frame_instr_size: 8,
+            frame_owner: 70,    // _PyInterpreterFrame.owner (char)
+            owner_shim_min: 3,  // FRAME_OWNED_BY_CSTACK (f_executable is Py_None)
+            code_adaptive: 200, // PyCodeObject.co_code_adaptive
+            frame_is_entry: PY_OFFSET_NONE,
+            code_tag_mask: 0,
+        },
+        runtime_interpreters_head: 632,
+        runtime_interpreters_main: 640,
+        runtime_gil: None,
+        interp_next: 7264,
+        interp_threads_head: 7344,
+        interp_gil_ptr: Some((16, gil)), // PyInterpreterState.ceval.gil
+        tstate_next: 8,
+        tstate_thread_id: 152,
+        tstate_native_thread_id: Some(160),
+        code_filename: 112,
+        code_name: 120,
+        code_qualname: Some(128),
+        code_firstlineno: 68,
+        code_linetable: 136,
+        linetable_format: LineTableFormat::Locations,
+        unicode_ascii_data: 40,
+        unicode_compact_data: 56,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,8 +293,11 @@ mod tests {
 
     #[test]
     fn every_supported_version_has_a_consistent_row() {
-        for &(major, minor) in SUPPORTED {
-            let row = layout(major, minor).expect("row");
+        let rows = SUPPORTED
+            .iter()
+            .filter_map(|&(ma, mi)| layout(ma, mi).map(|r| (ma, mi, r)));
+        let gdb = std::iter::once((3, 13, gdb_3_13()));
+        for (major, minor, row) in rows.chain(gdb) {
             assert_eq!(row.bpf.major_minor(), (major, minor));
             let interp_frames = row.bpf.frame_model == PY_FRAME_MODEL_INTERPRETER_FRAME;
             assert_eq!(interp_frames, row.bpf.frame_instr_size == 8);
@@ -415,6 +306,6 @@ mod tests {
             assert_eq!(row.runtime_gil.is_some(), row.interp_gil_ptr.is_none());
         }
         assert!(layout(3, 9).is_none());
-        assert!(layout(3, 14).is_none());
+        assert!(layout(3, 13).is_none(), "3.13+ come from _Py_DebugOffsets");
     }
 }

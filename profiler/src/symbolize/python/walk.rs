@@ -32,8 +32,8 @@ pub fn walk_stack(
             break;
         }
         let shim = off.frame_owner != PY_OFFSET_NONE
-            && off.owner_cstack != PY_OWNER_NONE
-            && u16::from(mem.read_u8(frame + u64::from(off.frame_owner))?) == off.owner_cstack;
+            && off.owner_shim_min != PY_OWNER_NONE
+            && u16::from(mem.read_u8(frame + u64::from(off.frame_owner))?) >= off.owner_shim_min;
         if !shim {
             let code = mem.read_u64(frame + u64::from(off.frame_code))? & !off.code_tag_mask;
             let instr_addr = frame + u64::from(off.frame_instr);

@@ -1,7 +1,8 @@
 //! Decoders checked against real tables: `cases_3XX.rs` hold `co_linetable`
 //! bytes and `co_lines()` output printed by each pyenv interpreter
 //! (`gen_cases.py`; regenerate with
-//! `for v in 3.10.13 3.11.7 3.12.1 3.13.0; do /root/.pyenv/versions/$v/bin/python3 gen_cases.py > cases_$(echo $v | cut -d. -f1,2 | tr -d .).rs; done`).
+//! `for v in 3.10.13 3.11.7 3.12.1 3.13.0; do /root/.pyenv/versions/$v/bin/python3 gen_cases.py > cases_$(echo $v | cut -d. -f1,2 | tr -d .).rs; done`;
+//! 3.14 and 3.15 with Debian's builds in the forky root: `chroot ROOT python3.14 /tmp/gen_cases.py > cases_314.rs`).
 
 use super::*;
 
@@ -18,6 +19,8 @@ include!("cases_310.rs");
 include!("cases_311.rs");
 include!("cases_312.rs");
 include!("cases_313.rs");
+include!("cases_314.rs");
+include!("cases_315.rs");
 
 fn check(format: LineTableFormat, cases: &[Case]) {
     for case in cases {
@@ -69,18 +72,27 @@ fn location_table_matches_co_lines_313() {
     check(LineTableFormat::Locations, CASES_313);
 }
 
+/// Debian's 3.14.8 and 3.15.0 (the forky root of docs/containers.md):
+/// the location table is unchanged.
+#[test]
+fn location_table_matches_co_lines_314_315() {
+    check(LineTableFormat::Locations, CASES_314);
+    check(LineTableFormat::Locations, CASES_315);
+}
+
 #[test]
 fn cases_exercise_every_entry_kind() {
-    let kinds: std::collections::BTreeSet<u8> = [CASES_311, CASES_312, CASES_313]
-        .iter()
-        .flat_map(|cases| cases.iter())
-        .flat_map(|c| {
-            c.table
-                .iter()
-                .filter(|b| *b & 0x80 != 0)
-                .map(|b| (b >> 3) & 15)
-        })
-        .collect();
+    let kinds: std::collections::BTreeSet<u8> =
+        [CASES_311, CASES_312, CASES_313, CASES_314, CASES_315]
+            .iter()
+            .flat_map(|cases| cases.iter())
+            .flat_map(|c| {
+                c.table
+                    .iter()
+                    .filter(|b| *b & 0x80 != 0)
+                    .map(|b| (b >> 3) & 15)
+            })
+            .collect();
     for code in [
         CODE_NO_LOCATION,
         CODE_LONG,
@@ -101,7 +113,7 @@ fn cases_exercise_every_entry_kind() {
 
 #[test]
 fn torn_tables_do_not_panic() {
-    for cases in [CASES_311, CASES_312, CASES_313] {
+    for cases in [CASES_311, CASES_312, CASES_313, CASES_314, CASES_315] {
         for case in cases {
             for cut in 0..case.table.len() {
                 let _ = decode(
