@@ -467,6 +467,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<String> {
         drops,
         executor_threads: engine.executors(pid),
         stallprof_version: env!("CARGO_PKG_VERSION").into(),
+        runtime_problems: engine.runtime_problems(),
         stalls,
     };
     let files = report::write_all(&rec, &out)?;

@@ -41,7 +41,7 @@ use crate::{
     os::proc::{is_own_fork, read_comm},
     os::units::fmt_ns,
     pipeline::stall::{Output, Tracker, TrackerConfig},
-    report::model::{Stall, ThreadInfo},
+    report::model::{RuntimeProblem, Stall, ThreadInfo},
     symbolize::python::{self, Interpreter, PythonError},
     symbolize::{BlazeResolver, Recorder, Resolve, TableResolver, to_stall},
     unwind::{UnwindBundle, UnwindOutcome, Unwinder, UserRegs},
@@ -56,6 +56,8 @@ pub trait Control {
     fn forget_loop_thread(&mut self, tid: u32);
     /// How to walk process `tgid`'s Python stacks.
     fn set_python_proc(&mut self, tgid: u32, p: PyProc);
+    /// Process `tgid` (with Python threads `tids`) is gone.
+    fn forget_python_proc(&mut self, tgid: u32, tids: &[u32]);
     /// Thread -> `PyThreadState*` updates.
     fn set_python_threads(&mut self, fresh: &[(u32, u64)], gone: &[u32]);
     /// A runtime's park function, for one process or all.
@@ -71,6 +73,9 @@ impl Control for Probes {
     }
     fn set_python_proc(&mut self, tgid: u32, p: PyProc) {
         Probes::set_python_proc(self, tgid, p)
+    }
+    fn forget_python_proc(&mut self, tgid: u32, tids: &[u32]) {
+        Probes::forget_python_proc(self, tgid, tids)
     }
     fn set_python_threads(&mut self, fresh: &[(u32, u64)], gone: &[u32]) {
         Probes::set_python_threads(self, fresh, gone)
@@ -88,6 +93,7 @@ impl Control for NoControl {
     fn set_loop_key(&mut self, _: u32, _: u64) {}
     fn forget_loop_thread(&mut self, _: u32) {}
     fn set_python_proc(&mut self, _: u32, _: PyProc) {}
+    fn forget_python_proc(&mut self, _: u32, _: &[u32]) {}
     fn set_python_threads(&mut self, _: &[(u32, u64)], _: &[u32]) {}
     fn attach_park(&mut self, _: &ParkPoint, _: Option<u32>) -> Result<(), ProbeError> {
         Ok(())
@@ -147,11 +153,67 @@ const MAX_RECORD: usize = 1 << 20;
 /// once found, and the thread -> `PyThreadState*` table as threads come and
 /// go. Detection is retried (a launched command execs its interpreter after
 /// attach), every tick for the first 5 s, then every 5 s.
+///
+/// Never silent: an interpreter that is there but cannot be read (a version
+/// or build stallprof does not read, offsets that fail the check, memory or
+/// threads it cannot read) is kept as a [`RuntimeProblem`] for the
+/// recording, and its stall records keep their native frames.
 struct PythonWatch {
     interp: Option<Interpreter>,
     known: HashMap<u32, u64>,
     attempts: u32,
     given_up: bool,
+    /// The latest reason Python frames are unavailable (cleared once they
+    /// are): a refusal at once, a failure that may pass after it persisted.
+    problem: Option<RuntimeProblem>,
+    /// Consecutive failed attempts of the same kind (detection or threads).
+    failures: u32,
+}
+
+/// Failed attempts in a row after which a failure that may be transient
+/// (a read racing with the target's start) is reported as a problem.
+const PYTHON_FAILURES_REPORTED: u32 = 8;
+
+/// The problem to report for a failed read of `pid`'s interpreter: what it
+/// costs, why, and what the user can do.
+fn python_problem(pid: u32, runtime: Option<&str>, e: &PythonError) -> RuntimeProblem {
+    let runtime = match (runtime, e) {
+        (Some(r), _) => format!("cpython {r}"),
+        (None, PythonError::Unsupported { found }) => {
+            format!("cpython {}", found.split(' ').next().unwrap_or(found))
+        }
+        (None, PythonError::LayoutMismatch { version, .. }) => format!("cpython {version}"),
+        _ => "cpython".into(),
+    };
+    let remedy = match e {
+        PythonError::Unsupported { found } if found.contains("free-threaded") => {
+            "run the service on the GIL build of its CPython (python3.X, not python3.Xt); \
+             stallprof does not read free-threaded interpreters"
+                .to_string()
+        }
+        PythonError::Unsupported { .. } => {
+            "run the service on CPython 3.10-3.15, or report the version with `python -VV`".into()
+        }
+        PythonError::LayoutMismatch { .. } | PythonError::BadData { .. } => {
+            "report it with the output of `python -VV`; stalls are still measured".into()
+        }
+        PythonError::PermissionDenied { .. } => {
+            "run stallprof as root, or grant it CAP_SYS_PTRACE".into()
+        }
+        PythonError::ThreadMapping { .. } => {
+            "report it with the output of `python -VV` and /proc/PID/status; \
+             stalls are still measured"
+                .into()
+        }
+        _ => "retry while the target runs; report it if it persists".into(),
+    };
+    RuntimeProblem {
+        pid,
+        runtime,
+        what: "Python frames unavailable: stalls show native frames only".into(),
+        why: e.to_string(),
+        remedy,
+    }
 }
 
 impl PythonWatch {
@@ -161,6 +223,22 @@ impl PythonWatch {
             known: HashMap::new(),
             attempts: 0,
             given_up: false,
+            problem: None,
+            failures: 0,
+        }
+    }
+
+    /// A failed attempt: a refusal is reported at once, anything else once
+    /// it persisted.
+    fn failed(&mut self, pid: u32, e: &PythonError, refused: bool) {
+        self.failures += 1;
+        if self.problem.is_none() && (refused || self.failures >= PYTHON_FAILURES_REPORTED) {
+            let runtime = self.interp.as_ref().map(|i| i.version_string().to_string());
+            let p = python_problem(pid, runtime.as_deref(), e);
+            warn!("pid {pid}: {}: {} ({})", p.what, p.why, p.remedy);
+            self.problem = Some(p);
+        } else if let Some(p) = &mut self.problem {
+            p.why = e.to_string();
         }
     }
 
@@ -188,13 +266,21 @@ impl PythonWatch {
                         }
                         probes.set_python_proc(pid, proc_);
                         self.interp = Some(interp);
+                        self.failures = 0;
+                        self.problem = None;
                     }
                     Ok(None) => {}
-                    Err(e @ PythonError::Unsupported { .. }) => {
-                        warn!("{e}");
-                        self.given_up = true;
+                    Err(e) => {
+                        debug!("python detection in {pid}: {e}");
+                        let refused = matches!(
+                            e,
+                            PythonError::Unsupported { .. }
+                                | PythonError::LayoutMismatch { .. }
+                                | PythonError::PermissionDenied { .. }
+                        );
+                        self.given_up = refused;
+                        self.failed(pid, &e, refused);
                     }
-                    Err(e) => debug!("python detection in {pid}: {e}"),
                 }
             }
         }
@@ -217,8 +303,16 @@ impl PythonWatch {
                     probes.set_python_threads(&fresh, &gone);
                 }
                 self.known = now;
+                self.failures = 0;
+                self.problem = None;
             }
-            Err(e) => debug!("python thread states of {pid}: {e}"),
+            Err(e) => {
+                debug!("python thread states of {pid}: {e}");
+                if self.known.is_empty() {
+                    let refused = matches!(e, PythonError::ThreadMapping { .. });
+                    self.failed(pid, &e, refused);
+                }
+            }
         }
     }
 
@@ -438,6 +532,17 @@ impl Engine {
         self.python.get(&pid).and_then(PythonWatch::version)
     }
 
+    /// Runtimes found but not read (see [`PythonWatch`]), by pid.
+    pub fn runtime_problems(&self) -> Vec<RuntimeProblem> {
+        let mut v: Vec<RuntimeProblem> = self
+            .python
+            .values()
+            .filter_map(|w| w.problem.clone())
+            .collect();
+        v.sort_by_key(|p| p.pid);
+        v
+    }
+
     /// Processes whose exit was seen since the last call.
     pub fn take_exited(&mut self) -> Vec<u32> {
         self.exited.drain().collect()
@@ -527,6 +632,15 @@ impl Engine {
         } = ev
         {
             self.exited.insert(tgid);
+        }
+        if let Event::Sample { tgid, .. } | Event::SwitchOut { tgid, .. } = &ev
+            && self.python.get(tgid).is_some_and(|w| w.problem.is_some())
+        {
+            // A stack of an interpreter that cannot be read: native only.
+            *self
+                .agent_drops
+                .entry("python_frames_unavailable")
+                .or_default() += 1;
         }
         if let Event::Sample { tgid, stack, .. } | Event::SwitchOut { tgid, stack, .. } = &ev
             && (!stack.python.is_empty() || !stack.holder_python.is_empty())
@@ -675,7 +789,12 @@ impl Engine {
             self.names.remove(&tid);
             probes.forget_loop_thread(tid);
         }
-        self.python.remove(&pid);
+        if let Some(w) = self.python.remove(&pid)
+            && w.interp.is_some()
+        {
+            let tids: Vec<u32> = w.known.keys().copied().collect();
+            probes.forget_python_proc(pid, &tids);
+        }
         if let Some(blaze) = self.symbols.live() {
             blaze.forget_python(pid);
         }
@@ -785,4 +904,41 @@ pub fn replay_named(
     let mut stalls: Vec<Stall> = engine.take_stalls().into_iter().map(|(_, s)| s).collect();
     stalls.sort_by_key(|s| (s.start_ns, s.tid));
     Ok(stalls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreadable_interpreters_are_said_plainly() {
+        let p = python_problem(
+            7,
+            None,
+            &PythonError::Unsupported {
+                found: "3.16.0 (/usr/bin/python3.16)".into(),
+            },
+        );
+        assert_eq!((p.pid, p.runtime.as_str()), (7, "cpython 3.16.0"));
+        assert!(p.what.contains("native frames only"), "{p:?}");
+        assert!(p.why.contains("3.16.0") && p.why.contains("3.15"), "{p:?}");
+        assert!(p.remedy.contains("3.10-3.15"), "{p:?}");
+        let ft = python_problem(
+            7,
+            None,
+            &PythonError::Unsupported {
+                found: "3.14.0 (free-threaded build)".into(),
+            },
+        );
+        assert!(ft.remedy.contains("GIL build"), "{ft:?}");
+        let read = python_problem(
+            7,
+            Some("3.14.8"),
+            &PythonError::ThreadMapping {
+                pid: 7,
+                detail: "none maps".into(),
+            },
+        );
+        assert_eq!(read.runtime, "cpython 3.14.8");
+    }
 }

@@ -163,7 +163,25 @@ pub struct Recording {
     pub executor_threads: Vec<ThreadInfo>,
     #[serde(default)]
     pub stallprof_version: String,
+    /// Runtimes found in the target that could not be read (e.g. an
+    /// unsupported CPython): their stalls carry native frames only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runtime_problems: Vec<RuntimeProblem>,
     pub stalls: Vec<Stall>,
+}
+
+/// A runtime stallprof found but could not read, said plainly.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeProblem {
+    pub pid: u32,
+    /// e.g. `cpython 3.16.0`.
+    pub runtime: String,
+    /// What is missing because of it.
+    pub what: String,
+    /// The reason, as found.
+    pub why: String,
+    /// What the user can do.
+    pub remedy: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

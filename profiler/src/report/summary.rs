@@ -69,6 +69,17 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
             );
         }
     }
+    for p in &rec.runtime_problems {
+        let _ = writeln!(
+            out,
+            "  {} in pid {} could not be read: {}\n    why: {}\n    what to do: {}",
+            escape(&p.runtime),
+            p.pid,
+            escape(&p.what),
+            escape(&p.why),
+            escape(&p.remedy)
+        );
+    }
     if rec.lost_events > 0 || !rec.drops.is_empty() {
         let drops: Vec<String> = rec.drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let _ = writeln!(

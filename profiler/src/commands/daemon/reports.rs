@@ -200,6 +200,7 @@ impl Window {
                 drops: Default::default(),
                 executor_threads: Vec::new(),
                 stallprof_version: env!("CARGO_PKG_VERSION").into(),
+                runtime_problems: Vec::new(),
                 stalls: p.stalls,
             };
             report::write_json(&rec, &dir)?;
