@@ -496,3 +496,59 @@ fn security_refuses_bad_targets() {
         tid.describe()
     );
 }
+
+/// The capability set docs/security.md states as enough, measured: with
+/// only CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH (the
+/// target's /proc/PID/mem is 0600 and its own) and CAP_SETUID/CAP_SETGID
+/// (to start the command as nobody), a recording of a target owned by
+/// another user still has its Python frames.
+#[test]
+fn security_documented_capabilities_suffice() {
+    if !require_root_and_bpf("security_documented_capabilities_suffice") {
+        return;
+    }
+    let _serial = serial();
+    let dir = Scratch::new("security_caps");
+    std::fs::set_permissions(&dir.path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = write_victim(&dir);
+    let out = dir.join("out");
+    let python = PathBuf::from("/usr/bin/python3.11");
+    assert!(
+        python.is_file(),
+        "/usr/bin/python3.11 is needed (a nobody cannot run root's pyenv): apt-get install -y python3.11"
+    );
+    let result = Command::new("setpriv")
+        .args([
+            "--bounding-set",
+            "-all,+bpf,+perfmon,+sys_ptrace,+dac_read_search,+setuid,+setgid",
+            "--inh-caps",
+            "-all",
+            "--",
+            stallprof_bin(),
+            "record",
+            "--threshold",
+            "50ms",
+            "--user",
+            "nobody",
+            "-o",
+        ])
+        .arg(&out)
+        .arg("--")
+        .arg(&python)
+        .arg(&script)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running setpriv (util-linux): {e}"));
+    let describe = format!(
+        "{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        result.status,
+        String::from_utf8_lossy(&result.stdout),
+        String::from_utf8_lossy(&result.stderr)
+    );
+    assert!(result.status.success(), "{describe}");
+    let folded = std::fs::read_to_string(out.join("stalls.folded")).unwrap();
+    assert!(
+        folded.contains("evil\\nname"),
+        "no Python frames with the documented capabilities:\n{describe}\n{folded}"
+    );
+}
