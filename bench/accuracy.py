@@ -133,8 +133,28 @@ def frame_is_alias(name, func):
     return any(name.startswith(a) for a in NATIVE_ALIASES.get(func, []))
 
 
-def stallprof_stalls(path, victim, funcs, aliases=False):
+def load_stallprof(path):
+    """stalls.json with whole frames in every part (version 1's shape):
+    version 2 (docs/format.md) names frames and stacks by id."""
     rec = json.load(open(path))
+    if "format" not in rec:
+        return rec
+    if rec["format"] != "stallprof-recording" or rec["version"] != 2:
+        sys.exit(f"{path}: unknown recording format {rec['format']} {rec.get('version')}")
+    stacks = [[rec["frames"][i] for i in ids] for ids in rec["stacks"]]
+    for s in rec["stalls"]:
+        s["stacks"] = []
+        for p in s.pop("parts"):
+            p["frames"] = stacks[p.pop("stack")]
+            holder = p.get("gil_holder")
+            if holder:
+                holder["frames"] = stacks[holder.pop("stack")]
+            s["stacks"].append(p)
+    return rec
+
+
+def stallprof_stalls(path, victim, funcs, aliases=False):
+    rec = load_stallprof(path)
     out = []
     for s in rec["stalls"]:
         causes = {}

@@ -368,9 +368,7 @@ fn report_stalls(data: &Path, comm: &str, pid: u32) -> Vec<Value> {
             let name = p.file_name().to_string_lossy().into_owned();
             let base = format!("{comm}-{pid}");
             if name == base || name.starts_with(&format!("{base}-")) {
-                let rec: Value =
-                    serde_json::from_slice(&std::fs::read(p.path().join("stalls.json")).unwrap())
-                        .unwrap();
+                let rec = read_stalls_json(&p.path().join("stalls.json"));
                 all.extend(rec["stalls"].as_array().unwrap().iter().cloned());
             }
         }
@@ -844,9 +842,7 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
     let mut pb_files = 0;
     for w in std::fs::read_dir(&data).unwrap().flatten() {
         for p in std::fs::read_dir(w.path()).unwrap().flatten() {
-            let rec: Value =
-                serde_json::from_slice(&std::fs::read(p.path().join("stalls.json")).unwrap())
-                    .unwrap();
+            let rec = read_stalls_json(&p.path().join("stalls.json"));
             let want: u64 = rec["stalls"]
                 .as_array()
                 .unwrap()
@@ -990,7 +986,7 @@ fn daemon_retention_limits_hold() {
                 std::fs::read(pdir.join("stalls.json")),
                 pdir.join("stalls.pb.gz").exists(),
             ) {
-                let rec: Value = serde_json::from_slice(&json).unwrap();
+                let rec = expand_stalls_json(serde_json::from_slice(&json).unwrap());
                 let want: u64 = rec["stalls"]
                     .as_array()
                     .unwrap()

@@ -762,8 +762,7 @@ fn record_node_perf_basic_prof_pbkdf2_and_json_parse() {
     let pid = ready["pid"].as_u64().unwrap() as u32;
     let rec = load_recording(&out);
     let folded = std::fs::read_to_string(out.join("stalls.folded")).unwrap_or_default();
-    let raw: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("stalls.json")).unwrap()).unwrap();
+    let raw = read_stalls_json(&out.join("stalls.json"));
 
     let mut c = Checks::new(format!(
         "node {NODE_FLAGS:?} node_loop.js\n{}\n{}\nstalls.folded, heaviest lines through pbkdf2 (innermost 12 frames):\n{}\

@@ -1,8 +1,8 @@
 //! Rendering: a [`Recording`] -> files and the terminal summary.
 //!
-//! In: [`Recording`]. Out: `stalls.json` (the recording itself, which
-//! `stallprof report` reads back), `stalls.folded`, `stalls.svg`, and the
-//! summary text.
+//! In: [`Recording`]. Out: `stalls.json` (the recording itself, compact
+//! and versioned, which `stallprof report` reads back: [`json`]),
+//! `stalls.folded`, `stalls.svg`, and the summary text.
 use std::{
     fs,
     io::Write,
@@ -16,6 +16,7 @@ use crate::{os::outdir::OutDir, report::model::Recording};
 pub mod aggregate;
 pub mod flamegraph;
 pub mod folded;
+pub mod json;
 pub mod label;
 pub mod model;
 pub mod summary;
@@ -38,6 +39,11 @@ pub enum RenderError {
     Parse {
         path: PathBuf,
         source: serde_json::Error,
+    },
+    #[error("{path} cannot be read as a stallprof recording: {source}")]
+    Format {
+        path: PathBuf,
+        source: json::FormatError,
     },
 }
 
@@ -64,9 +70,7 @@ pub(crate) fn write_file_with(
 }
 
 pub fn write_json(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
-    write_file_with(dir, "stalls.json", |w| {
-        serde_json::to_writer_pretty(w, rec).map_err(std::io::Error::other)
-    })
+    write_file_with(dir, "stalls.json", |w| json::write(rec, w))
 }
 
 pub fn read_json(path: &Path) -> Result<Recording, RenderError> {
@@ -79,7 +83,10 @@ pub fn read_json(path: &Path) -> Result<Recording, RenderError> {
         path: file.clone(),
         source,
     })?;
-    serde_json::from_slice(&bytes).map_err(|source| RenderError::Parse { path: file, source })
+    json::from_slice(&bytes).map_err(|e| match e {
+        json::FormatError::Json(source) => RenderError::Parse { path: file, source },
+        source => RenderError::Format { path: file, source },
+    })
 }
 
 /// Write every output format; returns the paths written.

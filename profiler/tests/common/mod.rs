@@ -701,21 +701,105 @@ pub fn ms(ns: u64) -> f64 {
 
 pub fn load_recording(out_dir: &Path) -> Recording {
     let path = out_dir.join("stalls.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+    if !path.exists() {
         let listing: Vec<_> = std::fs::read_dir(out_dir)
             .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name()).collect())
             .unwrap_or_default();
         panic!(
-            "reading {}: {e}; output dir holds {listing:?}",
+            "{} is missing; output dir holds {listing:?}",
             path.display()
         )
-    });
-    serde_json::from_str(&text).unwrap_or_else(|e| {
+    }
+    let v = read_stalls_json(&path);
+    let text = v.to_string();
+    serde_json::from_value(v).unwrap_or_else(|e| {
         panic!(
             "{} does not match the stalls.json contract: {e}\n{text:.2000}",
             path.display()
         )
     })
+}
+
+/// A `stalls.json` in the shape the tests' own structs parse: every
+/// stall's `stacks` with whole frames (version 1). A version-2 file is
+/// expanded here by docs/format.md, independently of stallprof's reader:
+/// `frames` and `stacks` tables, each stall's `parts` naming a stack id,
+/// a GIL holder's frames as a stack id. Dangling ids fail the test.
+pub fn read_stalls_json(path: &Path) -> serde_json::Value {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let v: serde_json::Value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
+    expand_stalls_json(v)
+}
+
+/// See [`read_stalls_json`].
+pub fn expand_stalls_json(mut v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    let Some(format) = v.get("format") else {
+        return v; // version 1
+    };
+    assert_eq!(format, "stallprof-recording", "unknown format");
+    assert_eq!(v["version"], 2, "a version these tests do not know");
+    let obj = v.as_object_mut().unwrap();
+    let frames = obj
+        .remove("frames")
+        .expect("version 2 without a frame table");
+    let frames = frames.as_array().expect("frames is not an array");
+    let stacks: Vec<Value> = obj
+        .remove("stacks")
+        .expect("version 2 without a stack table")
+        .as_array()
+        .expect("stacks is not an array")
+        .iter()
+        .map(|ids| {
+            Value::Array(
+                ids.as_array()
+                    .expect("a stack is not an array of frame ids")
+                    .iter()
+                    .map(|id| {
+                        let i = id.as_u64().expect("a frame id is not a number") as usize;
+                        frames
+                            .get(i)
+                            .unwrap_or_else(|| panic!("frame id {i} of {}", frames.len()))
+                            .clone()
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    let stack = |id: &Value| {
+        let i = id.as_u64().expect("a stack id is not a number") as usize;
+        stacks
+            .get(i)
+            .unwrap_or_else(|| panic!("stack id {i} of {}", stacks.len()))
+            .clone()
+    };
+    obj.remove("format");
+    obj.remove("version");
+    for stall in obj["stalls"]
+        .as_array_mut()
+        .expect("stalls is not an array")
+    {
+        let s = stall.as_object_mut().unwrap();
+        let parts = s.remove("parts").expect("a stall without parts");
+        let expanded: Vec<Value> = parts
+            .as_array()
+            .expect("parts is not an array")
+            .iter()
+            .map(|p| {
+                let mut p = p.as_object().unwrap().clone();
+                let id = p.remove("stack").expect("a part without a stack id");
+                p.insert("frames".into(), stack(&id));
+                if let Some(h) = p.get_mut("gil_holder").and_then(Value::as_object_mut) {
+                    let id = h.remove("stack").expect("a GIL holder without a stack id");
+                    h.insert("frames".into(), stack(&id));
+                }
+                Value::Object(p)
+            })
+            .collect();
+        s.insert("stacks".into(), Value::Array(expanded));
+    }
+    v
 }
 
 /// Sum of the weights (µs) of a folded file, and its line count.

@@ -1,0 +1,569 @@
+//! `stalls.json`: the recording on disk, compact and versioned
+//! (docs/format.md is the schema).
+//!
+//! In: a [`Recording`] (write) or the bytes of a `stalls.json` (read). Out:
+//! the other. The file interns what repeats: a frame table (each distinct
+//! frame once), a stack table (each distinct stack once, as frame ids,
+//! outermost first), and per stall its parts, each naming a stack id. The
+//! in-memory model keeps whole frames; only the file is compact.
+//!
+//! Versions: `format: "stallprof-recording"`, `version: 2` is written.
+//! Read: version 2, and version 1 — the layout before it, with no `format`
+//! field and whole frames in every part (the model's own serde shape). A
+//! newer version is refused by name. The wire types below are a contract of
+//! their own, not the model: a change to the model does not silently change
+//! the file.
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{self, Write},
+};
+
+use serde::{Deserialize, Serialize};
+use serde_json::ser::Formatter;
+use thiserror::Error;
+
+use crate::report::model::{
+    Frame, GilHolder, PartKind, Recording, RuntimeProblem, StackPart, Stall, ThreadInfo,
+};
+
+/// The `format` field of every stallprof recording from version 2 on.
+pub const FORMAT: &str = "stallprof-recording";
+/// The version written; readers take this one and every older one.
+pub const VERSION: u64 = 2;
+
+#[derive(Debug, Error)]
+pub enum FormatError {
+    #[error(
+        "it is format version {found}, newer than this stallprof reads (1 to {VERSION}); \
+         read it with the stallprof that wrote it or a newer one"
+    )]
+    NewerVersion { found: u64 },
+    #[error("its format is {found:?}, not {FORMAT:?}: give a stalls.json written by stallprof")]
+    NotStallprof { found: String },
+    #[error("it has format {FORMAT:?} but no version field; the file is damaged, record again")]
+    NoVersion,
+    #[error(
+        "{what} id {id} is out of range ({len} in its table); the file is damaged, record again"
+    )]
+    BadId {
+        what: &'static str,
+        id: u32,
+        len: usize,
+    },
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+}
+
+/// Version 2 as it is on disk.
+#[derive(Serialize, Deserialize)]
+struct File {
+    format: String,
+    version: u64,
+    pid: u32,
+    comm: String,
+    threshold_ns: u64,
+    sample_hz: u64,
+    #[serde(default)]
+    sample_after_ns: u64,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    kernel_filtered: BTreeMap<String, u64>,
+    #[serde(default)]
+    busy_periods: u64,
+    clock: String,
+    started_ns: u64,
+    ended_ns: u64,
+    lost_events: u64,
+    #[serde(default)]
+    drops: BTreeMap<String, u64>,
+    #[serde(default)]
+    executor_threads: Vec<ThreadInfo>,
+    #[serde(default)]
+    stallprof_version: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    runtime_problems: Vec<RuntimeProblem>,
+    /// Each distinct frame once; a frame's id is its index.
+    frames: Vec<Frame>,
+    /// Each distinct stack once, as frame ids, outermost first; a stack's
+    /// id is its index.
+    stacks: Vec<Vec<u32>>,
+    stalls: Vec<WireStall>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireStall {
+    tid: u32,
+    thread_name: String,
+    start_ns: u64,
+    end_ns: u64,
+    duration_ns: u64,
+    on_cpu_ns: u64,
+    off_cpu_ns: u64,
+    runqueue_ns: u64,
+    #[serde(default)]
+    incomplete: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    coroutine: Option<String>,
+    parts: Vec<WirePart>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WirePart {
+    stack: u32,
+    weight_ns: u64,
+    kind: PartKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    syscall: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    waker_tid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gil_holder: Option<WireHolder>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireHolder {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    thread_name: Option<String>,
+    /// The holder's Python frames, as a stack id.
+    stack: u32,
+}
+
+/// Interns frames and stacks in order of first use, so the same recording
+/// always gives the same file.
+#[derive(Default)]
+struct Tables<'a> {
+    frames: Vec<&'a Frame>,
+    frame_ids: HashMap<&'a Frame, u32>,
+    stacks: Vec<Vec<u32>>,
+    stack_ids: HashMap<Vec<u32>, u32>,
+}
+
+impl<'a> Tables<'a> {
+    fn stack(&mut self, frames: &'a [Frame]) -> u32 {
+        let ids: Vec<u32> = frames
+            .iter()
+            .map(|f| {
+                *self.frame_ids.entry(f).or_insert_with(|| {
+                    self.frames.push(f);
+                    (self.frames.len() - 1) as u32
+                })
+            })
+            .collect();
+        if let Some(&id) = self.stack_ids.get(&ids) {
+            return id;
+        }
+        let id = self.stacks.len() as u32;
+        self.stacks.push(ids.clone());
+        self.stack_ids.insert(ids, id);
+        id
+    }
+}
+
+fn to_file(rec: &Recording) -> File {
+    let mut t = Tables::default();
+    let stalls = rec
+        .stalls
+        .iter()
+        .map(|s| WireStall {
+            tid: s.tid,
+            thread_name: s.thread_name.clone(),
+            start_ns: s.start_ns,
+            end_ns: s.end_ns,
+            duration_ns: s.duration_ns,
+            on_cpu_ns: s.on_cpu_ns,
+            off_cpu_ns: s.off_cpu_ns,
+            runqueue_ns: s.runqueue_ns,
+            incomplete: s.incomplete,
+            coroutine: s.coroutine.clone(),
+            parts: s
+                .stacks
+                .iter()
+                .map(|p| WirePart {
+                    stack: t.stack(&p.frames),
+                    weight_ns: p.weight_ns,
+                    kind: p.kind,
+                    syscall: p.syscall.clone(),
+                    waker_tid: p.waker_tid,
+                    gil_holder: p.gil_holder.as_ref().map(|h| WireHolder {
+                        tid: h.tid,
+                        thread_name: h.thread_name.clone(),
+                        stack: t.stack(&h.frames),
+                    }),
+                })
+                .collect(),
+        })
+        .collect();
+    File {
+        format: FORMAT.into(),
+        version: VERSION,
+        pid: rec.pid,
+        comm: rec.comm.clone(),
+        threshold_ns: rec.threshold_ns,
+        sample_hz: rec.sample_hz,
+        sample_after_ns: rec.sample_after_ns,
+        kernel_filtered: rec.kernel_filtered.clone(),
+        busy_periods: rec.busy_periods,
+        clock: rec.clock.clone(),
+        started_ns: rec.started_ns,
+        ended_ns: rec.ended_ns,
+        lost_events: rec.lost_events,
+        drops: rec.drops.clone(),
+        executor_threads: rec.executor_threads.clone(),
+        stallprof_version: rec.stallprof_version.clone(),
+        runtime_problems: rec.runtime_problems.clone(),
+        frames: t.frames.into_iter().cloned().collect(),
+        stacks: t.stacks,
+        stalls,
+    }
+}
+
+fn from_file(f: File) -> Result<Recording, FormatError> {
+    let frames = f.frames;
+    let stacks: Vec<Vec<Frame>> = f
+        .stacks
+        .iter()
+        .map(|ids| {
+            ids.iter()
+                .map(|&id| {
+                    frames.get(id as usize).cloned().ok_or(FormatError::BadId {
+                        what: "frame",
+                        id,
+                        len: frames.len(),
+                    })
+                })
+                .collect()
+        })
+        .collect::<Result<_, _>>()?;
+    let stack = |id: u32| {
+        stacks.get(id as usize).cloned().ok_or(FormatError::BadId {
+            what: "stack",
+            id,
+            len: stacks.len(),
+        })
+    };
+    let stalls = f
+        .stalls
+        .into_iter()
+        .map(|s| {
+            Ok(Stall {
+                tid: s.tid,
+                thread_name: s.thread_name,
+                start_ns: s.start_ns,
+                end_ns: s.end_ns,
+                duration_ns: s.duration_ns,
+                on_cpu_ns: s.on_cpu_ns,
+                off_cpu_ns: s.off_cpu_ns,
+                runqueue_ns: s.runqueue_ns,
+                incomplete: s.incomplete,
+                coroutine: s.coroutine,
+                stacks: s
+                    .parts
+                    .into_iter()
+                    .map(|p| {
+                        Ok(StackPart {
+                            frames: stack(p.stack)?,
+                            weight_ns: p.weight_ns,
+                            kind: p.kind,
+                            syscall: p.syscall,
+                            waker_tid: p.waker_tid,
+                            gil_holder: match p.gil_holder {
+                                Some(h) => Some(GilHolder {
+                                    tid: h.tid,
+                                    thread_name: h.thread_name,
+                                    frames: stack(h.stack)?,
+                                }),
+                                None => None,
+                            },
+                        })
+                    })
+                    .collect::<Result<_, FormatError>>()?,
+            })
+        })
+        .collect::<Result<_, FormatError>>()?;
+    Ok(Recording {
+        pid: f.pid,
+        comm: f.comm,
+        threshold_ns: f.threshold_ns,
+        sample_hz: f.sample_hz,
+        sample_after_ns: f.sample_after_ns,
+        kernel_filtered: f.kernel_filtered,
+        busy_periods: f.busy_periods,
+        clock: f.clock,
+        started_ns: f.started_ns,
+        ended_ns: f.ended_ns,
+        lost_events: f.lost_events,
+        drops: f.drops,
+        executor_threads: f.executor_threads,
+        stallprof_version: f.stallprof_version,
+        runtime_problems: f.runtime_problems,
+        stalls,
+    })
+}
+
+/// Compact JSON with one table row per line: every top-level field, frame,
+/// stack and stall starts a line, so the file stays readable with `less`
+/// and `grep` and diffs line by line, for ~1% over no whitespace at all.
+struct Rows {
+    depth: usize,
+}
+
+impl Formatter for Rows {
+    fn begin_array<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.depth += 1;
+        w.write_all(b"[")
+    }
+
+    fn end_array<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.depth -= 1;
+        w.write_all(b"]")
+    }
+
+    fn begin_array_value<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+        if !first {
+            w.write_all(b",")?;
+        }
+        if self.depth == 2 {
+            w.write_all(b"\n")?;
+        }
+        Ok(())
+    }
+
+    fn begin_object<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.depth += 1;
+        w.write_all(b"{")
+    }
+
+    fn end_object<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.depth -= 1;
+        if self.depth == 0 {
+            w.write_all(b"\n}\n")
+        } else {
+            w.write_all(b"}")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> io::Result<()> {
+        if !first {
+            w.write_all(b",")?;
+        }
+        if self.depth == 1 {
+            w.write_all(b"\n")?;
+        }
+        Ok(())
+    }
+}
+
+/// Write `rec` as the current version.
+pub fn write(rec: &Recording, w: &mut dyn Write) -> io::Result<()> {
+    let file = to_file(rec);
+    let mut ser = serde_json::Serializer::with_formatter(w, Rows { depth: 0 });
+    file.serialize(&mut ser).map_err(io::Error::other)
+}
+
+/// The current version as bytes.
+pub fn to_vec(rec: &Recording) -> Vec<u8> {
+    let mut out = Vec::new();
+    write(rec, &mut out).expect("writing to a Vec cannot fail");
+    out
+}
+
+/// Just the fields that tell the versions apart (the rest is skipped).
+#[derive(Deserialize)]
+struct Probe {
+    #[serde(default)]
+    format: Option<String>,
+    #[serde(default)]
+    version: Option<u64>,
+}
+
+/// Read any version this stallprof knows.
+pub fn from_slice(bytes: &[u8]) -> Result<Recording, FormatError> {
+    let probe: Probe = serde_json::from_slice(bytes)?;
+    match (probe.format, probe.version) {
+        // Version 1 had no format field: the model's own serde shape.
+        (None, _) => Ok(serde_json::from_slice(bytes)?),
+        (Some(f), _) if f != FORMAT => Err(FormatError::NotStallprof { found: f }),
+        (Some(_), None) => Err(FormatError::NoVersion),
+        (Some(_), Some(v)) if v > VERSION => Err(FormatError::NewerVersion { found: v }),
+        // Versions 2..=VERSION (only 2 so far).
+        (Some(_), Some(_)) => from_file(serde_json::from_slice(bytes)?),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::model::FrameKind;
+
+    fn frame(name: &str, file: Option<&str>, line: Option<u32>, kind: FrameKind) -> Frame {
+        Frame {
+            name: name.into(),
+            file: file.map(Into::into),
+            line,
+            kind,
+            module: (kind == FrameKind::Native).then(|| "python3.11".into()),
+        }
+    }
+
+    /// Two stalls sharing a stack, a GIL wait whose holder has frames, a
+    /// part with no frames and a frame that differs only by line.
+    fn recording() -> Recording {
+        let main = frame("main", None, None, FrameKind::Native);
+        let run = frame(
+            "Handle._run",
+            Some("/usr/lib/python3.11/asyncio/events.py"),
+            Some(80),
+            FrameKind::Python,
+        );
+        let load = frame(
+            "load_tokenizer",
+            Some("/app/tok.py"),
+            Some(41),
+            FrameKind::Python,
+        );
+        let load2 = Frame {
+            line: Some(42),
+            ..load.clone()
+        };
+        let read = frame("read", None, None, FrameKind::Kernel);
+        let part = |frames: Vec<Frame>, kind, ns| StackPart {
+            frames,
+            weight_ns: ns,
+            kind,
+            syscall: (kind == PartKind::OffCpu).then(|| "read".into()),
+            waker_tid: (kind == PartKind::OffCpu).then_some(9),
+            gil_holder: None,
+        };
+        let stall = |start: u64, stacks: Vec<StackPart>| {
+            let d = stacks.iter().map(|p| p.weight_ns).sum();
+            Stall {
+                tid: 7,
+                thread_name: "MainThread".into(),
+                start_ns: start,
+                end_ns: start + d,
+                duration_ns: d,
+                on_cpu_ns: d,
+                off_cpu_ns: 0,
+                runqueue_ns: 0,
+                incomplete: start == 0,
+                coroutine: Some("handle".into()),
+                stacks,
+            }
+        };
+        let gil = StackPart {
+            gil_holder: Some(GilHolder {
+                tid: Some(12),
+                thread_name: Some("worker".into()),
+                frames: vec![frame("hog", Some("/app/w.py"), Some(3), FrameKind::Python)],
+            }),
+            ..part(vec![main.clone(), run.clone()], PartKind::GilWait, 5)
+        };
+        Recording {
+            pid: 42,
+            comm: "python3".into(),
+            threshold_ns: 20_000_000,
+            sample_hz: 999,
+            sample_after_ns: 1_000_000,
+            kernel_filtered: [("short_busy_periods".to_string(), 3)].into(),
+            busy_periods: 10,
+            clock: "monotonic".into(),
+            started_ns: 0,
+            ended_ns: 1 << 40,
+            lost_events: 0,
+            drops: [("unwind_truncated".to_string(), 1)].into(),
+            executor_threads: vec![ThreadInfo {
+                tid: 7,
+                name: "MainThread".into(),
+            }],
+            stallprof_version: "0.1.0".into(),
+            runtime_problems: vec![RuntimeProblem {
+                pid: 42,
+                runtime: "cpython 3.16.0".into(),
+                what: "Python frames".into(),
+                why: "unsupported version".into(),
+                remedy: "upgrade stallprof".into(),
+            }],
+            stalls: vec![
+                stall(
+                    0,
+                    vec![
+                        part(
+                            vec![main.clone(), run.clone(), load.clone()],
+                            PartKind::OnCpu,
+                            30,
+                        ),
+                        part(
+                            vec![main.clone(), run.clone(), load2.clone(), read.clone()],
+                            PartKind::OffCpu,
+                            20,
+                        ),
+                        part(vec![], PartKind::Runqueue, 1),
+                        gil,
+                    ],
+                ),
+                stall(1000, vec![part(vec![main, run, load], PartKind::OnCpu, 25)]),
+            ],
+        }
+    }
+
+    #[test]
+    fn round_trip_interns_and_keeps_everything() {
+        let rec = recording();
+        let bytes = to_vec(&rec);
+        assert_eq!(from_slice(&bytes).unwrap(), rec);
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["format"], FORMAT);
+        assert_eq!(v["version"], VERSION);
+        // main, run, load, load2, read, hog: each once.
+        assert_eq!(v["frames"].as_array().unwrap().len(), 6);
+        // [main run load], [.. load2 read], [], [main run], [hog]; the
+        // second stall reuses the first stack.
+        assert_eq!(v["stacks"].as_array().unwrap().len(), 5);
+        assert_eq!(
+            v["stalls"][1]["parts"][0]["stack"],
+            v["stalls"][0]["parts"][0]["stack"]
+        );
+        assert_eq!(v["stalls"][0]["parts"][3]["gil_holder"]["stack"], 4);
+        // One row per line: a frame never spans lines.
+        let text = String::from_utf8(bytes).unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("{\"name\":\"load_tokenizer\"")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn reads_version_1() {
+        let rec = recording();
+        let v1 = serde_json::to_vec_pretty(&rec).unwrap();
+        assert_eq!(from_slice(&v1).unwrap(), rec);
+    }
+
+    #[test]
+    fn refuses_newer_versions_and_bad_ids() {
+        let rec = recording();
+        let mut v: serde_json::Value = serde_json::from_slice(&to_vec(&rec)).unwrap();
+        v["version"] = 3.into();
+        let e = from_slice(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert!(matches!(e, FormatError::NewerVersion { found: 3 }), "{e}");
+        v["version"] = 2.into();
+        v["stalls"][0]["parts"][0]["stack"] = 99.into();
+        let e = from_slice(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                FormatError::BadId {
+                    what: "stack",
+                    id: 99,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        v["format"] = "pprof".into();
+        let e = from_slice(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert!(matches!(e, FormatError::NotStallprof { .. }), "{e}");
+    }
+}
