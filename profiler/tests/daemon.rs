@@ -31,10 +31,6 @@ const PY: &str = "/usr/bin/python3.11";
 // ---------------------------------------------------------------------------
 // Test tools: a real Prometheus parser and a real pprof reader
 
-fn deps_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/daemon-test-deps")
-}
-
 /// Installs (once) and checks the two readers; panics with the command to
 /// run when that fails, never skips.
 fn ensure_tools() {
@@ -63,23 +59,8 @@ fn ensure_tools() {
                 py.display()
             );
         }
-        let node = d.join("node");
-        let probe_node = || node.join("node_modules/pprof-format/package.json").exists();
-        if !probe_node() {
-            let out = Command::new("npm")
-                .args(["install", "--silent", "--no-audit", "--no-fund", "--prefix"])
-                .arg(&node)
-                .arg("pprof-format@2.3.2")
-                .output();
-            assert!(
-                probe_node(),
-                "the pprof reader (npm pprof-format) is needed and could not be installed: {:?}\n\
-                 run: npm install --prefix {} pprof-format@2.3.2 (and install nodejs/npm if missing)",
-                out.map(|o| String::from_utf8_lossy(&o.stderr).into_owned()),
-                node.display()
-            );
-        }
     });
+    ensure_pprof_reader();
 }
 
 const PROM_PARSE: &str = r#"
@@ -90,31 +71,6 @@ for fam in text_string_to_metric_families(open(sys.argv[1]).read()):
     out.append({"name": fam.name, "type": fam.type, "unit": fam.unit,
                 "samples": [{"name": s.name, "labels": s.labels, "value": s.value} for s in fam.samples]})
 print(json.dumps(out))
-"#;
-
-const PPROF_READ: &str = r#"
-const fs = require('fs'), zlib = require('zlib');
-const { Profile } = require('pprof-format');
-const p = Profile.decode(zlib.gunzipSync(fs.readFileSync(process.argv[2])));
-const strs = p.stringTable.strings;
-const S = (i) => { const s = strs[Number(i)]; if (s === undefined) throw new Error('string index ' + i + ' out of range'); return s; };
-if (strs[0] !== '') throw new Error('string_table[0] must be empty');
-const fns = new Map(p.function.map((f) => [Number(f.id), f]));
-const locs = new Map(p.location.map((l) => [Number(l.id), l]));
-const out = { sample_types: p.sampleType.map((t) => [S(t.type), S(t.unit)]),
-              time_nanos: Number(p.timeNanos), duration_nanos: Number(p.durationNanos), samples: [] };
-for (const s of p.sample) {
-  if (s.value.length !== p.sampleType.length) throw new Error('sample with ' + s.value.length + ' values');
-  const frames = s.locationId.map((id) => {
-    const l = locs.get(Number(id));
-    if (!l) throw new Error('dangling location ' + id);
-    return l.line.map((ln) => { const f = fns.get(Number(ln.functionId)); if (!f) throw new Error('dangling function'); return S(f.name); }).join('|');
-  });
-  const labels = {};
-  for (const l of s.label) labels[S(l.key)] = Number(l.str) ? S(l.str) : Number(l.num);
-  out.samples.push({ value: s.value.map(Number), frames, labels });
-}
-console.log(JSON.stringify(out));
 "#;
 
 /// Metric families as the Python OpenMetrics parser sees them.
@@ -131,25 +87,6 @@ fn parse_metrics(dir: &Path, text: &str) -> Vec<Value> {
     assert!(
         out.status.success(),
         "the Prometheus OpenMetrics parser rejected /metrics:\n{}\n--- exposition ---\n{text}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// A pprof file as the pprof-format decoder sees it.
-fn read_pprof(dir: &Path, file: &Path) -> Value {
-    let s = dir.join("pprof_read.js");
-    std::fs::write(&s, PPROF_READ).unwrap();
-    let out = Command::new("node")
-        .arg(&s)
-        .arg(file)
-        .env("NODE_PATH", deps_dir().join("node/node_modules"))
-        .output()
-        .unwrap_or_else(|e| panic!("running node to read a pprof file: {e} (install nodejs)"));
-    assert!(
-        out.status.success(),
-        "pprof-format could not read {}:\n{}",
-        file.display(),
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()

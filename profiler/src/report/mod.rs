@@ -2,7 +2,8 @@
 //!
 //! In: [`Recording`]. Out: `stalls.json` (the recording itself, compact
 //! and versioned, which `stallprof report` reads back: [`json`]),
-//! `stalls.folded`, `stalls.svg`, and the summary text.
+//! `stalls.folded`, `stalls.svg`, `stalls.pb.gz` (pprof), and the summary
+//! text.
 use std::{
     fs,
     io::Write,
@@ -19,6 +20,7 @@ pub mod folded;
 pub mod json;
 pub mod label;
 pub mod model;
+pub mod pprof;
 pub mod summary;
 
 #[derive(Debug, Error)]
@@ -95,5 +97,6 @@ pub fn write_all(rec: &Recording, dir: &OutDir) -> Result<Vec<PathBuf>, RenderEr
         write_json(rec, dir)?,
         folded::write(rec, dir)?,
         flamegraph::write(rec, dir)?,
+        pprof::write(rec, dir)?,
     ])
 }

@@ -826,6 +826,86 @@ pub fn folded_total_us(path: &Path) -> (u64, usize, String) {
 }
 
 // ---------------------------------------------------------------------------
+// pprof files, as an independent reader sees them
+
+/// Test-only readers, installed by `cargo xtask test` (or on first use):
+/// `py/` (prometheus-client), `node/` (pprof-format).
+pub fn deps_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/daemon-test-deps")
+}
+
+/// Installs (once) DataDog's pure-JS `pprof-format`; panics with the
+/// command to run when that fails, never skips.
+pub fn ensure_pprof_reader() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let node = deps_dir().join("node");
+        let probe_node = || node.join("node_modules/pprof-format/package.json").exists();
+        if !probe_node() {
+            let out = Command::new("npm")
+                .args(["install", "--silent", "--no-audit", "--no-fund", "--prefix"])
+                .arg(&node)
+                .arg("pprof-format@2.3.2")
+                .output();
+            assert!(
+                probe_node(),
+                "the pprof reader (npm pprof-format) is needed and could not be installed: {:?}\n\
+                 run: npm install --prefix {} pprof-format@2.3.2 (and install nodejs/npm if missing)",
+                out.map(|o| String::from_utf8_lossy(&o.stderr).into_owned()),
+                node.display()
+            );
+        }
+    });
+}
+
+const PPROF_READ: &str = r#"
+const fs = require('fs'), zlib = require('zlib');
+const { Profile } = require('pprof-format');
+const p = Profile.decode(zlib.gunzipSync(fs.readFileSync(process.argv[2])));
+const strs = p.stringTable.strings;
+const S = (i) => { const s = strs[Number(i)]; if (s === undefined) throw new Error('string index ' + i + ' out of range'); return s; };
+if (strs[0] !== '') throw new Error('string_table[0] must be empty');
+const fns = new Map(p.function.map((f) => [Number(f.id), f]));
+const locs = new Map(p.location.map((l) => [Number(l.id), l]));
+const out = { sample_types: p.sampleType.map((t) => [S(t.type), S(t.unit)]),
+              time_nanos: Number(p.timeNanos), duration_nanos: Number(p.durationNanos), samples: [] };
+for (const s of p.sample) {
+  if (s.value.length !== p.sampleType.length) throw new Error('sample with ' + s.value.length + ' values');
+  const frames = s.locationId.map((id) => {
+    const l = locs.get(Number(id));
+    if (!l) throw new Error('dangling location ' + id);
+    return l.line.map((ln) => { const f = fns.get(Number(ln.functionId)); if (!f) throw new Error('dangling function'); return S(f.name); }).join('|');
+  });
+  const labels = {};
+  for (const l of s.label) labels[S(l.key)] = Number(l.str) ? S(l.str) : Number(l.num);
+  out.samples.push({ value: s.value.map(Number), frames, labels });
+}
+console.log(JSON.stringify(out));
+"#;
+
+/// A pprof file as the pprof-format decoder sees it: sample types, time,
+/// and per sample its values, frames (leaf first) and labels (`{key: str or
+/// num}`). `dir` is a scratch directory for the reader script.
+pub fn read_pprof(dir: &Path, file: &Path) -> serde_json::Value {
+    ensure_pprof_reader();
+    let s = dir.join("pprof_read.js");
+    std::fs::write(&s, PPROF_READ).unwrap();
+    let out = Command::new("node")
+        .arg(&s)
+        .arg(file)
+        .env("NODE_PATH", deps_dir().join("node/node_modules"))
+        .output()
+        .unwrap_or_else(|e| panic!("running node to read a pprof file: {e} (install nodejs)"));
+    assert!(
+        out.status.success(),
+        "pprof-format could not read {}:\n{}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+// ---------------------------------------------------------------------------
 // Collecting failures: report every broken expectation at once
 
 pub struct Checks {

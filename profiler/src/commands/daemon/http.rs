@@ -21,8 +21,8 @@ use hyper_util::rt::TokioIo;
 use log::debug;
 use tokio::{net::TcpListener, sync::watch};
 
-use super::{Shared, pprof};
-use crate::{os::clock::monotonic_ns, os::units::fmt_ns, report::aggregate};
+use super::Shared;
+use crate::{os::clock::monotonic_ns, os::units::fmt_ns, report::aggregate, report::pprof};
 
 /// How long after a profile's interval the collector may still be handing
 /// over stalls that ended in it (it drains every 100 ms).

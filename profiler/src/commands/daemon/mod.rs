@@ -31,7 +31,6 @@
 pub mod config;
 pub mod http;
 pub mod metrics;
-pub mod pprof;
 pub mod procs;
 pub mod reports;
 pub mod rules;

@@ -18,11 +18,11 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::{pprof, procs::ProcInfo};
+use super::procs::ProcInfo;
 use crate::{
     os::outdir::OutDir,
     report::model::{Recording, Stall},
-    report::{self, flamegraph},
+    report::{self, flamegraph, pprof},
 };
 
 /// Memory budget of one window's buffered stalls (approximate bytes); past

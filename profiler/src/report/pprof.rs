@@ -1,21 +1,35 @@
 //! Stalls -> pprof: the gzipped `profile.proto` that `go tool pprof`, Parca
-//! and Pyroscope read.
+//! and Pyroscope read. One builder for every writer: `record` and `report`
+//! (`stalls.pb.gz` beside `stalls.json`), the daemon's windows and its
+//! `/debug/pprof/profile`.
 //!
 //! In: stalls, each with its process. Out: gzip(Profile) bytes. One sample
-//! per distinct (stack, kind, syscall, process, thread), valued in
-//! nanoseconds of stall time (sample type `stall/nanoseconds`), so a
-//! profile's total is the stall time it covers. Frames are already
+//! per distinct (stack, labels) within a stall, valued in nanoseconds of
+//! stall time (sample type `stall/nanoseconds`), so a profile's total is
+//! the stall time it covers. Labels: `stall` (the stall's index in the
+//! order given: for a recording, its index in `stalls.json`), `kind`
+//! (`on_cpu`, `off_cpu`, `runqueue`, `gil_wait`), `syscall` (off-CPU),
+//! `tid` and `thread` (name), `task` (the asyncio coroutine, when known),
+//! `pid`, `comm`, `container` (daemon). `go tool pprof -tagfocus
+//! kind=gil_wait` or `-tags` slices by them. Frames are already
 //! symbolized: every location carries its function, file and line, and the
 //! one mapping says so (`has_functions`), so no tool tries to symbolize again.
 //!
 //! The messages are declared here with prost derive, field numbers from
 //! <https://github.com/google/pprof/blob/4bf881d7fb0b/proto/profile.proto>
 //! (no protoc at build time).
-use std::{collections::HashMap, io::Write};
+use std::{collections::HashMap, io::Write, path::PathBuf};
 
 use flate2::{Compression, write::GzEncoder};
 
-use crate::report::model::{Frame, FrameKind, Stall};
+use crate::{
+    os::outdir::OutDir,
+    report::{
+        RenderError,
+        model::{Frame, FrameKind, Recording, Stall},
+        write_file,
+    },
+};
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Profile {
@@ -149,6 +163,10 @@ pub struct ProcLabel<'a> {
     pub container: &'a str,
 }
 
+/// A sample's identity: its location ids (leaf first) and its labels as
+/// (key, string, number) string-table indices and values.
+type SampleKey = (Vec<u64>, Vec<(i64, i64, i64)>);
+
 #[derive(Default)]
 struct Builder {
     strings: Vec<String>,
@@ -158,7 +176,7 @@ struct Builder {
     locations: Vec<Location>,
     location_ix: HashMap<(u64, i64), u64>,
     samples: Vec<Sample>,
-    sample_ix: HashMap<(Vec<u64>, Vec<(i64, i64, i64)>), usize>,
+    sample_ix: HashMap<SampleKey, usize>,
 }
 
 impl Builder {
@@ -236,16 +254,22 @@ pub fn profile<'a>(
         b.s("thread"),
         b.s("container"),
     );
-    for (p, s) in stalls {
+    let (k_stall, k_tid, k_task) = (b.s("stall"), b.s("tid"), b.s("task"));
+    for (index, (p, s)) in stalls.into_iter().enumerate() {
         for part in &s.stacks {
             // pprof lists the leaf first; our frames are outermost first.
             let locs: Vec<u64> = part.frames.iter().rev().map(|f| b.location(f)).collect();
             let mut labels = vec![
+                (k_stall, 0, index as i64),
                 (k_kind, b.s(part.kind.as_str()), 0),
                 (k_pid, 0, p.pid as i64),
                 (k_comm, b.s(p.comm), 0),
+                (k_tid, 0, s.tid as i64),
                 (k_thread, b.s(&s.thread_name), 0),
             ];
+            if let Some(task) = &s.coroutine {
+                labels.push((k_task, b.s(task), 0));
+            }
             if let Some(sc) = &part.syscall {
                 labels.push((k_syscall, b.s(sc), 0));
             }
@@ -328,6 +352,24 @@ pub fn encode_gz(p: &Profile) -> Vec<u8> {
     gz.finish().expect("writing to a Vec cannot fail")
 }
 
+/// `stalls.pb.gz` of a recording: every stall, labelled with its index in
+/// `stalls.json`. The recording keeps no wall-clock time, so the profile's
+/// `time_nanos` is left unset (pprof then shows none) and its duration is
+/// the recording's.
+pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
+    let proc = ProcLabel {
+        pid: rec.pid,
+        comm: &rec.comm,
+        container: "",
+    };
+    let p = profile(
+        rec.stalls.iter().map(|s| (proc.clone(), s)),
+        0,
+        rec.ended_ns.saturating_sub(rec.started_ns) as i64,
+    );
+    write_file(dir, "stalls.pb.gz", &encode_gz(&p))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,28 +399,47 @@ mod tests {
             off_cpu_ns: 30,
             runqueue_ns: 0,
             incomplete: false,
-            coroutine: None,
+            coroutine: Some("handle".into()),
             stacks: vec![
                 part(&["main", "spin"], PartKind::OnCpu, 40),
                 part(&["main", "spin"], PartKind::OnCpu, 20),
                 part(&["main", "read"], PartKind::OffCpu, 30),
             ],
         };
-        let p = profile(
-            [(
-                ProcLabel {
-                    pid: 1,
-                    comm: "c",
-                    container: "",
-                },
-                &s,
-            )],
-            0,
-            1,
-        );
+        let second = Stall {
+            tid: 8,
+            coroutine: None,
+            ..s.clone()
+        };
+        let proc = ProcLabel {
+            pid: 1,
+            comm: "c",
+            container: "",
+        };
+        let p = profile([(proc.clone(), &s), (proc, &second)], 0, 1);
         assert_eq!(p.string_table[0], "");
-        assert_eq!(p.sample.len(), 2, "identical stacks merge");
-        assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), 90);
+        assert_eq!(
+            p.sample.len(),
+            4,
+            "identical stacks merge within a stall, not across stalls"
+        );
+        assert_eq!(p.sample.iter().map(|s| s.value[0]).sum::<i64>(), 180);
+        let label = |s: &Sample, key: &str| {
+            s.label
+                .iter()
+                .find(|l| p.string_table[l.key as usize] == key)
+                .map(|l| (p.string_table[l.str as usize].clone(), l.num))
+        };
+        let first = &p.sample[0];
+        assert_eq!(label(first, "stall"), Some((String::new(), 0)));
+        assert_eq!(label(first, "tid"), Some((String::new(), 7)));
+        assert_eq!(label(first, "thread"), Some(("loop".into(), 0)));
+        assert_eq!(label(first, "kind"), Some(("on_cpu".into(), 0)));
+        assert_eq!(label(first, "task"), Some(("handle".into(), 0)));
+        assert_eq!(label(&p.sample[1], "syscall"), Some(("read".into(), 0)));
+        let last = &p.sample[3];
+        assert_eq!(label(last, "stall"), Some((String::new(), 1)));
+        assert_eq!(label(last, "task"), None, "no coroutine, no task label");
         let leaf = p.sample[0].location_id[0];
         let loc = &p.location[leaf as usize - 1];
         let f = &p.function[loc.line[0].function_id as usize - 1];
