@@ -37,15 +37,24 @@ fn main() -> ExitCode {
         )
     })
     .init();
+    // `record --fail-on-stall`: a stall reached the limit.
+    let mut gate_failed = false;
     let result = match cli.command {
-        Command::Record(a) => RecordConfig::from_args(a).and_then(record::run),
+        Command::Record(a) => RecordConfig::from_args(a).and_then(record::run).map(|r| {
+            gate_failed = r.gate_failed;
+            r.text
+        }),
         Command::Report(a) => report::run(a),
         Command::Daemon(a) => daemon::run(a),
     };
     match result {
         Ok(summary) => {
             print!("{summary}");
-            ExitCode::SUCCESS
+            if gate_failed {
+                ExitCode::from(record::GATE_FAILED)
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Err(e) => {
             eprintln!("stallprof: error: {}", escape(&e.to_string()));

@@ -77,6 +77,11 @@ pub struct RecordArgs {
     /// No live status line.
     #[arg(short, long)]
     pub quiet: bool,
+    /// For CI and load tests: write every output as usual, then exit with
+    /// status 3 if any stall lasted at least DUR, 0 if none did (errors
+    /// exit with 1). The summary's last line says which and how many.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub fail_on_stall: Option<u64>,
     /// Command to start and profile from its first instruction.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -97,6 +102,22 @@ pub struct RecordConfig {
     pub output_is_new: bool,
     pub save_events: bool,
     pub live_status: bool,
+    /// `--fail-on-stall`: the CI gate's limit.
+    pub fail_on_stall_ns: Option<u64>,
+}
+
+/// Exit status of `record --fail-on-stall` when a stall reached the
+/// limit: neither success (0) nor an error (1) nor a usage error (2).
+pub const GATE_FAILED: u8 = 3;
+
+/// What a finished recording hands back to `main`.
+#[derive(Debug)]
+pub struct Recorded {
+    /// The summary; with `--fail-on-stall`, the gate's line last.
+    pub text: String,
+    /// `--fail-on-stall` was given and a stall reached it: exit with
+    /// [`GATE_FAILED`].
+    pub gate_failed: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -188,6 +209,7 @@ impl RecordConfig {
             output_is_new,
             save_events: a.save_events,
             live_status: !a.quiet && std::io::stderr().is_terminal(),
+            fail_on_stall_ns: a.fail_on_stall,
         })
     }
 }
@@ -310,8 +332,9 @@ impl Drop for Launched {
     }
 }
 
-/// Run a recording to the end and write its outputs. Returns the summary text.
-pub fn run(cfg: RecordConfig) -> Result<String> {
+/// Run a recording to the end and write its outputs. Returns the summary
+/// text and the gate's verdict.
+pub fn run(cfg: RecordConfig) -> Result<Recorded> {
     let out = if cfg.output_is_new {
         OutDir::create_new(&cfg.output)?
     } else {
@@ -323,7 +346,7 @@ pub fn run(cfg: RecordConfig) -> Result<String> {
     rt.block_on(record(cfg, out))
 }
 
-async fn record(cfg: RecordConfig, out: OutDir) -> Result<String> {
+async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
     let mut launched = match &cfg.target {
         Target::Command(argv, exe, user) => {
             if let Some(u) = user {
@@ -497,5 +520,16 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<String> {
             _ => {}
         }
     }
-    Ok(text)
+    // Last, after every output is written: the gate's verdict.
+    let gate = cfg
+        .fail_on_stall_ns
+        .map(|limit| report::gate::check(&rec, limit));
+    if let Some(g) = &gate {
+        text.push_str(&g.line);
+        text.push('\n');
+    }
+    Ok(Recorded {
+        text,
+        gate_failed: gate.is_some_and(|g| g.failed),
+    })
 }

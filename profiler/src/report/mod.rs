@@ -17,6 +17,7 @@ use crate::{os::outdir::OutDir, report::model::Recording};
 pub mod aggregate;
 pub mod flamegraph;
 pub mod folded;
+pub mod gate;
 pub mod json;
 pub mod label;
 pub mod model;

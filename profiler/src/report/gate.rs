@@ -1,0 +1,157 @@
+//! The CI gate (`record --fail-on-stall DUR`): did any stall last at least
+//! DUR, and the summary line that says so.
+//!
+//! In: a [`Recording`] and the limit. Out: [`Gate`], whose `line` is the
+//! summary's last line: `gate: 2 stalls >= 100.0ms (worst 240.0ms at
+//! +3.21s on MainThread (tid 4242), in load_tokenizer (tok.py:41))` or
+//! `gate: no stall >= 100.0ms`. The command turns `failed` into its exit
+//! status; this module decides nothing else.
+use std::collections::HashMap;
+
+use crate::{
+    os::units::fmt_ns,
+    report::{
+        aggregate::culprit,
+        model::{Recording, Stall},
+    },
+};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gate {
+    /// Some stall lasted at least the limit.
+    pub failed: bool,
+    /// How many did.
+    pub count: usize,
+    pub line: String,
+}
+
+/// The frame that took most of a stall's time (by the same rule as the
+/// summary's culprits), as `name (file:line)`.
+fn stall_culprit(s: &Stall) -> Option<String> {
+    let mut by: HashMap<String, u64> = HashMap::new();
+    for p in &s.stacks {
+        if let Some(f) = culprit(p) {
+            *by.entry(f.label()).or_default() += p.weight_ns;
+        }
+    }
+    by.into_iter()
+        .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)))
+        .map(|(label, _)| label)
+}
+
+pub fn check(rec: &Recording, limit_ns: u64) -> Gate {
+    let over: Vec<&Stall> = rec
+        .stalls
+        .iter()
+        .filter(|s| s.duration_ns >= limit_ns)
+        .collect();
+    let Some(worst) = over.iter().max_by_key(|s| s.duration_ns) else {
+        return Gate {
+            failed: false,
+            count: 0,
+            line: format!("gate: no stall >= {}", fmt_ns(limit_ns)),
+        };
+    };
+    let at = format!(
+        "+{:.2}s on {} (tid {})",
+        worst.start_ns.saturating_sub(rec.started_ns) as f64 / 1e9,
+        worst.thread_name,
+        worst.tid
+    );
+    let what = stall_culprit(worst)
+        .map(|c| format!(", in {c}"))
+        .unwrap_or_default();
+    Gate {
+        failed: true,
+        count: over.len(),
+        line: format!(
+            "gate: {} stall{} >= {} (worst {} at {at}{what})",
+            over.len(),
+            if over.len() == 1 { "" } else { "s" },
+            fmt_ns(limit_ns),
+            fmt_ns(worst.duration_ns)
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::model::{Frame, FrameKind, PartKind, StackPart};
+
+    fn stall(start_ms: u64, ms: u64, func: &str) -> Stall {
+        let ns = ms * 1_000_000;
+        Stall {
+            tid: 7,
+            thread_name: "MainThread".into(),
+            start_ns: start_ms * 1_000_000,
+            end_ns: start_ms * 1_000_000 + ns,
+            duration_ns: ns,
+            on_cpu_ns: ns,
+            off_cpu_ns: 0,
+            runqueue_ns: 0,
+            incomplete: false,
+            coroutine: None,
+            stacks: vec![StackPart {
+                frames: vec![Frame {
+                    name: func.into(),
+                    file: Some("/app/tok.py".into()),
+                    line: Some(41),
+                    kind: FrameKind::Python,
+                    module: None,
+                }],
+                weight_ns: ns,
+                kind: PartKind::OnCpu,
+                syscall: None,
+                waker_tid: None,
+                gil_holder: None,
+            }],
+        }
+    }
+
+    fn rec(stalls: Vec<Stall>) -> Recording {
+        Recording {
+            pid: 1,
+            comm: "python3".into(),
+            threshold_ns: 50_000_000,
+            sample_hz: 999,
+            sample_after_ns: 0,
+            kernel_filtered: Default::default(),
+            busy_periods: 0,
+            clock: "monotonic".into(),
+            started_ns: 0,
+            ended_ns: 10_000_000_000,
+            lost_events: 0,
+            drops: Default::default(),
+            executor_threads: Vec::new(),
+            stallprof_version: String::new(),
+            runtime_problems: Vec::new(),
+            stalls,
+        }
+    }
+
+    #[test]
+    fn counts_stalls_at_or_over_the_limit_and_names_the_worst() {
+        let r = rec(vec![
+            stall(1000, 60, "small"),
+            stall(2000, 100, "exactly"),
+            stall(3210, 240, "load_tokenizer"),
+        ]);
+        let g = check(&r, 100_000_000);
+        assert!(g.failed);
+        assert_eq!(g.count, 2);
+        assert_eq!(
+            g.line,
+            "gate: 2 stalls >= 100.0ms (worst 240.0ms at +3.21s on MainThread (tid 7), \
+             in load_tokenizer (tok.py:41))"
+        );
+    }
+
+    #[test]
+    fn passes_when_every_stall_is_shorter() {
+        let g = check(&rec(vec![stall(1000, 99, "f")]), 100_000_000);
+        assert!(!g.failed);
+        assert_eq!(g.line, "gate: no stall >= 100.0ms");
+        assert!(!check(&rec(vec![]), 1).failed);
+    }
+}
