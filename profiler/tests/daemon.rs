@@ -1200,3 +1200,121 @@ fn daemon_rebuild_keeps_loops_and_full_stacks() {
     }
     c.finish();
 }
+
+/// Issue 13: BPF map entries of exited processes are removed. `PY_PROCS`
+/// holds 1,024 processes; 1,100 short-lived asyncio processes come and go
+/// under the daemon, then one more Python victim stalls: its stalls must
+/// still carry Python frames, and no map may have filled.
+#[test]
+fn daemon_python_churn_keeps_python_stacks() {
+    if !require_root_and_bpf("daemon_python_churn_keeps_python_stacks") {
+        return;
+    }
+    ensure_tools();
+    let _serial = serial();
+    let dir = Scratch::new("daemon-churn");
+    let port = free_port();
+    let cfg = write_config(
+        &dir.path,
+        port,
+        "window = \"1h\"\n[limits]\nforget_after = \"1s\"\n",
+    );
+    let mut d = start_daemon(&cfg, port);
+    // Each child runs an asyncio loop for ~1.2 s: long enough to be found
+    // as a loop thread and as CPython, then exits.
+    let churn = dir.join("churn.py");
+    std::fs::write(
+        &churn,
+        "import asyncio\n\
+         async def main():\n\
+         \x20   for _ in range(30):\n\
+         \x20       await asyncio.sleep(0.04)\n\
+         asyncio.run(main())\n",
+    )
+    .unwrap();
+    const CHURN: usize = 1100;
+    const AT_ONCE: usize = 40;
+    let mut running: Vec<std::process::Child> = Vec::new();
+    let started = Instant::now();
+    for _ in 0..CHURN {
+        while running.len() >= AT_ONCE {
+            running.retain_mut(|c| c.try_wait().map(|s| s.is_none()).unwrap_or(false));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        running.push(
+            Command::new(PY)
+                .arg(&churn)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("starting a churn process"),
+        );
+    }
+    for mut c in running {
+        let _ = c.wait();
+    }
+    let churn_time = started.elapsed();
+    std::thread::sleep(Duration::from_secs(3)); // exits seen, series forgotten
+    let (log, start) = (dir.join("p.log"), dir.join("p.start"));
+    let p = spawn_python(&log, &start, 2);
+    let pid = p.pid();
+    wait_metrics(
+        &mut d,
+        &dir.path,
+        "the last victim's loop thread",
+        Duration::from_secs(15),
+        |f| loop_threads(f, pid) >= 1.0,
+    );
+    std::thread::sleep(Duration::from_millis(1000)); // CPython detection
+    std::fs::write(&start, b"go").unwrap();
+    wait_for_log_kind(&log, "done", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(800));
+    let truth = python_truth(&read_log(&log));
+    let metrics = metrics_text(port);
+    let mut c = Checks::new(format!(
+        "{CHURN} churn processes in {churn_time:?}; last victim:\n{}",
+        truth_table(&truth)
+    ));
+    c.check(!metrics.contains("_full\""), || {
+        format!(
+            "a BPF map filled up:\n{}",
+            metrics
+                .lines()
+                .filter(|l| l.contains("_full\""))
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    });
+    d.prof.signal(libc::SIGTERM);
+    let run = d.prof.wait(Duration::from_secs(30));
+    c.check(run.status.success(), || {
+        format!("daemon after SIGTERM:\n{}", run.describe())
+    });
+    drop(p);
+    let stalls = report_stalls(&dir.path.join("data"), "python3.11", pid);
+    c.check(!truth.is_empty(), || "the victim logged no stalled call".into());
+    for t in &truth {
+        let hit = stalls.iter().find(|s| {
+            s["start_ns"].as_u64().unwrap_or(0) < t.end_ns
+                && s["end_ns"].as_u64().unwrap_or(0) > t.start_ns
+        });
+        let named = hit.is_some_and(|s| {
+            s["stacks"].as_array().into_iter().flatten().any(|st| {
+                st["frames"].as_array().into_iter().flatten().any(|f| {
+                    f["kind"] == "python" && f["name"].as_str() == Some(t.func.as_str())
+                })
+            })
+        });
+        c.check(named, || {
+            format!(
+                "{} after {CHURN} Python processes: {}",
+                t.func,
+                if hit.is_some() {
+                    "its stall has no Python frame (PY_PROCS full?)"
+                } else {
+                    "no stall reported"
+                }
+            )
+        });
+    }
+    c.finish();
+}

@@ -358,6 +358,9 @@ pub struct Probes {
     py_threads: BpfHashMap<MapData, u32, u64>,
     stats: PerCpuArray<MapData, u64>,
     filtered: PerCpuArray<MapData, u64>,
+    /// Userspace's failed map updates (full maps), by counter name; shown
+    /// with the kernel's counters in `drops`.
+    update_failures: BTreeMap<String, u64>,
 }
 
 /// The default sampling gate for a stall threshold (see `SAMPLE_AFTER_NS` in
@@ -469,7 +472,17 @@ impl Probes {
             py_threads,
             stats,
             filtered,
+            update_failures: BTreeMap::new(),
         })
+    }
+
+    /// Count a failed map update (`what`: the counter's name); warn once.
+    fn update_failed(&mut self, what: &str, e: &dyn std::fmt::Display) {
+        let n = self.update_failures.entry(what.to_string()).or_default();
+        *n += 1;
+        if *n == 1 {
+            log::warn!("{what}: {e} (counted in drops; further failures are not logged)");
+        }
     }
 
     /// The event ring buffer (can be taken once).
@@ -480,7 +493,7 @@ impl Probes {
     /// Tell the kernel side which wait is `tid`'s event-loop park.
     pub fn set_loop_key(&mut self, tid: u32, key: u64) {
         if let Err(e) = self.loop_keys.insert(tid, key, 0) {
-            debug!("LOOP_KEYS insert for {tid}: {e}");
+            self.update_failed("loop_keys_full", &e);
             return;
         }
         // After the insert: a thread that sees the new generation re-reads
@@ -521,12 +534,20 @@ impl Probes {
     /// Let BPF walk the Python stacks of process `tgid`.
     pub fn set_python_proc(&mut self, tgid: u32, p: PyProc) {
         if let Err(e) = self.py_procs.insert(tgid, p, 0) {
-            log::warn!("cannot enable Python stacks for {tgid}: {e}");
+            self.update_failed("py_procs_full", &e);
         }
     }
 
-    /// Make `threads` (tid -> `PyThreadState*`) the Python threads BPF
-    /// knows for one process, removing `gone` ones.
+    /// A process exited or exec'd: BPF stops walking its Python stacks, and
+    /// its threads' `PY_THREADS` entries go (the maps would fill with the
+    /// dead after ~1k Python processes under the daemon).
+    pub fn forget_python_proc(&mut self, tgid: u32, tids: &[u32]) {
+        let _ = self.py_procs.remove(&tgid);
+        for tid in tids {
+            let _ = self.py_threads.remove(tid);
+        }
+    }
+
     /// A loop thread exited (or its process did): its `LOOP_KEYS` entry
     /// goes, so a reused tid starts undecided and the map does not fill.
     pub fn forget_loop_thread(&mut self, tid: u32) {
@@ -538,10 +559,12 @@ impl Probes {
         }
     }
 
+    /// Make `threads` (tid -> `PyThreadState*`) the Python threads BPF
+    /// knows for one process, removing `gone` ones.
     pub fn set_python_threads(&mut self, threads: &[(u32, u64)], gone: &[u32]) {
         for &(tid, ts) in threads {
             if let Err(e) = self.py_threads.insert(tid, ts, 0) {
-                debug!("PY_THREADS insert for {tid}: {e}");
+                self.update_failed("py_threads_full", &e);
             }
         }
         for tid in gone {
@@ -551,7 +574,9 @@ impl Probes {
 
     /// Non-zero failure counters, summed over CPUs, by name.
     pub fn drops(&self) -> BTreeMap<String, u64> {
-        sum_counters(&self.stats, Drop::ALL.map(|d| (d as u32, d.name())))
+        let mut d = sum_counters(&self.stats, Drop::ALL.map(|d| (d as u32, d.name())));
+        d.extend(self.update_failures.clone());
+        d
     }
 
     /// Work the sampling gate saved (not failures), summed over CPUs, by name.
