@@ -24,7 +24,9 @@ use std::{
     sync::Arc,
 };
 
-use rustix::fs::{AtFlags, CWD, Mode, OFlags, fchown, fstat, mkdirat, openat, renameat, unlinkat};
+use rustix::fs::{
+    AtFlags, CWD, Mode, OFlags, fchown, fstat, fsync, mkdirat, openat, renameat, unlinkat,
+};
 use rustix::process::{Gid, Uid};
 use thiserror::Error;
 
@@ -341,7 +343,8 @@ pub struct PendingFile {
 
 impl PendingFile {
     /// fsync, then rename onto the final name (replacing whatever entry is
-    /// there, a symlink included, without following it).
+    /// there, a symlink included, without following it), then fsync the
+    /// directory so the new name survives a power cut too.
     pub fn persist(mut self) -> io::Result<()> {
         self.file.sync_all()?;
         renameat(
@@ -351,6 +354,7 @@ impl PendingFile {
             self.name.as_str(),
         )?;
         self.persisted = true;
+        fsync(&*self.dir)?;
         Ok(())
     }
 }
@@ -435,7 +439,10 @@ mod tests {
         let root = scratch("group");
         let dir = OutDir::open_or_create_shared(&root, Some(65534)).unwrap();
         let sub = dir.subdir_new("w").unwrap().unwrap();
-        assert!(dir.subdir_new("w").unwrap().is_none(), "a taken name is reported");
+        assert!(
+            dir.subdir_new("w").unwrap().is_none(),
+            "a taken name is reported"
+        );
         sub.write("stalls.json", b"{}").unwrap();
         let f = std::fs::metadata(root.join("w/stalls.json")).unwrap();
         assert_eq!((f.mode() & 0o777, f.gid()), (0o640, 65534));
