@@ -14,9 +14,13 @@ EXAMPLES:
     sudo stallprof record --pid 4242 --duration 30s
 
     # Start a command under the profiler, 20 ms threshold, outputs in ./out
+    # (the command runs as you, not root; the outputs are yours, mode 0600)
     sudo stallprof record --threshold 20ms -o out -- python3 app.py
 
-    # Re-render a recording with a higher threshold
+    # ... or as the service's own account
+    sudo stallprof record --user www-data -- python3 app.py
+
+    # Re-render a recording with a higher threshold (into a new out-report-<random>/)
     stallprof report out --threshold 100ms
 
     # Save the raw records too, then look at shorter stalls later
