@@ -250,6 +250,24 @@ fn security_refuses_foreign_or_writable_dirs() {
             d.display()
         );
     }
+    // The daemon's data directory: the same rule, checked before anything
+    // is attached or bound.
+    let run = run_stallprof(
+        &[
+            "daemon".as_ref(),
+            "--listen".as_ref(),
+            "127.0.0.1:1".as_ref(),
+            "--data-dir".as_ref(),
+            open.as_os_str(),
+        ],
+        Duration::from_secs(30),
+    );
+    assert!(
+        !run.status.success() && run.stderr.contains("writable by others"),
+        "the daemon took a world-writable data directory:\n{}",
+        run.describe()
+    );
+    assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0);
 }
 
 #[test]
