@@ -13,7 +13,10 @@
 //! way (idempotent; no network when everything is present): the system tools
 //! the root tests run (bpftool, cc, objdump, Debian's /usr/bin/python3.11,
 //! /usr/bin/node, npm, pip) with apt-get, and the daemon tests' readers at
-//! pinned versions under target/daemon-test-deps. The README's test command
+//! pinned versions under target/daemon-test-deps, and (as root) the
+//! container sandbox: a Debian testing root filesystem with python3.13,
+//! 3.14, 3.15 and nodejs under ~/.cache/stallprof/forky-root, built once by
+//! debootstrap (docs/containers.md). The README's test command
 //! alone prepares a fresh machine; CI's `.ci/run` adds nothing to it.
 use std::{
     env, fs,
@@ -365,6 +368,139 @@ fn test_setup() -> Result<()> {
             .args(["install", "--silent", "--no-audit", "--no-fund", "--prefix"])
             .arg(&node)
             .arg(format!("pprof-format@{PPROF_FORMAT_VERSION}")))?;
+    }
+    if unsafe_geteuid() == 0 {
+        forky_root()?;
+    }
+    Ok(())
+}
+
+/// What the container sandbox holds (docs/containers.md): the runtimes the
+/// host lacks, from Debian testing.
+const FORKY_PACKAGES: &[&str] = &[
+    "python3.13",
+    "python3.14",
+    "python3.15",
+    "nodejs",
+    // As in service images: ssl.create_default_context() loads the CA
+    // bundle (the gateway victim's first step).
+    "ca-certificates",
+];
+const FORKY_BINARIES: &[&str] = &[
+    "usr/bin/python3.13",
+    "usr/bin/python3.14",
+    "usr/bin/python3.15",
+    "usr/bin/node",
+];
+/// Written last into a finished root: the packages it was built with.
+const FORKY_STAMP: &str = ".stallprof-forky-root";
+
+/// The container sandbox's root filesystem (tests/record_container.rs).
+fn forky_root_dir() -> PathBuf {
+    cache_dir().join("forky-root")
+}
+
+/// Builds the container sandbox once: a Debian testing ("forky") root with
+/// python3.13, 3.14, 3.15 and nodejs, by debootstrap from the Debian mirror
+/// apt already uses, under ~/.cache/stallprof/forky-root. Rebuilt when
+/// missing or incomplete (no stamp, other packages, a binary gone); a few
+/// stats otherwise.
+fn forky_root() -> Result<()> {
+    let root = forky_root_dir();
+    let want = FORKY_PACKAGES.join(",");
+    let complete = fs::read_to_string(root.join(FORKY_STAMP)).is_ok_and(|s| s.trim() == want)
+        && FORKY_BINARIES.iter().all(|b| root.join(b).is_file());
+    if complete {
+        return Ok(());
+    }
+    if !Path::new("/usr/sbin/debootstrap").exists() {
+        apt_install(&[&Tool {
+            package: "debootstrap",
+            purpose: "the container sandbox (a Debian root filesystem for tests/record_container.rs)",
+            present: || Path::new("/usr/sbin/debootstrap").exists(),
+        }])?;
+    }
+    let mirror = debian_mirror()?;
+    let tmp = cache_dir().join("forky-root.tmp");
+    for dir in [&tmp, &root] {
+        if dir.exists() {
+            refuse_if_mounted_under(dir)?;
+            fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+    }
+    eprintln!(
+        "xtask: building the container sandbox for tests/record_container.rs: a Debian testing \
+         (forky) root with {} in {} (debootstrap from {mirror}; about a minute and 500 MB, once)",
+        FORKY_PACKAGES.join(", "),
+        root.display()
+    );
+    // Debian 12's debootstrap has no forky script; sid's builds testing.
+    run(Command::new("debootstrap")
+        .arg("--variant=minbase")
+        .arg(format!("--include={want}"))
+        .arg("forky")
+        .arg(&tmp)
+        .arg(&mirror)
+        .arg("/usr/share/debootstrap/scripts/sid"))?;
+    for b in FORKY_BINARIES {
+        if !tmp.join(b).is_file() {
+            bail!("debootstrap finished but {} has no {b}", tmp.display());
+        }
+    }
+    fs::write(tmp.join(FORKY_STAMP), &want)?;
+    fs::rename(&tmp, &root)?;
+    eprintln!("xtask: container sandbox ready in {}", root.display());
+    Ok(())
+}
+
+/// The Debian archive apt uses here (deb822 `URIs:` or one-line `deb`
+/// entries in /etc/apt/sources.list*), not its security archive.
+fn debian_mirror() -> Result<String> {
+    let mut files = vec![PathBuf::from("/etc/apt/sources.list")];
+    if let Ok(dir) = fs::read_dir("/etc/apt/sources.list.d") {
+        let mut more: Vec<PathBuf> = dir.filter_map(|e| Some(e.ok()?.path())).collect();
+        more.sort();
+        files.extend(more);
+    }
+    for f in files {
+        let Ok(text) = fs::read_to_string(&f) else {
+            continue;
+        };
+        for line in text.lines().map(str::trim) {
+            let uri = if let Some(rest) = line.strip_prefix("URIs:") {
+                rest.split_whitespace().next()
+            } else if let Some(rest) = line.strip_prefix("deb ") {
+                rest.split_whitespace().find(|w| w.contains("://"))
+            } else {
+                None
+            };
+            if let Some(uri) = uri
+                && uri.trim_end_matches('/').ends_with("/debian")
+            {
+                return Ok(uri.trim_end_matches('/').to_string());
+            }
+        }
+    }
+    bail!(
+        "no Debian archive in /etc/apt/sources.list*: the container sandbox is built by \
+         debootstrap from the Debian mirror apt uses"
+    )
+}
+
+/// A sandbox root must not be removed while something is mounted in it
+/// (a victim's /proc): say so instead.
+fn refuse_if_mounted_under(dir: &Path) -> Result<()> {
+    let dir = fs::canonicalize(dir)?;
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if let Some(m) = mounts
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .find(|m| Path::new(m).starts_with(&dir))
+    {
+        bail!(
+            "{m} is mounted inside {}: unmount it (`umount {m}`) before the sandbox is rebuilt",
+            dir.display()
+        );
     }
     Ok(())
 }
