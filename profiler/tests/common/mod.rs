@@ -1141,3 +1141,185 @@ pub fn unused_pid() -> u32 {
         .find(|p| !Path::new(&format!("/proc/{p}")).exists())
         .unwrap()
 }
+
+// ---------------------------------------------------------------------------
+// The container sandbox (docs/containers.md)
+
+/// File a finished sandbox root carries (written last by `cargo xtask`).
+const FORKY_STAMP: &str = ".stallprof-forky-root";
+
+/// The sandbox root `cargo xtask test` builds: a Debian testing ("forky")
+/// root filesystem with python3.13, 3.14, 3.15 and nodejs.
+pub fn forky_root() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"))
+        .join(".cache/stallprof/forky-root")
+}
+
+/// The sandbox root; a missing one FAILS the test, saying how to build it.
+pub fn require_forky_root() -> PathBuf {
+    let root = forky_root();
+    assert!(
+        root.join(FORKY_STAMP).is_file(),
+        "the container sandbox {} is missing or incomplete: `cargo xtask test` \
+         (or `cargo xtask setup --tests`) builds it, as root",
+        root.display()
+    );
+    root
+}
+
+/// The tids of a process's threads, from each thread's `NSpid:` line:
+/// innermost (its own PID namespace's) -> host's.
+pub fn namespace_tids(host_pid: u32) -> BTreeMap<u32, u32> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{host_pid}/task")) else {
+        return BTreeMap::new();
+    };
+    dir.filter_map(|e| {
+        let host: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let status =
+            std::fs::read_to_string(format!("/proc/{host_pid}/task/{host}/status")).ok()?;
+        let ns = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))?
+            .split_whitespace()
+            .last()?
+            .parse()
+            .ok()?;
+        Some((ns, host))
+    })
+    .collect()
+}
+
+/// A victim run "as in a container": `unshare --mount --pid --fork
+/// --mount-proc=ROOT/proc chroot ROOT python3.X /victims/SCRIPT LOG ...`,
+/// with the victims copied into ROOT/victims and its log under ROOT/tmp.
+/// The interpreter waits for [`ContainerVictim::go`] before it runs the
+/// script (so a profiler can attach with `--pid` first). Killed when
+/// dropped (the python process by its host pid, then the wrappers).
+pub struct ContainerVictim {
+    wrapper: Victim,
+    /// The python process's pid on the host (the wrappers are its parents).
+    pub host_pid: u32,
+    /// The victim's log, as the host sees it (ROOT/tmp/.../victim.jsonl).
+    pub log: PathBuf,
+    dir: PathBuf,
+    go: PathBuf,
+}
+
+/// What the interpreter runs first: wait for the go file, then the script
+/// as `__main__` with its own argv.
+const GATE: &str = "import os, runpy, sys, time\n\
+while not os.path.exists(sys.argv[1]): time.sleep(0.01)\n\
+sys.argv = sys.argv[2:]\n\
+runpy.run_path(sys.argv[0], run_name='__main__')\n";
+
+impl ContainerVictim {
+    /// Starts `python` (a name on the sandbox's PATH, e.g. `python3.14`) on
+    /// tests/victims/`script` with `args` after the log path; returns once
+    /// the python process is found on the host (its /proc/PID/root is ROOT).
+    pub fn spawn_python(test: &str, python: &str, script: &str, args: &[&str]) -> ContainerVictim {
+        let root = require_forky_root();
+        let victims = root.join("victims");
+        std::fs::create_dir_all(&victims).unwrap();
+        std::fs::copy(victims_dir().join(script), victims.join(script))
+            .unwrap_or_else(|e| panic!("copying {script} into {}: {e}", victims.display()));
+        let name = format!("stallprof-{test}-{}", std::process::id());
+        let dir = root.join("tmp").join(&name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let inside = format!("/tmp/{name}");
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--pid", "--fork", "--kill-child"])
+            .arg(format!("--mount-proc={}", root.join("proc").display()))
+            .arg("chroot")
+            .arg(&root)
+            .args([python, "-c", GATE])
+            .arg(format!("{inside}/go"))
+            .arg(format!("/victims/{script}"))
+            .arg(format!("{inside}/victim.jsonl"))
+            .args(args);
+        let wrapper = Victim::spawn(&mut cmd);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let host_pid = loop {
+            if let Some(p) = Self::find(&root, wrapper.pid()) {
+                break p;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{python} did not start in the sandbox within 10 s ({})",
+                wrapper.what
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        ContainerVictim {
+            wrapper,
+            host_pid,
+            log: dir.join("victim.jsonl"),
+            go: dir.join("go"),
+            dir,
+        }
+    }
+
+    /// The descendant of `ancestor` whose root is `root` and that runs no
+    /// wrapper any more (unshare forks, chroot execs the interpreter).
+    fn find(root: &Path, ancestor: u32) -> Option<u32> {
+        let mut frontier = vec![ancestor];
+        while let Some(p) = frontier.pop() {
+            let children =
+                std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
+            for c in children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok())
+            {
+                let in_root =
+                    std::fs::read_link(format!("/proc/{c}/root")).is_ok_and(|r| r == root);
+                let comm = std::fs::read_to_string(format!("/proc/{c}/comm")).unwrap_or_default();
+                if in_root && comm.trim() != "chroot" {
+                    return Some(c);
+                }
+                frontier.push(c);
+            }
+        }
+        None
+    }
+
+    /// Lets the interpreter run the script.
+    pub fn go(&self) {
+        std::fs::write(&self.go, b"").unwrap();
+    }
+
+    /// Its threads: namespace tid -> host tid (while it runs).
+    pub fn tids(&self) -> BTreeMap<u32, u32> {
+        namespace_tids(self.host_pid)
+    }
+
+    /// Waits for the wrappers to exit (the victim ran to its end).
+    pub fn wait(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.wrapper.child.try_wait().unwrap().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the container victim did not exit within {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ContainerVictim {
+    fn drop(&mut self) {
+        // The wrapper's kill does not reach the namespace's init (python).
+        if self.wrapper.child.try_wait().ok().flatten().is_none() {
+            unsafe { libc::kill(self.host_pid as libc::pid_t, libc::SIGKILL) };
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!(
+                "test failed; the victim's files are kept in {}",
+                self.dir.display()
+            );
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! Targets as deployed (issue 11): the Python scenarios of
+//! record_python_frames.rs against victims that run "as in a container" —
+//! chrooted into the sandbox root (Debian testing, built by `cargo xtask
+//! test`, docs/containers.md) in their own mount and PID namespaces —
+//! on Debian's python3.13, 3.14 and 3.15, recorded with `stallprof record
+//! --pid HOST_PID`.
+//!
+//! - `gateway`, `session`, `gil`: the same checks as on the host (every
+//!   cause within 5 points of the victim's own clock, the loop's identity,
+//!   the GIL holder); the victims log namespace pids and tids, which the
+//!   harness maps to the host's through `NSpid:` while they run, and stalls
+//!   are matched to requests/turns by time.
+//! - `unsupported_interpreter`: a python3.15 whose `Py_Version` says 3.16.0
+//!   runs the gateway; the recording says plainly that the interpreter was
+//!   found and not read (summary and stalls.json `runtime_problems`), counts
+//!   the stacks without Python frames, and still has every stall with
+//!   native frames.
+//!
+//! Needs root (see tests/common/mod.rs for STALLPROF_SKIP_ROOT_TESTS) and
+//! the sandbox (a missing one FAILS, naming `cargo xtask test`).
+
+mod common;
+mod pyrecord;
+
+use common::*;
+use pyrecord::*;
+use std::path::Path;
+use std::time::Duration;
+
+/// One test per sandbox interpreter for a scenario.
+macro_rules! in_the_sandbox {
+    ($victim:ident, $check:ident) => {
+        mod $victim {
+            use super::*;
+            #[test]
+            fn debian_3_13() {
+                $check(
+                    concat!(stringify!($victim), "_container_3_13"),
+                    sandbox_python(13),
+                );
+            }
+            #[test]
+            fn debian_3_14() {
+                $check(
+                    concat!(stringify!($victim), "_container_3_14"),
+                    sandbox_python(14),
+                );
+            }
+            #[test]
+            fn debian_3_15() {
+                $check(
+                    concat!(stringify!($victim), "_container_3_15"),
+                    sandbox_python(15),
+                );
+            }
+        }
+    };
+}
+
+in_the_sandbox!(gateway, check_gateway);
+in_the_sandbox!(session, check_session);
+in_the_sandbox!(gil, check_gil);
+
+/// A copy of `src` whose `Py_Version` (`const unsigned long`, in the file's
+/// read-only data) holds `hex` instead.
+fn patch_py_version(src: &Path, dst: &Path, hex: u64) {
+    use object::{Object, ObjectSegment, ObjectSymbol};
+    let mut bytes = std::fs::read(src).unwrap();
+    let file_off = {
+        let obj = object::File::parse(&*bytes).unwrap();
+        let addr = obj
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok("Py_Version"))
+            .unwrap_or_else(|| panic!("{} exports no Py_Version", src.display()))
+            .address();
+        let seg = obj
+            .segments()
+            .find(|s| s.address() <= addr && addr + 8 <= s.address() + s.file_range().1)
+            .expect("Py_Version in a loaded segment");
+        (seg.file_range().0 + addr - seg.address()) as usize
+    };
+    let old = u64::from_le_bytes(bytes[file_off..file_off + 8].try_into().unwrap());
+    assert_eq!(old >> 24, 3, "{} Py_Version is {old:#x}", src.display());
+    bytes[file_off..file_off + 8].copy_from_slice(&hex.to_le_bytes());
+    std::fs::write(dst, &bytes).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn unsupported_interpreter() {
+    let test = "unsupported_interpreter";
+    if !require_root_and_bpf(test) {
+        return;
+    }
+    let root = require_forky_root();
+    let _serial = serial();
+    // The interpreter lives in the sandbox's /tmp, under a name of its own.
+    let dir_name = format!("stallprof-{test}-bin-{}", std::process::id());
+    let bin_dir = root.join("tmp").join(&dir_name);
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    let _cleanup = RemoveOnDrop(bin_dir.clone());
+    patch_py_version(
+        &root.join("usr/bin/python3.15"),
+        &bin_dir.join("python3.16"),
+        0x0310_00f0,
+    );
+    let scratch = Scratch::new(test);
+    let out = scratch.join("out");
+    let mut victim = ContainerVictim::spawn_python(
+        test,
+        &format!("/tmp/{dir_name}/python3.16"),
+        "py_gateway.py",
+        &["--requests", "4"],
+    );
+    let mut prof = Profiler::spawn(&[
+        "record".to_string(),
+        "--pid".into(),
+        victim.host_pid.to_string(),
+        "--threshold".into(),
+        "40ms".into(),
+        "-o".into(),
+        out.display().to_string(),
+    ]);
+    wait_for_attach(&mut prof, Duration::from_secs(30));
+    victim.go();
+    let run = prof.wait(Duration::from_secs(90));
+    victim.wait(Duration::from_secs(10));
+    let log = read_log(&victim.log);
+    let requests = log.iter().filter(|r| r["kind"] == "request").count();
+    assert!(run.status.success(), "{}", run.describe());
+    assert_eq!(requests, 4, "victim log:\n{log:?}");
+
+    // The summary says it plainly.
+    let say = format!(
+        "cpython 3.16.0 in pid {} could not be read",
+        victim.host_pid
+    );
+    assert!(
+        run.stdout.contains(&say),
+        "the summary does not say {say:?}:\n{}",
+        run.describe()
+    );
+    assert!(
+        run.stdout.contains("native frames only") && run.stdout.contains("3.10-3.15"),
+        "the summary lacks what it costs or the remedy:\n{}",
+        run.stdout
+    );
+    // stalls.json carries it.
+    // Top-level fields only: the same in every stalls.json format.
+    let v: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("stalls.json")).expect("stalls.json"),
+    )
+    .expect("stalls.json is JSON");
+    let problems = v["runtime_problems"]
+        .as_array()
+        .unwrap_or_else(|| panic!("stalls.json has no runtime_problems: {}", run.describe()));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    let p = &problems[0];
+    assert_eq!(p["pid"], victim.host_pid, "{p}");
+    assert_eq!(p["runtime"], "cpython 3.16.0", "{p}");
+    for key in ["what", "why", "remedy"] {
+        assert!(
+            p[key].as_str().is_some_and(|s| !s.is_empty()),
+            "{key} empty: {p}"
+        );
+    }
+    assert!(
+        p["why"].as_str().unwrap().contains("3.16.0"),
+        "why does not name the version: {p}"
+    );
+    // A counter moved, and the stalls are there with native frames only.
+    let unavailable = v["drops"]["python_frames_unavailable"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(unavailable > 0, "drops: {}", v["drops"]);
+    let rec = load_recording(&out);
+    assert!(
+        rec.stalls.len() >= 4,
+        "{} stalls for 4 requests:\n{}",
+        rec.stalls.len(),
+        stalls_table(&rec)
+    );
+    for s in &rec.stalls {
+        for st in &s.stacks {
+            assert!(
+                st.frames.iter().all(|f| f.kind != "python"),
+                "a Python frame from an interpreter that was not read: {:?}",
+                st.frames
+            );
+        }
+        assert!(
+            s.stacks
+                .iter()
+                .any(|st| st.frames.iter().any(|f| f.name == "Py_RunMain")),
+            "a stall without native frames down to Py_RunMain: {:?}",
+            s.stacks.first()
+        );
+    }
+}
+
+/// Removes a directory when the test ends (kept when it failed).
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
