@@ -8,7 +8,11 @@
 //! then symbolized from the ELF file with blazesym (demangled, with file:line
 //! and inlined functions where DWARF exists). The snapshot outlives the
 //! process, so a command that exits right after its last stall still gets
-//! names. Results are cached per (file, offset) and per kernel address.
+//! names. Files are opened as mapped ([`python::mapped_file`]: through the
+//! target's root, a container's, when device and inode match the mapping;
+//! else its `map_files` entry; never a host file that merely has the same
+//! path). Results are cached per (device, inode, offset) and per kernel
+//! address.
 //! A [`Resolve`] trait lets golden tests replay recordings with a fixed table.
 
 pub mod pyframes;
@@ -47,6 +51,9 @@ struct Mapping {
     start: u64,
     end: u64,
     offset: u64,
+    /// Device (major, minor) and inode of the mapped file.
+    dev: (u32, u32),
+    inode: u64,
     path: String,
 }
 
@@ -63,7 +70,7 @@ impl Maps {
         let mut entries = Vec::new();
         for line in text.lines() {
             let mut it = line.split_ascii_whitespace();
-            let (Some(range), Some(_perms), Some(off), Some(_dev), Some(_inode)) =
+            let (Some(range), Some(_perms), Some(off), Some(dev), Some(inode)) =
                 (it.next(), it.next(), it.next(), it.next(), it.next())
             else {
                 continue;
@@ -79,10 +86,21 @@ impl Maps {
             ) else {
                 continue;
             };
+            let dev = dev
+                .split_once(':')
+                .and_then(|(a, b)| {
+                    Some((
+                        u32::from_str_radix(a, 16).ok()?,
+                        u32::from_str_radix(b, 16).ok()?,
+                    ))
+                })
+                .unwrap_or((0, 0));
             entries.push(Mapping {
                 start,
                 end,
                 offset,
+                dev,
+                inode: inode.parse().unwrap_or(0),
                 path,
             });
         }
@@ -166,7 +184,9 @@ pub struct BlazeResolver {
     py_frames: HashMap<(u32, u64, u64), Frame>,
     blaze: Symbolizer,
     maps: HashMap<u32, Maps>,
-    user_cache: HashMap<(String, u64), Vec<Frame>>,
+    /// By (device, inode, file offset): two containers' `/usr/bin/python3`
+    /// are different files.
+    user_cache: HashMap<((u32, u32), u64, u64), Vec<Frame>>,
     kernel_cache: HashMap<u64, Frame>,
     python: HashMap<u32, Option<PyResolver>>,
 }
@@ -267,17 +287,6 @@ impl BlazeResolver {
         self.maps.get(&pid).and_then(|m| m.find(addr)).cloned()
     }
 
-    /// Path to open a mapped file: through the process's root (containers)
-    /// while it lives, else as named.
-    fn open_path(pid: u32, path: &str) -> PathBuf {
-        let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
-        if via_root.exists() {
-            via_root
-        } else {
-            PathBuf::from(path)
-        }
-    }
-
     fn symbolize_file(&self, path: &Path, offset: u64) -> Vec<Frame> {
         let src = Source::Elf(Elf::new(path));
         let sym = match self.blaze.symbolize_single(&src, Input::FileOffset(offset)) {
@@ -358,12 +367,28 @@ impl Resolve for BlazeResolver {
             }];
         }
         let offset = addr - m.start + m.offset;
-        let key = (m.path.clone(), offset);
+        let key = (m.dev, m.inode, offset);
         if let Some(f) = self.user_cache.get(&key) {
             return f.clone();
         }
-        let path = Self::open_path(pid, &m.path);
-        let mut frames = self.symbolize_file(&path, offset);
+        let opened = python::mapped_file(
+            pid,
+            &python::Mapping {
+                start: m.start,
+                end: m.end,
+                offset: m.offset,
+                dev: m.dev,
+                inode: m.inode,
+                path: m.path.clone(),
+            },
+        );
+        let mut frames = match &opened {
+            Some(path) => self.symbolize_file(path, offset),
+            None => {
+                debug!("pid {pid}: {} cannot be opened as mapped", m.path);
+                Vec::new()
+            }
+        };
         let base = m.path.rsplit('/').next().unwrap_or(&m.path).to_string();
         if frames.is_empty() {
             frames.push(Frame::new(
@@ -374,7 +399,11 @@ impl Resolve for BlazeResolver {
         for f in frames.iter_mut() {
             f.module = Some(base.clone());
         }
-        self.user_cache.insert(key, frames.clone());
+        // A file not opened now may open later (the snapshot outlives the
+        // process, but a refresh may find it): only answers are kept.
+        if opened.is_some() {
+            self.user_cache.insert(key, frames.clone());
+        }
         frames
     }
 
@@ -642,12 +671,16 @@ mod tests {
                     start: 0x1000,
                     end: 0x2000,
                     offset: 0,
+                    dev: (8, 1),
+                    inode: 1,
                     path: "/a".into(),
                 },
                 Mapping {
                     start: 0x3000,
                     end: 0x4000,
                     offset: 0x1000,
+                    dev: (8, 1),
+                    inode: 2,
                     path: "/b".into(),
                 },
             ],

@@ -119,7 +119,10 @@ pub fn find(pid: u32) -> Result<Option<Found>, PythonError> {
     candidates.extend(exe.filter(|e| by_path.contains_key(e)));
 
     for path in candidates {
-        let file_path = mapped_file(pid, by_path[path][0]);
+        let Some(file_path) = mapped_file(pid, by_path[path][0]) else {
+            log::debug!("pid {pid}: cannot open {path} as mapped");
+            continue;
+        };
         let Some(syms) = symbols(&file_path, &["_PyRuntime", "Py_Version", "PyCode_Type"])? else {
             continue;
         };
@@ -144,26 +147,29 @@ pub fn find(pid: u32) -> Result<Option<Found>, PythonError> {
     Ok(None)
 }
 
-/// A path that opens the file `m` maps: `/proc/PID/root/<path>` if the file
-/// there has the mapping's device and inode, else the mapping itself in
-/// `/proc/PID/map_files` (the file as mapped, even if replaced or deleted
-/// since; root only).
-pub fn mapped_file(pid: u32, m: &Mapping) -> PathBuf {
+/// A path that opens the file `m` maps, checked against the mapping's
+/// device and inode, in this order: `/proc/PID/root/<path>` (the target's
+/// own view: a container's files); the mapping itself in
+/// `/proc/PID/map_files` (root only; also a file replaced or deleted
+/// since); the path as the host sees it (a target that exited, seen from
+/// its own namespace). `None`: none of them is the mapped file.
+pub fn mapped_file(pid: u32, m: &Mapping) -> Option<PathBuf> {
+    let is_mapped = |p: &Path| std::fs::metadata(p).is_ok_and(|meta| same_file(&meta, m));
     let via_root = PathBuf::from(format!("/proc/{pid}/root{}", m.path));
-    match std::fs::metadata(&via_root) {
-        Ok(meta) if same_file(&meta, m) => via_root,
-        other => {
-            log::debug!(
-                "pid {pid}: {} is not the mapped file ({}): opening the mapping",
-                via_root.display(),
-                match other {
-                    Ok(_) => "another device/inode".to_string(),
-                    Err(e) => e.to_string(),
-                }
-            );
-            PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
-        }
+    if is_mapped(&via_root) {
+        return Some(via_root);
     }
+    let map_file = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
+    if std::fs::metadata(&map_file).is_ok() {
+        log::debug!(
+            "pid {pid}: {} is not the mapped file: opening {}",
+            via_root.display(),
+            map_file.display()
+        );
+        return Some(map_file);
+    }
+    let host = PathBuf::from(&m.path);
+    is_mapped(&host).then_some(host)
 }
 
 fn same_file(meta: &std::fs::Metadata, m: &Mapping) -> bool {
@@ -278,15 +284,22 @@ mod tests {
         let m = maps.iter().find(|m| Path::new(&m.path) == exe).unwrap();
         assert_eq!(
             mapped_file(pid, m),
-            PathBuf::from(format!("/proc/{pid}/root{}", m.path))
+            Some(PathBuf::from(format!("/proc/{pid}/root{}", m.path)))
         );
         // A mapping whose path now names another file: the mapping itself.
         let other = Mapping {
             inode: m.inode + 1,
             ..m.clone()
         };
-        let p = mapped_file(pid, &other);
+        let p = mapped_file(pid, &other).unwrap();
         assert!(p.starts_with(format!("/proc/{pid}/map_files/")), "{p:?}");
+        // ... and nothing once the mapping is gone too.
+        let gone = Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            ..other
+        };
+        assert_eq!(mapped_file(pid, &gone), None);
     }
 
     #[test]
