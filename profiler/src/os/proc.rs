@@ -77,6 +77,28 @@ pub fn refuse_target(pid: u32) -> Option<String> {
     None
 }
 
+/// A thread's id in its own (innermost) PID namespace: what it sees as its
+/// pid/tid and writes in its own files and logs (in a container, not the
+/// host's id). The last `NSpid:` field of its status; `tid` when procfs
+/// does not say.
+pub fn namespace_id(pid: u32, tid: u32) -> u32 {
+    fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+        .ok()
+        .and_then(|s| innermost_nspid(&s))
+        .unwrap_or(tid)
+}
+
+/// The last `NSpid:` field of a `/proc/.../status` text.
+pub fn innermost_nspid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
 /// Why `tid` cannot be a loop thread of `pid`, if it cannot.
 pub fn refuse_thread(pid: u32, tid: u32) -> Option<String> {
     (!std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists()).then(|| {
@@ -85,4 +107,19 @@ pub fn refuse_thread(pid: u32, tid: u32) -> Option<String> {
              list its threads with `ls /proc/{pid}/task`"
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespace_ids_from_status() {
+        let status = "Name:\tpython3.14\nTgid:\t21316\nNSpid:\t21318\t3\nNSsid:\t1\n";
+        assert_eq!(innermost_nspid(status), Some(3));
+        assert_eq!(innermost_nspid("NSpid:\t42\n"), Some(42));
+        assert_eq!(innermost_nspid("Name:\tx\n"), None);
+        let me = std::process::id();
+        assert_eq!(namespace_id(me, me), me);
+    }
 }

@@ -20,7 +20,7 @@ pub mod python;
 use std::{
     collections::HashMap,
     fs,
-    path::{Path, PathBuf},
+    path::Path,
 };
 
 use blazesym::symbolize::{
@@ -132,9 +132,12 @@ struct PerfMap {
 }
 
 impl PerfMap {
+    /// The runtime writes `/tmp/perf-<its pid>.map` in its own root under
+    /// the pid it sees: in a container, the namespace's pid.
     fn refresh(&mut self, pid: u32) {
-        let path = format!("/proc/{pid}/root/tmp/perf-{pid}.map");
-        let path = if Path::new(&path).exists() {
+        let ns_pid = crate::os::proc::namespace_id(pid, pid);
+        let path = format!("/proc/{pid}/root/tmp/perf-{ns_pid}.map");
+        let path = if Path::new(&path).exists() || ns_pid != pid {
             path
         } else {
             format!("/tmp/perf-{pid}.map")

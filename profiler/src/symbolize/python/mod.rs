@@ -212,17 +212,7 @@ fn ns_depth(status_path: &str) -> usize {
         .unwrap_or(1)
 }
 
-/// The thread's id in its own (innermost) PID namespace, from a
-/// `/proc/PID/task/TID/status` text: the last `NSpid:` field.
-fn innermost_tid(status: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
-}
+
 
 impl Interpreter {
     pub fn pid(&self) -> u32 {
@@ -329,11 +319,7 @@ impl Interpreter {
             return Ok(host.map(|t| (t, t)).collect());
         }
         Ok(host
-            .filter_map(|t| {
-                let status =
-                    std::fs::read_to_string(format!("/proc/{}/task/{t}/status", self.pid)).ok()?;
-                Some((innermost_tid(&status)?, t))
-            })
+            .map(|t| (crate::os::proc::namespace_id(self.pid, t), t))
             .collect())
     }
 
@@ -413,14 +399,6 @@ mod tests {
                 "{msg} lacks {major}.{minor}"
             );
         }
-    }
-
-    #[test]
-    fn innermost_namespace_tid() {
-        let status = "Name:\tpython3.14\nTgid:\t21316\nNSpid:\t21318\t3\nNSsid:\t1\n";
-        assert_eq!(innermost_tid(status), Some(3));
-        assert_eq!(innermost_tid("NSpid:\t42\n"), Some(42));
-        assert_eq!(innermost_tid("Name:\tx\n"), None);
     }
 
     #[test]
