@@ -17,11 +17,7 @@
 
 pub mod pyframes;
 pub mod python;
-use std::{
-    collections::HashMap,
-    fs,
-    path::Path,
-};
+use std::{collections::HashMap, fs, path::Path};
 
 use blazesym::symbolize::{
     Input, Symbolized, Symbolizer,

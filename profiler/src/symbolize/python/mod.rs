@@ -212,8 +212,6 @@ fn ns_depth(status_path: &str) -> usize {
         .unwrap_or(1)
 }
 
-
-
 impl Interpreter {
     pub fn pid(&self) -> u32 {
         self.pid
