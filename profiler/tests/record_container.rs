@@ -209,3 +209,103 @@ impl Drop for RemoveOnDrop {
         }
     }
 }
+
+/// Node 24 with `--perf-basic-prof --interpreted-frames-native-stack` in
+/// the sandbox writes `/tmp/perf-1.map` in its own root under its
+/// namespace pid: its JS culprits (tests/victims/node_loop.js: `deriveKey`,
+/// a pbkdf2Sync; `parseBig`, a JSON.parse) are named, and each one's share
+/// of the stalls it ran in is within 10 points of the victim's own clock.
+#[test]
+fn node_perf_map_in_container() {
+    let test = "node_perf_map_in_container";
+    if !require_root_and_bpf(test) {
+        return;
+    }
+    let _serial = serial();
+    let scratch = Scratch::new(test);
+    let out = scratch.join("out");
+    let mut victim = ContainerVictim::spawn_shell(test, "node_loop.js", |dir| {
+        format!(
+            "node --perf-basic-prof --interpreted-frames-native-stack \
+             /victims/node_loop.js {dir}/victim.jsonl"
+        )
+    });
+    let mut prof = Profiler::spawn(&[
+        "record".to_string(),
+        "--pid".into(),
+        victim.host_pid.to_string(),
+        "--threshold".into(),
+        "40ms".into(),
+        "-o".into(),
+        out.display().to_string(),
+    ]);
+    wait_for_attach(&mut prof, Duration::from_secs(30));
+    victim.go();
+    let run = prof.wait(Duration::from_secs(90));
+    victim.wait(Duration::from_secs(10));
+    assert!(run.status.success(), "{}", run.describe());
+    let log = read_log(&victim.log);
+    assert!(
+        log.iter().any(|r| r["kind"] == "done"),
+        "the victim did not finish: {log:?}"
+    );
+    let rec = load_recording(&out);
+    // The loop thread is the main one: the namespace's pid 1, the host's pid.
+    let calls: Vec<(&str, u64, u64)> = log
+        .iter()
+        .filter(|r| r["func"].is_string())
+        .map(|r| {
+            (
+                r["func"].as_str().unwrap(),
+                r["start_ns"].as_u64().unwrap(),
+                r["end_ns"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(calls.len() >= 6, "victim calls: {calls:?}");
+    let mut c = Checks::new(format!("victim calls {calls:?}\n{}", stalls_table(&rec)));
+    for func in ["deriveKey", "parseBig"] {
+        let (mut stall_ns, mut truth_ns, mut measured_ns) = (0u64, 0u64, 0u64);
+        for &(_, start, end) in calls.iter().filter(|(f, ..)| *f == func) {
+            let Some(s) = rec
+                .stalls
+                .iter()
+                .find(|s| s.tid == victim.host_pid && s.start_ns < end && start < s.end_ns)
+            else {
+                continue;
+            };
+            stall_ns += s.duration_ns;
+            truth_ns += end - start;
+            measured_ns += s
+                .stacks
+                .iter()
+                .filter(|st| {
+                    st.frames
+                        .iter()
+                        .any(|fr| fr.name.contains(func) && fr.name.contains("node_loop.js"))
+                })
+                .map(|st| st.weight_ns)
+                .sum::<u64>();
+        }
+        let (measured, truth) = (
+            measured_ns as f64 / stall_ns.max(1) as f64,
+            truth_ns as f64 / stall_ns.max(1) as f64,
+        );
+        println!(
+            "SHARE node     container  {func:<10} measured {:5.1}%  truth {:5.1}%  ({} of {} ms of stalls)",
+            100.0 * measured,
+            100.0 * truth,
+            measured_ns / MS,
+            stall_ns / MS
+        );
+        c.check(stall_ns > 0, || format!("no stall overlaps a {func} call"));
+        c.check((measured - truth).abs() <= 0.10, || {
+            format!(
+                "{func}: {:.1}% of its stalls on stacks naming it, the victim says {:.1}%",
+                100.0 * measured,
+                100.0 * truth
+            )
+        });
+    }
+    c.finish();
+}

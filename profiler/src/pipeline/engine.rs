@@ -673,7 +673,7 @@ impl Engine {
                     // names of code compiled just before the stall may not
                     // be in the file yet. Give it a moment.
                     if self.symbols.live().is_some()
-                        && Path::new(&format!("/tmp/perf-{}.map", raw.tgid)).exists()
+                        && Path::new(&crate::symbolize::perf_map_path(raw.tgid)).exists()
                     {
                         let due = std::time::Instant::now() + JIT_NAME_DELAY;
                         self.pending.push((due, name, raw));

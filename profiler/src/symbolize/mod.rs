@@ -127,17 +127,23 @@ struct PerfMap {
     max_size: u64,
 }
 
+/// Where process `pid`'s perf map is: a runtime writes `/tmp/perf-<its
+/// pid>.map` in its own root under the pid it sees (in a container, the
+/// namespace's pid); a process already gone from our namespace's host view
+/// is looked for at the host path.
+pub fn perf_map_path(pid: u32) -> String {
+    let ns_pid = crate::os::proc::namespace_id(pid, pid);
+    let path = format!("/proc/{pid}/root/tmp/perf-{ns_pid}.map");
+    if Path::new(&path).exists() || ns_pid != pid {
+        path
+    } else {
+        format!("/tmp/perf-{pid}.map")
+    }
+}
+
 impl PerfMap {
-    /// The runtime writes `/tmp/perf-<its pid>.map` in its own root under
-    /// the pid it sees: in a container, the namespace's pid.
     fn refresh(&mut self, pid: u32) {
-        let ns_pid = crate::os::proc::namespace_id(pid, pid);
-        let path = format!("/proc/{pid}/root/tmp/perf-{ns_pid}.map");
-        let path = if Path::new(&path).exists() || ns_pid != pid {
-            path
-        } else {
-            format!("/tmp/perf-{pid}.map")
-        };
+        let path = perf_map_path(pid);
         let Ok(meta) = fs::metadata(&path) else {
             return;
         };

@@ -1219,11 +1219,44 @@ impl ContainerVictim {
     /// tests/victims/`script` with `args` after the log path; returns once
     /// the python process is found on the host (its /proc/PID/root is ROOT).
     pub fn spawn_python(test: &str, python: &str, script: &str, args: &[&str]) -> ContainerVictim {
+        Self::spawn(test, script, |inside| {
+            let mut argv: Vec<String> = vec![python.into(), "-c".into(), GATE.into()];
+            argv.push(format!("{inside}/go"));
+            argv.push(format!("/victims/{script}"));
+            argv.push(format!("{inside}/victim.jsonl"));
+            argv.extend(args.iter().map(|a| a.to_string()));
+            argv
+        })
+    }
+
+    /// Starts a shell command in the sandbox once [`ContainerVictim::go`]:
+    /// `cmd` gets the victim's directory inside the sandbox (its cwd, where
+    /// `victim.jsonl` goes) and tests/victims/`script` is at
+    /// /victims/`script`. The shell execs the command, so the host pid found
+    /// is the victim's.
+    pub fn spawn_shell(
+        test: &str,
+        script: &str,
+        cmd: impl FnOnce(&str) -> String,
+    ) -> ContainerVictim {
+        Self::spawn(test, script, |inside| {
+            let gated = format!(
+                "while [ ! -e {inside}/go ]; do sleep 0.01; done; cd {inside} && exec {}",
+                cmd(inside)
+            );
+            vec!["sh".into(), "-c".into(), gated]
+        })
+    }
+
+    fn spawn(test: &str, script: &str, argv: impl FnOnce(&str) -> Vec<String>) -> ContainerVictim {
         let root = require_forky_root();
         let victims = root.join("victims");
         std::fs::create_dir_all(&victims).unwrap();
         std::fs::copy(victims_dir().join(script), victims.join(script))
             .unwrap_or_else(|e| panic!("copying {script} into {}: {e}", victims.display()));
+        // Every victim is pid 1 of its namespace: a perf map an earlier one
+        // (Node) left in the shared /tmp would be taken for this one's.
+        let _ = std::fs::remove_file(root.join("tmp/perf-1.map"));
         let name = format!("stallprof-{test}-{}", std::process::id());
         let dir = root.join("tmp").join(&name);
         let _ = std::fs::remove_dir_all(&dir);
@@ -1234,11 +1267,7 @@ impl ContainerVictim {
             .arg(format!("--mount-proc={}", root.join("proc").display()))
             .arg("chroot")
             .arg(&root)
-            .args([python, "-c", GATE])
-            .arg(format!("{inside}/go"))
-            .arg(format!("/victims/{script}"))
-            .arg(format!("{inside}/victim.jsonl"))
-            .args(args);
+            .args(argv(&inside));
         let wrapper = Victim::spawn(&mut cmd);
         let deadline = Instant::now() + Duration::from_secs(10);
         let host_pid = loop {
@@ -1247,7 +1276,7 @@ impl ContainerVictim {
             }
             assert!(
                 Instant::now() < deadline,
-                "{python} did not start in the sandbox within 10 s ({})",
+                "the victim did not start in the sandbox within 10 s ({})",
                 wrapper.what
             );
             std::thread::sleep(Duration::from_millis(10));
@@ -1315,6 +1344,9 @@ impl Drop for ContainerVictim {
         }
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
+            if let Some(root) = self.dir.parent() {
+                let _ = std::fs::remove_file(root.join("perf-1.map"));
+            }
         } else {
             eprintln!(
                 "test failed; the victim's files are kept in {}",
