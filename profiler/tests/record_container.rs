@@ -15,6 +15,9 @@
 //!   found and not read (summary and stalls.json `runtime_problems`), counts
 //!   the stacks without Python frames, and still has every stall with
 //!   native frames.
+//! - `node_perf_map_in_container`: Node 24 with `--perf-basic-prof
+//!   --interpreted-frames-native-stack` writes its perf map in its own root
+//!   at its namespace pid; its JS culprits are named and within 10 points.
 //!
 //! Needs root (see tests/common/mod.rs for STALLPROF_SKIP_ROOT_TESTS) and
 //! the sandbox (a missing one FAILS, naming `cargo xtask test`).
