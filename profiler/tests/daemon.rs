@@ -1318,3 +1318,298 @@ fn daemon_python_churn_keeps_python_stacks() {
     }
     c.finish();
 }
+
+// ---------------------------------------------------------------------------
+// Issue 13, item 5: the HTTP side under hostile clients
+
+/// Raises this test process's open-file limit (each held connection is one).
+fn raise_nofile(want: u64) {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: l is a valid rlimit for getrlimit/setrlimit to fill and read.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut l), 0);
+        if l.rlim_cur < want {
+            l.rlim_cur = want;
+            l.rlim_max = l.rlim_max.max(want);
+            assert_eq!(
+                libc::setrlimit(libc::RLIMIT_NOFILE, &l),
+                0,
+                "raising RLIMIT_NOFILE to {want}"
+            );
+        }
+    }
+}
+
+/// One GET over any stream, with optional extra header lines: (status, body).
+fn raw_get(mut s: impl Read + Write, path: &str, extra: &str) -> std::io::Result<(u16, Vec<u8>)> {
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{extra}\r\n"
+    )?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no header end"))?;
+    let status = String::from_utf8_lossy(&buf[..split])
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((status, buf[split + 4..].to_vec()))
+}
+
+/// Issue 13: 500 idle and 50 slow-header connections held open do not stop
+/// `/metrics` (each answer under a second); the header and idle timeouts
+/// close them; `/reports/` serves a planted regular file, streamed whole,
+/// but not a symlink (to a file outside or a directory), a FIFO, `..`, and
+/// nothing blocks on the FIFO.
+#[test]
+fn daemon_http_held_connections_and_planted_files() {
+    if !require_root_and_bpf("daemon_http_held_connections_and_planted_files") {
+        return;
+    }
+    let _g = serial();
+    raise_nofile(4096);
+    let dir = Scratch::new("daemon-http");
+    let port = free_port();
+    let cfg = write_config(
+        &dir.path,
+        port,
+        "window = \"1h\"\n[http]\nheader_timeout = \"3s\"\nidle_timeout = \"5s\"\nmax_connections = 2000\n",
+    );
+    let d = start_daemon(&cfg, port);
+    let mut c = Checks::new("daemon HTTP under held connections");
+
+    // --- Planted files in the data directory.
+    let data = dir.join("data");
+    let proc_dir = data.join("20250101T000000Z/victim-1");
+    std::fs::create_dir_all(&proc_dir).unwrap();
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(proc_dir.join("stalls.json"), &big).unwrap();
+    let canary = dir.join("canary.json");
+    std::fs::write(&canary, b"canary: must not be served").unwrap();
+    std::os::unix::fs::symlink(&canary, proc_dir.join("stalls.svg")).unwrap();
+    std::os::unix::fs::symlink(&proc_dir, data.join("20250101T000000Z/link-1")).unwrap();
+    let fifo = std::ffi::CString::new(proc_dir.join("stalls.folded").to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    for (path, want) in [
+        ("/reports/20250101T000000Z/victim-1/stalls.json", 200),
+        ("/reports/20250101T000000Z/victim-1/stalls.svg", 404),
+        ("/reports/20250101T000000Z/link-1/stalls.json", 404),
+        ("/reports/20250101T000000Z/victim-1/stalls.folded", 403),
+        ("/reports/20250101T000000Z/../../canary.json", 404),
+    ] {
+        let t0 = Instant::now();
+        let got = http_get(port, path, Duration::from_secs(5));
+        let took = t0.elapsed();
+        match got {
+            Ok((st, body)) => {
+                c.check(st == want, || {
+                    format!("GET {path}: status {st}, want {want}")
+                });
+                if want == 200 {
+                    c.check(body == big, || {
+                        format!("GET {path}: {} bytes, want the planted 3 MB", body.len())
+                    });
+                } else {
+                    c.check(!body.windows(6).any(|w| w == b"canary"), || {
+                        format!("GET {path} served the canary")
+                    });
+                }
+            }
+            Err(e) => c.fail(format!("GET {path}: {e} after {took:?} (blocked?)")),
+        }
+        c.check(took < Duration::from_secs(2), || {
+            format!("GET {path} took {took:?}")
+        });
+    }
+
+    // --- 500 idle connections and 50 that send half a request's headers.
+    let mut idle = Vec::new();
+    for _ in 0..500 {
+        idle.push(TcpStream::connect(("127.0.0.1", port)).unwrap());
+    }
+    let mut slow = Vec::new();
+    for _ in 0..50 {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: loc").unwrap();
+        slow.push(s);
+    }
+    let held_at = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 0..5 {
+        let t0 = Instant::now();
+        let r = http_get(port, "/metrics", Duration::from_secs(5));
+        let took = t0.elapsed();
+        c.check(
+            r.as_ref().is_ok_and(|(st, b)| *st == 200 && !b.is_empty()),
+            || format!("/metrics #{i} with 550 connections held: {r:?}"),
+        );
+        c.check(took < Duration::from_secs(1), || {
+            format!("/metrics #{i} with 550 connections held took {took:?}")
+        });
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    c.check(held_at.elapsed() < Duration::from_secs(3), || {
+        "the /metrics checks ran past the header timeout".into()
+    });
+
+    // --- The timeouts close them: slow headers after 3 s, idle after 5 s.
+    let closed_by = |mut s: &TcpStream, by: Duration| -> bool {
+        let left = by
+            .saturating_sub(held_at.elapsed())
+            .max(Duration::from_millis(10));
+        s.set_read_timeout(Some(left)).unwrap();
+        let mut b = [0u8; 512];
+        loop {
+            match s.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => continue, // a 408 before the close is fine
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    };
+    let slow_open = slow
+        .iter()
+        .filter(|s| !closed_by(s, Duration::from_secs(6)))
+        .count();
+    c.check(slow_open == 0, || {
+        format!("{slow_open} of 50 slow-header connections still open 6 s in (header_timeout 3s)")
+    });
+    let idle_open = idle
+        .iter()
+        .filter(|s| !closed_by(s, Duration::from_secs(9)))
+        .count();
+    c.check(idle_open == 0, || {
+        format!("{idle_open} of 500 idle connections still open 9 s in (idle_timeout 5s)")
+    });
+    c.check(metrics_text(port).contains("stallprof_build_info"), || {
+        "/metrics after the held connections closed".into()
+    });
+
+    d.prof.signal(libc::SIGTERM);
+    let Daemon { prof, .. } = d;
+    let run = prof.wait(Duration::from_secs(30));
+    c.check(run.status.success(), || {
+        format!("SIGTERM: {}", run.describe())
+    });
+    c.finish();
+}
+
+/// Issue 13: `http.token_file` and `listen = "unix:PATH"`: the socket is
+/// 0600 and root's, every request but `/healthz` needs the bearer token
+/// (401 without it, or with a wrong one), and the socket is removed on exit;
+/// `max_connections` closes connections beyond it at once.
+#[test]
+fn daemon_http_token_and_unix_socket() {
+    if !require_root_and_bpf("daemon_http_token_and_unix_socket") {
+        return;
+    }
+    let _g = serial();
+    let dir = Scratch::new("daemon-token");
+    let sock = dir.join("sp.sock");
+    let token = dir.join("token");
+    std::fs::write(&token, "s3cret-token-0123456789abcdef\n").unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let cfg = dir.join("daemon.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen = \"unix:{}\"\ndata_dir = \"{}\"\n[http]\ntoken_file = \"{}\"\nmax_connections = 4\n",
+            sock.display(),
+            dir.join("data").display(),
+            token.display()
+        ),
+    )
+    .unwrap();
+    let mut prof = Profiler::spawn(&[
+        "daemon".to_string(),
+        "--config".into(),
+        cfg.display().to_string(),
+    ]);
+    let connect = || std::os::unix::net::UnixStream::connect(&sock);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(out) = prof.try_finished() {
+            panic!(
+                "stallprof daemon exited while starting:\n{}",
+                out.describe()
+            );
+        }
+        if connect()
+            .and_then(|s| raw_get(s, "/healthz", ""))
+            .is_ok_and(|(st, _)| st == 200)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer on {} within 30 s",
+            sock.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut c = Checks::new("daemon token and unix socket");
+    let m = std::fs::symlink_metadata(&sock).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    c.check(m.mode() & 0o777 == 0o600 && m.uid() == 0, || {
+        format!(
+            "socket mode {:o} uid {}, want 0600 root",
+            m.mode() & 0o777,
+            m.uid()
+        )
+    });
+    for (auth, want) in [
+        ("", 401),
+        ("Authorization: Bearer wrong-token-0123456789abcde\r\n", 401),
+        (
+            "Authorization: Bearer s3cret-token-0123456789abcdef\r\n",
+            200,
+        ),
+    ] {
+        let r = connect().and_then(|s| raw_get(s, "/metrics", auth));
+        c.check(r.as_ref().is_ok_and(|(st, _)| *st == want), || {
+            format!("/metrics with {auth:?}: {r:?}, want {want}")
+        });
+    }
+    let r = connect().and_then(|s| raw_get(s, "/reports/a/b/stalls.json", ""));
+    c.check(r.as_ref().is_ok_and(|(st, _)| *st == 401), || {
+        format!("/reports without the token: {r:?}")
+    });
+    // Four held connections fill max_connections = 4: a fifth is closed at
+    // once, and once they go, requests are served again.
+    let held: Vec<_> = (0..4).map(|_| connect().unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let r = connect().and_then(|s| {
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        raw_get(s, "/healthz", "")
+    });
+    c.check(r.is_err() && t0.elapsed() < Duration::from_secs(2), || {
+        format!(
+            "a fifth connection over max_connections = 4: {r:?} after {:?}",
+            t0.elapsed()
+        )
+    });
+    drop(held);
+    std::thread::sleep(Duration::from_millis(300));
+    let r = connect().and_then(|s| raw_get(s, "/healthz", ""));
+    c.check(r.as_ref().is_ok_and(|(st, _)| *st == 200), || {
+        format!("/healthz after the held connections closed: {r:?}")
+    });
+
+    prof.signal(libc::SIGTERM);
+    let run = prof.wait(Duration::from_secs(30));
+    c.check(run.status.success(), || {
+        format!("SIGTERM: {}", run.describe())
+    });
+    c.check(!sock.exists(), || "the socket is left after exit".into());
+    c.finish();
+}

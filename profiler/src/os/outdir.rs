@@ -276,6 +276,12 @@ impl OutDir {
         &self.path
     }
 
+    /// The opened directory, for reads relative to it (the daemon's
+    /// `/reports/`, which must not leave it).
+    pub fn dir_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
     /// The path `name` will have once written (for messages and listings).
     pub fn join(&self, name: &str) -> PathBuf {
         self.path.join(name)

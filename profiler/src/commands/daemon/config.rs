@@ -53,6 +53,8 @@ pub struct FileConfig {
     #[serde(default)]
     pub limits: LimitsFile,
     #[serde(default)]
+    pub http: HttpFile,
+    #[serde(default)]
     pub include: Vec<Rule>,
     #[serde(default)]
     pub exclude: Vec<Rule>,
@@ -73,6 +75,48 @@ pub struct LimitsFile {
     pub max_stacks: Option<usize>,
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpFile {
+    pub max_connections: Option<usize>,
+    pub header_timeout: Option<String>,
+    pub idle_timeout: Option<String>,
+    pub token_file: Option<PathBuf>,
+}
+
+/// Where the HTTP side listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    Tcp(SocketAddr),
+    /// `unix:/run/stallprof.sock`: mode 0600, or 0660 in `data_group`.
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Tcp(a) => write!(f, "{a}"),
+            Listen::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// The HTTP side's limits and access control (`[http]`).
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Connections served at once; beyond it new ones are closed at once.
+    pub max_connections: usize,
+    /// A request's headers must arrive within this.
+    pub header_timeout: Duration,
+    /// A connection with no request in flight is closed after this.
+    pub idle_timeout: Duration,
+    /// `token_file`: every request but `/healthz` must carry
+    /// `Authorization: Bearer <its contents, trimmed>`.
+    pub token_file: Option<PathBuf>,
+}
+
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
 /// Flags that override the file.
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
@@ -86,7 +130,8 @@ pub struct Overrides {
 /// Validated settings.
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
-    pub listen: SocketAddr,
+    pub listen: Listen,
+    pub http: HttpConfig,
     pub data_dir: PathBuf,
     /// `data_group`: its name and gid.
     pub data_group: Option<(String, u32)>,
@@ -162,10 +207,63 @@ impl DaemonConfig {
             .clone()
             .or(f.listen)
             .unwrap_or_else(|| DEFAULT_LISTEN.into());
-        let listen: SocketAddr = listen_s.parse().map_err(|_| ConfigError::Value {
-            key: "listen",
-            message: format!("'{listen_s}' is not an IP:PORT address (e.g. 127.0.0.1:9436)"),
-        })?;
+        let listen = match listen_s.strip_prefix("unix:") {
+            Some(p) if Path::new(p).is_absolute() => Listen::Unix(p.into()),
+            Some(_) => {
+                return Err(ConfigError::Value {
+                    key: "listen",
+                    message: format!(
+                        "'{listen_s}': a Unix socket needs an absolute path (e.g. unix:/run/stallprof.sock)"
+                    ),
+                });
+            }
+            None => Listen::Tcp(listen_s.parse().map_err(|_| ConfigError::Value {
+                key: "listen",
+                message: format!(
+                    "'{listen_s}' is not an IP:PORT address (e.g. 127.0.0.1:9436) or unix:/PATH"
+                ),
+            })?),
+        };
+        let max_connections = f.http.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            return Err(ConfigError::Value {
+                key: "http.max_connections",
+                message: "must be at least 1".into(),
+            });
+        }
+        let header_timeout = match f.http.header_timeout.as_deref() {
+            Some(s) => duration("http.header_timeout", s)?,
+            None => Duration::from_secs(10),
+        };
+        let idle_timeout = match f.http.idle_timeout.as_deref() {
+            Some(s) => duration("http.idle_timeout", s)?,
+            None => Duration::from_secs(60),
+        };
+        for (key, d) in [
+            ("http.header_timeout", header_timeout),
+            ("http.idle_timeout", idle_timeout),
+        ] {
+            if d < Duration::from_millis(100) {
+                return Err(ConfigError::Value {
+                    key,
+                    message: "must be at least 100ms".into(),
+                });
+            }
+        }
+        if let Some(p) = &f.http.token_file
+            && !p.is_absolute()
+        {
+            return Err(ConfigError::Value {
+                key: "http.token_file",
+                message: format!("'{}' must be an absolute path", p.display()),
+            });
+        }
+        let http = HttpConfig {
+            max_connections,
+            header_timeout,
+            idle_timeout,
+            token_file: f.http.token_file,
+        };
         let threshold_ns = match o.threshold.as_deref().or(f.threshold.as_deref()) {
             Some(s) => duration("threshold", s)?.as_nanos() as u64,
             None => 50_000_000,
@@ -240,6 +338,7 @@ impl DaemonConfig {
         };
         Ok(DaemonConfig {
             listen,
+            http,
             data_group,
             data_dir: o
                 .data_dir
@@ -266,10 +365,23 @@ impl DaemonConfig {
         s.push_str(&format!(
             "  listen        {}{}\n",
             self.listen,
-            if self.listen.ip().is_loopback() {
-                ""
-            } else {
-                "  (NOT loopback: metrics and reports are reachable from the network)"
+            match &self.listen {
+                Listen::Tcp(a) if !a.ip().is_loopback() =>
+                    "  (NOT loopback: metrics and reports are reachable from the network)",
+                Listen::Tcp(_) => "",
+                Listen::Unix(_) if self.data_group.is_some() =>
+                    "  (socket mode 0660, group data_group)",
+                Listen::Unix(_) => "  (socket mode 0600, root only)",
+            }
+        ));
+        s.push_str(&format!(
+            "  http          max_connections {}, header_timeout {}, idle_timeout {}, token_file {}\n",
+            self.http.max_connections,
+            fmt_ns(self.http.header_timeout.as_nanos() as u64),
+            fmt_ns(self.http.idle_timeout.as_nanos() as u64),
+            match &self.http.token_file {
+                Some(p) => p.display().to_string(),
+                None => "none (no token required)".into(),
             }
         ));
         s.push_str(&format!(
@@ -337,7 +449,17 @@ mod tests {
             ..Default::default()
         };
         let c = DaemonConfig::from_file(f, &o).unwrap();
-        assert_eq!(c.listen.port(), 1234);
+        assert_eq!(c.listen, Listen::Tcp("127.0.0.1:1234".parse().unwrap()));
+        assert_eq!(c.http.max_connections, DEFAULT_MAX_CONNECTIONS);
+        let f: FileConfig = toml::from_str(
+            "listen = \"unix:/run/sp.sock\"\n[http]\nmax_connections = 8\ntoken_file = \"/etc/t\"\nheader_timeout = \"2s\"\n",
+        )
+        .unwrap();
+        let u = DaemonConfig::from_file(f, &Overrides::default()).unwrap();
+        assert_eq!(u.listen, Listen::Unix("/run/sp.sock".into()));
+        assert_eq!(u.http.max_connections, 8);
+        assert_eq!(u.http.header_timeout, Duration::from_secs(2));
+        assert!(toml::from_str::<FileConfig>("[http]\nmax_conections = 1").is_err());
         assert_eq!(c.threshold_ns, 30_000_000);
         assert_eq!(c.window, Duration::from_secs(10));
         assert_eq!(c.max_bytes, 10 << 20);

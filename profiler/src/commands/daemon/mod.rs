@@ -50,7 +50,6 @@ use aya::maps::{MapData, RingBuf};
 use clap::Args;
 use log::{info, warn};
 use tokio::{
-    net::TcpListener,
     signal::unix::{SignalKind, signal},
     sync::{oneshot, watch},
 };
@@ -86,7 +85,8 @@ pub struct DaemonArgs {
     /// Configuration file (TOML; see docs/daemon.md). Flags override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Address for /metrics, /debug/pprof/profile and the index page
+    /// Address for /metrics, /debug/pprof/profile and the index page:
+    /// IP:PORT, or unix:/PATH for a Unix socket (mode 0600)
     /// [default: 127.0.0.1:9436, loopback only].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
@@ -215,9 +215,18 @@ pub fn run(a: DaemonArgs) -> Result<String> {
 }
 
 async fn daemon(cfg: DaemonConfig, data: OutDir) -> Result<String> {
-    let listener = TcpListener::bind(cfg.listen).await.with_context(|| {
-        format!("cannot listen on {}: is the port in use (another stallprof daemon)? choose another with --listen", cfg.listen)
-    })?;
+    let token = match &cfg.http.token_file {
+        Some(p) => Some(http::read_token(p)?),
+        None => None,
+    };
+    raise_nofile_limit();
+    let listener = http::Listener::bind(&cfg.listen, cfg.data_group.as_ref().map(|g| g.1)).await?;
+    let settings = Arc::new(http::Settings {
+        http: cfg.http.clone(),
+        token,
+        data: data.clone(),
+        refused: Default::default(),
+    });
     let shared = Arc::new(Shared {
         metrics: Metrics::new(),
         data_dir: cfg.data_dir.clone(),
@@ -228,7 +237,10 @@ async fn daemon(cfg: DaemonConfig, data: OutDir) -> Result<String> {
     let stop = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = oneshot::channel::<()>();
     let (done_tx, mut done_rx) = oneshot::channel::<Result<String>>();
-    let listen = cfg.listen;
+    let listen = match &cfg.listen {
+        config::Listen::Tcp(a) => format!("http://{a}/metrics"),
+        config::Listen::Unix(p) => format!("/metrics on unix:{}", p.display()),
+    };
     let data_dir = cfg.data_dir.clone();
     {
         let (shared, stop) = (shared.clone(), stop.clone());
@@ -251,11 +263,11 @@ async fn daemon(cfg: DaemonConfig, data: OutDir) -> Result<String> {
             .context("attaching the probes");
     }
     eprintln!(
-        "stallprof daemon: probes attached host-wide; metrics at http://{listen}/metrics, reports in {}",
+        "stallprof daemon: probes attached host-wide; metrics at {listen}, reports in {}",
         data_dir.display()
     );
     let (stop_http, stop_rx) = watch::channel(false);
-    let server = tokio::spawn(http::serve(listener, shared.clone(), stop_rx));
+    let server = tokio::spawn(http::serve(listener, shared.clone(), settings, stop_rx));
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let ended_by = tokio::select! {
@@ -279,6 +291,20 @@ async fn daemon(cfg: DaemonConfig, data: OutDir) -> Result<String> {
     Ok(format!(
         "stallprof daemon: stopped by {ended_by}; {summary}"
     ))
+}
+
+/// Each HTTP connection is a descriptor: the soft open-file limit (often
+/// 1024) is raised to the hard one so `http.max_connections` is reachable;
+/// `accept` backs off if it is hit anyway.
+fn raise_nofile_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut l = getrlimit(Resource::Nofile);
+    if l.current < l.maximum {
+        l.current = l.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, l) {
+            warn!("cannot raise the open-file limit: {e}");
+        }
+    }
 }
 
 /// A monitored process.
