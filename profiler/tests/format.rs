@@ -46,7 +46,13 @@ fn report_reads_version_1_and_writes_version_2() {
         run.describe()
     );
     assert!(run.stdout.contains("3 stalls"), "{}", run.describe());
-    for f in ["stalls.json", "stalls.folded", "stalls.svg", "stalls.pb.gz"] {
+    for f in [
+        "stalls.json",
+        "stalls.folded",
+        "stalls.svg",
+        "stalls.pb.gz",
+        "stalls.pftrace",
+    ] {
         let len = std::fs::metadata(out.join(f)).map(|m| m.len()).unwrap_or(0);
         assert!(len > 0, "report wrote no {f}:\n{}", run.describe());
     }

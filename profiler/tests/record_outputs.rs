@@ -32,7 +32,13 @@ use std::time::Duration;
 use common::*;
 use stallprof::report::{self, model::Recording};
 
-const OUTPUTS: [&str; 4] = ["stalls.json", "stalls.folded", "stalls.svg", "stalls.pb.gz"];
+const OUTPUTS: [&str; 5] = [
+    "stalls.json",
+    "stalls.folded",
+    "stalls.svg",
+    "stalls.pb.gz",
+    "stalls.pftrace",
+];
 
 fn assert_outputs(out: &Path, what: &str) {
     for f in OUTPUTS {

@@ -32,6 +32,7 @@ const WRITTEN: &[&str] = &[
     "stalls.folded",
     "stalls.svg",
     "stalls.pb.gz",
+    "stalls.pftrace",
     "events.bin.gz",
     "unwind.json.gz",
     "symbols.json",

@@ -126,6 +126,46 @@ fn percentile(sorted: &[u64], q: f64) -> u64 {
     sorted[rank - 1]
 }
 
+/// The summary's culprit text for a part: its culprit frame and how it
+/// spent the time, e.g. `load_tokenizer (tok.py:41) — off-CPU in read`.
+pub fn culprit_label(p: &StackPart) -> String {
+    let gc = p
+        .frames
+        .iter()
+        .any(|f| f.kind == FrameKind::Marker && f.name == "[gc]");
+    let what = match p.kind {
+        PartKind::OnCpu if gc => "garbage collection (on-CPU)".to_string(),
+        PartKind::OnCpu => "on-CPU".to_string(),
+        PartKind::OffCpu => format!("off-CPU in {}", p.syscall.as_deref().unwrap_or("?")),
+        PartKind::Runqueue => match &p.gil_holder {
+            Some(h) => format!(
+                "run queue, between waits for the GIL held by {}",
+                h.describe()
+            ),
+            None => "run queue".to_string(),
+        },
+        PartKind::GilWait => match &p.gil_holder {
+            Some(h) => format!("waiting for the GIL held by {}", h.describe()),
+            None => "waiting for the GIL".to_string(),
+        },
+    };
+    match culprit(p) {
+        Some(f) => format!("{} — {what}", f.label()),
+        None => format!("[no user frame] — {what}"),
+    }
+}
+
+/// A stall's top culprit: the [`culprit_label`] with the most of its
+/// time (ties: the first in label order), None for a stall with no parts.
+pub fn stall_culprit(s: &Stall) -> Option<String> {
+    let mut by: BTreeMap<String, u64> = BTreeMap::new();
+    for p in &s.stacks {
+        *by.entry(culprit_label(p)).or_default() += p.weight_ns;
+    }
+    let best = by.values().copied().max()?;
+    by.into_iter().find(|&(_, ns)| ns == best).map(|(l, _)| l)
+}
+
 pub fn summarize(rec: &Recording, top: usize) -> Summary {
     let mut d: Vec<u64> = rec.stalls.iter().map(|s| s.duration_ns).collect();
     d.sort_unstable();
@@ -133,30 +173,7 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
     let mut by: HashMap<String, u64> = HashMap::new();
     for s in &rec.stalls {
         for p in &s.stacks {
-            let gc = p
-                .frames
-                .iter()
-                .any(|f| f.kind == FrameKind::Marker && f.name == "[gc]");
-            let what = match p.kind {
-                PartKind::OnCpu if gc => "garbage collection (on-CPU)".to_string(),
-                PartKind::OnCpu => "on-CPU".to_string(),
-                PartKind::OffCpu => format!("off-CPU in {}", p.syscall.as_deref().unwrap_or("?")),
-                PartKind::Runqueue => match &p.gil_holder {
-                    Some(h) => format!(
-                        "run queue, between waits for the GIL held by {}",
-                        h.describe()
-                    ),
-                    None => "run queue".to_string(),
-                },
-                PartKind::GilWait => match &p.gil_holder {
-                    Some(h) => format!("waiting for the GIL held by {}", h.describe()),
-                    None => "waiting for the GIL".to_string(),
-                },
-            };
-            let label = match culprit(p) {
-                Some(f) => format!("{} — {what}", f.label()),
-                None => format!("[no user frame] — {what}"),
-            };
+            let label = culprit_label(p);
             *by.entry(label).or_default() += p.weight_ns;
         }
     }

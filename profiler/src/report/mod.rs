@@ -2,8 +2,8 @@
 //!
 //! In: [`Recording`]. Out: `stalls.json` (the recording itself, compact
 //! and versioned, which `stallprof report` reads back: [`json`]),
-//! `stalls.folded`, `stalls.svg`, `stalls.pb.gz` (pprof), and the summary
-//! text.
+//! `stalls.folded`, `stalls.svg`, `stalls.pb.gz` (pprof), `stalls.pftrace`
+//! (the Perfetto timeline: [`perfetto`]), and the summary text.
 use std::{
     fs,
     io::Write,
@@ -21,6 +21,7 @@ pub mod gate;
 pub mod json;
 pub mod label;
 pub mod model;
+pub mod perfetto;
 pub mod pprof;
 pub mod summary;
 
@@ -99,5 +100,6 @@ pub fn write_all(rec: &Recording, dir: &OutDir) -> Result<Vec<PathBuf>, RenderEr
         folded::write(rec, dir)?,
         flamegraph::write(rec, dir)?,
         pprof::write(rec, dir)?,
+        perfetto::write(rec, dir)?,
     ])
 }

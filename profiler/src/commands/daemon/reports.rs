@@ -3,8 +3,9 @@
 //!
 //! In: stalls with their process, added as they end. Out, when a window
 //! closes: `DATA/<window start, UTC>/<comm>-<pid>/` holding `stalls.json`
-//! (readable by `stallprof report`), `stalls.folded`, `stalls.svg` and
-//! `stalls.pb.gz` (pprof), for every process that stalled in the window.
+//! (readable by `stallprof report`), `stalls.folded`, `stalls.svg`,
+//! `stalls.pb.gz` (pprof) and `stalls.pftrace` (the Perfetto timeline), for
+//! every process that stalled in the window.
 //! The sweep deletes whole windows: older than `max_age`, then the oldest
 //! until the total is under `max_bytes`. It only touches directories named
 //! like windows, never anything else in the data directory.
@@ -217,6 +218,7 @@ impl Window {
                 duration_nanos,
             );
             report::write_file(&dir, "stalls.pb.gz", &pprof::encode_gz(&prof))?;
+            report::perfetto::write(&rec, &dir)?;
             out.push(Written {
                 window: name.clone(),
                 dir: dir.path().to_path_buf(),
