@@ -833,6 +833,46 @@ mod tests {
         assert_eq!(callstacks[0].frame_ids, [1, 2], "outermost first");
     }
 
+    /// Two loop threads wait for the same holder at once:
+    ///   tid 7  |--GIL wait 4 ms--|...          (from 7 ms)
+    ///   tid 8      |--GIL wait--|              (from 8 ms, inside it)
+    ///   tid 9  |==holds the GIL==|  + an instant at 8 ms, never a second,
+    ///                                 overlapping slice on 9's track
+    #[test]
+    fn overlapping_holds_become_instants() {
+        let mut rec = recording();
+        let mut second = rec.stalls[0].clone();
+        second.tid = 8;
+        second.thread_name = "loop2".into();
+        second.start_ns += 1_000_000;
+        second.end_ns += 1_000_000;
+        rec.stalls.push(second);
+        let mut ps = Vec::new();
+        packets(&rec, &mut |p| {
+            ps.push(p);
+            Ok(())
+        })
+        .unwrap();
+        let on_holder: Vec<(u64, i32)> = events(&ps)
+            .into_iter()
+            .filter(|(_, e)| e.track_uuid == Some(thread_uuid(9)))
+            .map(|(t, e)| (t, e.r#type.unwrap()))
+            .collect();
+        assert_eq!(
+            on_holder,
+            vec![
+                (7_000_000, TYPE_SLICE_BEGIN),
+                (11_000_000, TYPE_SLICE_END),
+                (8_000_000, TYPE_INSTANT),
+            ]
+        );
+        let flows: Vec<u64> = events(&ps)
+            .iter()
+            .flat_map(|(_, e)| e.flow_ids.clone())
+            .collect();
+        assert_eq!(flows, [1, 2], "one flow per GIL wait, ids unique");
+    }
+
     #[test]
     fn encoding_is_a_trace_and_repeated_fields_unpacked() {
         let rec = recording();
