@@ -335,6 +335,26 @@ impl OutDir {
     pub fn write(&self, name: &str, bytes: &[u8]) -> io::Result<PathBuf> {
         self.write_with(name, |w| w.write_all(bytes))
     }
+
+    /// A file that is `name` from the start and grows while stallprof runs
+    /// (`record`'s journal): created like every other file under a random
+    /// name (`O_EXCL | O_NOFOLLOW`), `head` written, then renamed into
+    /// place at once and the directory fsynced, so a crash at any later
+    /// point leaves it under its name. Returns it open for writing.
+    pub fn create_growing(&self, name: &str, head: &[u8]) -> io::Result<File> {
+        let mut p = self.create(name)?;
+        p.write_all(head)?;
+        let file = p.file.try_clone()?;
+        p.persist()?;
+        Ok(file)
+    }
+
+    /// Removes `name` (never following a symlink: unlinkat removes the
+    /// entry itself).
+    pub fn remove(&self, name: &str) -> io::Result<()> {
+        unlinkat(&*self.fd, name, AtFlags::empty())?;
+        Ok(())
+    }
 }
 
 /// A file being written under a random name in an [`OutDir`].

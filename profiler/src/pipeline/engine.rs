@@ -730,6 +730,12 @@ impl Engine {
         self.stalls.len()
     }
 
+    /// Stalls finished and not yet taken, from the `from`-th on (`record`'s
+    /// journal appends them as they come).
+    pub fn stalls_since(&self, from: usize) -> impl Iterator<Item = &Stall> {
+        self.stalls.iter().skip(from).map(|(_, s)| s)
+    }
+
     pub fn worst_ns(&self) -> u64 {
         self.stalls
             .iter()

@@ -90,7 +90,7 @@ struct File {
 }
 
 #[derive(Serialize, Deserialize)]
-struct WireStall {
+pub(crate) struct WireStall {
     tid: u32,
     thread_name: String,
     start_ns: u64,
@@ -160,39 +160,45 @@ impl<'a> Tables<'a> {
     }
 }
 
+/// A stall as on disk, its stacks interned by `stack` (also the journal's,
+/// [`crate::report::journal`]).
+pub(crate) fn wire_stall<'a>(s: &'a Stall, mut stack: impl FnMut(&'a [Frame]) -> u32) -> WireStall {
+    WireStall {
+        tid: s.tid,
+        thread_name: s.thread_name.clone(),
+        start_ns: s.start_ns,
+        end_ns: s.end_ns,
+        duration_ns: s.duration_ns,
+        on_cpu_ns: s.on_cpu_ns,
+        off_cpu_ns: s.off_cpu_ns,
+        runqueue_ns: s.runqueue_ns,
+        incomplete: s.incomplete,
+        coroutine: s.coroutine.clone(),
+        parts: s
+            .stacks
+            .iter()
+            .map(|p| WirePart {
+                stack: stack(&p.frames),
+                weight_ns: p.weight_ns,
+                kind: p.kind,
+                syscall: p.syscall.clone(),
+                waker_tid: p.waker_tid,
+                gil_holder: p.gil_holder.as_ref().map(|h| WireHolder {
+                    tid: h.tid,
+                    thread_name: h.thread_name.clone(),
+                    stack: stack(&h.frames),
+                }),
+            })
+            .collect(),
+    }
+}
+
 fn to_file(rec: &Recording) -> File {
     let mut t = Tables::default();
     let stalls = rec
         .stalls
         .iter()
-        .map(|s| WireStall {
-            tid: s.tid,
-            thread_name: s.thread_name.clone(),
-            start_ns: s.start_ns,
-            end_ns: s.end_ns,
-            duration_ns: s.duration_ns,
-            on_cpu_ns: s.on_cpu_ns,
-            off_cpu_ns: s.off_cpu_ns,
-            runqueue_ns: s.runqueue_ns,
-            incomplete: s.incomplete,
-            coroutine: s.coroutine.clone(),
-            parts: s
-                .stacks
-                .iter()
-                .map(|p| WirePart {
-                    stack: t.stack(&p.frames),
-                    weight_ns: p.weight_ns,
-                    kind: p.kind,
-                    syscall: p.syscall.clone(),
-                    waker_tid: p.waker_tid,
-                    gil_holder: p.gil_holder.as_ref().map(|h| WireHolder {
-                        tid: h.tid,
-                        thread_name: h.thread_name.clone(),
-                        stack: t.stack(&h.frames),
-                    }),
-                })
-                .collect(),
-        })
+        .map(|s| wire_stall(s, |f| t.stack(f)))
         .collect();
     File {
         format: FORMAT.into(),
@@ -245,41 +251,7 @@ fn from_file(f: File) -> Result<Recording, FormatError> {
     let stalls = f
         .stalls
         .into_iter()
-        .map(|s| {
-            Ok(Stall {
-                tid: s.tid,
-                thread_name: s.thread_name,
-                start_ns: s.start_ns,
-                end_ns: s.end_ns,
-                duration_ns: s.duration_ns,
-                on_cpu_ns: s.on_cpu_ns,
-                off_cpu_ns: s.off_cpu_ns,
-                runqueue_ns: s.runqueue_ns,
-                incomplete: s.incomplete,
-                coroutine: s.coroutine,
-                stacks: s
-                    .parts
-                    .into_iter()
-                    .map(|p| {
-                        Ok(StackPart {
-                            frames: stack(p.stack)?,
-                            weight_ns: p.weight_ns,
-                            kind: p.kind,
-                            syscall: p.syscall,
-                            waker_tid: p.waker_tid,
-                            gil_holder: match p.gil_holder {
-                                Some(h) => Some(GilHolder {
-                                    tid: h.tid,
-                                    thread_name: h.thread_name,
-                                    frames: stack(h.stack)?,
-                                }),
-                                None => None,
-                            },
-                        })
-                    })
-                    .collect::<Result<_, FormatError>>()?,
-            })
-        })
+        .map(|s| model_stall(s, &stack))
         .collect::<Result<_, FormatError>>()?;
     Ok(Recording {
         pid: f.pid,
@@ -298,6 +270,46 @@ fn from_file(f: File) -> Result<Recording, FormatError> {
         stallprof_version: f.stallprof_version,
         runtime_problems: f.runtime_problems,
         stalls,
+    })
+}
+
+/// A stall read from disk, its stack ids resolved by `stack`.
+pub(crate) fn model_stall(
+    s: WireStall,
+    stack: impl Fn(u32) -> Result<Vec<Frame>, FormatError>,
+) -> Result<Stall, FormatError> {
+    Ok(Stall {
+        tid: s.tid,
+        thread_name: s.thread_name,
+        start_ns: s.start_ns,
+        end_ns: s.end_ns,
+        duration_ns: s.duration_ns,
+        on_cpu_ns: s.on_cpu_ns,
+        off_cpu_ns: s.off_cpu_ns,
+        runqueue_ns: s.runqueue_ns,
+        incomplete: s.incomplete,
+        coroutine: s.coroutine,
+        stacks: s
+            .parts
+            .into_iter()
+            .map(|p| {
+                Ok(StackPart {
+                    frames: stack(p.stack)?,
+                    weight_ns: p.weight_ns,
+                    kind: p.kind,
+                    syscall: p.syscall,
+                    waker_tid: p.waker_tid,
+                    gil_holder: match p.gil_holder {
+                        Some(h) => Some(GilHolder {
+                            tid: h.tid,
+                            thread_name: h.thread_name,
+                            frames: stack(h.stack)?,
+                        }),
+                        None => None,
+                    },
+                })
+            })
+            .collect::<Result<_, FormatError>>()?,
     })
 }
 

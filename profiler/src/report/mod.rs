@@ -19,6 +19,7 @@ pub mod flamegraph;
 pub mod folded;
 pub mod gate;
 pub mod json;
+pub mod journal;
 pub mod label;
 pub mod model;
 pub mod perfetto;
@@ -49,6 +50,8 @@ pub enum RenderError {
         path: PathBuf,
         source: json::FormatError,
     },
+    #[error(transparent)]
+    Journal(#[from] journal::JournalError),
 }
 
 /// Write `name` in `dir` whole (see [`write_file_with`]).
@@ -77,12 +80,38 @@ pub fn write_json(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError>
     write_file_with(dir, "stalls.json", |w| json::write(rec, w))
 }
 
+/// Reads a recording: `stalls.json`, or, when a recording did not finish
+/// (`kill -9`, OOM, power cut, disk full) and left no `stalls.json`, its
+/// `stalls.journal`, saying so on stderr.
 pub fn read_json(path: &Path) -> Result<Recording, RenderError> {
     let file = if path.is_dir() {
         path.join("stalls.json")
     } else {
         path.to_path_buf()
     };
+    let journal = if path.is_dir() {
+        path.join(journal::NAME)
+    } else {
+        path.to_path_buf()
+    };
+    let is_journal = journal.file_name().is_some_and(|n| n == journal::NAME);
+    if is_journal && (!path.is_dir() || (!file.exists() && journal.exists())) {
+        let r = journal::read(&journal)?;
+        log::warn!(
+            "{}: rebuilding every output from {} ({} stalls up to +{:.1}s{}): the recording did not \
+             finish, so kernel drop and lost-event counts are unknown",
+            label::escape(&path.to_string_lossy()),
+            journal::NAME,
+            r.recording.stalls.len(),
+            r.recording.ended_ns.saturating_sub(r.recording.started_ns) as f64 / 1e9,
+            if r.damaged_tail > 0 {
+                format!(", a cut last line of {} bytes dropped", r.damaged_tail)
+            } else {
+                String::new()
+            }
+        );
+        return Ok(r.recording);
+    }
     let bytes = fs::read(&file).map_err(|source| RenderError::Read {
         path: file.clone(),
         source,
