@@ -786,6 +786,10 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
                 .iter()
                 .map(|s| s["duration_ns"].as_u64().unwrap())
                 .sum();
+            let pftrace = std::fs::metadata(p.path().join("stalls.pftrace"));
+            cb.check(pftrace.is_ok_and(|m| m.len() > 0), || {
+                format!("{}: no stalls.pftrace", p.path().display())
+            });
             let prof = read_pprof(&dir.path, &p.path().join("stalls.pb.gz"));
             let total: u64 = prof["samples"]
                 .as_array()

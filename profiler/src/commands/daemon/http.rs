@@ -494,7 +494,8 @@ fn report_file(data: &OutDir, rel: &str) -> Resp {
         Some("svg") => "image/svg+xml",
         Some("json") => "application/json",
         Some("folded") => "text/plain; charset=utf-8",
-        Some("gz") => "application/octet-stream",
+        // stalls.pb.gz (pprof), stalls.pftrace (Perfetto): protobuf.
+        Some("gz" | "pftrace") => "application/octet-stream",
         _ => return text(StatusCode::NOT_FOUND, "no such report\n"),
     };
     let fd = match open_beneath(data.dir_fd(), rel) {
