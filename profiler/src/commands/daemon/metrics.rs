@@ -54,6 +54,8 @@ pub struct Metrics {
     pub excluded: Gauge,
     pub window_stalls_dropped: Counter,
     pub reports_written: Counter,
+    pub report_write_failures: Counter,
+    pub reports_dropped: Counter,
     pub reports_bytes: Gauge,
     pub session_resets: Counter,
     pub non_loop_stack_events: Counter,
@@ -196,6 +198,18 @@ impl Metrics {
             "Per-process window reports written to the data directory",
             reports_written.clone(),
         );
+        let report_write_failures = Counter::default();
+        r.register(
+            "stallprof_report_write_failures",
+            "Window writes that failed (disk full, I/O error); their reports stay in memory and are retried at the next window",
+            report_write_failures.clone(),
+        );
+        let reports_dropped = Counter::default();
+        r.register(
+            "stallprof_reports_dropped",
+            "Per-process window reports given up after their window failed to write three windows in a row",
+            reports_dropped.clone(),
+        );
         let reports_bytes = Gauge::default();
         r.register_with_unit(
             "stallprof_reports",
@@ -263,6 +277,8 @@ impl Metrics {
             excluded,
             window_stalls_dropped,
             reports_written,
+            report_write_failures,
+            reports_dropped,
             reports_bytes,
             session_resets,
             non_loop_stack_events,

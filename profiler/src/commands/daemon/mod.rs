@@ -358,6 +358,9 @@ struct Collector {
     /// Exited processes whose series are still exported, oldest first.
     gone: VecDeque<(Instant, Tracked)>,
     window: Window,
+    /// Closed windows whose reports failed to write, oldest first: retried
+    /// at each roll, at most [`MAX_UNWRITTEN`] kept.
+    unwritten: VecDeque<Window>,
     next_roll_mono: u64,
     agent_base: BTreeMap<String, u64>,
     forgotten_since_reset: usize,
@@ -386,6 +389,7 @@ impl Collector {
         );
         Ok(Collector {
             window: Window::new(SystemTime::now(), now),
+            unwritten: VecDeque::new(),
             next_roll_mono,
             cfg,
             data,
@@ -686,33 +690,36 @@ impl Collector {
         let next = Window::new(SystemTime::now(), now);
         let w = std::mem::replace(&mut self.window, next);
         self.next_roll_mono = now + until_boundary(self.cfg.window);
-        match w.write(&self.data, now, self.cfg.threshold_ns, self.cfg.sample_hz) {
-            Ok(written) => {
-                self.sh.metrics.reports_written.inc_by(written.len() as u64);
-                self.total_reports += written.len() as u64;
-                for wr in written {
-                    let rel = format!(
-                        "{}/{}/stalls.svg",
-                        wr.window,
-                        wr.dir
-                            .file_name()
-                            .map(|n| n.to_string_lossy().into_owned())
-                            .unwrap_or_default()
-                    );
-                    if let Some(t) = self.procs.get_mut(&wr.pid) {
-                        t.last_report = Some(rel);
-                    } else if let Some((_, t)) = self
-                        .gone
-                        .iter_mut()
-                        .rev()
-                        .find(|(_, g)| g.info.pid == wr.pid)
-                    {
-                        t.last_report = Some(rel);
-                    }
-                }
+        // A closed window is never dropped on a failed write: it is kept
+        // (its stalls are already in memory, within the window budget) and
+        // retried, oldest first, at each roll.
+        self.unwritten.push_back(w);
+        let mut failed = VecDeque::new();
+        while let Some(mut w) = self.unwritten.pop_front() {
+            let (written, r) = w.write(&self.data, now, self.cfg.threshold_ns, self.cfg.sample_hz);
+            self.note_written(written);
+            if let Err(e) = r {
+                self.sh.metrics.report_write_failures.inc();
+                warn!(
+                    "writing the window's reports to {}: {e:#}; {} process report(s) kept in memory, retried at the next window \
+                     (free space in the data directory)",
+                    self.cfg.data_dir.display(),
+                    w.pending()
+                );
+                failed.push_back(w);
             }
-            Err(e) => warn!("writing the window's reports: {e:#}"),
         }
+        while failed.len() > MAX_UNWRITTEN {
+            let w = failed.pop_front().expect("non-empty");
+            self.sh.metrics.reports_dropped.inc_by(w.pending() as u64);
+            log::error!(
+                "gave up on {} process report(s) of a window after {MAX_UNWRITTEN} failed retries: the data directory {} \
+                 still cannot be written (their stalls remain in the metrics)",
+                w.pending(),
+                self.cfg.data_dir.display()
+            );
+        }
+        self.unwritten = failed;
         let (bytes, removed) = reports::sweep(
             &self.cfg.data_dir,
             self.cfg.max_age,
@@ -724,7 +731,37 @@ impl Collector {
         }
         self.sh.metrics.reports_bytes.set(bytes as i64);
     }
+
+    fn note_written(&mut self, written: Vec<reports::Written>) {
+        self.sh.metrics.reports_written.inc_by(written.len() as u64);
+        self.total_reports += written.len() as u64;
+        for wr in written {
+            let rel = format!(
+                "{}/{}/stalls.svg",
+                wr.window,
+                wr.dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            );
+            if let Some(t) = self.procs.get_mut(&wr.pid) {
+                t.last_report = Some(rel);
+            } else if let Some((_, t)) = self
+                .gone
+                .iter_mut()
+                .rev()
+                .find(|(_, g)| g.info.pid == wr.pid)
+            {
+                t.last_report = Some(rel);
+            }
+        }
+    }
 }
+
+/// Closed windows kept for a retry when the data directory cannot be
+/// written; past it the oldest is given up (`stallprof_reports_dropped`).
+/// Each holds at most the window budget (32 MiB).
+const MAX_UNWRITTEN: usize = 3;
 
 /// Time until the next wall-clock multiple of `window` (windows line up
 /// with the clock: a 60 s window starts on the minute).

@@ -109,6 +109,9 @@ pub struct Window {
     /// Keyed by (pid, start ticks): a reused pid is another process.
     pub procs: HashMap<(u32, u64), ProcWindow>,
     pub bytes: usize,
+    /// Once its writing began: the window's directory and end, which a
+    /// retried write reuses (the processes written are gone from `procs`).
+    written_to: Option<(String, OutDir, u64)>,
 }
 
 /// One per-process report written.
@@ -129,7 +132,13 @@ impl Window {
             start_mono,
             procs: HashMap::new(),
             bytes: 0,
+            written_to: None,
         }
+    }
+
+    /// Processes whose reports are not written yet.
+    pub fn pending(&self) -> usize {
+        self.procs.len()
     }
 
     /// Add a stall; false if the window is over its budget (not added).
@@ -150,33 +159,56 @@ impl Window {
         true
     }
 
-    /// Write every process's report for this window, ending now.
+    /// Write every process's report for this window, ending at `end_mono`
+    /// (on a retry, the end of the first attempt). Each process written
+    /// leaves the window; on an error the rest stay, for
+    /// [`Window::write`] again. Returns what was written, and the error.
     pub fn write(
-        self,
+        &mut self,
         data_dir: &OutDir,
         end_mono: u64,
         threshold_ns: u64,
         sample_hz: u64,
-    ) -> Result<Vec<Written>> {
+    ) -> (Vec<Written>, Result<()>) {
+        let mut out = Vec::new();
+        let r = self.write_procs(data_dir, end_mono, threshold_ns, sample_hz, &mut out);
+        (out, r)
+    }
+
+    fn write_procs(
+        &mut self,
+        data_dir: &OutDir,
+        end_mono: u64,
+        threshold_ns: u64,
+        sample_hz: u64,
+        out: &mut Vec<Written>,
+    ) -> Result<()> {
         if self.procs.is_empty() {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let start_secs = self
             .start_wall
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let (name, wdir) = new_subdir(data_dir, &utc_stamp(start_secs))?;
-        let mut out = Vec::new();
-        let mut procs: Vec<ProcWindow> = self.procs.into_values().collect();
-        procs.sort_by_key(|p| (p.info.pid, p.info.start_ticks));
+        let (name, wdir, end_mono) = match &self.written_to {
+            Some(w) => w.clone(),
+            None => {
+                let (name, wdir) = new_subdir(data_dir, &utc_stamp(start_secs))?;
+                self.written_to = Some((name.clone(), wdir.clone(), end_mono));
+                (name, wdir, end_mono)
+            }
+        };
+        let mut keys: Vec<(u32, u64)> = self.procs.keys().copied().collect();
+        keys.sort();
         let time_nanos = self
             .start_wall
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos() as i64)
             .unwrap_or(0);
         let duration_nanos = end_mono.saturating_sub(self.start_mono) as i64;
-        for mut p in procs {
+        for key in keys {
+            let p = self.procs.get_mut(&key).expect("a key of procs");
             p.stalls.sort_by_key(|s| (s.start_ns, s.tid));
             // The same comm and pid twice in a window: a reused pid.
             let (_, dir) = new_subdir(&wdir, &p.info.dir_name())?;
@@ -202,23 +234,33 @@ impl Window {
                 executor_threads: Vec::new(),
                 stallprof_version: env!("CARGO_PKG_VERSION").into(),
                 runtime_problems: Vec::new(),
-                stalls: p.stalls,
+                stalls: std::mem::take(&mut p.stalls),
             };
-            report::write_json(&rec, &dir)?;
-            report::folded::write(&rec, &dir)?;
-            flamegraph::write(&rec, &dir)?;
-            let label = pprof::ProcLabel {
-                pid: rec.pid,
-                comm: &rec.comm,
-                container: &p.info.container,
-            };
-            let prof = pprof::profile(
-                rec.stalls.iter().map(|s| (label.clone(), s)),
-                time_nanos,
-                duration_nanos,
-            );
-            report::write_file(&dir, "stalls.pb.gz", &pprof::encode_gz(&prof))?;
-            report::perfetto::write(&rec, &dir)?;
+            let wrote = (|| -> Result<()> {
+                report::write_json(&rec, &dir)?;
+                report::folded::write(&rec, &dir)?;
+                flamegraph::write(&rec, &dir)?;
+                let label = pprof::ProcLabel {
+                    pid: rec.pid,
+                    comm: &rec.comm,
+                    container: &p.info.container,
+                };
+                let prof = pprof::profile(
+                    rec.stalls.iter().map(|s| (label.clone(), s)),
+                    time_nanos,
+                    duration_nanos,
+                );
+                report::write_file(&dir, "stalls.pb.gz", &pprof::encode_gz(&prof))?;
+                report::perfetto::write(&rec, &dir)?;
+                Ok(())
+            })();
+            if let Err(e) = wrote {
+                // Kept for the retry; the half-written directory stays
+                // (the retry writes a new `<comm>-<pid>-2`).
+                p.stalls = rec.stalls;
+                return Err(e);
+            }
+            self.procs.remove(&key);
             out.push(Written {
                 window: name.clone(),
                 dir: dir.path().to_path_buf(),
@@ -228,7 +270,7 @@ impl Window {
                 stall_ns: rec.total_stall_ns(),
             });
         }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -319,6 +361,61 @@ pub fn sweep(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 13: a window whose write fails keeps its stalls for a retry;
+    /// the retry writes them into the same window directory.
+    #[test]
+    fn failed_window_write_is_kept_and_retried() {
+        use crate::report::model::{Frame, FrameKind, PartKind, StackPart};
+        let root = std::env::temp_dir().join(format!(
+            "stallprof-window-{}",
+            crate::os::outdir::random_suffix()
+        ));
+        let data = OutDir::create_new(&root).unwrap();
+        let mut w = Window::new(SystemTime::now(), 1_000);
+        let info = Arc::new(ProcInfo {
+            pid: 42,
+            start_ticks: 7,
+            comm: "victim".into(),
+            exe: "/bin/victim".into(),
+            cgroup: String::new(),
+            container: String::new(),
+            runtime: "native".into(),
+        });
+        let stall = Stall {
+            tid: 42,
+            thread_name: "victim".into(),
+            start_ns: 2_000,
+            end_ns: 60_000_000,
+            duration_ns: 59_998_000,
+            on_cpu_ns: 59_998_000,
+            off_cpu_ns: 0,
+            runqueue_ns: 0,
+            incomplete: false,
+            coroutine: None,
+            stacks: vec![StackPart {
+                frames: vec![Frame::new("spin", FrameKind::Native)],
+                weight_ns: 59_998_000,
+                kind: PartKind::OnCpu,
+                syscall: None,
+                waker_tid: None,
+                gil_holder: None,
+            }],
+        };
+        assert!(w.add(&info, stall));
+        // The data directory is gone: the write fails, the stalls stay.
+        fs::remove_dir(&root).unwrap();
+        let (written, r) = w.write(&data, 70_000_000, 50_000_000, 199);
+        assert!(r.is_err() && written.is_empty());
+        assert_eq!(w.pending(), 1);
+        // Back: the retry writes them.
+        let data = OutDir::create_new(&root).unwrap();
+        let (written, r) = w.write(&data, 80_000_000, 50_000_000, 199);
+        r.unwrap();
+        assert_eq!((written.len(), w.pending()), (1, 0));
+        assert!(written[0].dir.join("stalls.json").is_file());
+        fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn stamps_round_trip() {
