@@ -15,12 +15,14 @@ use crate::{
     pipeline::engine,
     pipeline::stall::TrackerConfig,
     report,
+    report::view::{Native, View},
 };
 
 #[derive(Args, Debug)]
 pub struct ReportArgs {
     /// A directory written by `stallprof record` (or its stalls.json).
-    pub input: PathBuf,
+    #[arg(required_unless_present = "diff")]
+    pub input: Option<PathBuf>,
     /// Only stalls at least this long. Below the recording's threshold it
     /// replays the raw records of a `--save-events` recording.
     #[arg(long, value_parser = parse_duration)]
@@ -30,6 +32,18 @@ pub struct ReportArgs {
     /// whose stalls.json holds stalls a higher threshold would drop).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+    /// Native frames in stalls.folded and stalls.svg: `user` folds the
+    /// interpreter's eval and start-up frames away and trims the loop's
+    /// common root; `all` keeps every frame (stalls.json always does).
+    #[arg(long, value_enum, default_value_t = Native::User)]
+    pub native: Native,
+    /// A differential flamegraph of two recordings into -o DIR: diff.svg
+    /// (AFTER's stacks, red where stall time grew, blue where it shrank),
+    /// diff-before.svg (BEFORE's stacks, same colours: what went away) and
+    /// diff.folded (`stack before_us after_us`). Weights are scaled to the
+    /// same total stall time before colouring.
+    #[arg(long, num_args = 2, value_names = ["BEFORE", "AFTER"], conflicts_with_all = ["input", "threshold"], requires = "output")]
+    pub diff: Option<Vec<PathBuf>>,
 }
 
 /// Do `a` and `b` name one directory (symlinks and `..` resolved)?
@@ -42,13 +56,22 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 }
 
 pub fn run(a: ReportArgs) -> Result<String> {
-    let mut rec = report::read_json(&a.input)?;
+    let view = View { native: a.native };
+    if let (Some(d), Some(o)) = (&a.diff, &a.output) {
+        return diff(&d[0], &d[1], o, view);
+    }
+    let Some(input) = a.input.clone() else {
+        bail!(
+            "give a recording to re-render (stallprof report DIR) or two with --diff BEFORE AFTER -o OUT"
+        );
+    };
+    let mut rec = report::read_json(&input)?;
     if let Some(t) = a.threshold {
         if t < rec.threshold_ns {
-            let dir = if a.input.is_dir() {
-                a.input.clone()
+            let dir = if input.is_dir() {
+                input.clone()
             } else {
-                a.input.parent().map(PathBuf::from).unwrap_or_default()
+                input.parent().map(PathBuf::from).unwrap_or_default()
             };
             if !dir.join(engine::EVENTS_FILE).exists() {
                 bail!(
@@ -83,10 +106,10 @@ pub fn run(a: ReportArgs) -> Result<String> {
         }
         rec.threshold_ns = t;
     }
-    let input_dir = if a.input.is_dir() {
-        a.input.clone()
+    let input_dir = if input.is_dir() {
+        input.clone()
     } else {
-        a.input
+        input
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .map(PathBuf::from)
@@ -117,6 +140,50 @@ pub fn run(a: ReportArgs) -> Result<String> {
             OutDir::create_new(&base.with_file_name(name))?
         }
     };
-    let files = report::write_all(&rec, &out)?;
+    let files = report::write_all_view(&rec, &out, view)?;
     Ok(report::summary::text(&rec, &files))
+}
+
+/// `report --diff BEFORE AFTER -o OUT`: diff.svg, diff-before.svg and
+/// diff.folded (`stack before_us after_us`, unscaled), and a line with
+/// each recording's count and stall time.
+fn diff(before: &Path, after: &Path, out: &Path, view: View) -> Result<String> {
+    let (b, a) = (report::read_json(before)?, report::read_json(after)?);
+    if same_dir(out, before) || same_dir(out, after) {
+        bail!(
+            "-o {} is one of the recordings being compared; give a new directory with -o DIR",
+            out.display()
+        );
+    }
+    let dir = OutDir::open_or_create(out)?;
+    let svg = |before_widths: bool, name: &str| {
+        report::flamegraph::render_diff(&b, &a, view, before_widths).map_err(|source| {
+            report::RenderError::Write {
+                path: dir.join(name),
+                source,
+            }
+        })
+    };
+    let (svg_after, svg_before) = (svg(false, "diff.svg")?, svg(true, "diff-before.svg")?);
+    let mut folded = report::flamegraph::diff_lines(&b, &a, view).join("\n");
+    folded.push('\n');
+    let files = [
+        report::write_file(&dir, "diff.svg", &svg_after)?,
+        report::write_file(&dir, "diff-before.svg", &svg_before)?,
+        report::write_file(&dir, "diff.folded", folded.as_bytes())?,
+    ];
+    let mut text = format!(
+        "stallprof diff: BEFORE {} stalls, {} of stall time; AFTER {} stalls, {}\n  wrote:\n",
+        b.stalls.len(),
+        fmt_ns(b.total_stall_ns()),
+        a.stalls.len(),
+        fmt_ns(a.total_stall_ns())
+    );
+    for f in files {
+        text.push_str(&format!(
+            "    {}\n",
+            report::label::escape(&f.to_string_lossy())
+        ));
+    }
+    Ok(text)
 }

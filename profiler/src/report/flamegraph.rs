@@ -2,7 +2,8 @@
 //!
 //! Colours come from the frame kind, not from name heuristics: native code
 //! warm (red/yellow), Python green, kernel orange, off-CPU markers blue,
-//! run-queue purple. Widths are microseconds of stall time.
+//! run-queue purple. Widths are microseconds of stall time. Stacks are
+//! drawn in a [`View`] (by default the user's code: [`crate::report::view`]).
 use std::{
     collections::HashMap,
     hash::{DefaultHasher, Hash, Hasher},
@@ -20,6 +21,7 @@ use crate::{
     os::units::fmt_ns,
     report::aggregate,
     report::model::{Frame, FrameKind, Recording},
+    report::view::{self, View},
 };
 
 fn jitter(label: &str, span: u8) -> u8 {
@@ -69,8 +71,8 @@ fn color(f: &Frame, label: &str) -> Color {
     }
 }
 
-pub fn render(rec: &Recording) -> Result<Vec<u8>, std::io::Error> {
-    let lines = aggregate::folded_lines(&rec.stalls);
+pub fn render(rec: &Recording, v: View) -> Result<Vec<u8>, std::io::Error> {
+    let lines = aggregate::folded_lines(&view::apply(&rec.stalls, v));
     let mut palette = PaletteMap::default();
     let mut seen: HashMap<String, ()> = HashMap::new();
     for s in &rec.stalls {
@@ -111,10 +113,93 @@ pub fn render(rec: &Recording) -> Result<Vec<u8>, std::io::Error> {
     Ok(svg)
 }
 
+/// `stalls.svg` in the default view.
 pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
-    let svg = render(rec).map_err(|source| RenderError::Write {
+    write_view(rec, dir, View::default())
+}
+
+pub fn write_view(rec: &Recording, dir: &OutDir, v: View) -> Result<PathBuf, RenderError> {
+    let svg = render(rec, v).map_err(|source| RenderError::Write {
         path: dir.join("stalls.svg"),
         source,
     })?;
     write_file(dir, "stalls.svg", &svg)
+}
+
+/// A differential flamegraph of two recordings (`report --diff`), in the
+/// view given: each frame coloured by how its stall time changed from
+/// BEFORE to AFTER (red: more, blue: less). One recording's weights are
+/// first scaled so that both have the same total stall time (inferno's
+/// normalization): the colours say where the stall time moved, not that
+/// one recording was longer. Widths are AFTER's stall time, or BEFORE's
+/// with `before_widths` (what shrank to nothing is only visible there).
+pub fn render_diff(
+    before: &Recording,
+    after: &Recording,
+    v: View,
+    before_widths: bool,
+) -> std::io::Result<Vec<u8>> {
+    let folded = |r: &Recording| {
+        let mut t = aggregate::folded_lines(&view::apply(&r.stalls, v)).join("\n");
+        t.push('\n');
+        t
+    };
+    // inferno draws the second profile's widths, coloured by second - first.
+    let (first, second) = if before_widths {
+        (folded(after), folded(before))
+    } else {
+        (folded(before), folded(after))
+    };
+    let mut diff = Vec::new();
+    let opts = inferno::differential::Options {
+        normalize: true,
+        ..Default::default()
+    };
+    inferno::differential::from_readers(opts, first.as_bytes(), second.as_bytes(), &mut diff)?;
+    let diff = String::from_utf8_lossy(&diff).into_owned();
+    let mut opts = Options::default();
+    opts.title = format!(
+        "stallprof diff: {} stalls ({}) → {} stalls ({})",
+        before.stalls.len(),
+        fmt_ns(before.total_stall_ns()),
+        after.stalls.len(),
+        fmt_ns(after.total_stall_ns())
+    );
+    opts.subtitle = Some(format!(
+        "widths: {}'s stall time; red = more stall time in AFTER, blue = less (scaled to the same total stall time)",
+        if before_widths { "BEFORE" } else { "AFTER" }
+    ));
+    opts.negate_differentials = before_widths;
+    opts.count_name = "us".into();
+    opts.name_type = "Frame:".into();
+    opts.deterministic = true;
+    let mut svg = Vec::new();
+    let lines: Vec<&str> = diff.lines().collect();
+    let none = ["[no stalls in either recording] 1 1"];
+    let lines = if lines.is_empty() {
+        &none[..]
+    } else {
+        &lines[..]
+    };
+    flamegraph::from_lines(&mut opts, lines.iter().copied(), &mut svg)
+        .map_err(std::io::Error::other)?;
+    Ok(svg)
+}
+
+/// The folded lines of [`render_diff`]: `stack before_us after_us`, BEFORE
+/// not scaled.
+pub fn diff_lines(before: &Recording, after: &Recording, v: View) -> Vec<String> {
+    let b = aggregate::folded_ns(&view::apply(&before.stalls, v));
+    let a = aggregate::folded_ns(&view::apply(&after.stalls, v));
+    let mut keys: Vec<&String> = b.keys().chain(a.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .map(|k| {
+            let us = |m: &std::collections::BTreeMap<String, u64>| {
+                m.get(k).map_or(0, |ns| (ns + 500) / 1000)
+            };
+            format!("{k} {} {}", us(&b), us(&a))
+        })
+        .collect()
 }

@@ -1,12 +1,23 @@
 //! `stalls.folded`: collapsed stacks, `frame;frame;…;frame weight_us`,
-//! the input format of inferno, flamegraph.pl and speedscope.
+//! the input format of inferno, flamegraph.pl and speedscope, in the
+//! [`View`] given (by default the user's code: [`crate::report::view`]).
 use std::path::PathBuf;
 
 use super::{RenderError, write_file};
-use crate::{os::outdir::OutDir, report::aggregate, report::model::Recording};
+use crate::{
+    os::outdir::OutDir,
+    report::aggregate,
+    report::model::Recording,
+    report::view::{self, View},
+};
 
+/// `stalls.folded` in the default view.
 pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
-    let mut text = aggregate::folded_lines(&rec.stalls).join("\n");
+    write_view(rec, dir, View::default())
+}
+
+pub fn write_view(rec: &Recording, dir: &OutDir, v: View) -> Result<PathBuf, RenderError> {
+    let mut text = aggregate::folded_lines(&view::apply(&rec.stalls, v)).join("\n");
     text.push('\n');
     write_file(dir, "stalls.folded", text.as_bytes())
 }

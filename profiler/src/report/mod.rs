@@ -2,8 +2,9 @@
 //!
 //! In: [`Recording`]. Out: `stalls.json` (the recording itself, compact
 //! and versioned, which `stallprof report` reads back: [`json`]),
-//! `stalls.folded`, `stalls.svg`, `stalls.pb.gz` (pprof), `stalls.pftrace`
-//! (the Perfetto timeline: [`perfetto`]), and the summary text.
+//! `stalls.folded`, `stalls.svg` (both in a [`view::View`]: by default the
+//! user's code), `stalls.pb.gz` (pprof), `stalls.pftrace` (the Perfetto
+//! timeline: [`perfetto`]), and the summary text.
 use std::{
     fs,
     io::Write,
@@ -25,6 +26,7 @@ pub mod model;
 pub mod perfetto;
 pub mod pprof;
 pub mod summary;
+pub mod view;
 
 #[derive(Debug, Error)]
 pub enum RenderError {
@@ -124,10 +126,20 @@ pub fn read_json(path: &Path) -> Result<Recording, RenderError> {
 
 /// Write every output format; returns the paths written.
 pub fn write_all(rec: &Recording, dir: &OutDir) -> Result<Vec<PathBuf>, RenderError> {
+    write_all_view(rec, dir, view::View::default())
+}
+
+/// [`write_all`], with `stalls.folded` and `stalls.svg` in the view given
+/// (`--native`); the other outputs keep every frame.
+pub fn write_all_view(
+    rec: &Recording,
+    dir: &OutDir,
+    v: view::View,
+) -> Result<Vec<PathBuf>, RenderError> {
     Ok(vec![
         write_json(rec, dir)?,
-        folded::write(rec, dir)?,
-        flamegraph::write(rec, dir)?,
+        folded::write_view(rec, dir, v)?,
+        flamegraph::write_view(rec, dir, v)?,
         pprof::write(rec, dir)?,
         perfetto::write(rec, dir)?,
     ])

@@ -1,0 +1,415 @@
+//! The default view of stacks in the flamegraph and `stalls.folded`: the
+//! user's code, not the interpreter's or the loop's.
+//!
+//! In: symbolized stalls (every frame, as `stalls.json` keeps them). Out:
+//! the same stalls with, unless `--native all`:
+//! - **the interpreter folded away** in the interpreter's stacks (with
+//!   Python frames, or native frames of the interpreter's object file):
+//!   native frames of the interpreter (module `libpython*` or the `python*`
+//!   executable) whose names are CPython's eval, call and bootstrap
+//!   machinery (`_PyEval_*`, `_PyObject_Vectorcall*`, `Py_RunMain`,
+//!   `pymain_*`, …), the C runtime's start frames (`_start`,
+//!   `__libc_start*`) and asyncio's C task stepping (`_asyncio`'s
+//!   `task_step*`). Every other native frame stays where it was, so a C
+//!   extension (`zlib_Compress…`, `deflate`, `_ssl__SSLContext…`) and the
+//!   kernel stay under the Python function that called them. The module is
+//!   what decides: a frame named `_PyEval_EvalFrameDefault` in another
+//!   object is not the interpreter's.
+//! - **the loop's root trimmed**: in a stack through asyncio's dispatch
+//!   point (`Handle._run`) everything up to and including it; and in
+//!   every stack the frames all stacks of that thread share (when it has
+//!   two different ones), but never the frame the summary blames
+//!   ([`aggregate::culprit`]) nor anything above it, and never a stack's
+//!   last frame.
+//!
+//! Weights are untouched: the view moves no time, it only drops frames (so
+//! distinct stacks may merge). `pprof` and `stalls.json` keep every frame.
+use std::collections::HashMap;
+
+use clap::ValueEnum;
+
+use crate::report::{
+    aggregate,
+    model::{Frame, FrameKind, Stall},
+};
+
+/// Which native frames a view keeps (`--native`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Native {
+    /// The user's code: interpreter and bootstrap frames folded away, the
+    /// loop's common root trimmed.
+    #[default]
+    User,
+    /// Every frame as recorded.
+    All,
+}
+
+/// How stacks are shown in the flamegraph and `stalls.folded`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct View {
+    pub native: Native,
+}
+
+impl View {
+    pub const ALL: View = View {
+        native: Native::All,
+    };
+}
+
+/// Is `module` the CPython interpreter: its shared library or an executable
+/// with it linked in (`libpython3.11.so.1.0`, `python3.11`, `python3`)?
+fn is_interpreter_module(module: &str) -> bool {
+    module.starts_with("libpython") || module.starts_with("python")
+}
+
+/// CPython's eval loop, call dispatch and start-up, by name.
+fn is_interpreter_machinery(name: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "_PyEval_",
+        "PyEval_",
+        "_PyObject_Vectorcall",
+        "PyObject_Vectorcall",
+        "_PyObject_Call",
+        "PyObject_Call",
+        "_PyObject_FastCall",
+        "_PyObject_MakeTpCall",
+        "_PyFunction_Vectorcall",
+        "_PyVectorcall_",
+        "PyVectorcall_",
+        "_PyCFunction",
+        "PyCFunction_Call",
+        "cfunction_vectorcall",
+        "cfunction_call",
+        "method_vectorcall",
+        "vectorcall_",
+        "slot_tp_call",
+        "Py_RunMain",
+        "Py_BytesMain",
+        "Py_Main",
+        "pymain_",
+        "_PyRun_",
+        "PyRun_",
+        "pyrun_",
+        "run_mod",
+        "run_eval_code_obj",
+        "_PyGen_Send",
+        "PyGen_am_send",
+        "gen_send",
+        "gen_iternext",
+        "PyIter_Send",
+        "context_run",
+        "_PyContext_",
+        "builtin_exec",
+        "exec_code_in_module",
+        "object_vacall",
+        "function_code_fastcall",
+        "call_function",
+        "do_call_core",
+    ];
+    name == "main" || PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// Is this native frame the interpreter's own, or process start-up?
+pub fn is_interpreter_frame(f: &Frame) -> bool {
+    if f.kind != FrameKind::Native {
+        return false;
+    }
+    let module = f.module.as_deref().unwrap_or("");
+    if f.name == "_start" || f.name.starts_with("__libc_start") {
+        return true;
+    }
+    if module.starts_with("_asyncio") && f.name.starts_with("task_step") {
+        return true;
+    }
+    is_interpreter_module(module) && is_interpreter_machinery(&f.name)
+}
+
+/// asyncio's dispatch point: every callback the loop runs starts here.
+fn is_dispatch_frame(f: &Frame) -> bool {
+    f.name == "Handle._run" || f.name.ends_with(".Handle._run")
+}
+
+/// The view of one stack before trimming: interpreter frames folded away
+/// when it is the interpreter's (it holds Python frames, or native frames
+/// of the interpreter: start-up and finalization run no Python code).
+fn fold(frames: &[Frame]) -> Vec<Frame> {
+    let interpreter = frames.iter().any(|f| {
+        f.kind == FrameKind::Python
+            || (f.kind == FrameKind::Native
+                && f.module.as_deref().is_some_and(is_interpreter_module))
+    });
+    if !interpreter {
+        return frames.to_vec();
+    }
+    frames
+        .iter()
+        .filter(|f| !is_interpreter_frame(f))
+        .cloned()
+        .collect()
+}
+
+/// The stalls as `view` shows them.
+pub fn apply(stalls: &[Stall], view: View) -> Vec<Stall> {
+    let mut out = stalls.to_vec();
+    if view.native == Native::All {
+        return out;
+    }
+    for s in out.iter_mut() {
+        for p in s.stacks.iter_mut() {
+            p.frames = fold(&p.frames);
+        }
+    }
+    // Per thread, the root every stack shares, cut short of every stack's
+    // culprit and last frame: (frames shared, a stack to compare with,
+    // whether two stacks differed). A stack through the dispatch point is
+    // cut there too (the loop's own stacks, e.g. its selector, only
+    // down to the root they share with the rest).
+    let mut root: HashMap<u32, (usize, Vec<Frame>, bool)> = HashMap::new();
+    for s in &out {
+        for p in &s.stacks {
+            // A stack with no code frame (`[on-cpu: between samples]`), or
+            // whose unwinding stopped short of the thread's start (its
+            // outermost frame unnamed: `[libcrypto.so.3+0x12d3d5]`,
+            // `[truncated]`), says nothing of the root.
+            if p.frames.first().is_some_and(|f| f.name.starts_with('['))
+                || !p
+                    .frames
+                    .iter()
+                    .any(|f| matches!(f.kind, FrameKind::Native | FrameKind::Python))
+            {
+                continue;
+            }
+            let limit = aggregate::culprit(p)
+                .and_then(|c| p.frames.iter().position(|f| std::ptr::eq(f, c)))
+                .unwrap_or(usize::MAX)
+                .min(p.frames.len().saturating_sub(1));
+            match root.get_mut(&s.tid) {
+                None => {
+                    root.insert(s.tid, (limit, p.frames.clone(), false));
+                }
+                Some((n, first, differed)) => {
+                    *differed |= *first != p.frames;
+                    *n = first
+                        .iter()
+                        .zip(&p.frames)
+                        .take((*n).min(limit))
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                }
+            }
+        }
+    }
+    for s in out.iter_mut() {
+        let (shared, prefix): (usize, &[Frame]) = match root.get(&s.tid) {
+            // One stack alone shows no root to share: keep it whole.
+            Some((n, first, true)) => (*n, &first[..*n]),
+            _ => (0, &[]),
+        };
+        for p in s.stacks.iter_mut() {
+            let dispatch = match p.frames.iter().rposition(is_dispatch_frame) {
+                Some(i) if i + 1 < p.frames.len() => i + 1,
+                _ => 0,
+            };
+            let common = if p.frames.len() > shared && p.frames.starts_with(prefix) {
+                shared
+            } else {
+                0
+            };
+            let cut = dispatch.max(common);
+            p.frames.drain(..cut);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::model::{PartKind, StackPart};
+
+    fn n(name: &str, module: &str) -> Frame {
+        Frame {
+            module: Some(module.into()),
+            ..Frame::new(name, FrameKind::Native)
+        }
+    }
+    fn py(name: &str) -> Frame {
+        Frame {
+            file: Some("/app/gw.py".into()),
+            line: Some(7),
+            ..Frame::new(name, FrameKind::Python)
+        }
+    }
+    fn stall(tid: u32, stacks: Vec<Vec<Frame>>) -> Stall {
+        Stall {
+            tid,
+            thread_name: "main".into(),
+            start_ns: 0,
+            end_ns: 10,
+            duration_ns: 10,
+            on_cpu_ns: 10,
+            off_cpu_ns: 0,
+            runqueue_ns: 0,
+            incomplete: false,
+            coroutine: None,
+            stacks: stacks
+                .into_iter()
+                .map(|frames| StackPart {
+                    frames,
+                    weight_ns: 5,
+                    kind: PartKind::OnCpu,
+                    syscall: None,
+                    waker_tid: None,
+                    gil_holder: None,
+                })
+                .collect(),
+        }
+    }
+    fn names(s: &Stall, i: usize) -> Vec<&str> {
+        s.stacks[i].frames.iter().map(|f| f.name.as_str()).collect()
+    }
+
+    /// `_start -> Py_RunMain -> eval[run_forever, Handle._run] -> context_run
+    ///  -> task_step -> eval[handle, compress] -> zlib_compress -> deflate`
+    fn asyncio_stack(step: &str, ext: &[(&str, &str)]) -> Vec<Frame> {
+        let mut v = vec![
+            n("_start", "python3.11"),
+            n("__libc_start_main_impl", "libc.so.6"),
+            n("main", "python3.11"),
+            n("Py_RunMain", "python3.11"),
+            n("pymain_run_python", "python3.11"),
+            py("BaseEventLoop.run_forever"),
+            n("_PyEval_EvalFrameDefault", "python3.11"),
+            py("Handle._run"),
+            n("context_run", "python3.11"),
+            n("task_step", "_asyncio.cpython-311-x86_64-linux-gnu.so"),
+            n("_PyObject_VectorcallTstate", "python3.11"),
+            py("handle_request"),
+            py(step),
+            n("method_vectorcall_O", "python3.11"),
+        ];
+        v.extend(ext.iter().map(|(f, m)| n(f, m)));
+        v
+    }
+
+    #[test]
+    fn interpreter_folded_extensions_kept_root_trimmed() {
+        let zlib = [
+            (
+                "zlib_Compress_compress",
+                "zlib.cpython-311-x86_64-linux-gnu.so",
+            ),
+            ("deflate", "libz.so.1"),
+        ];
+        let stalls = vec![stall(
+            1,
+            vec![asyncio_stack("Gateway.compress_payload", &zlib)],
+        )];
+        let v = apply(&stalls, View::default());
+        assert_eq!(
+            names(&v[0], 0),
+            [
+                "handle_request",
+                "Gateway.compress_payload",
+                "zlib_Compress_compress",
+                "deflate"
+            ]
+        );
+        let all = apply(&stalls, View::ALL);
+        assert_eq!(all, stalls);
+        // The loop's own stack (its selector) loses the root it shares
+        // with the callbacks' stacks, no more.
+        let selector = vec![
+            n("_start", "python3.11"),
+            n("Py_RunMain", "python3.11"),
+            py("BaseEventLoop.run_forever"),
+            py("BaseEventLoop._run_once"),
+            py("EpollSelector.select"),
+            n("epoll_wait", "libc.so.6"),
+        ];
+        let stalls = vec![stall(
+            1,
+            vec![asyncio_stack("Gateway.compress_payload", &zlib), selector],
+        )];
+        let v = apply(&stalls, View::default());
+        assert_eq!(
+            names(&v[0], 0)[..2],
+            ["handle_request", "Gateway.compress_payload"]
+        );
+        assert_eq!(
+            names(&v[0], 1),
+            [
+                "BaseEventLoop._run_once",
+                "EpollSelector.select",
+                "epoll_wait"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_module_decides_not_the_name() {
+        // A C extension's own `_PyEval_something` is not the interpreter's.
+        let stalls = vec![stall(
+            1,
+            vec![vec![
+                py("f"),
+                n("_PyEval_EvalFrameDefault", "python3.11"),
+                n("_PyEval_helper", "myext.so"),
+            ]],
+        )];
+        assert_eq!(
+            names(&apply(&stalls, View::default())[0], 0),
+            ["f", "_PyEval_helper"]
+        );
+        // Finalization runs no Python code: still the interpreter's.
+        let stalls = vec![stall(
+            1,
+            vec![vec![
+                n("_start", "python3.11"),
+                n("Py_RunMain", "python3.11"),
+                n("Py_FinalizeEx", "python3.11"),
+                n("gc_collect_main", "python3.11"),
+            ]],
+        )];
+        assert_eq!(
+            names(&apply(&stalls, View::default())[0], 0),
+            ["Py_FinalizeEx", "gc_collect_main"]
+        );
+        // No Python frame: a native program keeps its frames.
+        let stalls = vec![stall(1, vec![vec![n("_start", "app"), n("main", "app")]])];
+        assert_eq!(
+            names(&apply(&stalls, View::default())[0], 0),
+            ["_start", "main"]
+        );
+    }
+
+    #[test]
+    fn c_loop_root_shared_by_every_stack_is_trimmed_short_of_the_culprit() {
+        let c = |name: &str| Frame {
+            file: Some("loop.c".into()),
+            line: Some(3),
+            ..n(name, "c_loop")
+        };
+        let root = || vec![n("_start", "c_loop"), c("main"), c("run_loop")];
+        let a = [root(), vec![c("handle"), c("spin")]].concat();
+        let b = [root(), vec![c("handle"), c("parse")]].concat();
+        let other_thread = [root(), vec![c("handle")]].concat();
+        let between = vec![Frame::marker("[on-cpu: between samples]")];
+        let cut_short = vec![n("[libx.so+0x10]", "libx.so"), c("handle"), c("spin")];
+        let stalls = vec![
+            stall(1, vec![a, b, between.clone(), cut_short.clone()]),
+            stall(2, vec![other_thread.clone()]),
+        ];
+        let v = apply(&stalls, View::default());
+        assert_eq!(names(&v[0], 0), ["spin"]);
+        assert_eq!(names(&v[0], 1), ["parse"]);
+        // A part without code frames neither stops the trim nor is cut.
+        assert_eq!(v[0].stacks[2].frames, between);
+        // Nor does a stack whose unwinding stopped short of the start.
+        assert_eq!(v[0].stacks[3].frames, cut_short);
+        // A thread with one stack has no root to tell apart: kept whole.
+        assert_eq!(v[1].stacks[0].frames, other_thread);
+        // Weights are untouched.
+        assert_eq!(v[0].stacks[0].weight_ns, 5);
+    }
+}
