@@ -6,7 +6,7 @@
 //! In: argv. Out: a [`Command`] holding that command's arguments.
 use clap::{Parser, Subcommand};
 
-use crate::commands::{daemon::DaemonArgs, record::RecordArgs, report::ReportArgs};
+use crate::commands::{daemon::DaemonArgs, record::RecordArgs, report::ReportArgs, top::TopArgs};
 
 const EXAMPLES: &str = "\
 EXAMPLES:
@@ -26,6 +26,15 @@ EXAMPLES:
     # Save the raw records too, then look at shorter stalls later
     sudo stallprof record --save-events -o out -- python3 app.py
     stallprof report out --threshold 10ms -o out-10ms
+
+    # Every native frame in the flamegraph (default: the user's code)
+    stallprof report out --native all
+
+    # What changed between two recordings: a differential flamegraph
+    stallprof report --diff before after -o diff
+
+    # Watch a running service live: stalls/s, p99/max and culprits over 60 s
+    sudo stallprof top --pid 4242
 ";
 
 #[derive(Parser, Debug)]
@@ -56,6 +65,9 @@ pub enum Command {
     /// Re-render a saved recording (stalls.json) without the target.
     #[command(after_help = EXAMPLES)]
     Report(ReportArgs),
+    /// A live view of a running process's stalls, redrawn every second (q quits).
+    #[command(after_help = EXAMPLES)]
+    Top(TopArgs),
     /// Watch every event-loop process on the host: Prometheus metrics and rolling reports.
     Daemon(DaemonArgs),
 }

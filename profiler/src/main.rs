@@ -7,7 +7,7 @@ use stallprof::{
     commands::{
         daemon,
         record::{self, RecordConfig},
-        report,
+        report, top,
     },
     report::label::escape,
 };
@@ -45,6 +45,7 @@ fn main() -> ExitCode {
             r.text
         }),
         Command::Report(a) => report::run(a),
+        Command::Top(a) => top::run(a),
         Command::Daemon(a) => daemon::run(a),
     };
     match result {

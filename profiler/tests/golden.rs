@@ -6,8 +6,10 @@
 //! wrote. So replay is checked to be the live pipeline, unwinding included.
 //!
 //! A case is made by recording a victim (see docs/testing.md, "Golden
-//! recordings") and copying `events.bin.gz`, `unwind.json.gz`,
-//! `symbols.json` and `stalls.folded` (as `expected.folded`) here.
+//! recordings") with `--native all` (the comparison is of every frame;
+//! the default view drops interpreter frames and the loop's root) and
+//! copying `events.bin.gz`, `unwind.json.gz`, `symbols.json` and
+//! `stalls.folded` (as `expected.folded`) here.
 use std::{fs, path::PathBuf};
 
 use stallprof::{

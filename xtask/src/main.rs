@@ -11,7 +11,7 @@
 //!
 //! `test` (and `setup --tests`) also installs what the tests need, the same
 //! way (idempotent; no network when everything is present): the system tools
-//! the root tests run (bpftool, cc, objdump, Debian's /usr/bin/python3.11,
+//! the root tests run (bpftool, cc, objdump, tmux, Debian's /usr/bin/python3.11,
 //! /usr/bin/node, npm, pip) with apt-get, and the daemon tests' readers at
 //! pinned versions under target/daemon-test-deps, and (as root) the
 //! container sandbox: a Debian testing root filesystem with python3.13,
@@ -300,6 +300,11 @@ const TEST_TOOLS: &[Tool] = &[
         package: "npm",
         purpose: "the daemon tests (installs their pprof reader)",
         present: || on_path("npm"),
+    },
+    Tool {
+        package: "tmux",
+        purpose: "the `stallprof top` test (a real terminal: send-keys, capture-pane)",
+        present: || on_path("tmux"),
     },
     Tool {
         package: "python3-pip",

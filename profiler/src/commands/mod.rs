@@ -1,7 +1,9 @@
 //! The commands: thin drivers of the engine and the report writers.
 pub mod daemon;
+pub mod live;
 pub mod record;
 pub mod report;
+pub mod top;
 
 use clap::Args;
 

@@ -12,17 +12,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, bail};
-use clap::Args;
-use log::info;
-use tokio::{
-    io::unix::AsyncFd,
-    signal::unix::{SignalKind, signal},
-};
-
 use crate::{
     commands::StallArgs,
-    kernel::probe::Probes,
+    commands::live::{Finished, Live, Step},
     os::units::fmt_ns,
     os::units::parse_duration,
     os::{
@@ -31,11 +23,14 @@ use crate::{
         proc::{is_own_fork, process_alive, read_comm, refuse_target, refuse_thread},
         user::{self, User},
     },
-    pipeline::engine::{Engine, NoControl},
     report,
     report::label::escape,
     report::model::{Recording, Stall},
+    report::view::{Native, View},
 };
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use log::info;
 
 #[derive(Args, Debug)]
 pub struct RecordArgs {
@@ -77,6 +72,11 @@ pub struct RecordArgs {
     /// No live status line.
     #[arg(short, long)]
     pub quiet: bool,
+    /// Native frames in stalls.folded and stalls.svg: `user` folds the
+    /// interpreter's eval and start-up frames away and trims the loop's
+    /// common root; `all` keeps every frame (stalls.json always does).
+    #[arg(long, value_enum, default_value_t = Native::User)]
+    pub native: Native,
     /// For CI and load tests: write every output as usual, then exit with
     /// status 3 if any stall lasted at least DUR, 0 if none did (errors
     /// exit with 1). The summary's last line says which and how many.
@@ -104,6 +104,8 @@ pub struct RecordConfig {
     pub live_status: bool,
     /// `--fail-on-stall`: the CI gate's limit.
     pub fail_on_stall_ns: Option<u64>,
+    /// How stalls.folded and stalls.svg show stacks (`--native`).
+    pub view: View,
 }
 
 /// Exit status of `record --fail-on-stall` when a stall reached the
@@ -210,6 +212,7 @@ impl RecordConfig {
             save_events: a.save_events,
             live_status: !a.quiet && std::io::stderr().is_terminal(),
             fail_on_stall_ns: a.fail_on_stall,
+            view: View { native: a.native },
         })
     }
 }
@@ -367,10 +370,13 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
         _ => unreachable!(),
     };
     let t0 = Instant::now();
-    let mut probes = Probes::attach(pid, cfg.sample_hz, cfg.sample_after_ns)?;
-    // SAFETY: the ring buffer owns its map fd and keeps it open, unchanged,
-    // for as long as the AsyncFd holds it.
-    let mut ring = unsafe { AsyncFd::register(probes.take_events()?)? };
+    let mut live = Live::attach(
+        pid,
+        cfg.threshold_ns,
+        cfg.tids.clone(),
+        cfg.sample_hz,
+        cfg.sample_after_ns,
+    )?;
     if let Some(l) = launched.as_mut() {
         l.release()?;
     } else if !process_alive(pid) {
@@ -380,46 +386,26 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
     info!("attached to {pid} in {attach_ms:.0} ms");
     let started_ns = monotonic_ns();
 
-    let mut engine = Engine::new(cfg.threshold_ns, cfg.tids.clone());
     if cfg.save_events {
-        engine.save_to(&out)?;
+        live.engine.save_to(&out)?;
     }
-    engine.tick(&[pid], &mut probes);
+    live.upkeep();
     let mut comm = read_comm(pid, pid).filter(|_| launched.is_none());
-
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let deadline = cfg.duration.map(|d| tokio::time::Instant::now() + d);
-    // Fast ticks for the first two seconds: a launched command's
-    // interpreter or runtime should be found before its first stall.
-    let mut tick = tokio::time::interval(Duration::from_millis(50));
-    let mut ticks = 0u32;
-    let mut drain_tick = tokio::time::interval(Duration::from_millis(20));
+    if let Some(d) = cfg.duration {
+        live.stop_after(d);
+    }
     let mut ended_by = "target exit";
     let mut status_shown = false;
     loop {
-        tokio::select! {
-            guard = ring.readable_mut() => {
-                let mut guard = guard?;
-                engine.drain(guard.get_inner_mut(), &mut probes);
-                guard.clear_ready();
+        match live.next(std::future::pending::<()>()).await? {
+            Step::Stop(why) => {
+                ended_by = why;
+                break;
             }
-            _ = sigint.recv() => { ended_by = "Ctrl-C"; break; }
-            _ = sigterm.recv() => { ended_by = "SIGTERM"; break; }
-            _ = async { tokio::time::sleep_until(deadline.unwrap()).await }, if deadline.is_some() => {
-                ended_by = "duration"; break;
-            }
-            _ = drain_tick.tick() => {
-                // Events are submitted without wakeups (see RINGBUF_WAKEUP_BYTES).
-                engine.drain(ring.get_mut(), &mut probes);
-            }
-            _ = tick.tick() => {
-                ticks += 1;
-                if ticks == 40 {
-                    tick = tokio::time::interval(Duration::from_millis(250));
-                }
+            Step::Other(()) => {}
+            Step::Tick(_) => {
                 let exited = launched.as_mut().is_some_and(|l| l.try_wait().is_some());
-                if exited || !process_alive(pid) || engine.take_exited().contains(&pid) {
+                if exited || !process_alive(pid) || live.engine.take_exited().contains(&pid) {
                     break;
                 }
                 // Every tick: a launcher (a pyenv shim, `env`) may exec again.
@@ -428,10 +414,14 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
                 {
                     comm = Some(c);
                 }
-                engine.tick(&[pid], &mut probes);
                 if cfg.live_status {
+                    let engine = &live.engine;
                     let busy = engine.busy_now_ns(monotonic_ns());
-                    let busy = if busy >= cfg.threshold_ns { format!(", stalled now {}", fmt_ns(busy)) } else { String::new() };
+                    let busy = if busy >= cfg.threshold_ns {
+                        format!(", stalled now {}", fmt_ns(busy))
+                    } else {
+                        String::new()
+                    };
                     eprint!(
                         "\r\x1b[Krecording pid {pid}: {:.0}s, {} stalls, worst {}{busy}",
                         t0.elapsed().as_secs_f64(),
@@ -447,12 +437,12 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
         eprint!("\r\x1b[K");
     }
     // Last events, then detach before anything slow.
-    engine.drain(ring.get_mut(), &mut NoControl);
-    let ended_ns = monotonic_ns();
-    let mut drops = probes.drops();
-    let kernel_filtered = probes.filtered();
-    drop(ring);
-    drop(probes);
+    let Finished {
+        mut engine,
+        ended_ns,
+        mut drops,
+        kernel_filtered,
+    } = live.finish();
     info!("recording ended by {ended_by}; probes detached");
 
     engine.finish(ended_ns);
@@ -493,7 +483,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
         runtime_problems: engine.runtime_problems(),
         stalls,
     };
-    let files = report::write_all(&rec, &out)?;
+    let files = report::write_all_view(&rec, &out, cfg.view)?;
     let mut text = report::summary::text(&rec, &files);
     if let Some(l) = launched.as_mut() {
         // The command may still run (duration/Ctrl-C): leave it be, but reap if done.
