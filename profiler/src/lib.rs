@@ -9,6 +9,7 @@
 //! configs; `os` is procfs, the clock and units.
 pub mod cli;
 pub mod commands;
+pub mod fuzzing;
 pub mod kernel;
 pub mod os;
 pub mod pipeline;

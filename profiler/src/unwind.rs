@@ -93,6 +93,8 @@ use gimli::{
     RegisterRule, UnitOffset, UnwindContext, UnwindSection, Value, X86_64,
 };
 use object::{Object, ObjectSection, ObjectSegment, ReadRef};
+
+use crate::os::limits;
 use serde::{Deserialize, Serialize};
 
 /// Most addresses returned for one stack (the first, `ip`, included).
@@ -211,6 +213,10 @@ impl ElfUnwindInfo {
             // Compressed sections would need inflating; skip them.
             let c = s.compressed_file_range().ok()?;
             if c.format != object::CompressionFormat::None {
+                return None;
+            }
+            if c.uncompressed_size > limits::ELF_SECTION_MAX {
+                limits::hit(limits::Limit::ElfTooLarge);
                 return None;
             }
             let d = s.data().ok()?;
@@ -1337,6 +1343,10 @@ impl Unwinder {
             MapKind::File { path, dev, inode } => {
                 let file = open_mapped_file(pid, m.start, m.end, path)?;
                 let meta = file.metadata().ok()?;
+                if meta.size() > limits::ELF_FILE_MAX {
+                    limits::hit(limits::Limit::ElfTooLarge);
+                    return None;
+                }
                 let key = FileKey {
                     dev: meta.dev(),
                     ino: meta.ino(),
@@ -1344,6 +1354,16 @@ impl Unwinder {
                     mtime: meta.mtime(),
                     mtime_nsec: meta.mtime_nsec(),
                 };
+                if !self.files.contains_key(&key) {
+                    // Parsed unwind data of every file, live or cached, has one
+                    // budget: a target mapping many large files cannot make
+                    // the agent hold more.
+                    let total: usize = self.files.values().flatten().map(|f| f.bytes()).sum();
+                    if total as u64 >= limits::UNWIND_DATA_MAX {
+                        limits::hit(limits::Limit::ElfTooLarge);
+                        return None;
+                    }
+                }
                 let info = self
                     .files
                     .entry(key)
@@ -1372,7 +1392,7 @@ impl Unwinder {
         let text = match &mut self.source {
             Source::Saved(b) => b.maps_text(pid)?,
             Source::Live(keep) => {
-                let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+                let text = limits::read_proc(&format!("/proc/{pid}/maps")).ok()?;
                 if let Some(b) = keep {
                     b.add_maps(pid, &text);
                 }
@@ -1385,15 +1405,84 @@ impl Unwinder {
     }
 }
 
+/// Fuzzing ([`crate::fuzzing`]): `data` as an ELF file's bytes, parsed as
+/// a mapped file is, its CFI scanned, then frames unwound through it (by
+/// framehop, or by the gimli path for the FDEs framehop cannot evaluate)
+/// from each load segment with a stack made of the input's first bytes.
+pub(crate) fn fuzz_elf_unwind(data: &[u8]) {
+    let Some(info) = ElfUnwindInfo::parse(data) else {
+        return;
+    };
+    let info = Arc::new(info);
+    let stack = &data[..data.len().min(512)];
+    let sp = 0x7fff_0000_0000u64;
+    let loads: Vec<(u64, u64)> = info
+        .loads
+        .iter()
+        .take(4)
+        .map(|l| (l.offset, l.filesz))
+        .collect();
+    for (offset, filesz) in loads {
+        let base = 0x5555_0000_0000u64 & !0xfff;
+        let avma = base..base
+            .saturating_add(filesz.min(1 << 30))
+            .saturating_add(0x1000);
+        let Some((module, bias)) = info.module("fuzz", avma.clone(), offset & !0xfff) else {
+            continue;
+        };
+        let cfi = ModuleCfi {
+            info: info.clone(),
+            bias,
+        };
+        let mut fh = UnwinderX86_64::new();
+        fh.add_module(module);
+        let mut cache = CacheX86_64::new();
+        let mut ctx = UnwindContext::new();
+        let win = Window::new(sp, stack);
+        for pc in [avma.start, avma.start + 0x10, avma.start + 0x400] {
+            let mut regs = UnwindRegsX86_64::new(pc, sp, sp + 64);
+            let mut addr = FrameAddress::from_instruction_pointer(pc);
+            for _ in 0..8 {
+                let lookup = addr.address_for_lookup();
+                let step = match info.slow_fdes().find(lookup.wrapping_sub(bias)) {
+                    Some(fde) => {
+                        slow_step(&cfi, fde, lookup, &mut regs, &mut ctx, win, &mut |_| true)
+                    }
+                    None => {
+                        let mut read = |a: u64| win.read(a, 8).ok_or(());
+                        fh.unwind_frame(addr, &mut regs, &mut cache, &mut read)
+                    }
+                };
+                match step
+                    .ok()
+                    .flatten()
+                    .and_then(FrameAddress::from_return_address)
+                {
+                    Some(next) => addr = next,
+                    None => break,
+                }
+            }
+        }
+    }
+}
+
+/// Fuzzing: the executable mappings in `/proc/PID/maps` text.
+pub(crate) fn fuzz_maps(text: &str) -> usize {
+    parse_maps(text).len()
+}
+
 /// Open the file behind a mapping, preferring `map_files` (deleted files,
 /// other mount namespaces), then the process's root, then the plain path.
+/// Only a regular file is returned (never a FIFO or device the target mapped
+/// or planted), and the root is never left through a symlink
+/// ([`limits::open_in_root`]).
 fn open_mapped_file(pid: u32, start: u64, end: u64, path: &str) -> Option<File> {
     if let Ok(f) = File::open(format!("/proc/{pid}/map_files/{start:x}-{end:x}")) {
-        return Some(f);
+        return limits::regular(f).ok();
     }
     let path = path.strip_suffix(" (deleted)").unwrap_or(path);
-    File::open(format!("/proc/{pid}/root{path}"))
-        .or_else(|_| File::open(path))
+    limits::open_in_root(pid, path)
+        .or_else(|_| File::open(path).and_then(limits::regular))
         .ok()
 }
 

@@ -6,9 +6,11 @@
 //! condition variable (a futex), so the epoll wait alone cannot define their
 //! busy periods; the scheduler's `park_internal` (entered to park, returned
 //! from to run tasks again) can, for both flavours.
-use std::{collections::HashSet, fs, path::PathBuf};
+use std::{collections::HashSet, path::PathBuf};
 
 use object::{Object, ObjectSymbol};
+
+use crate::os::limits;
 
 /// Demangled names (hash stripped) of the park functions, by preference:
 /// the first found per scheduler flavour is used.
@@ -33,7 +35,7 @@ pub struct ParkPoint {
 
 /// Executable file mappings of a process, as paths the agent can open.
 fn mapped_binaries(pid: u32) -> Vec<PathBuf> {
-    let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+    let Ok(maps) = limits::read_proc(&format!("/proc/{pid}/maps")) else {
         return Vec::new();
     };
     let mut seen = HashSet::new();
@@ -62,11 +64,21 @@ pub fn tokio_park_points(pid: u32) -> Vec<ParkPoint> {
     for bin in mapped_binaries(pid) {
         // Read on demand (headers and the symbol tables), never the whole
         // file: a libpython with DWARF is tens of MiB.
-        let Ok(f) = fs::File::open(&bin) else { continue };
+        // In the target's root, symlinks resolve inside that root, never to
+        // a host file.
+        let root = format!("/proc/{pid}/root");
+        let opened = match bin.to_str().and_then(|b| b.strip_prefix(&root)) {
+            Some(inside) => limits::open_in_root(pid, inside).and_then(|f| limits::sized_elf(f)),
+            None => limits::open_elf(&bin),
+        };
+        let Ok(f) = opened else { continue };
         let data = object::ReadCache::new(f);
         let Ok(file) = object::File::parse(&data) else {
             continue;
         };
+        if limits::elf_symbols_too_large(&file) {
+            continue;
+        }
         let mut found: Vec<Option<(usize, String, String)>> = vec![None; TOKIO_PARKS.len()];
         for sym in file.symbols() {
             let Ok(name) = sym.name() else { continue };

@@ -4,7 +4,7 @@ use std::fs;
 
 /// A thread's name (`comm`).
 pub fn read_comm(pid: u32, tid: u32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+    super::limits::read_proc(&format!("/proc/{pid}/task/{tid}/comm"))
         .ok()
         .map(|s| s.trim_end().to_string())
 }
@@ -19,7 +19,7 @@ pub fn is_own_fork(pid: u32) -> bool {
 /// A process that still runs: zombies count as gone (their threads no
 /// longer run).
 pub fn process_alive(pid: u32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+    match super::limits::read_proc(&format!("/proc/{pid}/stat")) {
         Ok(s) => !s
             .rsplit_once(')')
             .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
@@ -34,13 +34,13 @@ const PF_KTHREAD: u64 = 0x0020_0000;
 /// (no user stack, no executable), a zombie (nothing runs), or stallprof
 /// itself (it would record its own reading of the ring buffer).
 pub fn refuse_target(pid: u32) -> Option<String> {
-    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    let Ok(stat) = super::limits::read_proc(&format!("/proc/{pid}/stat")) else {
         return Some(format!(
             "no process with pid {pid}: check the pid (e.g. `pgrep -f yourapp`)"
         ));
     };
     let own = std::process::id();
-    let tgid = fs::read_to_string(format!("/proc/{pid}/status"))
+    let tgid = super::limits::read_proc(&format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -82,7 +82,7 @@ pub fn refuse_target(pid: u32) -> Option<String> {
 /// host's id). The last `NSpid:` field of its status; `tid` when procfs
 /// does not say.
 pub fn namespace_id(pid: u32, tid: u32) -> u32 {
-    fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+    super::limits::read_proc(&format!("/proc/{pid}/task/{tid}/status"))
         .ok()
         .and_then(|s| innermost_nspid(&s))
         .unwrap_or(tid)

@@ -383,6 +383,9 @@ pub struct Engine {
     /// With [`Engine::save_to`]: raw records as they came (`events.bin.gz`).
     events_out: Option<GzEncoder<BufWriter<PendingFile>>>,
     agent_drops: BTreeMap<&'static str, u64>,
+    /// The read limits' counts when this engine started: its `drops` show
+    /// the hits since ([`crate::os::limits`] keeps one process-wide tally).
+    limits_base: Vec<(&'static str, u64)>,
     exited: HashSet<u32>,
 }
 
@@ -411,6 +414,7 @@ impl Engine {
             runtimes: HashMap::new(),
             events_out: None,
             agent_drops: BTreeMap::new(),
+            limits_base: crate::os::limits::counts(),
             exited: HashSet::new(),
         }
     }
@@ -773,9 +777,17 @@ impl Engine {
     }
 
     /// The agent's own failure counters (unwinding, decoding, switch-ins
-    /// not seen).
+    /// not seen, read limits hit: `limit_*`).
     pub fn agent_drops(&self) -> BTreeMap<&'static str, u64> {
         let mut d = self.agent_drops.clone();
+        for ((name, now), (_, base)) in crate::os::limits::counts()
+            .into_iter()
+            .zip(&self.limits_base)
+        {
+            if now > *base {
+                d.insert(name, now - base);
+            }
+        }
         if self.tracker.stats.switch_ins_missed > 0 {
             d.insert("switch_ins_missed", self.tracker.stats.switch_ins_missed);
         }

@@ -26,6 +26,7 @@ use blazesym::symbolize::{
 use log::debug;
 
 use crate::{
+    os::limits,
     pipeline::stall::{PartKind, RawStall, StackTable},
     report::model::{Frame, FrameKind, GilHolder, StackPart, Stall},
     symbolize::pyframes::PyResolver,
@@ -62,7 +63,12 @@ struct Maps {
 
 impl Maps {
     fn read(pid: u32) -> Option<Maps> {
-        let text = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+        let text = limits::read_proc(&format!("/proc/{pid}/maps")).ok()?;
+        Self::parse(&text)
+    }
+
+    /// `/proc/PID/maps` text -> its file mappings; `None` when there are none.
+    fn parse(text: &str) -> Option<Maps> {
         let mut entries = Vec::new();
         for line in text.lines() {
             let mut it = line.split_ascii_whitespace();
@@ -115,12 +121,29 @@ impl Maps {
 }
 
 /// JIT symbols a runtime writes to `/tmp/perf-PID.map` (`START SIZE NAME`
-/// per line, hex; e.g. `node --perf-basic-prof`), re-read when it grows.
+/// per line, hex; e.g. `node --perf-basic-prof`), read incrementally: each
+/// refresh parses only the bytes appended since the last one (at most
+/// [`limits::PERF_MAP_READ_PER_REFRESH`]), never the whole file again, and
+/// the file is read up to [`limits::PERF_MAP_MAX_BYTES`] and
+/// [`limits::PERF_MAP_MAX_LINES`] in all.
 /// Code moves and addresses are reused, so ranges overlap: for an address,
 /// the entry written last wins.
 #[derive(Default, Debug)]
 struct PerfMap {
-    len: u64,
+    /// (device, inode) of the file read so far: another file at the path
+    /// (the runtime restarted) is read from its start.
+    file: Option<(u64, u64)>,
+    /// Bytes of the file consumed so far.
+    offset: u64,
+    /// The last line, until its newline arrives.
+    partial: Vec<u8>,
+    /// Inside a line longer than [`limits::PERF_MAP_MAX_LINE`]: skipped to
+    /// its newline.
+    skipping: bool,
+    /// Whole lines seen (the sequence number of the next).
+    lines: usize,
+    /// A cap was reached: nothing more is read from this file.
+    capped: bool,
     /// (start, size, line number, name), sorted by start.
     entries: Vec<(u64, u64, usize, String)>,
     /// Largest entry size, bounding how far back a lookup looks.
@@ -141,31 +164,134 @@ pub fn perf_map_path(pid: u32) -> String {
     }
 }
 
+/// Opens `pid`'s perf map as a regular file in its root, never through a
+/// symlink out of it ([`limits::open_in_root`]); a process whose root is
+/// gone has its map looked for at the host path, with `O_NOFOLLOW`.
+fn open_perf_map(pid: u32) -> Option<fs::File> {
+    let ns_pid = crate::os::proc::namespace_id(pid, pid);
+    match limits::open_in_root(pid, &format!("/tmp/perf-{ns_pid}.map")) {
+        Ok(f) => Some(f),
+        Err(_) if ns_pid == pid && !Path::new(&format!("/proc/{pid}/root")).exists() => {
+            use std::os::unix::fs::OpenOptionsExt;
+            let f = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(format!("/tmp/perf-{pid}.map"))
+                .ok()?;
+            limits::regular(f).ok()
+        }
+        Err(_) => None,
+    }
+}
+
 impl PerfMap {
     fn refresh(&mut self, pid: u32) {
-        let path = perf_map_path(pid);
-        let Ok(meta) = fs::metadata(&path) else {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        let Some(file) = open_perf_map(pid) else {
             return;
         };
-        if meta.len() == self.len {
+        let Ok(meta) = file.metadata() else {
+            return;
+        };
+        let id = (meta.dev(), meta.ino());
+        if self.file != Some(id) || meta.len() < self.offset {
+            // A new file, or this one truncated and rewritten: start over.
+            *self = PerfMap {
+                file: Some(id),
+                ..PerfMap::default()
+            };
+        }
+        if self.capped || meta.len() == self.offset {
             return;
         }
-        let Ok(text) = fs::read_to_string(&path) else {
+        let end = meta
+            .len()
+            .min(self.offset + limits::PERF_MAP_READ_PER_REFRESH)
+            .min(limits::PERF_MAP_MAX_BYTES);
+        let before = self.entries.len();
+        let mut buf = vec![0u8; 1 << 20];
+        while self.offset < end && !self.capped {
+            let want = ((end - self.offset) as usize).min(buf.len());
+            let n = match file.read_at(&mut buf[..want], self.offset) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            self.offset += n as u64;
+            self.feed(&buf[..n]);
+        }
+        if !self.capped && self.offset >= limits::PERF_MAP_MAX_BYTES && meta.len() > self.offset {
+            self.capped = true;
+            limits::hit(limits::Limit::PerfMapCapped);
+        }
+        if self.entries.len() != before {
+            // The old entries are sorted and the new ones mostly ascending:
+            // the stable sort merges the runs in about linear time.
+            self.entries.sort_by_key(|e| (e.0, e.2));
+            self.max_size = self.entries.iter().map(|e| e.1).max().unwrap_or(0);
+        }
+    }
+
+    /// Parses the next bytes of the file; a line is used once its newline
+    /// has been read.
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !self.capped {
+            let Some(i) = bytes.iter().position(|&b| b == b'\n') else {
+                break;
+            };
+            let piece = &bytes[..i];
+            bytes = &bytes[i + 1..];
+            if std::mem::take(&mut self.skipping) {
+                continue;
+            }
+            if self.partial.len() + piece.len() > limits::PERF_MAP_MAX_LINE {
+                limits::hit(limits::Limit::PerfMapLineTooLong);
+                self.partial.clear();
+                continue;
+            }
+            let line = if self.partial.is_empty() {
+                piece.to_vec()
+            } else {
+                let mut l = std::mem::take(&mut self.partial);
+                l.extend_from_slice(piece);
+                l
+            };
+            self.line(&line);
+        }
+        if self.capped || self.skipping {
+            return;
+        }
+        if self.partial.len() + bytes.len() > limits::PERF_MAP_MAX_LINE {
+            limits::hit(limits::Limit::PerfMapLineTooLong);
+            self.partial.clear();
+            self.skipping = true;
+        } else {
+            self.partial.extend_from_slice(bytes);
+        }
+    }
+
+    fn line(&mut self, line: &[u8]) {
+        if self.lines >= limits::PERF_MAP_MAX_LINES {
+            self.capped = true;
+            limits::hit(limits::Limit::PerfMapCapped);
+            return;
+        }
+        let seq = self.lines;
+        self.lines += 1;
+        let Ok(l) = std::str::from_utf8(line) else {
             return;
         };
-        self.len = meta.len();
-        self.entries = text
-            .lines()
-            .enumerate()
-            .filter_map(|(seq, l)| {
-                let mut it = l.splitn(3, ' ');
-                let start = u64::from_str_radix(it.next()?.trim_start_matches("0x"), 16).ok()?;
-                let size = u64::from_str_radix(it.next()?.trim_start_matches("0x"), 16).ok()?;
-                Some((start, size, seq, it.next()?.to_string()))
-            })
-            .collect();
-        self.entries.sort_by_key(|e| (e.0, e.2));
-        self.max_size = self.entries.iter().map(|e| e.1).max().unwrap_or(0);
+        let mut it = l.splitn(3, ' ');
+        let hex = |s: Option<&str>| u64::from_str_radix(s?.trim_start_matches("0x"), 16).ok();
+        let (Some(start), Some(size), Some(name)) = (hex(it.next()), hex(it.next()), it.next())
+        else {
+            return;
+        };
+        self.entries.push((start, size, seq, name.to_string()));
+    }
+
+    /// Entries parsed so far (for tests and fuzzing).
+    fn len(&self) -> usize {
+        self.entries.len()
     }
 
     fn find(&self, addr: u64) -> Option<&str> {
@@ -175,10 +301,31 @@ impl PerfMap {
             .iter()
             .rev()
             .take_while(|e| e.0 >= lowest)
-            .filter(|e| addr < e.0 + e.1)
+            .filter(|e| addr < e.0.saturating_add(e.1))
             .max_by_key(|e| e.2)
             .map(|e| e.3.as_str())
     }
+}
+
+/// Fuzzing ([`crate::fuzzing`]): `/proc/PID/maps` text parsed as the
+/// symbolizer does, and an address looked up.
+pub(crate) fn fuzz_maps(text: &str, addr: u64) -> usize {
+    Maps::parse(text).map_or(0, |m| m.find(addr).map_or(1, |_| 2))
+}
+
+/// Fuzzing: perf-map bytes fed in pieces of `piece` bytes, as a growing
+/// file is read, then addresses looked up; the entries parsed.
+pub(crate) fn fuzz_perf_map(bytes: &[u8], piece: usize, addrs: &[u64]) -> usize {
+    let mut pm = PerfMap::default();
+    for chunk in bytes.chunks(piece.max(1)) {
+        pm.feed(chunk);
+    }
+    pm.entries.sort_by_key(|e| (e.0, e.2));
+    pm.max_size = pm.entries.iter().map(|e| e.1).max().unwrap_or(0);
+    for &a in addrs {
+        let _ = pm.find(a);
+    }
+    pm.len()
 }
 
 /// The real resolver: blazesym over ELF files and kallsyms.
@@ -387,6 +534,15 @@ impl Resolve for BlazeResolver {
                 path: m.path.clone(),
             },
         );
+        // blazesym maps the whole file: only a regular file under the ELF
+        // size cap (a target can map a sparse file of any size).
+        let opened = opened.filter(|p| {
+            let ok = fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() <= limits::ELF_FILE_MAX);
+            if !ok {
+                limits::hit(limits::Limit::ElfTooLarge);
+            }
+            ok
+        });
         let mut frames = match &opened {
             Some(path) => self.symbolize_file(path, offset),
             None => {
@@ -439,7 +595,7 @@ impl Resolve for BlazeResolver {
             .entry(pid)
             .or_insert_with(|| PyResolver::for_pid(pid));
         let tid = resolver.as_mut()?.thread_of(tstate)?;
-        let name = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        let name = limits::read_proc(&format!("/proc/{pid}/task/{tid}/comm"))
             .map(|s| s.trim_end().to_string());
         Some((tid, name.unwrap_or_else(|_| "?".into())))
     }
@@ -700,18 +856,43 @@ mod tests {
     #[test]
     fn perf_map_latest_entry_wins() {
         let pm = PerfMap {
-            len: 0,
             entries: vec![
                 (0x1000, 0x100, 0, "old".into()),
                 (0x1040, 0x10, 2, "small".into()),
                 (0x1080, 0x100, 1, "mid".into()),
             ],
             max_size: 0x100,
+            ..PerfMap::default()
         };
         assert_eq!(pm.find(0x1045), Some("small"));
         assert_eq!(pm.find(0x1090), Some("mid"));
         assert_eq!(pm.find(0x1010), Some("old"));
         assert_eq!(pm.find(0x1300), None);
+    }
+
+    #[test]
+    fn perf_map_read_in_pieces_skips_long_lines() {
+        let text = format!(
+            "1000 10 a\n{}\n2000 20 b c\nnot hex\n3000 30 last\n4000 10 ta",
+            "x".repeat(limits::PERF_MAP_MAX_LINE + 1)
+        );
+        for piece in [1, 7, 4096, text.len()] {
+            let mut pm = PerfMap::default();
+            for chunk in text.as_bytes().chunks(piece) {
+                pm.feed(chunk);
+            }
+            pm.entries.sort_by_key(|e| (e.0, e.2));
+            pm.max_size = 0x30;
+            assert_eq!(pm.len(), 3, "piece {piece}");
+            assert_eq!(pm.find(0x1005), Some("a"));
+            assert_eq!(pm.find(0x2010), Some("b c"));
+            assert_eq!(pm.find(0x3000), Some("last"));
+            // The unterminated last line waits for its newline.
+            assert_eq!(pm.find(0x4000), None);
+            pm.feed(b"il\n");
+            pm.entries.sort_by_key(|e| (e.0, e.2));
+            assert_eq!(pm.find(0x4005), Some("tail"));
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub struct ProcInfo {
 /// Start time (clock ticks after boot) of a live process, or None if gone
 /// (or a zombie).
 pub fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = crate::os::limits::read_proc(&format!("/proc/{pid}/stat")).ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
     let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
     if fields.first() == Some(&"Z") {
@@ -41,7 +41,7 @@ pub fn exe_of(pid: u32) -> String {
 
 /// The cgroup v2 path (`0::/…`), or the first v1 line's path.
 fn cgroup_of(pid: u32) -> String {
-    let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let text = crate::os::limits::read_proc(&format!("/proc/{pid}/cgroup")).unwrap_or_default();
     let pick = text
         .lines()
         .find(|l| l.starts_with("0::"))
@@ -79,7 +79,7 @@ fn runtime_of(pid: u32, exe: &str, comm: &str) -> String {
     if base == "node" || base == "nodejs" {
         return "node".into();
     }
-    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    let maps = crate::os::limits::read_proc(&format!("/proc/{pid}/maps")).unwrap_or_default();
     if maps.contains("/libpython3") {
         "cpython".into()
     } else if maps.contains("/libuv.so") {
@@ -93,7 +93,7 @@ impl ProcInfo {
     /// Read a live process; None if it is gone.
     pub fn read(pid: u32) -> Option<ProcInfo> {
         let start_ticks = start_ticks(pid)?;
-        let comm = fs::read_to_string(format!("/proc/{pid}/comm"))
+        let comm = crate::os::limits::read_proc(&format!("/proc/{pid}/comm"))
             .ok()?
             .trim_end()
             .to_string();

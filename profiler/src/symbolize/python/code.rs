@@ -36,6 +36,10 @@ const MAX_LINETABLE_BYTES: u64 = 4 << 20;
 /// Distinct code objects kept; past this the cache starts over (a long
 /// recording of a process that keeps compiling code).
 const MAX_CACHED_CODES: usize = 64 * 1024;
+/// Bytes the cache holds (names, file names, decoded line ranges); past
+/// this it starts over (counted): a target whose code objects carry huge
+/// names or tables costs at most this much per process.
+const MAX_CACHED_BYTES: usize = 64 << 20;
 
 /// Fields of the code object compared on every cache hit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,7 +65,17 @@ pub struct CodeResolver {
     layout: Layout,
     code_type: Option<u64>,
     cache: HashMap<u64, Cached>,
+    /// What `cache` holds, in bytes (see [`Cached::bytes`]).
+    cache_bytes: usize,
     header_len: usize,
+}
+
+impl Cached {
+    fn bytes(&self) -> usize {
+        self.qualname.len()
+            + self.filename.len()
+            + self.ranges.len() * std::mem::size_of::<LineRange>()
+    }
 }
 
 impl CodeResolver {
@@ -82,6 +96,7 @@ impl CodeResolver {
             layout,
             code_type,
             cache: HashMap::new(),
+            cache_bytes: 0,
             header_len,
         }
     }
@@ -97,10 +112,19 @@ impl CodeResolver {
         let key = self.read_key(code)?;
         if self.cache.get(&code).is_none_or(|c| c.key != key) {
             let fresh = self.load(code, key)?;
-            if self.cache.len() >= MAX_CACHED_CODES {
-                self.cache.clear();
+            if self.cache_bytes + fresh.bytes() > MAX_CACHED_BYTES {
+                crate::os::limits::hit(crate::os::limits::Limit::PythonLineTableCapped);
             }
-            self.cache.insert(code, fresh);
+            if self.cache.len() >= MAX_CACHED_CODES
+                || self.cache_bytes + fresh.bytes() > MAX_CACHED_BYTES
+            {
+                self.cache.clear();
+                self.cache_bytes = 0;
+            }
+            self.cache_bytes += fresh.bytes();
+            if let Some(old) = self.cache.insert(code, fresh) {
+                self.cache_bytes -= old.bytes();
+            }
         }
         let c = &self.cache[&code];
         let line = match self.byte_offset(code, instr) {
@@ -213,6 +237,7 @@ impl CodeResolver {
     fn read_bytes_object(&self, addr: u64) -> Result<Vec<u8>, PythonError> {
         let len = self.mem.read_u64(addr + offsets::VAR_OB_SIZE)?;
         if len > MAX_LINETABLE_BYTES {
+            crate::os::limits::hit(crate::os::limits::Limit::PythonLineTableCapped);
             return Err(self.bad("bytes object (co_linetable)", addr));
         }
         self.mem

@@ -11,7 +11,6 @@
 //! table (`object::ReadCache`), not whole files.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -91,8 +90,8 @@ pub struct Found {
 /// executable (a statically linked python). `Ok(None)`: not a Python.
 pub fn find(pid: u32) -> Result<Option<Found>, PythonError> {
     let maps_path = PathBuf::from(format!("/proc/{pid}/maps"));
-    let text =
-        std::fs::read_to_string(&maps_path).map_err(|e| PythonError::open(pid, maps_path, e))?;
+    let text = crate::os::limits::read_proc(&maps_path.to_string_lossy())
+        .map_err(|e| PythonError::open(pid, maps_path, e))?;
     let maps = parse_maps(&text);
 
     let mut by_path: HashMap<&str, Vec<&Mapping>> = HashMap::new();
@@ -189,9 +188,11 @@ struct Symbols {
 /// symbols first, then the static table if the file still has one.
 /// `Ok(None)`: not an ELF file we can parse (not an error: keep looking).
 fn symbols(path: &Path, wanted: &[&str]) -> Result<Option<Symbols>, PythonError> {
-    let file = match File::open(path) {
+    let file = match crate::os::limits::open_elf(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        // A FIFO, a device or a huge file: not an interpreter (counted).
+        Err(e) if e.kind() == io::ErrorKind::Other => return Ok(None),
         Err(e) => {
             return Err(PythonError::Io {
                 path: path.to_owned(),
@@ -203,6 +204,9 @@ fn symbols(path: &Path, wanted: &[&str]) -> Result<Option<Symbols>, PythonError>
     let Ok(obj) = object::File::parse(&cache) else {
         return Ok(None);
     };
+    if crate::os::limits::elf_symbols_too_large(&obj) {
+        return Ok(None);
+    }
     let mut values = HashMap::new();
     for sym in obj.dynamic_symbols().chain(obj.symbols()) {
         if let Ok(name) = sym.name()

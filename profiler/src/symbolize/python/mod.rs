@@ -25,7 +25,7 @@ mod memory;
 pub mod offsets;
 mod walk;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,10 +37,43 @@ pub use memory::ProcessMemory;
 pub use offsets::{GilFields, Layout};
 pub use profiler_common::python::{PY_MAX_FRAMES, PyFrame, PyOffsets};
 
-/// Interpreters per process and threads per interpreter followed before we
-/// assume a torn or cyclic list.
+/// Interpreters per process, and thread states over all of them, followed
+/// before we assume a torn or hostile list: each thread state costs two or
+/// three `pread`s, so one walk costs at most about 50 000 reads.
 const MAX_INTERPRETERS: usize = 256;
-const MAX_THREADS: usize = 1 << 16;
+const MAX_THREADS: usize = 1 << 14;
+
+/// Follows a linked list in the target from `head`, `next(node)` reading a
+/// node's successor, and returns its nodes in order. It stops at a null
+/// pointer, at a node already seen (the list loops: torn by a race, or
+/// hostile; counted as [`Limit::PythonListCycle`]), or after `cap` nodes
+/// (counted as [`Limit::PythonListTooLong`]).
+///
+/// [`Limit::PythonListCycle`]: crate::os::limits::Limit::PythonListCycle
+/// [`Limit::PythonListTooLong`]: crate::os::limits::Limit::PythonListTooLong
+pub(crate) fn follow_list<E>(
+    head: u64,
+    cap: usize,
+    mut next: impl FnMut(u64) -> Result<u64, E>,
+) -> Result<Vec<u64>, E> {
+    use crate::os::limits::{Limit, hit};
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    let mut node = head;
+    while node != 0 {
+        if out.len() >= cap {
+            hit(Limit::PythonListTooLong);
+            break;
+        }
+        if !seen.insert(node) {
+            hit(Limit::PythonListCycle);
+            break;
+        }
+        out.push(node);
+        node = next(node)?;
+    }
+    Ok(out)
+}
 
 /// Why reading a Python process failed; each message names the remedy.
 #[derive(Debug, thiserror::Error)]
@@ -202,7 +235,7 @@ pub fn detect(pid: u32) -> Result<Option<Interpreter>, PythonError> {
 
 /// Number of PID namespaces a process is seen in from ours (`NSpid:` fields).
 fn ns_depth(status_path: &str) -> usize {
-    std::fs::read_to_string(status_path)
+    crate::os::limits::read_proc(status_path)
         .ok()
         .and_then(|s| {
             s.lines()
@@ -258,16 +291,16 @@ impl Interpreter {
         let mem = &self.mem;
         let live = self.live_tids()?;
         let (mut seen, mut out, mut unmapped) = (0usize, Vec::new(), Vec::new());
-        let mut interp = mem.read_u64(self.runtime + u64::from(l.runtime_interpreters_head))?;
-        for _ in 0..MAX_INTERPRETERS {
-            if interp == 0 {
-                break;
-            }
-            let mut ts = mem.read_u64(interp + u64::from(l.interp_threads_head))?;
-            for _ in 0..MAX_THREADS {
-                if ts == 0 {
-                    break;
-                }
+        let head = mem.read_u64(self.runtime + u64::from(l.runtime_interpreters_head))?;
+        let interps = follow_list(head, MAX_INTERPRETERS, |i| {
+            mem.read_u64(i + u64::from(l.interp_next))
+        })?;
+        for interp in interps {
+            let head = mem.read_u64(interp + u64::from(l.interp_threads_head))?;
+            let states = follow_list(head, MAX_THREADS - seen, |ts| {
+                mem.read_u64(ts + u64::from(l.tstate_next))
+            })?;
+            for ts in states {
                 seen += 1;
                 let tid = self.tid_of(ts)?;
                 if let Some(&host_tid) = live.get(&tid) {
@@ -275,9 +308,10 @@ impl Interpreter {
                 } else {
                     unmapped.push(tid); // exited thread, or a wrong mapping (checked below)
                 }
-                ts = mem.read_u64(ts + u64::from(l.tstate_next))?;
             }
-            interp = mem.read_u64(interp + u64::from(l.interp_next))?;
+            if seen >= MAX_THREADS {
+                break;
+            }
         }
         if seen > 0 && out.is_empty() {
             return Err(PythonError::ThreadMapping {
@@ -380,6 +414,29 @@ impl Interpreter {
     }
 }
 
+/// Fuzzing ([`crate::fuzzing`]): `table` decoded as a 3.10 and as a 3.11+
+/// line table, and the line of a few addresses looked up; the ranges found.
+pub(crate) fn fuzz_line_table(table: &[u8], first_line: u32, addrs: &[u32]) -> usize {
+    let mut n = 0;
+    for format in [LineTableFormat::Pep626, LineTableFormat::Locations] {
+        let ranges = linetable::decode(format, table, first_line);
+        for &a in addrs {
+            let _ = linetable::line_near(&ranges, a);
+        }
+        n += ranges.len();
+    }
+    n
+}
+
+/// Fuzzing: `buf` as the `_Py_DebugOffsets` block a 3.13+ interpreter
+/// holds, for each supported minor version.
+pub(crate) fn fuzz_debug_offsets(buf: &[u8]) {
+    for minor in debug_offsets::minors() {
+        let hex = (3 << 24) | (u32::from(minor) << 16);
+        let _ = debug_offsets::layout(buf, hex);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,6 +460,59 @@ mod tests {
     fn not_python_is_none() {
         // This test binary is a Rust program without libpython.
         assert!(detect(std::process::id()).unwrap().is_none());
+    }
+
+    /// A fake target memory: `tstate -> tstate->next`.
+    fn fake_next(links: &[(u64, u64)]) -> impl FnMut(u64) -> Result<u64, PythonError> + '_ {
+        |node| {
+            links
+                .iter()
+                .find(|l| l.0 == node)
+                .map(|l| l.1)
+                .ok_or(PythonError::NoSuchProcess { pid: 0 })
+        }
+    }
+
+    fn count(name: &str) -> u64 {
+        crate::os::limits::counts()
+            .into_iter()
+            .find(|c| c.0 == name)
+            .unwrap()
+            .1
+    }
+
+    #[test]
+    fn thread_list_cycles_stop_and_are_counted() {
+        let cycles = count("limit_python_list_cycle");
+        // tstate->next points at itself.
+        let own = follow_list(0x100, MAX_THREADS, fake_next(&[(0x100, 0x100)])).unwrap();
+        assert_eq!(own, [0x100]);
+        // 0x100 -> 0x200 -> 0x300 -> back to 0x200.
+        let links = [(0x100, 0x200), (0x200, 0x300), (0x300, 0x200)];
+        let back = follow_list(0x100, MAX_THREADS, fake_next(&links)).unwrap();
+        assert_eq!(back, [0x100, 0x200, 0x300]);
+        assert!(count("limit_python_list_cycle") >= cycles + 2);
+        // A proper list ends at null, uncounted.
+        let links = [(0x100, 0x200), (0x200, 0)];
+        assert_eq!(
+            follow_list(0x100, 4, fake_next(&links)).unwrap(),
+            [0x100, 0x200]
+        );
+        assert_eq!(
+            follow_list(0, 4, fake_next(&links)).unwrap(),
+            Vec::<u64>::new()
+        );
+    }
+
+    #[test]
+    fn thread_list_too_long_stops_at_the_cap() {
+        let long = count("limit_python_list_too_long");
+        // An endless list of distinct nodes (each points at the next).
+        let nodes = follow_list(8, 1000, |n| Ok::<_, PythonError>(n + 8)).unwrap();
+        assert_eq!(nodes.len(), 1000);
+        assert!(count("limit_python_list_too_long") > long);
+        // A read error ends the walk with the error.
+        assert!(follow_list(0x100, 4, fake_next(&[])).is_err());
     }
 
     #[test]
