@@ -1,0 +1,212 @@
+//! Issue 13, item 2: reads the target cannot weaponize. Root integration
+//! tests against tests/victims/hostile_loop.c, a loop that stalls in code
+//! it put in an anonymous executable page named by its own
+//! `/tmp/perf-PID.map`.
+//!
+//! A hostile target grows that perf map to 3 GB (sparse: a few valid lines,
+//! then zeros without a newline) and maps a sparse 4 GB file executable.
+//! `record --duration 3s` must finish on time, its peak RSS (`VmHWM`) must
+//! stay within 100 MiB of the same recording of the same victim without
+//! them, and the JIT name from the map's valid first line must still be
+//! found. (The cyclic thread-state list is a unit test of the walker:
+//! `symbolize::python::tests::thread_list_cycles_stop_and_are_counted`.)
+//!
+//! Needs root (see tests/common/mod.rs for STALLPROF_SKIP_ROOT_TESTS).
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn build_hostile_loop(dir: &Path) -> PathBuf {
+    let out = dir.join("hostile_loop");
+    let src = victims_dir().join("hostile_loop.c");
+    let result = Command::new("cc")
+        .args(["-O1", "-g", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "running cc to build {}: {e} (is a C compiler installed?)",
+                src.display()
+            )
+        });
+    assert!(
+        result.status.success(),
+        "cc failed to build {}:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&result.stderr)
+    );
+    out
+}
+
+/// `VmHWM` (peak resident set) of a live process, in KiB.
+fn vm_hwm_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+struct Run {
+    peak_kib: u64,
+    elapsed: Duration,
+    out: RunOutput,
+    recording: serde_json::Value,
+}
+
+/// Starts the victim, lets `hostile` grow what the target controls, then
+/// runs `record --pid --duration 3s`, sampling its `VmHWM` until it exits.
+fn record_victim(scratch: &Scratch, name: &str, map_exec: Option<&Path>, hostile: bool) -> Run {
+    let exe = build_hostile_loop(&scratch.path);
+    let ready = scratch.join(&format!("{name}.ready"));
+    let mut cmd = Command::new(&exe);
+    cmd.arg(&ready);
+    if let Some(p) = map_exec {
+        cmd.arg("--map-exec").arg(p);
+    }
+    let mut victim = Victim::spawn(&mut cmd);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready.exists() {
+        victim.assert_running();
+        assert!(Instant::now() < deadline, "the victim never became ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let perf_map = PathBuf::from(format!("/tmp/perf-{}.map", victim.pid()));
+    struct Remove(PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _cleanup = Remove(perf_map.clone());
+    if hostile {
+        // More valid lines, then a 3 GB sparse tail of zeros (no newline).
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&perf_map)
+            .unwrap();
+        for i in 0..1000u64 {
+            writeln!(f, "{:x} 10 filler_{i}", 0x1000_0000 + i * 0x10).unwrap();
+        }
+        f.set_len(3 << 30).unwrap();
+    }
+    let out_dir = scratch.join(&format!("{name}-out"));
+    let args = [
+        "record".to_string(),
+        "--pid".into(),
+        victim.pid().to_string(),
+        "--duration".into(),
+        "3s".into(),
+        "--threshold".into(),
+        "30ms".into(),
+        "-q".into(),
+        "-o".into(),
+        out_dir.to_string_lossy().into_owned(),
+    ];
+    let start = Instant::now();
+    let mut prof = Profiler::spawn(&args);
+    let pid = prof.pid();
+    let mut peak_kib = 0;
+    let out = loop {
+        if let Some(kib) = vm_hwm_kib(pid) {
+            peak_kib = peak_kib.max(kib);
+        }
+        if let Some(out) = prof.try_finished() {
+            break out;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            prof.signal(libc::SIGKILL);
+            panic!("record --duration 3s still running after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let elapsed = start.elapsed();
+    victim.assert_running();
+    assert!(out.status.success(), "record failed:\n{}", out.describe());
+    let recording = read_stalls_json(&out_dir.join("stalls.json"));
+    Run {
+        peak_kib,
+        elapsed,
+        out,
+        recording,
+    }
+}
+
+fn jit_named(rec: &serde_json::Value) -> bool {
+    rec.to_string().contains("jit_spin_loop")
+}
+
+#[test]
+fn hostile_perf_map_and_exec_mapping_cost_bounded_memory_and_time() {
+    if !require_root_and_bpf("hostile_perf_map_and_exec_mapping_cost_bounded_memory_and_time") {
+        return;
+    }
+    let _g = serial();
+    let scratch = Scratch::new("hostile");
+
+    let base = record_victim(&scratch, "baseline", None, false);
+    // A 4 GB sparse file the target maps PROT_READ|PROT_EXEC.
+    let huge = scratch.join("huge.bin");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(4 << 30)
+        .unwrap();
+    let hostile = record_victim(&scratch, "hostile", Some(&huge), true);
+    let _ = std::fs::remove_file(&huge);
+
+    let mib = |k: u64| k as f64 / 1024.0;
+    eprintln!(
+        "peak RSS of record: baseline {:.1} MiB in {:.2} s, hostile {:.1} MiB in {:.2} s",
+        mib(base.peak_kib),
+        base.elapsed.as_secs_f64(),
+        mib(hostile.peak_kib),
+        hostile.elapsed.as_secs_f64()
+    );
+    eprintln!("hostile drops: {}", hostile.recording["drops"]);
+    let mut c = Checks::new(format!(
+        "hostile recording:\n{}\nbaseline:\n{}",
+        hostile.out.describe(),
+        base.out.describe()
+    ));
+    c.check(base.peak_kib > 0 && hostile.peak_kib > 0, || {
+        "VmHWM of record was never read".into()
+    });
+    c.check(hostile.peak_kib < base.peak_kib + 100 * 1024, || {
+        format!(
+            "the hostile target cost {:.1} MiB more peak RSS (baseline {:.1} MiB, hostile {:.1} MiB); the bound is 100 MiB",
+            mib(hostile.peak_kib.saturating_sub(base.peak_kib)),
+            mib(base.peak_kib),
+            mib(hostile.peak_kib)
+        )
+    });
+    for (what, run) in [("baseline", &base), ("hostile", &hostile)] {
+        c.check(run.elapsed < Duration::from_secs(10), || {
+            format!(
+                "the {what} recording took {:?} (--duration 3s)",
+                run.elapsed
+            )
+        });
+    }
+    c.check(jit_named(&base.recording), || {
+        "the baseline recording does not name jit_spin_loop from the perf map".into()
+    });
+    c.check(jit_named(&hostile.recording), || {
+        "the perf map's first line is no longer used once the file is 3 GB".into()
+    });
+    let drops = &hostile.recording["drops"];
+    c.check(
+        drops["limit_perf_map_line_too_long"].as_u64().unwrap_or(0) >= 1,
+        || format!("the 3 GB line of zeros is not counted in drops: {drops}"),
+    );
+    c.finish();
+}
