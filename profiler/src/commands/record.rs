@@ -24,6 +24,7 @@ use crate::{
         user::{self, User},
     },
     report,
+    report::journal::{self, JournalWriter},
     report::label::escape,
     report::model::{Recording, Stall},
     report::view::{Native, View},
@@ -391,6 +392,32 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
     }
     live.upkeep();
     let mut comm = read_comm(pid, pid).filter(|_| launched.is_none());
+    // Every stall goes to stalls.journal as it is found (report::journal):
+    // a recording killed before its end still holds them.
+    let target_name = match &cfg.target {
+        Target::Command(c, ..) => Path::new(&c[0])
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        Target::Pid(_) => "?".into(),
+    };
+    let mut journal = JournalWriter::create(
+        &out,
+        journal::Header {
+            format: journal::FORMAT.into(),
+            version: journal::VERSION,
+            pid,
+            comm: comm.clone().unwrap_or_else(|| target_name.clone()),
+            threshold_ns: cfg.threshold_ns,
+            sample_hz: cfg.sample_hz,
+            sample_after_ns: cfg.sample_after_ns,
+            clock: "monotonic".into(),
+            started_ns,
+            stallprof_version: env!("CARGO_PKG_VERSION").into(),
+        },
+    )?;
+    let mut journal_failed = None;
+    let mut journal_meta_at = Instant::now();
     if let Some(d) = cfg.duration {
         live.stop_after(d);
     }
@@ -404,6 +431,22 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
             }
             Step::Other(()) => {}
             Step::Tick(_) => {
+                let meta = (journal_meta_at.elapsed() >= Duration::from_secs(1)).then(|| {
+                    journal_meta_at = Instant::now();
+                    journal::Meta {
+                        comm: comm.clone().unwrap_or_else(|| target_name.clone()),
+                        ended_ns: monotonic_ns(),
+                        busy_periods: live.engine.busy_periods(),
+                        executor_threads: live.engine.executors(pid),
+                        runtime_problems: live.engine.runtime_problems(),
+                    }
+                });
+                let from = journal.stalls();
+                if let Err(e) = journal.append(live.engine.stalls_since(from), meta) {
+                    journal_failed = Some(e);
+                    ended_by = "a failed write to the output directory";
+                    break;
+                }
                 let exited = launched.as_mut().is_some_and(|l| l.try_wait().is_some());
                 if exited || !process_alive(pid) || live.engine.take_exited().contains(&pid) {
                     break;
@@ -463,6 +506,24 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
             .unwrap_or_default(),
         Target::Pid(_) => "?".into(),
     });
+    // The rest of the stalls (those the end closed) into the journal too,
+    // and to disk, before the slower outputs.
+    if journal_failed.is_none() {
+        let meta = journal::Meta {
+            comm: comm.clone(),
+            ended_ns,
+            busy_periods: engine.busy_periods(),
+            executor_threads: engine.executors(pid),
+            runtime_problems: engine.runtime_problems(),
+        };
+        let from = journal.stalls();
+        if let Err(e) = journal
+            .append(engine.stalls_since(from), Some(meta))
+            .and_then(|()| journal.sync())
+        {
+            journal_failed = Some(e);
+        }
+    }
     let mut stalls: Vec<Stall> = engine.take_stalls().into_iter().map(|(_, s)| s).collect();
     stalls.sort_by_key(|s| (s.start_ns, s.tid));
     let rec = Recording {
@@ -483,7 +544,33 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
         runtime_problems: engine.runtime_problems(),
         stalls,
     };
-    let files = report::write_all_view(&rec, &out, cfg.view)?;
+    let files = match (report::write_all_view(&rec, &out, cfg.view), journal_failed) {
+        // Done: stalls.json holds everything the journal did.
+        (Ok(files), None) => {
+            drop(journal);
+            if let Err(e) = out.remove(journal::NAME) {
+                log::warn!("cannot remove {}: {e}", out.join(journal::NAME).display());
+            }
+            files
+        }
+        (Ok(_), Some(e)) => return Err(e.into()),
+        (Err(e), journal_failed) => {
+            let kept = match journal_failed {
+                Some(j) => j.to_string(),
+                None => format!(
+                    "{} ({} bytes) holds all {} stalls: `stallprof report {}` renders them once there is room",
+                    out.join(journal::NAME).display(),
+                    journal.written(),
+                    journal.stalls(),
+                    out.path().display()
+                ),
+            };
+            return Err(anyhow::Error::new(e).context(format!(
+                "the outputs could not all be written to {} (probes detached); {kept}",
+                out.path().display()
+            )));
+        }
+    };
     let mut text = report::summary::text(&rec, &files);
     if let Some(l) = launched.as_mut() {
         // The command may still run (duration/Ctrl-C): leave it be, but reap if done.
