@@ -864,7 +864,9 @@ fn daemon_retention_limits_hold() {
         &c_bin,
         &log,
         &start,
-        Some(&"spin:50,idle:3,sleep:50,idle:3,".repeat(30)),
+        // ~8 s of stalls: twice max_age, so windows age out whatever their
+        // size (the compact stalls.json keeps a window far under MAX_BYTES).
+        Some(&"spin:50,idle:3,sleep:50,idle:3,".repeat(50)),
     );
     let pid = v.pid();
     wait_metrics(
