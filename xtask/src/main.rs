@@ -18,6 +18,10 @@
 //! 3.14, 3.15 and nodejs under ~/.cache/stallprof/forky-root, built once by
 //! debootstrap (docs/containers.md). The README's test command
 //! alone prepares a fresh machine; CI's `.ci/run` adds nothing to it.
+//! A whole `test` run (no test named) then runs each fuzz target in
+//! profiler/fuzz/ for 15 s with `cargo +nightly fuzz` (cargo-fuzz installed
+//! under ~/.cache/stallprof/cargo-fuzz when missing) and fails if one
+//! crashes.
 use std::{
     env, fs,
     path::{Path, PathBuf},
@@ -589,7 +593,91 @@ fn test(args: &[String]) -> Result<()> {
     if !args.iter().any(|a| a == "--") {
         cmd.args(["--", "--test-threads=1"]);
     }
-    run(&mut cmd)
+    let tests = run(&mut cmd);
+    // A whole run (no test named) also runs the fuzz targets, whatever the
+    // tests gave: both results decide the exit status.
+    let fuzz = if args.is_empty() { fuzz() } else { Ok(()) };
+    tests.and(fuzz)
+}
+
+/// The fuzz targets in profiler/fuzz/ (every parser of bytes the target
+/// process controls: docs/security.md), each for [`FUZZ_SECONDS`].
+const FUZZ_TARGETS: &[&str] = &[
+    "line_table",
+    "perf_map",
+    "elf_unwind",
+    "event",
+    "proc_text",
+    "debug_offsets",
+];
+const FUZZ_SECONDS: u32 = 15;
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
+/// Runs every fuzz target for a bounded time with `cargo +nightly fuzz`
+/// (installed under ~/.cache/stallprof/cargo-fuzz when missing); an error
+/// when one finds a crash (its input is kept under profiler/fuzz/artifacts/).
+fn fuzz() -> Result<()> {
+    let bin = cache_dir().join("cargo-fuzz/bin");
+    let path = env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![bin.clone(), linker_bin_dir()];
+    dirs.extend(env::split_paths(&path));
+    let path = env::join_paths(dirs)?;
+    // The rustup proxy with `+nightly`, not the stable cargo that runs xtask.
+    let nightly_cargo = || {
+        let mut c = Command::new("cargo");
+        c.arg("+nightly")
+            .env("PATH", &path)
+            .env_remove("CARGO")
+            .env_remove("RUSTC")
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("CARGO_TARGET_DIR")
+            .current_dir(root().join("profiler"));
+        c
+    };
+    if !bin.join("cargo-fuzz").exists() {
+        eprintln!("xtask: installing cargo-fuzz {CARGO_FUZZ_VERSION} (about a minute, once)");
+        run(nightly_cargo()
+            .args([
+                "install",
+                "--locked",
+                &format!("cargo-fuzz@{CARGO_FUZZ_VERSION}"),
+            ])
+            .arg("--root")
+            .arg(cache_dir().join("cargo-fuzz")))?;
+    }
+    run(nightly_cargo().args(["fuzz", "build", "-O"]))
+        .map_err(|e| e.context("building the fuzz targets (profiler/fuzz)"))?;
+    // Real inputs to start from (random bytes seldom make an ELF file or a
+    // maps line): a small executable, and this process's maps and status.
+    let corpus = root().join("profiler/fuzz/corpus");
+    for (target, seed, from) in [
+        ("elf_unwind", "true", "/bin/true"),
+        ("proc_text", "maps", "/proc/self/maps"),
+        ("proc_text", "status", "/proc/self/status"),
+    ] {
+        let dir = corpus.join(target);
+        fs::create_dir_all(&dir)?;
+        if let Ok(bytes) = fs::read(from) {
+            fs::write(dir.join(format!("seed-{seed}")), bytes)?;
+        }
+    }
+    let mut crashed = Vec::new();
+    for t in FUZZ_TARGETS {
+        eprintln!("xtask: fuzzing {t} for {FUZZ_SECONDS} s");
+        let max = format!("-max_total_time={FUZZ_SECONDS}");
+        if run(nightly_cargo().args(["fuzz", "run", "-O", t, "--", &max])).is_err() {
+            crashed.push(*t);
+        }
+    }
+    if crashed.is_empty() {
+        Ok(())
+    } else {
+        Err(anyhow::anyhow!(
+            "fuzz targets crashed: {crashed:?}; reproduce with `cargo +nightly fuzz run {} \
+             profiler/fuzz/artifacts/<target>/<file>` in profiler/",
+            crashed[0]
+        ))
+    }
 }
 
 fn unsafe_geteuid() -> u32 {
