@@ -73,7 +73,7 @@ mod tests {
         fn bytes(&mut self, seed: &[u8], max: usize) -> Vec<u8> {
             let mut v = seed.to_vec();
             let n = (self.next() % max as u64) as usize;
-            if v.is_empty() || self.next() % 4 == 0 {
+            if v.is_empty() || self.next().is_multiple_of(4) {
                 v = (0..n).map(|_| self.next() as u8).collect();
             } else {
                 for _ in 0..1 + self.next() % 16 {

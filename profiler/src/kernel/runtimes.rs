@@ -68,7 +68,7 @@ pub fn tokio_park_points(pid: u32) -> Vec<ParkPoint> {
         // a host file.
         let root = format!("/proc/{pid}/root");
         let opened = match bin.to_str().and_then(|b| b.strip_prefix(&root)) {
-            Some(inside) => limits::open_in_root(pid, inside).and_then(|f| limits::sized_elf(f)),
+            Some(inside) => limits::open_in_root(pid, inside).and_then(limits::sized_elf),
             None => limits::open_elf(&bin),
         };
         let Ok(f) = opened else { continue };
