@@ -1297,19 +1297,22 @@ fn daemon_python_churn_keeps_python_stacks() {
     });
     drop(p);
     let stalls = report_stalls(&dir.path.join("data"), "python3.11", pid);
-    c.check(!truth.is_empty(), || "the victim logged no stalled call".into());
+    c.check(!truth.is_empty(), || {
+        "the victim logged no stalled call".into()
+    });
     for t in &truth {
         let hit = stalls.iter().find(|s| {
             s["start_ns"].as_u64().unwrap_or(0) < t.end_ns
                 && s["end_ns"].as_u64().unwrap_or(0) > t.start_ns
         });
-        let named = hit.is_some_and(|s| {
-            s["stacks"].as_array().into_iter().flatten().any(|st| {
-                st["frames"].as_array().into_iter().flatten().any(|f| {
-                    f["kind"] == "python" && f["name"].as_str() == Some(t.func.as_str())
+        let named =
+            hit.is_some_and(|s| {
+                s["stacks"].as_array().into_iter().flatten().any(|st| {
+                    st["frames"].as_array().into_iter().flatten().any(|f| {
+                        f["kind"] == "python" && f["name"].as_str() == Some(t.func.as_str())
+                    })
                 })
-            })
-        });
+            });
         c.check(named, || {
             format!(
                 "{} after {CHURN} Python processes: {}",

@@ -228,7 +228,8 @@ fn cargo() -> Command {
 fn build() -> Result<PathBuf> {
     setup()?;
     run(cargo().args(["build", "--release"]))?;
-    let target = env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
+    let target =
+        env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
     Ok(target.join("release/stallprof"))
 }
 
