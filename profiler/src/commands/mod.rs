@@ -9,9 +9,17 @@ use clap::Args;
 
 use crate::os::units::parse_duration;
 
+/// What to watch and how: shared by `record` and `top` (flattened).
 #[derive(Args, Debug, Clone)]
 pub struct StallArgs {
     /// Busy periods at least this long are stalls (e.g. 50ms, 0.2s, 1s).
     #[arg(long, default_value = "50ms", value_parser = parse_duration)]
     pub threshold: u64,
+    /// Only these threads count as executors (repeatable). Default: every
+    /// thread that parks in an event-loop wait.
+    #[arg(long = "tid")]
+    pub tids: Vec<u32>,
+    /// CPU-clock sampling frequency in Hz for on-CPU stacks.
+    #[arg(short = 'F', long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub frequency: u64,
 }

@@ -38,15 +38,8 @@ pub struct RecordArgs {
     /// Process to attach to.
     #[arg(short, long, conflicts_with = "command")]
     pub pid: Option<u32>,
-    /// Only these threads count as executors (repeatable). Default: every
-    /// thread that parks in an event-loop wait.
-    #[arg(long = "tid")]
-    pub tids: Vec<u32>,
     #[command(flatten)]
     pub stall: StallArgs,
-    /// CPU-clock sampling frequency in Hz for on-CPU stacks.
-    #[arg(short = 'F', long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    pub frequency: u64,
     /// Skip CPU samples in the first DUR of every busy period, and do not
     /// report busy periods shorter than DUR at all, inside the kernel: the
     /// loop's short iterations then cost no stack copy. 0 takes every sample.
@@ -152,7 +145,7 @@ impl RecordConfig {
                 if let Some(why) = refuse_target(pid) {
                     bail!("{why}");
                 }
-                for &tid in &a.tids {
+                for &tid in &a.stall.tids {
                     if let Some(why) = refuse_thread(pid, tid) {
                         bail!("{why}");
                     }
@@ -203,9 +196,9 @@ impl RecordConfig {
         });
         Ok(RecordConfig {
             target,
-            tids: (!a.tids.is_empty()).then(|| a.tids.into_iter().collect()),
+            tids: (!a.stall.tids.is_empty()).then(|| a.stall.tids.into_iter().collect()),
             threshold_ns,
-            sample_hz: a.frequency,
+            sample_hz: a.stall.frequency,
             sample_after_ns,
             duration: a.duration.map(Duration::from_nanos),
             output,

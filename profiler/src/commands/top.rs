@@ -34,14 +34,8 @@ pub struct TopArgs {
     /// Process to watch.
     #[arg(short, long)]
     pub pid: u32,
-    /// Only these threads count as executors (repeatable).
-    #[arg(long = "tid")]
-    pub tids: Vec<u32>,
     #[command(flatten)]
     pub stall: StallArgs,
-    /// CPU-clock sampling frequency in Hz for on-CPU stacks.
-    #[arg(short = 'F', long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    pub frequency: u64,
     /// Rates, percentiles and culprits cover the stalls that ended in this
     /// last stretch of time.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
@@ -249,7 +243,7 @@ pub fn run(a: TopArgs) -> Result<String> {
     if let Some(why) = refuse_target(a.pid) {
         bail!("{why}");
     }
-    for &tid in &a.tids {
+    for &tid in &a.stall.tids {
         if let Some(why) = refuse_thread(a.pid, tid) {
             bail!("{why}");
         }
@@ -266,12 +260,13 @@ pub fn run(a: TopArgs) -> Result<String> {
 async fn top(a: TopArgs) -> Result<String> {
     let pid = a.pid;
     let threshold_ns = a.stall.threshold;
-    let tids: Option<HashSet<u32>> = (!a.tids.is_empty()).then(|| a.tids.iter().copied().collect());
+    let tids: Option<HashSet<u32>> =
+        (!a.stall.tids.is_empty()).then(|| a.stall.tids.iter().copied().collect());
     let mut live = Live::attach(
         pid,
         threshold_ns,
         tids,
-        a.frequency,
+        a.stall.frequency,
         crate::kernel::probe::default_sample_after(threshold_ns),
     )?;
     live.upkeep();
