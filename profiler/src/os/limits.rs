@@ -42,9 +42,12 @@ pub enum Limit {
     /// A Python line table over its cap, or the line-table cache over its
     /// budget (then emptied).
     PythonLineTableCapped,
+    /// A symbolizer cache over its budget (files parsed, answers kept):
+    /// emptied, its entries are recomputed when next needed.
+    SymbolCacheReset,
 }
 
-const ALL: [Limit; 8] = [
+const ALL: [Limit; 9] = [
     Limit::ProcFileTruncated,
     Limit::PerfMapCapped,
     Limit::PerfMapLineTooLong,
@@ -53,6 +56,7 @@ const ALL: [Limit; 8] = [
     Limit::PythonListCycle,
     Limit::PythonListTooLong,
     Limit::PythonLineTableCapped,
+    Limit::SymbolCacheReset,
 ];
 
 impl Limit {
@@ -66,6 +70,7 @@ impl Limit {
             Limit::PythonListCycle => "limit_python_list_cycle",
             Limit::PythonListTooLong => "limit_python_list_too_long",
             Limit::PythonLineTableCapped => "limit_python_linetable_capped",
+            Limit::SymbolCacheReset => "limit_symbol_cache_reset",
         }
     }
 }

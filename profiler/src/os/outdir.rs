@@ -13,19 +13,23 @@
 //! first temporary file is the test. A directory that already exists is used
 //! only if the invoking user (`SUDO_UID` under sudo) or root owns it and no
 //! one else may write to it; a new one is created 0700 with `mkdirat`, whose
-//! last component is never a followed symlink. Files are 0600, or 0640 with
+//! last component is never a followed symlink. Its parents are walked one
+//! component at a time (missing ones made 0700, like `mkdir -p`); a symlink
+//! on the way is followed only if root or the invoking user owns it. Files are 0600, or 0640 with
 //! a reader group (the daemon's `data_group`). Under sudo, what is created
 //! is handed to the invoking user, who can then read and delete it.
 use std::{
     fs::File,
     io::{self, Write},
-    os::fd::{AsFd, OwnedFd},
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
+    os::unix::ffi::OsStringExt,
     path::{Path, PathBuf},
     sync::Arc,
 };
 
 use rustix::fs::{
-    AtFlags, CWD, Mode, OFlags, fchown, fstat, fsync, mkdirat, openat, renameat, unlinkat,
+    AtFlags, CWD, FileType, Mode, OFlags, fchown, fstat, fsync, mkdirat, openat, readlinkat,
+    renameat, statat, unlinkat,
 };
 use rustix::process::{Gid, Uid};
 use thiserror::Error;
@@ -48,6 +52,15 @@ pub enum OutDirError {
          give a new directory with -o DIR (or chmod go-w it)"
     )]
     Writable { path: PathBuf, mode: u32 },
+    #[error(
+        "{link:?}, on the way to {path}, is a symlink owned by uid {owner} (neither you nor root): \
+         stallprof does not follow another user's link; give the real path with -o DIR"
+    )]
+    ForeignLink {
+        path: PathBuf,
+        link: PathBuf,
+        owner: u32,
+    },
     #[error("{path} already exists: give a new directory with -o DIR")]
     Exists { path: PathBuf },
     #[error(
@@ -125,28 +138,91 @@ fn split(path: &Path) -> (Option<&Path>, &std::ffi::OsStr) {
     (parent, path.file_name().unwrap_or(path.as_os_str()))
 }
 
-fn open_parent(path: &Path) -> Result<Option<OwnedFd>, OutDirError> {
+/// Symlinks followed on the way to an output directory, as the kernel's
+/// own `MAXSYMLINKS`.
+const MAX_LINK_HOPS: usize = 40;
+
+/// Opens the parent directories of `path` component by component (from `/`
+/// or the working directory), creating missing ones like `mkdir -p` but
+/// 0700 and handed to the invoking user. A symlink on the way is followed
+/// only if root or the invoking user owns it: a link another user planted
+/// in a shared directory (`/tmp/shared/out -> /etc`) is refused, as the
+/// kernel's `protected_symlinks` would in a sticky directory.
+fn open_parent(path: &Path, access: Access) -> Result<Option<OwnedFd>, OutDirError> {
+    use std::collections::VecDeque;
+    use std::path::Component;
     let (parent, _) = split(path);
     let Some(parent) = parent else {
         return Ok(None);
     };
-    // The parent is the user's choice and may be created; only the last
-    // component is stallprof's to guard.
-    std::fs::create_dir_all(parent).map_err(|source| OutDirError::Open {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    openat(
-        CWD,
-        parent,
-        OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::RDONLY,
-        Mode::empty(),
-    )
-    .map(Some)
-    .map_err(|e| OutDirError::Open {
+    let err = |e: rustix::io::Errno| OutDirError::Open {
         path: path.to_path_buf(),
         source: e.into(),
-    })
+    };
+    let dir_flags = OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::RDONLY;
+    let open_dir = |at: BorrowedFd<'_>, name: &std::ffi::OsStr| {
+        openat(at, name, dir_flags | OFlags::NOFOLLOW, Mode::empty())
+    };
+    let euid = rustix::process::geteuid().as_raw();
+    let you = access.owner.map(|(u, _)| u).unwrap_or(euid);
+    let mut todo: VecDeque<std::ffi::OsString> = parent
+        .components()
+        .map(|c| c.as_os_str().to_os_string())
+        .collect();
+    let mut fd = openat(CWD, ".", dir_flags, Mode::empty()).map_err(err)?;
+    let mut hops = 0;
+    while let Some(part) = todo.pop_front() {
+        let name = part.as_os_str();
+        match Path::new(name).components().next() {
+            Some(Component::RootDir) => {
+                fd = openat(CWD, "/", dir_flags, Mode::empty()).map_err(err)?;
+                continue;
+            }
+            Some(Component::CurDir) | None => continue,
+            _ => {}
+        }
+        match open_dir(fd.as_fd(), name) {
+            Ok(next) => fd = next,
+            Err(rustix::io::Errno::NOENT) => {
+                match mkdirat(&fd, name, access.dir_mode()) {
+                    Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                    Err(e) => return Err(err(e)),
+                }
+                let next = open_dir(fd.as_fd(), name).map_err(err)?;
+                if fstat(&next).map_err(err)?.st_uid == euid {
+                    access.apply(&next).map_err(|source| OutDirError::Open {
+                        path: path.to_path_buf(),
+                        source,
+                    })?;
+                }
+                fd = next;
+            }
+            Err(e @ (rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR)) => {
+                let st = statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW).map_err(err)?;
+                if FileType::from_raw_mode(st.st_mode) != FileType::Symlink {
+                    return Err(err(e));
+                }
+                if st.st_uid != 0 && st.st_uid != you {
+                    return Err(OutDirError::ForeignLink {
+                        path: path.to_path_buf(),
+                        link: name.into(),
+                        owner: st.st_uid,
+                    });
+                }
+                hops += 1;
+                if hops > MAX_LINK_HOPS {
+                    return Err(err(rustix::io::Errno::LOOP));
+                }
+                let target = readlinkat(&fd, name, Vec::new()).map_err(err)?;
+                let target = PathBuf::from(std::ffi::OsString::from_vec(target.into_bytes()));
+                for c in target.components().rev() {
+                    todo.push_front(c.as_os_str().to_os_string());
+                }
+            }
+            Err(e) => return Err(err(e)),
+        }
+    }
+    Ok(Some(fd))
 }
 
 impl OutDir {
@@ -189,7 +265,7 @@ impl OutDir {
             path: path.to_path_buf(),
             source: e.into(),
         };
-        let parent = open_parent(path)?;
+        let parent = open_parent(path, access)?;
         let (_, name) = split(path);
         let at = parent.as_ref().map(|p| p.as_fd()).unwrap_or(CWD);
         let created = match mkdirat(at, name, access.dir_mode()) {
@@ -432,6 +508,48 @@ mod tests {
         assert_eq!(std::fs::metadata(&out).unwrap().mode() & 0o777, 0o700);
         // No temporary file left behind.
         assert_eq!(std::fs::read_dir(&out).unwrap().count(), 1);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// `-o a/b/c`: missing parents are made 0700; a link of one's own (or
+    /// root's) on the way is followed, another user's is refused and
+    /// nothing is created where it points.
+    #[test]
+    fn parents_are_created_private_and_foreign_links_refused() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let root = scratch("parents");
+        let deep = root.join("a/b/c");
+        let out = OutDir::open_or_create(&deep).unwrap();
+        out.write("f", b"x").unwrap();
+        for d in ["a", "a/b", "a/b/c"] {
+            let mode = std::fs::metadata(root.join(d)).unwrap().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{d}: {mode:o}");
+        }
+        // A relative path through a link of our own, with `..` in it.
+        let real = root.join("real");
+        std::fs::create_dir(&real).unwrap();
+        symlink("real/../real", root.join("mine")).unwrap();
+        OutDir::open_or_create(&root.join("mine/rec")).unwrap();
+        assert!(real.join("rec").is_dir());
+
+        if rustix::process::geteuid().as_raw() != 0 {
+            panic!(
+                "this test needs root (lchown of a planted link): run it under `cargo xtask test`"
+            );
+        }
+        let shared = root.join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let victim = root.join("victim");
+        std::fs::create_dir(&victim).unwrap();
+        let planted = shared.join("out");
+        symlink(&victim, &planted).unwrap();
+        std::os::unix::fs::lchown(&planted, Some(65534), Some(65534)).unwrap();
+        match OutDir::open_or_create(&planted.join("rec")) {
+            Err(OutDirError::ForeignLink { owner: 65534, .. }) => {}
+            other => panic!("followed another user's link: {other:?}"),
+        }
+        assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 0);
         std::fs::remove_dir_all(&root).unwrap();
     }
 

@@ -813,8 +813,17 @@ impl Engine {
             let tids: Vec<u32> = w.known.keys().copied().collect();
             probes.forget_python_proc(pid, &tids);
         }
+        // A process that is gone writes no more JIT names: its held-back
+        // stalls are symbolized now, before its maps are let go.
+        let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|p| p.2.tgid == pid);
+        self.pending = others;
+        for (_, name, raw) in mine {
+            self.symbolize(raw, &name);
+        }
         if let Some(blaze) = self.symbols.live() {
-            blaze.forget_python(pid);
+            blaze.forget(pid);
         }
         self.runtimes.remove(&pid);
         self.unwinder.forget(pid);

@@ -17,7 +17,11 @@
 
 pub mod pyframes;
 pub mod python;
-use std::{collections::HashMap, fs, path::Path};
+use std::{
+    collections::HashMap,
+    fs,
+    path::{Path, PathBuf},
+};
 
 use blazesym::symbolize::{
     Input, Symbolized, Symbolizer,
@@ -341,7 +345,24 @@ pub struct BlazeResolver {
     user_cache: HashMap<((u32, u32), u64, u64), Vec<Frame>>,
     kernel_cache: HashMap<u64, Frame>,
     python: HashMap<u32, Option<PyResolver>>,
+    /// Files blazesym has opened (and keeps parsed and mapped for the life
+    /// of `blaze`), by the process whose path (`/proc/PID/...`) named them.
+    blaze_files: HashMap<PathBuf, u32>,
+    /// Of those, files of processes forgotten since `blaze` was built.
+    blaze_stale: usize,
 }
+
+/// Files blazesym may hold parsed at once. It caches every file it opened,
+/// by path, for the life of its `Symbolizer`, and our paths are per process
+/// (`/proc/PID/root/...`): a host where processes come and go would grow it
+/// without end. Past this many (or [`BLAZE_STALE_MAX`] files of exited
+/// processes) the symbolizer is rebuilt empty and the files of live
+/// processes are parsed again when next needed (`symbol_cache_reset`).
+const BLAZE_FILES_MAX: usize = 64;
+const BLAZE_STALE_MAX: usize = 16;
+/// Cached answers per cache (user addresses, kernel addresses) before that
+/// cache is emptied (`symbol_cache_reset`): each is ~100 bytes.
+const ANSWER_CACHE_MAX: usize = 1 << 18;
 
 impl Default for BlazeResolver {
     fn default() -> Self {
@@ -351,11 +372,7 @@ impl Default for BlazeResolver {
 
 impl BlazeResolver {
     pub fn new() -> Self {
-        let blaze = Symbolizer::builder()
-            .enable_code_info(true)
-            .enable_inlined_fns(true)
-            .enable_demangling(true)
-            .build();
+        let blaze = Self::symbolizer();
         BlazeResolver {
             perf_maps: HashMap::new(),
             py_frames: HashMap::new(),
@@ -364,7 +381,17 @@ impl BlazeResolver {
             user_cache: HashMap::new(),
             kernel_cache: HashMap::new(),
             python: HashMap::new(),
+            blaze_files: HashMap::new(),
+            blaze_stale: 0,
         }
+    }
+
+    fn symbolizer() -> Symbolizer {
+        Symbolizer::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(true)
+            .build()
     }
 
     /// Resolve Python frames now, while the process and its code objects
@@ -384,6 +411,12 @@ impl BlazeResolver {
             }
             let f = self.python_live(pid, code, instr);
             if f.kind == FrameKind::Python {
+                if self.py_frames.len() >= ANSWER_CACHE_MAX {
+                    // A target generating code without end: stalls symbolized
+                    // later re-read their code objects (if still alive).
+                    limits::hit(limits::Limit::SymbolCacheReset);
+                    self.py_frames.clear();
+                }
                 self.py_frames.insert((pid, code, instr), f);
             }
         }
@@ -404,10 +437,37 @@ impl BlazeResolver {
         }
     }
 
-    /// Forget a process's Python state (it exited; its pid may be reused).
-    pub fn forget_python(&mut self, pid: u32) {
+    /// Forget everything held for a process (it exited or exec'd; its pid
+    /// may be reused): maps, perf map, Python state; the files blazesym
+    /// opened through its paths count towards a rebuild.
+    pub fn forget(&mut self, pid: u32) {
         self.python.remove(&pid);
         self.py_frames.retain(|k, _| k.0 != pid);
+        self.maps.remove(&pid);
+        self.perf_maps.remove(&pid);
+        let before = self.blaze_files.len();
+        self.blaze_files.retain(|_, p| *p != pid);
+        self.blaze_stale += before - self.blaze_files.len();
+        if self.blaze_stale > BLAZE_STALE_MAX {
+            self.reset_blaze();
+        }
+    }
+
+    fn reset_blaze(&mut self) {
+        log::debug!(
+            "symbolizer rebuilt: {} files held, {} of exited processes",
+            self.blaze_files.len(),
+            self.blaze_stale
+        );
+        limits::hit(limits::Limit::SymbolCacheReset);
+        self.blaze = Self::symbolizer();
+        self.blaze_files.clear();
+        self.blaze_stale = 0;
+    }
+
+    /// Files blazesym holds now (tests, memory accounting).
+    pub fn files_held(&self) -> usize {
+        self.blaze_files.len()
     }
 
     /// Take (or refresh) the maps snapshot of a live process. Call at attach
@@ -439,7 +499,13 @@ impl BlazeResolver {
         self.maps.get(&pid).and_then(|m| m.find(addr)).cloned()
     }
 
-    fn symbolize_file(&self, path: &Path, offset: u64) -> Vec<Frame> {
+    fn symbolize_file(&mut self, pid: u32, path: &Path, offset: u64) -> Vec<Frame> {
+        if !self.blaze_files.contains_key(path) {
+            if self.blaze_files.len() >= BLAZE_FILES_MAX {
+                self.reset_blaze();
+            }
+            self.blaze_files.insert(path.to_path_buf(), pid);
+        }
         let src = Source::Elf(Elf::new(path));
         let sym = match self.blaze.symbolize_single(&src, Input::FileOffset(offset)) {
             Ok(Symbolized::Sym(sym)) => sym,
@@ -544,7 +610,7 @@ impl Resolve for BlazeResolver {
             ok
         });
         let mut frames = match &opened {
-            Some(path) => self.symbolize_file(path, offset),
+            Some(path) => self.symbolize_file(pid, path, offset),
             None => {
                 debug!("pid {pid}: {} cannot be opened as mapped", m.path);
                 Vec::new()
@@ -563,6 +629,10 @@ impl Resolve for BlazeResolver {
         // A file not opened now may open later (the snapshot outlives the
         // process, but a refresh may find it): only answers are kept.
         if opened.is_some() {
+            if self.user_cache.len() >= ANSWER_CACHE_MAX {
+                limits::hit(limits::Limit::SymbolCacheReset);
+                self.user_cache.clear();
+            }
             self.user_cache.insert(key, frames.clone());
         }
         frames
@@ -578,6 +648,10 @@ impl Resolve for BlazeResolver {
             _ => format!("[kernel {addr:#x}]"),
         };
         let f = Frame::new(name, FrameKind::Kernel);
+        if self.kernel_cache.len() >= ANSWER_CACHE_MAX {
+            limits::hit(limits::Limit::SymbolCacheReset);
+            self.kernel_cache.clear();
+        }
         self.kernel_cache.insert(addr, f.clone());
         f
     }
@@ -823,6 +897,44 @@ impl Resolve for TableResolver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// blazesym keeps every file it opened; ours are per process paths. The
+    /// held set stays under its cap as files of ever new processes come, and
+    /// forgetting processes drops theirs.
+    #[test]
+    fn files_held_by_the_symbolizer_are_bounded() {
+        let dir =
+            std::env::temp_dir().join(format!("stallprof-blaze-files-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let exe = Path::new("/bin/true");
+        let mut r = BlazeResolver::new();
+        let resets = || {
+            limits::counts()
+                .into_iter()
+                .find(|(n, _)| *n == "limit_symbol_cache_reset")
+                .unwrap()
+                .1
+        };
+        let before = resets();
+        for pid in 0..(BLAZE_FILES_MAX + BLAZE_STALE_MAX + 4) as u32 {
+            let p = dir.join(format!("true-{pid}"));
+            fs::copy(exe, &p).unwrap();
+            r.symbolize_file(1000 + pid, &p, 0x100);
+            assert!(r.files_held() <= BLAZE_FILES_MAX);
+        }
+        assert!(resets() > before, "past the cap the symbolizer is rebuilt");
+        let held = r.files_held();
+        assert!(held > BLAZE_STALE_MAX + 1, "{held} files held");
+        let pids: Vec<u32> = r.blaze_files.values().copied().collect();
+        let mid = resets();
+        for pid in pids.iter().take(BLAZE_STALE_MAX + 1) {
+            r.forget(*pid);
+        }
+        assert_eq!(r.files_held(), 0, "files of exited processes are let go");
+        assert!(resets() > mid);
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn maps_lookup() {
