@@ -8,7 +8,12 @@
 //! `record --duration 3s` must finish on time, its peak RSS (`VmHWM`) must
 //! stay within 100 MiB of the same recording of the same victim without
 //! them, and the JIT name from the map's valid first line must still be
-//! found. (The cyclic thread-state list is a unit test of the walker:
+//! found.
+//!
+//! A Python target whose thread-state list loops back on itself
+//! (tests/victims/py_cyclic_threads.py points its own `PyThreadState.next`
+//! at itself): `record` must still end on time, count the cycle in `drops`
+//! and read the Python frames of its stalls. (The walker's unit test:
 //! `symbolize::python::tests::thread_list_cycles_stop_and_are_counted`.)
 //!
 //! Needs root (see tests/common/mod.rs for STALLPROF_SKIP_ROOT_TESTS).
@@ -208,5 +213,72 @@ fn hostile_perf_map_and_exec_mapping_cost_bounded_memory_and_time() {
         drops["limit_perf_map_line_too_long"].as_u64().unwrap_or(0) >= 1,
         || format!("the 3 GB line of zeros is not counted in drops: {drops}"),
     );
+    c.finish();
+}
+
+#[test]
+fn cyclic_thread_state_list_still_ends_on_time() {
+    let test = "cyclic_thread_state_list_still_ends_on_time";
+    if !require_root_and_bpf(test) {
+        return;
+    }
+    let _g = serial();
+    let python = require_python(3, 12);
+    let scratch = Scratch::new("cyclic");
+    let log = scratch.join("victim.jsonl");
+    let mut cmd = Command::new(&python);
+    cmd.arg(victims_dir().join("py_cyclic_threads.py"))
+        .arg(&log);
+    let mut victim = Victim::spawn(&mut cmd);
+    wait_for_log_kind(&log, "ready", Duration::from_secs(10));
+    let out_dir = scratch.join("out");
+    let start = Instant::now();
+    let out = run_stallprof(
+        &[
+            "record".to_string(),
+            "--pid".into(),
+            victim.pid().to_string(),
+            "--duration".into(),
+            "3s".into(),
+            "--threshold".into(),
+            "50ms".into(),
+            "-q".into(),
+            "-o".into(),
+            out_dir.to_string_lossy().into_owned(),
+        ],
+        Duration::from_secs(30),
+    );
+    let elapsed = start.elapsed();
+    victim.assert_running();
+    // Let the victim restore its list and exit by itself.
+    unsafe { libc::kill(victim.pid() as i32, libc::SIGTERM) };
+    let mut c = Checks::new(out.describe());
+    c.check(out.status.success(), || "record failed".into());
+    c.check(elapsed < Duration::from_secs(12), || {
+        format!("record --duration 3s took {elapsed:?} against a cyclic thread-state list")
+    });
+    let rec = read_stalls_json(&out_dir.join("stalls.json"));
+    let cycles = rec["drops"]["limit_python_list_cycle"]
+        .as_u64()
+        .unwrap_or(0);
+    c.check(cycles >= 1, || {
+        format!("the cycle was not counted: drops {}", rec["drops"])
+    });
+    let recording = load_recording(&out_dir);
+    let truth = python_truth(&read_log(&log));
+    let cpu_calls = truth.iter().filter(|t| t.func == "burn_cpu").count();
+    let named = recording
+        .stalls
+        .iter()
+        .filter(|s| s.stacks.iter().any(|st| st.has_frame("burn_cpu")))
+        .count();
+    eprintln!(
+        "cyclic list: record took {:.2} s, {cycles} cycles counted, {} stalls, {named} with burn_cpu (victim: {cpu_calls} calls)",
+        elapsed.as_secs_f64(),
+        recording.stalls.len()
+    );
+    c.check(named >= 3, || {
+        format!("Python frames were lost: {named} stalls name burn_cpu; the victim made {cpu_calls} calls")
+    });
     c.finish();
 }
