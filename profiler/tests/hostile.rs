@@ -68,6 +68,15 @@ struct Run {
     recording: serde_json::Value,
 }
 
+/// `record --pid PID --duration 3s --threshold T -q -o OUT`.
+fn record_3s(pid: u32, threshold: &str, out_dir: &Path) -> Vec<String> {
+    let mut args: Vec<String> = ["record", "--pid"].map(String::from).into();
+    args.push(pid.to_string());
+    args.extend(["--duration", "3s", "--threshold", threshold, "-q", "-o"].map(String::from));
+    args.push(out_dir.to_string_lossy().into_owned());
+    args
+}
+
 /// Starts the victim, lets `hostile` grow what the target controls, then
 /// runs `record --pid --duration 3s`, sampling its `VmHWM` until it exits.
 fn record_victim(scratch: &Scratch, name: &str, map_exec: Option<&Path>, hostile: bool) -> Run {
@@ -106,18 +115,7 @@ fn record_victim(scratch: &Scratch, name: &str, map_exec: Option<&Path>, hostile
         f.set_len(3 << 30).unwrap();
     }
     let out_dir = scratch.join(&format!("{name}-out"));
-    let args = [
-        "record".to_string(),
-        "--pid".into(),
-        victim.pid().to_string(),
-        "--duration".into(),
-        "3s".into(),
-        "--threshold".into(),
-        "30ms".into(),
-        "-q".into(),
-        "-o".into(),
-        out_dir.to_string_lossy().into_owned(),
-    ];
+    let args = record_3s(victim.pid(), "30ms", &out_dir);
     let start = Instant::now();
     let mut prof = Profiler::spawn(&args);
     let pid = prof.pid();
@@ -234,18 +232,7 @@ fn cyclic_thread_state_list_still_ends_on_time() {
     let out_dir = scratch.join("out");
     let start = Instant::now();
     let out = run_stallprof(
-        &[
-            "record".to_string(),
-            "--pid".into(),
-            victim.pid().to_string(),
-            "--duration".into(),
-            "3s".into(),
-            "--threshold".into(),
-            "50ms".into(),
-            "-q".into(),
-            "-o".into(),
-            out_dir.to_string_lossy().into_owned(),
-        ],
+        &record_3s(victim.pid(), "50ms", &out_dir),
         Duration::from_secs(30),
     );
     let elapsed = start.elapsed();
