@@ -36,7 +36,8 @@
 //!
 //! Modules come from `/proc/PID/maps` (executable mappings). Each ELF is opened
 //! through `/proc/PID/map_files/START-END` (works for deleted files and other
-//! mount namespaces), falling back to `/proc/PID/root/PATH`, then `PATH`, and
+//! mount namespaces), falling back to `/proc/PID/root/PATH`, then `PATH`, if
+//! that is the mapped file (device and inode as maps shows them), and
 //! parsed with `object`; only the unwind sections are read from the file
 //! (not the whole file). The `[vdso]` is parsed once from this process's own
 //! copy (same kernel, same image).
@@ -1341,7 +1342,7 @@ impl Unwinder {
                 Some(with_cfi(info, module))
             }
             MapKind::File { path, dev, inode } => {
-                let file = open_mapped_file(pid, m.start, m.end, path)?;
+                let file = open_mapped_file(pid, m, path, dev, *inode)?;
                 let meta = file.metadata().ok()?;
                 if meta.size() > limits::ELF_FILE_MAX {
                     limits::hit(limits::Limit::ElfTooLarge);
@@ -1476,14 +1477,33 @@ pub(crate) fn fuzz_maps(text: &str) -> usize {
 /// Only a regular file is returned (never a FIFO or device the target mapped
 /// or planted), and the root is never left through a symlink
 /// ([`limits::open_in_root`]).
-fn open_mapped_file(pid: u32, start: u64, end: u64, path: &str) -> Option<File> {
-    if let Ok(f) = File::open(format!("/proc/{pid}/map_files/{start:x}-{end:x}")) {
+fn open_mapped_file(pid: u32, m: &ExecMapping, path: &str, dev: &str, inode: u64) -> Option<File> {
+    if let Ok(f) = File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end)) {
         return limits::regular(f).ok();
     }
+    // By path only if it is the file mapped (device and inode as maps shows
+    // them): a file at the same path in another root, or replaced since it
+    // was mapped, has other unwind info.
+    let is_mapped = |f: &File| {
+        f.metadata().is_ok_and(|meta| {
+            let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+            meta.ino() == inode && format!("{major:02x}:{minor:02x}") == dev
+        })
+    };
     let path = path.strip_suffix(" (deleted)").unwrap_or(path);
-    limits::open_in_root(pid, path)
-        .or_else(|_| File::open(path).and_then(limits::regular))
+    let found = limits::open_in_root(pid, path)
         .ok()
+        .filter(is_mapped)
+        .or_else(|| {
+            File::open(path)
+                .and_then(limits::regular)
+                .ok()
+                .filter(is_mapped)
+        });
+    if found.is_none() {
+        limits::hit(limits::Limit::NotTheMappedFile);
+    }
+    found
 }
 
 /// Parse this process's vDSO image: every 64-bit process on this kernel maps
@@ -2108,6 +2128,41 @@ mod tests {
     fn unwinder_is_send() {
         fn assert_send<T: Send>() {}
         assert_send::<Unwinder>();
+    }
+
+    /// Without `map_files` (a range that is not mapped here), a file is
+    /// opened by its path only if it is the one maps names (device, inode).
+    #[test]
+    fn a_path_is_opened_only_if_it_is_the_mapped_file() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let meta = std::fs::metadata(&exe).unwrap();
+        let dev = format!(
+            "{:02x}:{:02x}",
+            libc::major(meta.dev()),
+            libc::minor(meta.dev())
+        );
+        let m = ExecMapping {
+            start: 0x1000,
+            end: 0x2000,
+            offset: 0,
+            kind: MapKind::Anon,
+            has_module: false,
+            cfi: None,
+        };
+        let path = exe.to_str().unwrap();
+        let pid = std::process::id();
+        assert!(open_mapped_file(pid, &m, path, &dev, meta.ino()).is_some());
+        let refused = || {
+            limits::counts()
+                .into_iter()
+                .find(|(n, _)| *n == "limit_not_the_mapped_file")
+                .unwrap()
+                .1
+        };
+        let before = refused();
+        assert!(open_mapped_file(pid, &m, path, &dev, meta.ino() + 1).is_none());
+        assert!(open_mapped_file(pid, &m, path, "ff:ff", meta.ino()).is_none());
+        assert!(refused() >= before + 2);
     }
 
     #[test]

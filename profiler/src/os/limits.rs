@@ -45,9 +45,13 @@ pub enum Limit {
     /// A symbolizer cache over its budget (files parsed, answers kept):
     /// emptied, its entries are recomputed when next needed.
     SymbolCacheReset,
+    /// A mapped file that could not be opened as mapped: `map_files`
+    /// refused, and the file at its path (in its root or ours) is another
+    /// one (replaced, or an overlay's view). Its unwind info is not read.
+    NotTheMappedFile,
 }
 
-const ALL: [Limit; 9] = [
+const ALL: [Limit; 10] = [
     Limit::ProcFileTruncated,
     Limit::PerfMapCapped,
     Limit::PerfMapLineTooLong,
@@ -57,6 +61,7 @@ const ALL: [Limit; 9] = [
     Limit::PythonListTooLong,
     Limit::PythonLineTableCapped,
     Limit::SymbolCacheReset,
+    Limit::NotTheMappedFile,
 ];
 
 impl Limit {
@@ -71,6 +76,7 @@ impl Limit {
             Limit::PythonListTooLong => "limit_python_list_too_long",
             Limit::PythonLineTableCapped => "limit_python_linetable_capped",
             Limit::SymbolCacheReset => "limit_symbol_cache_reset",
+            Limit::NotTheMappedFile => "limit_not_the_mapped_file",
         }
     }
 }
