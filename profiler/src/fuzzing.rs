@@ -37,7 +37,8 @@ pub fn event(data: &[u8]) {
 }
 
 /// `/proc` text formats: `maps` (as the symbolizer, the unwinder and the
-/// Python discovery parse it) and `status` lines (`NSpid:`).
+/// Python discovery parse it), `status` lines (`NSpid:`) and `cgroup`
+/// (the container it names).
 pub fn proc_text(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let addr = data
@@ -48,6 +49,7 @@ pub fn proc_text(data: &[u8]) {
     let _ = crate::unwind::fuzz_maps(&text);
     let _ = crate::symbolize::python::parse_maps(&text);
     let _ = crate::os::proc::innermost_nspid(&text);
+    let _ = crate::os::container::from_cgroup(&text);
 }
 
 /// The `_PyRuntime` block a CPython 3.13+ reads its `_Py_DebugOffsets`
@@ -93,6 +95,7 @@ mod tests {
         let elf = &own_exe[..own_exe.len().min(64 << 10)];
         let maps = std::fs::read("/proc/self/maps").unwrap_or_default();
         let status = std::fs::read("/proc/self/status").unwrap_or_default();
+        let cgroup = b"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod8e1f0c2a_3b4d_4e5f_9a6b_7c8d9e0f1a2b.slice/cri-containerd-3f2a9c0b1d4e5f60718293a4b5c6d7e8f90123456789abcdef0123456789abcd.scope\n3:cpu:/docker/3f2a9c0b1d4e5f60718293a4b5c6d7e8f90123456789abcdef0123456789abcd\n".to_vec();
         let perf = b"7f0000001000 40 LazyCompile:~main app.js:1\n7f0000002000 10 x\n".to_vec();
         let mut rng = Rng(0x5eed_1234_abcd_0001);
         for _ in 0..3000 {
@@ -101,6 +104,7 @@ mod tests {
             super::event(&rng.bytes(&[], 2048));
             super::proc_text(&rng.bytes(&maps, 4096));
             super::proc_text(&rng.bytes(&status, 2048));
+            super::proc_text(&rng.bytes(&cgroup, 1024));
             super::debug_offsets(&rng.bytes(&[], 2048));
         }
         for _ in 0..200 {

@@ -15,6 +15,11 @@
 //!   found and not read (summary and stalls.json `runtime_problems`), counts
 //!   the stacks without Python frames, and still has every stall with
 //!   native frames.
+//! - `container_identity`: the gateway on python3.14 in a cgroup named as
+//!   containerd names a Kubernetes pod's container; stalls.json carries the
+//!   container id, runtime, pod uid and cgroup, the namespace pid, and each
+//!   stall the namespace tid the victim logged for the request it stalled
+//!   on; the summary and the flamegraph's title say them.
 //! - `node_perf_map_in_container`: Node 24 with `--perf-basic-prof
 //!   --interpreted-frames-native-stack` writes its perf map in its own root
 //!   at its namespace pid; its JS culprits are named and within 10 points.
@@ -200,6 +205,142 @@ fn unsupported_interpreter() {
             s.stacks.first()
         );
     }
+}
+
+/// The victim's own log names its requests by namespace tid; stalls.json
+/// must carry that tid on the stall of each request, the namespace pid,
+/// and the container its cgroup names (Kubernetes, containerd, systemd
+/// driver).
+#[test]
+fn container_identity() {
+    let test = "container_identity";
+    if !require_root_and_bpf(test) {
+        return;
+    }
+    require_forky_root();
+    let _serial = serial();
+    let scratch = Scratch::new(test);
+    let out = scratch.join("out");
+    let id = fake_container_id(std::process::id());
+    let uid = fake_pod_uid(std::process::id());
+    let mut victim =
+        ContainerVictim::spawn_python(test, "python3.14", "py_gateway.py", &["--requests", "4"]);
+    let cgroup = FakeContainerCgroup::enter(
+        test,
+        &format!(
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{id}.scope",
+            uid.replace('-', "_")
+        ),
+        victim.host_pid,
+    );
+    let mut prof = Profiler::spawn(&[
+        "record".to_string(),
+        "--pid".into(),
+        victim.host_pid.to_string(),
+        "--threshold".into(),
+        "40ms".into(),
+        "-o".into(),
+        out.display().to_string(),
+    ]);
+    wait_for_attach(&mut prof, Duration::from_secs(30));
+    victim.go();
+    let run = prof.wait(Duration::from_secs(90));
+    victim.wait(Duration::from_secs(10));
+    assert!(run.status.success(), "{}", run.describe());
+    let log = read_log(&victim.log);
+    let ready = log
+        .iter()
+        .find(|r| r["kind"] == "ready")
+        .unwrap_or_else(|| panic!("no ready record: {log:?}"));
+    let requests: Vec<&serde_json::Value> = log.iter().filter(|r| r["kind"] == "request").collect();
+    assert_eq!(requests.len(), 4, "victim log:\n{log:?}");
+    let v = read_stalls_json(&out.join("stalls.json"));
+    let mut c = Checks::new(format!("{}\nvictim log: {log:?}", run.describe()));
+
+    // The process: its namespace pid as it logged it, its container.
+    c.check(v["pid"] == victim.host_pid, || format!("pid {}", v["pid"]));
+    c.check(v["ns_pid"] == ready["pid"], || {
+        format!(
+            "ns_pid {} but the victim logged pid {}",
+            v["ns_pid"], ready["pid"]
+        )
+    });
+    let ctr = &v["container"];
+    c.check(ctr["id"] == id.as_str(), || format!("container {ctr}"));
+    c.check(ctr["runtime"] == "containerd", || {
+        format!("container {ctr}")
+    });
+    c.check(ctr["pod_uid"] == uid.as_str(), || {
+        format!("container {ctr}")
+    });
+    c.check(ctr["cgroup"] == cgroup.path().as_str(), || {
+        format!("container {ctr}, cgroup {}", cgroup.path())
+    });
+
+    // Each request's stall, found by the tid the victim logged for it.
+    let stalls = v["stalls"].as_array().expect("stalls");
+    for r in &requests {
+        let (start, end) = (
+            r["start_ns"].as_u64().unwrap(),
+            r["end_ns"].as_u64().unwrap(),
+        );
+        let found = stalls.iter().find(|s| {
+            s["ns_tid"] == r["tid"]
+                && s["start_ns"].as_u64().unwrap() <= start
+                && end <= s["end_ns"].as_u64().unwrap()
+        });
+        c.check(found.is_some(), || {
+            format!(
+                "request {} (tid {} in its namespace, {:.1} ms) has no stall with that ns_tid covering it",
+                r["req"],
+                r["tid"],
+                ms(end - start)
+            )
+        });
+        if let Some(s) = found {
+            c.check(s["tid"] != s["ns_tid"], || format!("stall {s}"));
+        }
+    }
+    // Python frames were read in the container.
+    let rec = load_recording(&out);
+    let tokenizer = rec
+        .stalls
+        .iter()
+        .flat_map(|s| &s.stacks)
+        .any(|st| st.frames.iter().any(|f| f.name == "Gateway.load_tokenizer"));
+    c.check(tokenizer, || {
+        format!("no Gateway.load_tokenizer frame:\n{}", stalls_table(&rec))
+    });
+
+    // The summary and the flamegraph's title say it.
+    let short = &id[..12];
+    for want in [
+        format!("container: containerd container {short} pod {uid}"),
+        format!(
+            "in its PID namespace: pid {} = {}",
+            victim.host_pid, ready["pid"]
+        ),
+        format!("{} (python3.14) = {}", victim.host_pid, ready["tid"]),
+    ] {
+        c.check(run.stdout.contains(&want), || {
+            format!("the summary lacks {want:?}")
+        });
+    }
+    let svg = std::fs::read_to_string(out.join("stalls.svg")).expect("stalls.svg");
+    let title = format!(
+        "pid {} (python3.14; pid {} in its namespace, containerd container {short} pod {uid}; tid {} = {} in its namespace)",
+        victim.host_pid, ready["pid"], victim.host_pid, ready["tid"]
+    );
+    c.check(svg.contains(&title), || {
+        format!("stalls.svg's title lacks {title:?}")
+    });
+    println!(
+        "CONTAINER  containerd {short} pod {uid}: {} stalls, ns pid {} tid {}",
+        stalls.len(),
+        v["ns_pid"],
+        ready["tid"]
+    );
+    c.finish();
 }
 
 /// Removes a directory when the test ends (kept when it failed).

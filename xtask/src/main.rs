@@ -649,12 +649,14 @@ fn fuzz() -> Result<()> {
     run(nightly_cargo().args(["fuzz", "build", "-O"]))
         .map_err(|e| e.context("building the fuzz targets (profiler/fuzz)"))?;
     // Real inputs to start from (random bytes seldom make an ELF file or a
-    // maps line): a small executable, and this process's maps and status.
+    // maps line): a small executable, and this process's maps, status and
+    // cgroup.
     let corpus = root().join("profiler/fuzz/corpus");
     for (target, seed, from) in [
         ("elf_unwind", "true", "/bin/true"),
         ("proc_text", "maps", "/proc/self/maps"),
         ("proc_text", "status", "/proc/self/status"),
+        ("proc_text", "cgroup", "/proc/self/cgroup"),
     ] {
         let dir = corpus.join(target);
         fs::create_dir_all(&dir)?;

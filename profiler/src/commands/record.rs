@@ -432,6 +432,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
                         busy_periods: live.engine.busy_periods(),
                         executor_threads: live.engine.executors(pid),
                         runtime_problems: live.engine.runtime_problems(),
+                        process: live.engine.process(pid),
                     }
                 });
                 let from = journal.stalls();
@@ -508,6 +509,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
             busy_periods: engine.busy_periods(),
             executor_threads: engine.executors(pid),
             runtime_problems: engine.runtime_problems(),
+            process: engine.process(pid),
         };
         let from = journal.stalls();
         if let Err(e) = journal
@@ -521,6 +523,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
     stalls.sort_by_key(|s| (s.start_ns, s.tid));
     let rec = Recording {
         pid,
+        process: engine.process(pid),
         comm,
         threshold_ns: cfg.threshold_ns,
         sample_hz: cfg.sample_hz,

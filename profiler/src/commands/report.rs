@@ -91,16 +91,12 @@ pub fn run(a: ReportArgs) -> Result<String> {
             }
             // The raw records hold every busy period past the gate: run
             // them through the engine again at the lower threshold.
-            let names = rec
-                .executor_threads
-                .iter()
-                .map(|t| (t.tid, t.name.clone()))
-                .collect();
             let cfg = TrackerConfig {
                 threshold_ns: t,
                 tids: None,
             };
-            rec.stalls = engine::replay_named(&dir, cfg, Some(rec.ended_ns), names)?;
+            rec.stalls =
+                engine::replay_named(&dir, cfg, Some(rec.ended_ns), &rec.executor_threads)?;
         } else {
             rec.stalls.retain(|s| s.duration_ns >= t);
         }

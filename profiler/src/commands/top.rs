@@ -344,6 +344,7 @@ mod tests {
         Stall {
             tid: 1,
             thread_name: "main".into(),
+            ns_tid: None,
             start_ns: end_ns - dur,
             end_ns,
             duration_ns: dur,

@@ -1,7 +1,8 @@
 //! The operating system as stallprof sees it: procfs, the clock, units, output
-//! directories that cannot be redirected, the invoking user, the bounds on
+//! directories that cannot be redirected, the container a process runs in, the invoking user, the bounds on
 //! reads the target controls.
 pub mod clock;
+pub mod container;
 pub mod limits;
 pub mod outdir;
 pub mod proc;

@@ -82,10 +82,14 @@ pub fn refuse_target(pid: u32) -> Option<String> {
 /// host's id). The last `NSpid:` field of its status; `tid` when procfs
 /// does not say.
 pub fn namespace_id(pid: u32, tid: u32) -> u32 {
+    read_namespace_id(pid, tid).unwrap_or(tid)
+}
+
+/// [`namespace_id`], None when procfs does not say (the thread is gone).
+pub fn read_namespace_id(pid: u32, tid: u32) -> Option<u32> {
     super::limits::read_proc(&format!("/proc/{pid}/task/{tid}/status"))
         .ok()
         .and_then(|s| innermost_nspid(&s))
-        .unwrap_or(tid)
 }
 
 /// The last `NSpid:` field of a `/proc/.../status` text.

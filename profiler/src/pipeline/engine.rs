@@ -38,10 +38,10 @@ use crate::{
     kernel::probe::{ProbeError, Probes},
     kernel::runtimes::{self, ParkPoint},
     os::outdir::{OutDir, PendingFile},
-    os::proc::{is_own_fork, read_comm},
+    os::proc::{is_own_fork, read_comm, read_namespace_id},
     os::units::fmt_ns,
     pipeline::stall::{Output, Tracker, TrackerConfig},
-    report::model::{RuntimeProblem, Stall, ThreadInfo},
+    report::model::{ProcessInfo, RuntimeProblem, Stall, ThreadInfo},
     symbolize::python::{self, Interpreter, PythonError},
     symbolize::{BlazeResolver, Recorder, Resolve, TableResolver, to_stall},
     unwind::{UnwindBundle, UnwindOutcome, Unwinder, UserRegs},
@@ -371,13 +371,20 @@ const JIT_NAME_DELAY: std::time::Duration = std::time::Duration::from_secs(2);
 /// The pipeline's state: one per recording, daemon (rebuilt now and then
 /// to bound memory, see [`Engine::rebuild`]) or replay.
 pub struct Engine {
-    /// Stalls held back for JIT names: (due, thread name, stall).
-    pending: Vec<(std::time::Instant, String, crate::pipeline::stall::RawStall)>,
+    /// Stalls held back for JIT names: (due, thread, stall).
+    pending: Vec<(
+        std::time::Instant,
+        ThreadInfo,
+        crate::pipeline::stall::RawStall,
+    )>,
     tracker: Tracker,
     symbols: Symbols,
     unwinder: Unwinder,
     stalls: Vec<(u32, Stall)>,
-    names: HashMap<u32, String>,
+    /// Every thread seen, by tid: read once ([`Engine::thread`]).
+    threads: HashMap<u32, ThreadInfo>,
+    /// Every process seen, by pid: read once ([`Engine::process`]).
+    procs: HashMap<u32, ProcessInfo>,
     python: HashMap<u32, PythonWatch>,
     runtimes: HashMap<u32, RuntimeWatch>,
     /// With [`Engine::save_to`]: raw records as they came (`events.bin.gz`).
@@ -409,7 +416,8 @@ impl Engine {
             symbols,
             unwinder,
             stalls: Vec::new(),
-            names: HashMap::new(),
+            threads: HashMap::new(),
+            procs: HashMap::new(),
             python: HashMap::new(),
             runtimes: HashMap::new(),
             events_out: None,
@@ -441,14 +449,15 @@ impl Engine {
     /// stack table and per-process caches only grow while an engine lives).
     /// What must survive is carried over: the loop-thread registry (the
     /// kernel keeps using the published keys), the busy periods still open
-    /// with the stacks they hold (nothing is cut), the thread names and
-    /// the runtime park probes already attached.
+    /// with the stacks they hold (nothing is cut), the thread and process
+    /// descriptors and the runtime park probes already attached.
     pub fn rebuild(self) -> Engine {
         let cfg = self.tracker.config().clone();
         let mut next = Engine::new(cfg.threshold_ns, cfg.tids);
         next.tracker = self.tracker.compacted();
         next.runtimes = self.runtimes;
-        next.names = self.names;
+        next.threads = self.threads;
+        next.procs = self.procs;
         next
     }
 
@@ -499,16 +508,45 @@ impl Engine {
         Ok(())
     }
 
-    fn thread_name(&mut self, tgid: u32, tid: u32) -> String {
-        if let Some(n) = self.names.get(&tid) {
-            return n.clone();
+    /// Thread `tid` of `tgid`, read from `/proc` the first time it is seen
+    /// (its name, its id in its PID namespace); a replay knows only the
+    /// names it was given.
+    fn thread(&mut self, tgid: u32, tid: u32) -> ThreadInfo {
+        if let Some(t) = self.threads.get(&tid) {
+            return t.clone();
         }
-        let n = match self.symbols {
-            Symbols::Live { .. } => read_comm(tgid, tid).unwrap_or_else(|| "?".into()),
-            Symbols::Saved(_) => "replayed".into(),
+        let t = match self.symbols {
+            Symbols::Live { .. } => ThreadInfo {
+                tid,
+                name: read_comm(tgid, tid).unwrap_or_else(|| "?".into()),
+                ns_tid: read_namespace_id(tgid, tid).filter(|&ns| ns != tid),
+            },
+            Symbols::Saved(_) => ThreadInfo {
+                tid,
+                name: "replayed".into(),
+                ns_tid: None,
+            },
         };
-        self.names.insert(tid, n.clone());
-        n
+        self.threads.insert(tid, t.clone());
+        t
+    }
+
+    /// Process `pid`'s identity beyond its host pid (its namespace pid, its
+    /// container), read from `/proc` the first time it is seen; nothing in
+    /// a replay.
+    pub fn process(&mut self, pid: u32) -> ProcessInfo {
+        if let Some(p) = self.procs.get(&pid) {
+            return p.clone();
+        }
+        let p = match self.symbols {
+            Symbols::Live { .. } => ProcessInfo {
+                ns_pid: read_namespace_id(pid, pid).filter(|&ns| ns != pid),
+                container: crate::os::container::of_process(pid),
+            },
+            Symbols::Saved(_) => ProcessInfo::default(),
+        };
+        self.procs.insert(pid, p.clone());
+        p
     }
 
     /// Periodic upkeep for live processes: maps snapshots for symbolization
@@ -521,6 +559,7 @@ impl Engine {
             if let Some(blaze) = self.symbols.live() {
                 blaze.refresh_if_older(pid, MAPS_UPKEEP);
             }
+            self.process(pid);
             self.python
                 .entry(pid)
                 .or_insert_with(PythonWatch::new)
@@ -664,7 +703,7 @@ impl Engine {
             match o {
                 Output::LoopKey { tid, key } => {
                     let tgid = self.tracker.loops().tgid_of(tid).unwrap_or(tid);
-                    let name = self.thread_name(tgid, tid);
+                    let name = self.thread(tgid, tid).name;
                     debug!("thread {tid} ({name}) of {tgid} parks on wait key {key:#x}");
                     probes.set_loop_key(tid, key);
                 }
@@ -672,7 +711,7 @@ impl Engine {
                     probes.forget_loop_thread(tid);
                 }
                 Output::Stall(raw) => {
-                    let name = self.thread_name(raw.tgid, raw.tid);
+                    let thread = self.thread(raw.tgid, raw.tid);
                     // A JIT runtime writes its perf map through a buffer:
                     // names of code compiled just before the stall may not
                     // be in the file yet. Give it a moment.
@@ -680,22 +719,28 @@ impl Engine {
                         && Path::new(&crate::symbolize::perf_map_path(raw.tgid)).exists()
                     {
                         let due = std::time::Instant::now() + JIT_NAME_DELAY;
-                        self.pending.push((due, name, raw));
+                        self.pending.push((due, thread, raw));
                     } else {
-                        self.symbolize(raw, &name);
+                        self.symbolize(raw, &thread);
                     }
                 }
             }
         }
     }
 
-    fn symbolize(&mut self, raw: crate::pipeline::stall::RawStall, name: &str) {
+    fn symbolize(&mut self, raw: crate::pipeline::stall::RawStall, thread: &ThreadInfo) {
         let stacks = &self.tracker.stacks;
-        let s = self.symbols.resolve(|r| to_stall(&raw, stacks, r, name));
+        let mut s = self.symbols.resolve(|r| to_stall(&raw, stacks, r, thread));
+        // GIL holders: their namespace ids from their descriptors too.
+        for h in s.stacks.iter_mut().filter_map(|p| p.gil_holder.as_mut()) {
+            if let Some(tid) = h.tid {
+                h.ns_tid = self.thread(raw.tgid, tid).ns_tid;
+            }
+        }
         info!(
             "stall on {} ({}) of {}: {}",
             raw.tid,
-            name,
+            thread.name,
             raw.tgid,
             fmt_ns(s.duration_ns)
         );
@@ -709,11 +754,11 @@ impl Engine {
             .into_iter()
             .partition(|p| all || p.0 <= now);
         self.pending = keep;
-        for (_, name, raw) in due {
+        for (_, thread, raw) in due {
             if let Some(blaze) = self.symbols.live() {
                 blaze.refresh(raw.tgid);
             }
-            self.symbolize(raw, &name);
+            self.symbolize(raw, &thread);
         }
     }
 
@@ -763,9 +808,12 @@ impl Engine {
             .loops()
             .loop_tids_of(pid)
             .into_iter()
-            .map(|tid| ThreadInfo {
-                tid,
-                name: self.names.get(&tid).cloned().unwrap_or_else(|| "?".into()),
+            .map(|tid| {
+                self.threads.get(&tid).cloned().unwrap_or(ThreadInfo {
+                    tid,
+                    name: "?".into(),
+                    ns_tid: None,
+                })
             })
             .collect()
     }
@@ -804,9 +852,10 @@ impl Engine {
     /// does not grow these tables.
     pub fn forget(&mut self, pid: u32, probes: &mut dyn Control) {
         for tid in self.tracker.forget_process(pid) {
-            self.names.remove(&tid);
+            self.threads.remove(&tid);
             probes.forget_loop_thread(tid);
         }
+        self.procs.remove(&pid);
         if let Some(w) = self.python.remove(&pid)
             && w.interp.is_some()
         {
@@ -906,20 +955,20 @@ pub fn read_recording(dir: &Path) -> Result<Vec<Vec<u8>>> {
 /// finds, symbolized, ordered by start. `end_ns`: where to close busy
 /// periods still open (default: the last record's time).
 pub fn replay(dir: &Path, cfg: TrackerConfig, end_ns: Option<u64>) -> Result<Vec<Stall>> {
-    replay_named(dir, cfg, end_ns, HashMap::new())
+    replay_named(dir, cfg, end_ns, &[])
 }
 
-/// [`replay`], naming threads as the live recording did (`tid -> name`;
-/// others are named "replayed").
+/// [`replay`], with the threads as the live recording saw them (names,
+/// namespace ids; others are named "replayed").
 pub fn replay_named(
     dir: &Path,
     cfg: TrackerConfig,
     end_ns: Option<u64>,
-    names: HashMap<u32, String>,
+    threads: &[ThreadInfo],
 ) -> Result<Vec<Stall>> {
     let records = read_recording(dir)?;
     let mut engine = Engine::replaying(dir, cfg)?;
-    engine.names = names;
+    engine.threads = threads.iter().map(|t| (t.tid, t.clone())).collect();
     let mut last = 0;
     for rec in &records {
         if let Ok(ev) = event::parse(rec) {

@@ -87,9 +87,8 @@ pub fn render(rec: &Recording, v: View) -> Result<Vec<u8>, std::io::Error> {
     }
     let mut opts = Options::default();
     opts.title = format!(
-        "stallprof: pid {} ({}) — {} stalls ≥ {}, {} of stall time",
-        rec.pid,
-        crate::report::label::escape(&rec.comm),
+        "stallprof: {} — {} stalls ≥ {}, {} of stall time",
+        rec.target(),
         rec.stalls.len(),
         fmt_ns(rec.threshold_ns),
         fmt_ns(rec.total_stall_ns())

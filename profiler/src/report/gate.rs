@@ -84,6 +84,7 @@ mod tests {
         Stall {
             tid: 7,
             thread_name: "MainThread".into(),
+            ns_tid: None,
             start_ns: start_ms * 1_000_000,
             end_ns: start_ms * 1_000_000 + ns,
             duration_ns: ns,
@@ -113,6 +114,7 @@ mod tests {
         Recording {
             pid: 1,
             comm: "python3".into(),
+            process: Default::default(),
             threshold_ns: 50_000_000,
             sample_hz: 999,
             sample_after_ns: 0,

@@ -3,7 +3,8 @@
 //! every stall found up to its last second (docs/format.md).
 //!
 //! In (write): the recording's settings, then batches of finished stalls and,
-//! now and then, what is known of the recording so far. Out: JSON lines,
+//! now and then, what is known of the recording so far (with the target's
+//! namespace pid and container). Out: JSON lines,
 //! appended. In (read): those lines, possibly cut anywhere by a crash or a
 //! full disk. Out: a [`Recording`] that every writer renders.
 //!
@@ -31,7 +32,7 @@ use thiserror::Error;
 use crate::{
     os::outdir::OutDir,
     report::json::{self, FormatError, WireStall},
-    report::model::{Frame, Recording, RuntimeProblem, Stall, ThreadInfo},
+    report::model::{Frame, ProcessInfo, Recording, RuntimeProblem, Stall, ThreadInfo},
 };
 
 pub const NAME: &str = "stalls.journal";
@@ -88,6 +89,9 @@ pub struct Meta {
     pub executor_threads: Vec<ThreadInfo>,
     #[serde(default)]
     pub runtime_problems: Vec<RuntimeProblem>,
+    /// The target's namespace pid and container (`stalls.json`'s fields).
+    #[serde(default, flatten)]
+    pub process: ProcessInfo,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -360,6 +364,7 @@ pub fn read(path: &Path) -> Result<Rebuilt, JournalError> {
         recording: Recording {
             pid: h.pid,
             comm: meta.comm,
+            process: meta.process,
             threshold_ns: h.threshold_ns,
             sample_hz: h.sample_hz,
             sample_after_ns: h.sample_after_ns,
@@ -388,6 +393,7 @@ mod tests {
         Stall {
             tid: 7,
             thread_name: "main".into(),
+            ns_tid: None,
             start_ns: start,
             end_ns: start + 100,
             duration_ns: 100,

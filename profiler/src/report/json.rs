@@ -23,7 +23,8 @@ use serde_json::ser::Formatter;
 use thiserror::Error;
 
 use crate::report::model::{
-    Frame, GilHolder, PartKind, Recording, RuntimeProblem, StackPart, Stall, ThreadInfo,
+    Container, Frame, GilHolder, PartKind, ProcessInfo, Recording, RuntimeProblem, StackPart,
+    Stall, ThreadInfo,
 };
 
 /// The `format` field of every stallprof recording from version 2 on.
@@ -60,7 +61,11 @@ struct File {
     format: String,
     version: u64,
     pid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ns_pid: Option<u32>,
     comm: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    container: Option<Container>,
     threshold_ns: u64,
     sample_hz: u64,
     #[serde(default)]
@@ -92,6 +97,8 @@ struct File {
 #[derive(Serialize, Deserialize)]
 pub(crate) struct WireStall {
     tid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ns_tid: Option<u32>,
     thread_name: String,
     start_ns: u64,
     end_ns: u64,
@@ -123,6 +130,8 @@ struct WirePart {
 struct WireHolder {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ns_tid: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     thread_name: Option<String>,
     /// The holder's Python frames, as a stack id.
@@ -165,6 +174,7 @@ impl<'a> Tables<'a> {
 pub(crate) fn wire_stall<'a>(s: &'a Stall, mut stack: impl FnMut(&'a [Frame]) -> u32) -> WireStall {
     WireStall {
         tid: s.tid,
+        ns_tid: s.ns_tid,
         thread_name: s.thread_name.clone(),
         start_ns: s.start_ns,
         end_ns: s.end_ns,
@@ -185,6 +195,7 @@ pub(crate) fn wire_stall<'a>(s: &'a Stall, mut stack: impl FnMut(&'a [Frame]) ->
                 waker_tid: p.waker_tid,
                 gil_holder: p.gil_holder.as_ref().map(|h| WireHolder {
                     tid: h.tid,
+                    ns_tid: h.ns_tid,
                     thread_name: h.thread_name.clone(),
                     stack: stack(&h.frames),
                 }),
@@ -204,7 +215,9 @@ fn to_file(rec: &Recording) -> File {
         format: FORMAT.into(),
         version: VERSION,
         pid: rec.pid,
+        ns_pid: rec.process.ns_pid,
         comm: rec.comm.clone(),
+        container: rec.process.container.clone(),
         threshold_ns: rec.threshold_ns,
         sample_hz: rec.sample_hz,
         sample_after_ns: rec.sample_after_ns,
@@ -256,6 +269,10 @@ fn from_file(f: File) -> Result<Recording, FormatError> {
     Ok(Recording {
         pid: f.pid,
         comm: f.comm,
+        process: ProcessInfo {
+            ns_pid: f.ns_pid,
+            container: f.container,
+        },
         threshold_ns: f.threshold_ns,
         sample_hz: f.sample_hz,
         sample_after_ns: f.sample_after_ns,
@@ -281,6 +298,7 @@ pub(crate) fn model_stall(
     Ok(Stall {
         tid: s.tid,
         thread_name: s.thread_name,
+        ns_tid: s.ns_tid,
         start_ns: s.start_ns,
         end_ns: s.end_ns,
         duration_ns: s.duration_ns,
@@ -303,6 +321,7 @@ pub(crate) fn model_stall(
                         Some(h) => Some(GilHolder {
                             tid: h.tid,
                             thread_name: h.thread_name,
+                            ns_tid: h.ns_tid,
                             frames: stack(h.stack)?,
                         }),
                         None => None,
@@ -452,6 +471,7 @@ mod tests {
             Stall {
                 tid: 7,
                 thread_name: "MainThread".into(),
+                ns_tid: Some(1),
                 start_ns: start,
                 end_ns: start + d,
                 duration_ns: d,
@@ -467,6 +487,7 @@ mod tests {
             gil_holder: Some(GilHolder {
                 tid: Some(12),
                 thread_name: Some("worker".into()),
+                ns_tid: Some(3),
                 frames: vec![frame("hog", Some("/app/w.py"), Some(3), FrameKind::Python)],
             }),
             ..part(vec![main.clone(), run.clone()], PartKind::GilWait, 5)
@@ -474,6 +495,13 @@ mod tests {
         Recording {
             pid: 42,
             comm: "python3".into(),
+            process: ProcessInfo {
+                ns_pid: Some(1),
+                container: crate::os::container::from_path(
+                    "/kubepods.slice/kubepods-pod8e1f0c2a_3b4d_4e5f_9a6b_7c8d9e0f1a2b.slice/\
+                     cri-containerd-3f2a9c0b1d4e5f60718293a4b5c6d7e8f90123456789abcdef0123456789abcd.scope",
+                ),
+            },
             threshold_ns: 20_000_000,
             sample_hz: 999,
             sample_after_ns: 1_000_000,
@@ -487,6 +515,7 @@ mod tests {
             executor_threads: vec![ThreadInfo {
                 tid: 7,
                 name: "MainThread".into(),
+                ns_tid: None,
             }],
             stallprof_version: "0.1.0".into(),
             runtime_problems: vec![RuntimeProblem {
@@ -537,6 +566,18 @@ mod tests {
             v["stalls"][0]["parts"][0]["stack"]
         );
         assert_eq!(v["stalls"][0]["parts"][3]["gil_holder"]["stack"], 4);
+        // Namespace ids next to the host's, and the container.
+        assert_eq!(
+            (v["pid"].as_u64(), v["ns_pid"].as_u64()),
+            (Some(42), Some(1))
+        );
+        assert_eq!(v["stalls"][0]["ns_tid"], 1);
+        assert_eq!(v["stalls"][0]["parts"][3]["gil_holder"]["ns_tid"], 3);
+        assert_eq!(v["container"]["runtime"], "containerd");
+        assert_eq!(
+            v["container"]["pod_uid"],
+            "8e1f0c2a-3b4d-4e5f-9a6b-7c8d9e0f1a2b"
+        );
         // One row per line: a frame never spans lines.
         let text = String::from_utf8(bytes).unwrap();
         assert!(

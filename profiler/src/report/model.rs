@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::os::container::Container;
 pub use crate::pipeline::stall::PartKind;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -92,17 +93,25 @@ pub struct StackPart {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GilHolder {
     pub tid: Option<u32>,
+    /// Its id in the target's PID namespace, when that is not the host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_tid: Option<u32>,
     pub thread_name: Option<String>,
     /// The holder's Python frames when the wait began, outermost first.
     pub frames: Vec<Frame>,
 }
 
 impl GilHolder {
-    /// `worker (tid 12) in match_all (w.py:12)`.
+    /// `worker (tid 12) in match_all (w.py:12)`; in a container
+    /// `worker (tid 12, 3 in its namespace) in ...`.
     pub fn describe(&self) -> String {
-        let who = match (&self.thread_name, self.tid) {
-            (Some(n), Some(t)) => format!("{n} (tid {t})"),
-            (None, Some(t)) => format!("tid {t}"),
+        let tid = self.tid.map(|t| match self.ns_tid {
+            Some(ns) => format!("tid {t}, {ns} in its namespace"),
+            None => format!("tid {t}"),
+        });
+        let who = match (&self.thread_name, tid) {
+            (Some(n), Some(t)) => format!("{n} ({t})"),
+            (None, Some(t)) => t,
             _ => "another thread".to_string(),
         };
         match self.frames.last() {
@@ -115,6 +124,11 @@ impl GilHolder {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Stall {
     pub tid: u32,
+    /// The thread's id in the target's PID namespace (what the application
+    /// logs in a container), when that is not `tid`: from the engine's
+    /// thread descriptor ([`ThreadInfo`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_tid: Option<u32>,
     pub thread_name: String,
     pub start_ns: u64,
     pub end_ns: u64,
@@ -135,6 +149,10 @@ pub struct Stall {
 pub struct Recording {
     pub pid: u32,
     pub comm: String,
+    /// Who the process is beyond its host pid: its namespace pid, its
+    /// container.
+    #[serde(flatten, default)]
+    pub process: ProcessInfo,
     pub threshold_ns: u64,
     pub sample_hz: u64,
     /// The kernel's sampling gate: CPU samples in the first this-many ns of
@@ -184,14 +202,101 @@ pub struct RuntimeProblem {
     pub remedy: String,
 }
 
+/// A process's identity beyond its host pid, read once when the engine
+/// first sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    /// Its pid in its own PID namespace, when that is not the host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<u32>,
+    /// The container its cgroup path names, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<Container>,
+}
+
+impl ProcessInfo {
+    /// `pid 4242` with what else identifies it: `pid 4242 (1 in its
+    /// namespace, docker container 3f2a9c0b1d4e)`.
+    pub fn describe(&self, pid: u32) -> String {
+        let mut more = Vec::new();
+        if let Some(ns) = self.ns_pid {
+            more.push(format!("{ns} in its namespace"));
+        }
+        if let Some(c) = &self.container {
+            more.push(c.describe());
+        }
+        if more.is_empty() {
+            format!("pid {pid}")
+        } else {
+            format!("pid {pid} ({})", more.join(", "))
+        }
+    }
+}
+
+/// A thread as the engine first saw it: the one place its name and
+/// namespace id are read; stalls and GIL holders take them from here.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ThreadInfo {
     pub tid: u32,
     pub name: String,
+    /// Its id in its own PID namespace, when that is not `tid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_tid: Option<u32>,
 }
 
 impl Recording {
     pub fn total_stall_ns(&self) -> u64 {
         self.stalls.iter().map(|s| s.duration_ns).sum()
+    }
+
+    /// The threads of the stalls (and the loop threads), each once, by
+    /// tid: what the recording knows of their ids.
+    pub fn stall_threads(&self) -> Vec<ThreadInfo> {
+        let mut by_tid: BTreeMap<u32, ThreadInfo> = self
+            .executor_threads
+            .iter()
+            .map(|t| (t.tid, t.clone()))
+            .collect();
+        for s in &self.stalls {
+            by_tid.entry(s.tid).or_insert_with(|| ThreadInfo {
+                tid: s.tid,
+                name: s.thread_name.clone(),
+                ns_tid: s.ns_tid,
+            });
+        }
+        by_tid.into_values().collect()
+    }
+
+    /// The target for titles: `pid 4242 (python3)`, and in a container
+    /// `pid 4242 (python3; pid 1 in its namespace, docker container
+    /// 3f2a9c0b1d4e; tid 4242 = 1, 4250 = 9 in its namespace)`: the ids the
+    /// application's own logs show next to the host's. Names escaped.
+    pub fn target(&self) -> String {
+        let mut more = vec![crate::report::label::escape(&self.comm).into_owned()];
+        let mut ids = Vec::new();
+        if let Some(ns) = self.process.ns_pid {
+            ids.push(format!("pid {ns} in its namespace"));
+        }
+        if let Some(c) = &self.process.container {
+            ids.push(crate::report::label::escape(&c.describe()).into_owned());
+        }
+        if !ids.is_empty() {
+            more.push(ids.join(", "));
+        }
+        let tids: Vec<String> = self
+            .stall_threads()
+            .iter()
+            .filter_map(|t| t.ns_tid.map(|ns| format!("{} = {ns}", t.tid)))
+            .collect();
+        const SHOWN: usize = 4;
+        if !tids.is_empty() {
+            let rest = tids.len().saturating_sub(SHOWN);
+            let mut s = format!("tid {}", tids[..tids.len().min(SHOWN)].join(", "));
+            if rest > 0 {
+                s.push_str(&format!(" (+{rest} more)"));
+            }
+            more.push(format!("{s} in its namespace"));
+        }
+        format!("pid {} ({})", self.pid, more.join("; "))
     }
 }

@@ -684,6 +684,7 @@ mod tests {
             gil_holder: (kind == PartKind::GilWait).then(|| GilHolder {
                 tid: Some(9),
                 thread_name: Some("hog".into()),
+                ns_tid: None,
                 frames: vec![Frame::new("match", FrameKind::Python)],
             }),
         }
@@ -695,6 +696,7 @@ mod tests {
         let s = Stall {
             tid: 7,
             thread_name: "loop".into(),
+            ns_tid: None,
             start_ns: 1_000_000,
             end_ns: 11_000_000,
             duration_ns: 10_000_000,
@@ -713,6 +715,7 @@ mod tests {
         Recording {
             pid: 5,
             comm: "app".into(),
+            process: Default::default(),
             threshold_ns: 1,
             sample_hz: 1000,
             sample_after_ns: 0,
@@ -726,6 +729,7 @@ mod tests {
             executor_threads: vec![ThreadInfo {
                 tid: 7,
                 name: "loop".into(),
+                ns_tid: None,
             }],
             stallprof_version: String::new(),
             runtime_problems: Vec::new(),

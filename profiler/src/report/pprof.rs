@@ -392,6 +392,7 @@ mod tests {
         let s = Stall {
             tid: 7,
             thread_name: "loop".into(),
+            ns_tid: None,
             start_ns: 0,
             end_ns: 90,
             duration_ns: 90,

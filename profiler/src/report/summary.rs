@@ -28,6 +28,37 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
         fmt_ns(span),
         fmt_ns(rec.threshold_ns)
     );
+    if let Some(c) = &rec.process.container {
+        let _ = writeln!(
+            out,
+            "  container: {} (cgroup {})",
+            escape(&c.describe()),
+            escape(&c.cgroup)
+        );
+    }
+    // The ids the application's own logs show (gettid(), its pid) in its
+    // PID namespace, next to the host's.
+    let ns_tids: Vec<String> = rec
+        .stall_threads()
+        .iter()
+        .filter_map(|t| {
+            t.ns_tid
+                .map(|ns| format!("{} ({}) = {ns}", t.tid, escape(&t.name)))
+        })
+        .collect();
+    if rec.process.ns_pid.is_some() || !ns_tids.is_empty() {
+        let pid = rec
+            .process
+            .ns_pid
+            .map_or_else(|| "?".to_string(), |p| p.to_string());
+        let _ = writeln!(
+            out,
+            "  in its PID namespace: pid {} = {pid}{}{}",
+            rec.pid,
+            if ns_tids.is_empty() { "" } else { "; tid " },
+            ns_tids.join(", ")
+        );
+    }
     if s.stalls == 0 {
         let _ = writeln!(
             out,

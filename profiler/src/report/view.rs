@@ -244,6 +244,7 @@ mod tests {
         Stall {
             tid,
             thread_name: "main".into(),
+            ns_tid: None,
             start_ns: 0,
             end_ns: 10,
             duration_ns: 10,

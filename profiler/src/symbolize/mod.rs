@@ -32,7 +32,7 @@ use log::debug;
 use crate::{
     os::limits,
     pipeline::stall::{PartKind, RawStall, StackTable},
-    report::model::{Frame, FrameKind, GilHolder, StackPart, Stall},
+    report::model::{Frame, FrameKind, GilHolder, StackPart, Stall, ThreadInfo},
     symbolize::pyframes::PyResolver,
 };
 
@@ -717,6 +717,8 @@ fn gil_holder(res: &mut dyn Resolve, pid: u32, stacks: &StackTable, id: u32) -> 
     let who = res.python_thread(pid, raw.gil_holder);
     GilHolder {
         tid: who.as_ref().map(|w| w.0),
+        // The engine fills it in from the holder's descriptor.
+        ns_tid: None,
         thread_name: who.map(|w| w.1),
         frames: raw
             .holder_python
@@ -747,7 +749,7 @@ pub fn to_stall(
     raw: &RawStall,
     stacks: &StackTable,
     res: &mut dyn Resolve,
-    thread_name: &str,
+    thread: &ThreadInfo,
 ) -> Stall {
     let mut parts: Vec<StackPart> = raw
         .parts
@@ -801,7 +803,8 @@ pub fn to_stall(
     Stall {
         coroutine,
         tid: raw.tid,
-        thread_name: thread_name.to_string(),
+        ns_tid: thread.ns_tid,
+        thread_name: thread.name.clone(),
         start_ns: raw.start_ns,
         end_ns: raw.end_ns,
         duration_ns: raw.duration_ns(),

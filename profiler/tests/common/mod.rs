@@ -1355,3 +1355,100 @@ impl Drop for ContainerVictim {
         }
     }
 }
+
+/// A cgroup named as a container runtime names its containers', for a
+/// container victim: the sandbox has namespaces but no cgroup of its own.
+/// Created under a directory of this test's own in the cgroup v2
+/// hierarchy (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid
+/// host), so what `/proc/PID/cgroup` shows is
+/// `0::/stallprof-test-PID.slice/` + the runtime's path. On drop every
+/// process still in it goes back to the root cgroup and the directories
+/// are removed.
+pub struct FakeContainerCgroup {
+    /// The test's own directory (removed with everything below it).
+    top: PathBuf,
+    /// The container's cgroup directory.
+    pub dir: PathBuf,
+    mount: PathBuf,
+}
+
+/// Container ids and pod uids for tests: 64 and 8-4-4-4-12 hex digits made
+/// from `seed`, distinct per test process.
+pub fn fake_container_id(seed: u32) -> String {
+    format!("{:016x}", 0x5ea1_0000_0000_0000u64 | u64::from(seed))
+        .repeat(4)
+        .chars()
+        .take(64)
+        .collect()
+}
+
+pub fn fake_pod_uid(seed: u32) -> String {
+    let h = format!("{:08x}{:024x}", seed, 0xc0ffee_u64);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+impl FakeContainerCgroup {
+    /// Moves process `pid` (all its threads) into cgroup `path` (e.g.
+    /// `system.slice/docker-<id>.scope`) below this test's own directory.
+    /// A host without a writable cgroup v2 hierarchy FAILS the test, naming it.
+    pub fn enter(test: &str, path: &str, pid: u32) -> FakeContainerCgroup {
+        let mount = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|m| m.join("cgroup.procs").exists() && m.join("cgroup.controllers").exists())
+            .unwrap_or_else(|| {
+                panic!("{test} needs a cgroup v2 hierarchy at /sys/fs/cgroup or /sys/fs/cgroup/unified (mount -t cgroup2 none /sys/fs/cgroup)")
+            });
+        let top = mount.join(format!("stallprof-test-{}.slice", std::process::id()));
+        let dir = top.join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("{test}: creating cgroup {}: {e}", dir.display()));
+        let cg = FakeContainerCgroup { top, dir, mount };
+        std::fs::write(cg.dir.join("cgroup.procs"), pid.to_string()).unwrap_or_else(|e| {
+            panic!(
+                "{test}: moving pid {pid} into cgroup {}: {e}",
+                cg.dir.display()
+            )
+        });
+        cg
+    }
+
+    /// The path `/proc/PID/cgroup` shows for it (`0::` + this).
+    pub fn path(&self) -> String {
+        format!("/{}", self.dir.strip_prefix(&self.mount).unwrap().display())
+    }
+}
+
+impl Drop for FakeContainerCgroup {
+    fn drop(&mut self) {
+        // Deepest first: a cgroup with processes or children cannot go.
+        let mut dirs = Vec::new();
+        let mut stack = vec![self.top.clone()];
+        while let Some(d) = stack.pop() {
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                for e in rd.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        stack.push(e.path());
+                    }
+                }
+            }
+            dirs.push(d);
+        }
+        for d in dirs.iter().rev() {
+            for p in std::fs::read_to_string(d.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+            {
+                let _ = std::fs::write(self.mount.join("cgroup.procs"), p);
+            }
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}

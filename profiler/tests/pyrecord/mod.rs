@@ -24,6 +24,8 @@ const SHARE_TOLERANCE: f64 = 0.05;
 #[derive(Debug, Deserialize)]
 struct Rec {
     pid: u32,
+    #[serde(default)]
+    ns_pid: Option<u32>,
     threshold_ns: u64,
     clock: String,
     started_ns: u64,
@@ -36,6 +38,8 @@ struct Rec {
 #[derive(Debug, Deserialize)]
 struct PStall {
     tid: u32,
+    #[serde(default)]
+    ns_tid: Option<u32>,
     thread_name: String,
     start_ns: u64,
     end_ns: u64,
@@ -61,6 +65,8 @@ struct PStack {
 #[derive(Debug, Deserialize)]
 struct Holder {
     tid: Option<u32>,
+    #[serde(default)]
+    ns_tid: Option<u32>,
     thread_name: Option<String>,
     frames: Vec<PFrame>,
 }
@@ -279,8 +285,9 @@ fn record(test: &str, py: &'static Python, file_name: &'static str, args: &[&str
     let _serial = serial();
     let dir = Scratch::new(test);
     let out = dir.join("out");
-    let (run, log) = if py.container {
-        record_in_container(py, file_name, args, test, &out)
+    let (run, log, ns_tids) = if py.container {
+        let (run, log, tids) = record_in_container(py, file_name, args, test, &out);
+        (run, log, Some(tids))
     } else {
         let script = victims_dir().join(file_name);
         let log_path = dir.join("victim.jsonl");
@@ -297,7 +304,7 @@ fn record(test: &str, py: &'static Python, file_name: &'static str, args: &[&str
         ];
         argv.extend(args.iter().map(Into::into));
         let run = run_stallprof(&argv, Duration::from_secs(60));
-        (run, (read_log(&log_path), log_path))
+        (run, (read_log(&log_path), log_path), None)
     };
     let (log, log_path) = log;
     assert!(
@@ -324,8 +331,11 @@ fn record(test: &str, py: &'static Python, file_name: &'static str, args: &[&str
         py.version.0,
         py.version.1
     );
-    let rec: Rec = serde_json::from_value(read_stalls_json(&out.join("stalls.json")))
+    let mut rec: Rec = serde_json::from_value(read_stalls_json(&out.join("stalls.json")))
         .unwrap_or_else(|e| panic!("stalls.json does not match the contract: {e}"));
+    if let Some(tids) = ns_tids {
+        in_namespace_ids(&mut rec, &tids);
+    }
     let (_, _, folded) = folded_total_us(&out.join("stalls.folded"));
     Some(Run {
         _dir: dir,
@@ -339,17 +349,23 @@ fn record(test: &str, py: &'static Python, file_name: &'static str, args: &[&str
 }
 
 /// Runs `file_name` in the container sandbox and records it with `--pid`:
-/// the victim waits until the probes are in. Its log's namespace pid and
-/// tids (`pid`, `tid` and `*_tid` fields) are mapped to the host's through `NSpid:`,
-/// read while it runs, so the checks compare them with stalls.json's.
-/// Returns the profiler's run and (the mapped log, the log's path).
+/// the victim waits until the probes are in. Its log keeps the namespace
+/// pid and tids it wrote (`os.getpid()`, `threading.get_native_id()`); the
+/// checks compare them with stalls.json's namespace ids
+/// ([`in_namespace_ids`]). Returns the profiler's run, (the log, the log's
+/// path) and the victim's threads as `NSpid:` showed them while it ran
+/// (namespace tid -> host tid).
 fn record_in_container(
     py: &'static Python,
     file_name: &'static str,
     args: &[&str],
     test: &str,
     out: &Path,
-) -> (RunOutput, (Vec<serde_json::Value>, std::path::PathBuf)) {
+) -> (
+    RunOutput,
+    (Vec<serde_json::Value>, std::path::PathBuf),
+    BTreeMap<u32, u32>,
+) {
     let mut victim = ContainerVictim::spawn_python(test, py.path, file_name, args);
     let mut prof = Profiler::spawn(&[
         "record".to_string(),
@@ -366,24 +382,52 @@ fn record_in_container(
     let tids = victim.tids();
     let run = prof.wait(Duration::from_secs(90));
     victim.wait(Duration::from_secs(10));
-    let mut log = read_log(&victim.log);
-    for r in &mut log {
-        let Some(fields) = r.as_object_mut() else {
-            continue;
-        };
-        for (key, v) in fields.iter_mut() {
-            if !(key == "pid" || key == "tid" || key.ends_with("_tid")) {
-                continue;
-            }
-            if let Some(ns) = v.as_u64() {
-                let host = tids.get(&(ns as u32)).unwrap_or_else(|| {
-                    panic!("the victim logged {key} {ns}, no thread of it has that namespace id: {tids:?}")
-                });
-                *v = (*host).into();
+    let log = read_log(&victim.log);
+    (run, (log, victim.log.clone()), tids)
+}
+
+/// stalls.json of a victim in its own PID namespace, seen with the ids the
+/// victim logs: its `ns_pid` as the pid, each stall's and GIL holder's
+/// `ns_tid` as the tid. Each namespace id must be there, and be the one
+/// `NSpid:` gave for that host tid while the victim ran (`tids`: namespace
+/// tid -> host tid).
+fn in_namespace_ids(rec: &mut Rec, tids: &BTreeMap<u32, u32>) {
+    let host_to_ns: BTreeMap<u32, u32> = tids.iter().map(|(&ns, &host)| (host, ns)).collect();
+    let ns_of = |what: &str, host: u32, ns: Option<u32>| -> u32 {
+        let ns = ns.unwrap_or_else(|| {
+            panic!("stalls.json: {what} (host tid {host}) has no ns_tid; the victim's threads (namespace -> host): {tids:?}")
+        });
+        if let Some(&want) = host_to_ns.get(&host) {
+            assert_eq!(
+                ns, want,
+                "stalls.json: {what} (host tid {host}) has ns_tid {ns}, NSpid: says {want}"
+            );
+        }
+        ns
+    };
+    let ns_pid = rec.ns_pid.unwrap_or_else(|| {
+        panic!(
+            "stalls.json has no ns_pid for pid {} in its own PID namespace",
+            rec.pid
+        )
+    });
+    assert_eq!(
+        Some(&rec.pid),
+        tids.get(&ns_pid),
+        "stalls.json: ns_pid {ns_pid} is not host pid {} by NSpid: ({tids:?})",
+        rec.pid
+    );
+    rec.pid = ns_pid;
+    for s in &mut rec.stalls {
+        s.tid = ns_of("a stall", s.tid, s.ns_tid);
+        for p in &mut s.stacks {
+            if let Some(h) = &mut p.gil_holder
+                && let Some(t) = h.tid
+            {
+                h.tid = Some(ns_of("a GIL holder", t, h.ns_tid));
             }
         }
     }
-    (run, (log, victim.log.clone()))
 }
 
 impl Run {

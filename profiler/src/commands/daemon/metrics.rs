@@ -410,6 +410,7 @@ mod tests {
         let s = Stall {
             tid: 1,
             thread_name: "x".into(),
+            ns_tid: None,
             start_ns: 0,
             end_ns: 100_000_000,
             duration_ns: 100_000_000,

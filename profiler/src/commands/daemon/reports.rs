@@ -215,6 +215,7 @@ impl Window {
             let rec = Recording {
                 pid: p.info.pid,
                 comm: p.info.comm.clone(),
+                process: Default::default(),
                 threshold_ns,
                 sample_hz,
                 sample_after_ns: crate::kernel::probe::default_sample_after(threshold_ns),
@@ -385,6 +386,7 @@ mod tests {
         let stall = Stall {
             tid: 42,
             thread_name: "victim".into(),
+            ns_tid: None,
             start_ns: 2_000,
             end_ns: 60_000_000,
             duration_ns: 59_998_000,
