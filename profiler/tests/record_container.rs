@@ -68,6 +68,7 @@ macro_rules! in_the_sandbox {
 in_the_sandbox!(gateway, check_gateway);
 in_the_sandbox!(session, check_session);
 in_the_sandbox!(gil, check_gil);
+in_the_sandbox!(tasks, check_tasks);
 
 /// A copy of `src` whose `Py_Version` (`const unsigned long`, in the file's
 /// read-only data) holds `hex` instead.

@@ -353,6 +353,7 @@ mod tests {
             runqueue_ns: 0,
             incomplete: false,
             coroutine: None,
+            task: None,
             stacks: vec![StackPart {
                 frames: vec![Frame::new(name, FrameKind::Python)],
                 weight_ns: dur,

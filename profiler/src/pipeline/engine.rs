@@ -394,7 +394,37 @@ pub struct Engine {
     /// the hits since ([`crate::os::limits`] keeps one process-wide tally).
     limits_base: Vec<(&'static str, u64)>,
     exited: HashSet<u32>,
+    /// The asyncio task of each open busy period, by (tid, start): read
+    /// from the live process while it runs (see [`BusyTask`]).
+    tasks: HashMap<(u32, u64), BusyTask>,
 }
+
+/// What the reads of one busy period's asyncio task found. The task is
+/// read at the period's first stack events with Python frames (while the
+/// stall is still going on) and kept only when its coroutine's frame is
+/// on that stack; up to [`TASK_READS`] tries when it is not.
+#[derive(Clone, Debug)]
+enum BusyTask {
+    Named(crate::report::model::Task),
+    Tried { reads: u32, last: TaskMiss },
+}
+
+/// Why a busy period has no task name (the `drops` counter it becomes
+/// when the period turns out to be a stall that ran a task step).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TaskMiss {
+    /// No task was running at the reads (a plain callback).
+    NoTask,
+    /// A task ran, but its coroutine was not on the stall's stack.
+    Unverified,
+    /// The task (or asyncio's state) could not be read.
+    Unreadable,
+}
+
+/// Reads of a busy period's task before giving up on it.
+const TASK_READS: u32 = 4;
+/// Open busy periods remembered; past this, those no longer open go.
+const MAX_BUSY_TASKS: usize = 4096;
 
 impl Engine {
     /// A live engine: runtimes, maps and symbols read from `/proc`.
@@ -424,6 +454,7 @@ impl Engine {
             agent_drops: BTreeMap::new(),
             limits_base: crate::os::limits::counts(),
             exited: HashSet::new(),
+            tasks: HashMap::new(),
         }
     }
 
@@ -458,6 +489,7 @@ impl Engine {
         next.runtimes = self.runtimes;
         next.threads = self.threads;
         next.procs = self.procs;
+        next.tasks = self.tasks;
         next
     }
 
@@ -693,9 +725,99 @@ impl Engine {
             blaze.warm_python(*tgid, &stack.python);
             blaze.warm_python(*tgid, &stack.holder_python);
         }
+        let task_read = match &ev {
+            Event::Sample {
+                tgid, tid, stack, ..
+            }
+            | Event::SwitchOut {
+                tgid, tid, stack, ..
+            } if !stack.python.is_empty() && self.symbols.live().is_some() => {
+                Some((*tgid, *tid, stack.python.clone()))
+            }
+            _ => None,
+        };
         let mut out = Vec::new();
         self.tracker.push(ev, &mut out);
+        if let Some((tgid, tid, python)) = task_read {
+            self.read_task(tgid, tid, &python);
+        }
         self.outputs(out, probes);
+    }
+
+    /// Reads the asyncio task of `tid`'s open busy period, unless it is
+    /// known or was tried [`TASK_READS`] times.
+    fn read_task(&mut self, tgid: u32, tid: u32, python: &[(u64, u64)]) {
+        let Some(start) = self
+            .tracker
+            .busy_threads()
+            .find_map(|(t, s)| (t == tid).then_some(s))
+        else {
+            return;
+        };
+        let reads = match self.tasks.get(&(tid, start)) {
+            Some(BusyTask::Named(_)) => return,
+            Some(BusyTask::Tried { reads, .. }) if *reads >= TASK_READS => return,
+            Some(BusyTask::Tried { reads, .. }) => *reads,
+            None => 0,
+        };
+        let Some(blaze) = self.symbols.live() else {
+            return;
+        };
+        let state = match blaze.asyncio_task(tgid, tid, python) {
+            Ok(task) => BusyTask::Named(task),
+            Err(miss) => BusyTask::Tried {
+                reads: reads + 1,
+                last: match miss {
+                    crate::symbolize::python::TaskRead::Unverified => TaskMiss::Unverified,
+                    crate::symbolize::python::TaskRead::Unreadable(why) => {
+                        if reads == 0 {
+                            debug!("pid {tgid} tid {tid}: asyncio task unreadable: {why}");
+                        }
+                        TaskMiss::Unreadable
+                    }
+                    _ => TaskMiss::NoTask,
+                },
+            },
+        };
+        if self.tasks.len() >= MAX_BUSY_TASKS {
+            let open: HashSet<(u32, u64)> = self.tracker.busy_threads().collect();
+            self.tasks.retain(|k, _| open.contains(k));
+        }
+        self.tasks.insert((tid, start), state);
+    }
+
+    /// The task of a finished stall: the live reads' (also kept for a
+    /// recording), or the recording's. A stall that ran a task step
+    /// (`coroutine`) without a name is counted by why.
+    fn stall_task(&mut self, s: &mut Stall) {
+        let key = (s.tid, s.start_ns);
+        let saved_key = format!("{}:{}", s.tid, s.start_ns);
+        let state = self.tasks.remove(&key);
+        match &mut self.symbols {
+            Symbols::Saved(table) => s.task = table.tasks.get(&saved_key).cloned(),
+            Symbols::Live { recorded, .. } => {
+                if let Some(BusyTask::Named(t)) = &state {
+                    s.task = Some(t.clone());
+                    if let Some(table) = recorded {
+                        table.tasks.insert(saved_key, t.clone());
+                    }
+                }
+                if s.task.is_none() && s.coroutine.is_some() {
+                    let counter = match state {
+                        Some(BusyTask::Tried {
+                            last: TaskMiss::Unverified,
+                            ..
+                        }) => "asyncio_task_unverified",
+                        Some(BusyTask::Tried {
+                            last: TaskMiss::Unreadable,
+                            ..
+                        }) => "asyncio_task_unreadable",
+                        _ => "asyncio_task_unknown",
+                    };
+                    *self.agent_drops.entry(counter).or_default() += 1;
+                }
+            }
+        }
     }
 
     fn outputs(&mut self, out: Vec<Output>, probes: &mut dyn Control) {
@@ -737,6 +859,7 @@ impl Engine {
                 h.ns_tid = self.thread(raw.tgid, tid).ns_tid;
             }
         }
+        self.stall_task(&mut s);
         info!(
             "stall on {} ({}) of {}: {}",
             raw.tid,

@@ -102,6 +102,9 @@ pub struct Culprit {
     pub label: String,
     pub ns: u64,
     pub share: f64,
+    /// The asyncio tasks its stalls ran, heaviest first
+    /// ([`crate::report::model::Task::describe`]).
+    pub tasks: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -171,15 +174,32 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
     d.sort_unstable();
     let total: u64 = d.iter().sum();
     let mut by: HashMap<String, u64> = HashMap::new();
+    let mut tasks: HashMap<String, HashMap<String, u64>> = HashMap::new();
     for s in &rec.stalls {
         for p in &s.stacks {
             let label = culprit_label(p);
+            if let Some(t) = &s.task {
+                *tasks
+                    .entry(label.clone())
+                    .or_default()
+                    .entry(t.describe())
+                    .or_default() += p.weight_ns;
+            }
             *by.entry(label).or_default() += p.weight_ns;
         }
     }
     let mut culprits: Vec<Culprit> = by
         .into_iter()
         .map(|(label, ns)| Culprit {
+            tasks: {
+                let mut t: Vec<(String, u64)> = tasks
+                    .remove(&label)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect();
+                t.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                t.into_iter().map(|(d, _)| d).collect()
+            },
             label,
             ns,
             share: if total > 0 {

@@ -93,6 +93,7 @@ mod tests {
             runqueue_ns: 0,
             incomplete: false,
             coroutine: None,
+            task: None,
             stacks: vec![StackPart {
                 frames: vec![Frame {
                     name: func.into(),

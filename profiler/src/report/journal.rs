@@ -402,6 +402,7 @@ mod tests {
             runqueue_ns: 0,
             incomplete: false,
             coroutine: None,
+            task: None,
             stacks: vec![StackPart {
                 frames: vec![
                     Frame::new("main", FrameKind::Native),

@@ -24,7 +24,7 @@ use thiserror::Error;
 
 use crate::report::model::{
     Container, Frame, GilHolder, PartKind, ProcessInfo, Recording, RuntimeProblem, StackPart,
-    Stall, ThreadInfo,
+    Stall, Task, ThreadInfo,
 };
 
 /// The `format` field of every stallprof recording from version 2 on.
@@ -110,6 +110,8 @@ pub(crate) struct WireStall {
     incomplete: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     coroutine: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    task: Option<Task>,
     parts: Vec<WirePart>,
 }
 
@@ -184,6 +186,7 @@ pub(crate) fn wire_stall<'a>(s: &'a Stall, mut stack: impl FnMut(&'a [Frame]) ->
         runqueue_ns: s.runqueue_ns,
         incomplete: s.incomplete,
         coroutine: s.coroutine.clone(),
+        task: s.task.clone(),
         parts: s
             .stacks
             .iter()
@@ -307,6 +310,7 @@ pub(crate) fn model_stall(
         runqueue_ns: s.runqueue_ns,
         incomplete: s.incomplete,
         coroutine: s.coroutine,
+        task: s.task,
         stacks: s
             .parts
             .into_iter()
@@ -480,6 +484,7 @@ mod tests {
                 runqueue_ns: 0,
                 incomplete: start == 0,
                 coroutine: Some("handle".into()),
+                task: None,
                 stacks,
             }
         };

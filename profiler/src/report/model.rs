@@ -142,7 +142,42 @@ pub struct Stall {
     /// from (outermost Python frame under the task step), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coroutine: Option<String>,
+    /// asyncio: the Task that was running when the stall began, when it
+    /// could be read and checked against the stall's stack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<Task>,
     pub stacks: Vec<StackPart>,
+}
+
+/// An asyncio Task, as read from the target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// `Task.get_name()`: what `create_task(..., name=...)` gave, else
+    /// asyncio's default `Task-N`.
+    pub name: String,
+    /// Qualified name of the task's coroutine (`Server.handle_client`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coro: Option<String>,
+    /// CPython 3.14+: the tasks awaiting this one, nearest first (who
+    /// awaits it, who awaits that, ...), as `python -m asyncio pstree`
+    /// shows them. Empty when none does, or before 3.14.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub awaited_by: Vec<String>,
+}
+
+impl Task {
+    /// `"conn-12" (handle_client)`, with the await chain when known:
+    /// `"batch-3" (run_batch) ← "main-server"`.
+    pub fn describe(&self) -> String {
+        let mut s = format!("{:?}", self.name);
+        if let Some(c) = &self.coro {
+            s.push_str(&format!(" ({c})"));
+        }
+        for a in &self.awaited_by {
+            s.push_str(&format!(" ← {a:?}"));
+        }
+        s
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -705,6 +705,7 @@ mod tests {
             runqueue_ns: 0,
             incomplete: false,
             coroutine: Some("handle (app.py:3)".into()),
+            task: None,
             stacks: vec![
                 part(&["main", "spin"], PartKind::OnCpu, 3_000_000),
                 part(&["main", "read"], PartKind::OffCpu, 2_000_000),

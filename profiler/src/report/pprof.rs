@@ -401,6 +401,7 @@ mod tests {
             runqueue_ns: 0,
             incomplete: false,
             coroutine: Some("handle".into()),
+            task: None,
             stacks: vec![
                 part(&["main", "spin"], PartKind::OnCpu, 40),
                 part(&["main", "spin"], PartKind::OnCpu, 20),
@@ -410,6 +411,7 @@ mod tests {
         let second = Stall {
             tid: 8,
             coroutine: None,
+            task: None,
             ..s.clone()
         };
         let proc = ProcLabel {

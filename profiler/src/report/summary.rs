@@ -16,6 +16,25 @@ fn pct(part: u64, total: u64) -> f64 {
     }
 }
 
+/// Tasks shown per culprit line; the rest are counted.
+const TASKS_SHOWN: usize = 3;
+
+/// ` — in task "conn-7" (handle)`, ` — in tasks "a" (f), "b" (g) and 2 more`;
+/// empty without tasks.
+fn in_tasks(tasks: &[String]) -> String {
+    match tasks {
+        [] => String::new(),
+        [one] => format!(" — in task {one}"),
+        _ => {
+            let shown = tasks[..tasks.len().min(TASKS_SHOWN)].join(", ");
+            match tasks.len().saturating_sub(TASKS_SHOWN) {
+                0 => format!(" — in tasks {shown}"),
+                more => format!(" — in tasks {shown} and {more} more"),
+            }
+        }
+    }
+}
+
 pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
     let s = summarize(rec, 8);
     let mut out = String::new();
@@ -93,10 +112,11 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
         for c in &s.culprits {
             let _ = writeln!(
                 out,
-                "    {:5.1}%  {:>9}  {}",
+                "    {:5.1}%  {:>9}  {}{}",
                 100.0 * c.share,
                 fmt_ns(c.ns),
-                escape(&c.label)
+                escape(&c.label),
+                escape(&in_tasks(&c.tasks))
             );
         }
     }

@@ -253,6 +253,7 @@ mod tests {
             runqueue_ns: 0,
             incomplete: false,
             coroutine: None,
+            task: None,
             stacks: stacks
                 .into_iter()
                 .map(|frames| StackPart {

@@ -437,6 +437,25 @@ impl BlazeResolver {
         }
     }
 
+    /// The asyncio task thread `tid` of `pid` is running now, checked
+    /// against `stack`, the Python frames of a stack event of the thread
+    /// (see [`python::TaskReader`]). Live processes only.
+    pub fn asyncio_task(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        stack: &[(u64, u64)],
+    ) -> Result<crate::report::model::Task, python::TaskRead> {
+        let resolver = self
+            .python
+            .entry(pid)
+            .or_insert_with(|| PyResolver::for_pid(pid));
+        match resolver.as_mut() {
+            Some(r) => r.asyncio_task(tid, stack),
+            None => Err(python::TaskRead::NoTask),
+        }
+    }
+
     /// Forget everything held for a process (it exited or exec'd; its pid
     /// may be reused): maps, perf map, Python state; the files blazesym
     /// opened through its paths count towards a rebuild.
@@ -802,6 +821,7 @@ pub fn to_stall(
     let coroutine = parts.first().and_then(|p| asyncio_coroutine(&p.frames));
     Stall {
         coroutine,
+        task: None, // the engine's: read while the stall ran
         tid: raw.tid,
         ns_tid: thread.ns_tid,
         thread_name: thread.name.clone(),
@@ -831,6 +851,9 @@ pub struct TableResolver {
     /// tstate in hex -> (tid, thread name).
     #[serde(default)]
     pub python_threads: HashMap<String, (u32, String)>,
+    /// `"tid:start_ns"` of a stall -> the asyncio task read while it ran.
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub tasks: HashMap<String, crate::report::model::Task>,
 }
 
 /// Wraps a resolver and records every answer into a [`TableResolver`], so

@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 
 use crate::{
-    report::model::{Frame, FrameKind},
-    symbolize::python::{CodeResolver, Interpreter, PyFrameInfo},
+    report::model::{Frame, FrameKind, Task},
+    symbolize::python::{CodeResolver, Interpreter, PyFrameInfo, TaskRead, TaskReader},
 };
 
 /// The native function that executes Python bytecode: each activation runs
@@ -207,6 +207,8 @@ pub struct PyResolver {
     code: CodeResolver,
     /// `PyThreadState*` -> tid, refreshed when an unknown one shows up.
     threads: HashMap<u64, u32>,
+    /// The running asyncio task of its threads.
+    tasks: TaskReader,
 }
 
 impl PyResolver {
@@ -215,10 +217,12 @@ impl PyResolver {
         match crate::symbolize::python::detect(pid) {
             Ok(Some(interp)) => {
                 let code = interp.code_resolver();
+                let tasks = interp.task_reader();
                 Some(PyResolver {
                     interp,
                     code,
                     threads: HashMap::new(),
+                    tasks,
                 })
             }
             Ok(None) => None,
@@ -241,5 +245,42 @@ impl PyResolver {
             self.threads = all.into_iter().map(|(tid, ts)| (ts, tid)).collect();
         }
         self.threads.get(&tstate).copied()
+    }
+
+    /// The `PyThreadState*` of thread `tid` (the thread list is read again
+    /// when it is not known).
+    fn tstate_of(&mut self, tid: u32) -> Option<u64> {
+        let find = |t: &HashMap<u64, u32>| t.iter().find(|e| *e.1 == tid).map(|e| *e.0);
+        if let Some(ts) = find(&self.threads) {
+            return Some(ts);
+        }
+        if let Ok(all) = self.interp.thread_states() {
+            self.threads = all.into_iter().map(|(tid, ts)| (ts, tid)).collect();
+        }
+        find(&self.threads)
+    }
+
+    /// The asyncio task thread `tid` is running, checked against `stack`
+    /// (its Python frames in a stack event, innermost first): see
+    /// [`TaskReader`]. The coroutine is named by its code object.
+    pub fn asyncio_task(&mut self, tid: u32, stack: &[(u64, u64)]) -> Result<Task, TaskRead> {
+        let tstate = if self.interp.version().1 >= 14 {
+            self.tstate_of(tid)
+        } else {
+            None
+        };
+        match self.tasks.current(tstate, stack) {
+            TaskRead::Task {
+                name,
+                coro_code,
+                coro_instr,
+                awaited_by,
+            } => Ok(Task {
+                name,
+                coro: self.resolve(coro_code, coro_instr).map(|i| i.qualname),
+                awaited_by,
+            }),
+            other => Err(other),
+        }
     }
 }

@@ -48,7 +48,19 @@ struct PStall {
     off_cpu_ns: u64,
     runqueue_ns: u64,
     incomplete: bool,
+    #[serde(default)]
+    task: Option<PTask>,
     stacks: Vec<PStack>,
+}
+
+/// stalls.json `task`: the asyncio task running when the stall began.
+#[derive(Debug, Deserialize)]
+struct PTask {
+    name: String,
+    #[serde(default)]
+    coro: Option<String>,
+    #[serde(default)]
+    awaited_by: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -270,6 +282,8 @@ struct Run {
     /// The victim's file name, which Python frames' files must end with.
     file_name: &'static str,
     py: &'static Python,
+    /// What `stallprof record` printed (the summary is on stderr).
+    output: String,
 }
 
 /// Records `victim` under `py`; None when root tests are skipped.
@@ -345,6 +359,7 @@ fn record(test: &str, py: &'static Python, file_name: &'static str, args: &[&str
         folded,
         file_name,
         py,
+        output: format!("{}{}", run.stdout, run.stderr),
     })
 }
 
@@ -1302,5 +1317,95 @@ pub fn check_gil(test: &str, py: &'static Python) {
     c.check(share(marked_ns, gil_ns) >= 0.90, || {
         format!("only {:.1} of {:.1} ms of GIL wait carry a [gil wait: held by gil-hog (tid ...)] marker", ms(marked_ns), ms(gil_ns))
     });
+    c.finish();
+}
+
+// ---------------------------------------------------------------------------
+// asyncio task identity (tests/victims/py_tasks.py)
+
+/// Share of the victim's blocks whose stall must name its task.
+const TASK_NAMED_SHARE: f64 = 0.9;
+
+/// py_tasks: every block of the victim is one stall; at least 90% of them
+/// carry the task the victim logged (`asyncio.current_task().get_name()`),
+/// and every name given is exactly that task's, with its coroutine; on
+/// 3.14+ the batch tasks' await chain is the one the victim built; the
+/// summary's culprit line of the janitor's sweep names the janitor task.
+pub fn check_tasks(test: &str, py: &'static Python) {
+    let Some(run) = record(test, py, "py_tasks.py", &[]) else {
+        return;
+    };
+    let mut c = Checks::new(format!(
+        "{}\nstallprof output:\n{}",
+        run.context(),
+        run.output
+    ));
+    check_contract(&mut c, &run);
+    let blocks = run.records("block");
+    c.check(blocks.len() >= 15, || {
+        format!("the victim logged {} blocks, want 15 or more", blocks.len())
+    });
+    let mut named = 0usize;
+    for b in &blocks {
+        let (t0, t1) = (num(b, "start_ns"), num(b, "end_ns"));
+        let want = b["task"].as_str().unwrap_or_default();
+        let who = format!("block {} in task {want:?} [{t0} .. {t1}]", b["how"]);
+        let found: Vec<&PStall> = run
+            .rec
+            .stalls
+            .iter()
+            .filter(|s| s.overlaps(t0, t1))
+            .collect();
+        let [s] = found[..] else {
+            c.fail(format!(
+                "{who}: {} overlapping stalls, want exactly 1",
+                found.len()
+            ));
+            continue;
+        };
+        let Some(t) = &s.task else {
+            continue; // counted below
+        };
+        named += 1;
+        c.check(t.name == want, || {
+            format!("{who}: the stall names task {:?}", t.name)
+        });
+        let coro = b["coro"].as_str().unwrap_or_default();
+        c.check(t.coro.as_deref() == Some(coro), || {
+            format!(
+                "{who}: the stall names coroutine {:?}, want {coro:?}",
+                t.coro
+            )
+        });
+        let chain: Vec<String> = if py.version >= (3, 14) {
+            serde_json::from_value(b["awaited_by"].clone()).unwrap_or_default()
+        } else {
+            Vec::new() // no await chain before 3.14
+        };
+        c.check(t.awaited_by == chain, || {
+            format!("{who}: awaited by {:?}, want {chain:?}", t.awaited_by)
+        });
+    }
+    let share = named as f64 / blocks.len().max(1) as f64;
+    eprintln!(
+        "{test}: {named} of {} blocks named their task ({:.0}%); drops {:?}",
+        blocks.len(),
+        100.0 * share,
+        run.rec.drops
+    );
+    c.check(share >= TASK_NAMED_SHARE, || {
+        format!(
+            "{named} of {} blocks have their task named ({:.0}%), want {:.0}% or more",
+            blocks.len(),
+            100.0 * share,
+            100.0 * TASK_NAMED_SHARE
+        )
+    });
+    c.check(
+        run.output.lines().any(|l| {
+            l.contains("janitor_sweep (py_tasks.py:") && l.ends_with(" — in task \"janitor\" (janitor)")
+        }),
+        || "the summary's culprit line for janitor_sweep does not say `— in task \"janitor\" (janitor)`".into(),
+    );
     c.finish();
 }

@@ -419,6 +419,7 @@ mod tests {
             runqueue_ns: 0,
             incomplete: false,
             coroutine: None,
+            task: None,
             stacks: vec![
                 part(PartKind::OnCpu, 60_000_000),
                 part(PartKind::OffCpu, 40_000_000),

@@ -395,6 +395,7 @@ mod tests {
             runqueue_ns: 0,
             incomplete: false,
             coroutine: None,
+            task: None,
             stacks: vec![StackPart {
                 frames: vec![Frame::new("spin", FrameKind::Native)],
                 weight_ns: 59_998_000,

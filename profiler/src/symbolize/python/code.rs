@@ -192,46 +192,7 @@ impl CodeResolver {
 
     /// A compact `str` object (what code objects hold) -> String.
     fn read_str(&self, addr: u64) -> Result<String, PythonError> {
-        let l = &self.layout;
-        let h = self.mem.read_bytes(addr, l.unicode_compact_data as usize)?;
-        let len = le_u64(&h, offsets::UNICODE_LENGTH as usize);
-        let state = le_u32(&h, offsets::UNICODE_STATE as usize);
-        let (kind, compact, ascii) = (
-            (state >> 2) & 7,
-            (state >> 5) & 1 == 1,
-            (state >> 6) & 1 == 1,
-        );
-        if !compact || !matches!(kind, 1 | 2 | 4) || len > MAX_STRING_CHARS || (ascii && kind != 1)
-        {
-            return Err(self.bad("compact str object", addr));
-        }
-        let data = addr
-            + u64::from(if ascii {
-                l.unicode_ascii_data
-            } else {
-                l.unicode_compact_data
-            });
-        let raw = self
-            .mem
-            .read_bytes(data, (len * u64::from(kind)) as usize)?;
-        let s = match kind {
-            1 => raw.iter().map(|&b| char::from(b)).collect(), // ASCII or Latin-1
-            2 => raw
-                .chunks_exact(2)
-                .map(|c| {
-                    char::from_u32(u32::from(u16::from_le_bytes([c[0], c[1]])))
-                        .unwrap_or('\u{fffd}')
-                })
-                .collect(),
-            _ => raw
-                .chunks_exact(4)
-                .map(|c| {
-                    char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .unwrap_or('\u{fffd}')
-                })
-                .collect(),
-        };
-        Ok(s)
+        read_unicode(&self.mem, &self.layout, addr)
     }
 
     fn read_bytes_object(&self, addr: u64) -> Result<Vec<u8>, PythonError> {
@@ -251,4 +212,50 @@ impl CodeResolver {
             addr,
         }
     }
+}
+/// A compact `str` object (what code objects and task names hold) ->
+/// String, at most [`MAX_STRING_CHARS`] characters.
+pub(crate) fn read_unicode(
+    mem: &ProcessMemory,
+    l: &Layout,
+    addr: u64,
+) -> Result<String, PythonError> {
+    let h = mem.read_bytes(addr, l.unicode_compact_data as usize)?;
+    let len = le_u64(&h, offsets::UNICODE_LENGTH as usize);
+    let state = le_u32(&h, offsets::UNICODE_STATE as usize);
+    let (kind, compact, ascii) = (
+        (state >> 2) & 7,
+        (state >> 5) & 1 == 1,
+        (state >> 6) & 1 == 1,
+    );
+    if !compact || !matches!(kind, 1 | 2 | 4) || len > MAX_STRING_CHARS || (ascii && kind != 1) {
+        return Err(PythonError::BadData {
+            pid: mem.pid(),
+            what: "compact str object",
+            addr,
+        });
+    }
+    let data = addr
+        + u64::from(if ascii {
+            l.unicode_ascii_data
+        } else {
+            l.unicode_compact_data
+        });
+    let raw = mem.read_bytes(data, (len * u64::from(kind)) as usize)?;
+    let s = match kind {
+        1 => raw.iter().map(|&b| char::from(b)).collect(), // ASCII or Latin-1
+        2 => raw
+            .chunks_exact(2)
+            .map(|c| {
+                char::from_u32(u32::from(u16::from_le_bytes([c[0], c[1]]))).unwrap_or('\u{fffd}')
+            })
+            .collect(),
+        _ => raw
+            .chunks_exact(4)
+            .map(|c| {
+                char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])).unwrap_or('\u{fffd}')
+            })
+            .collect(),
+    };
+    Ok(s)
 }

@@ -227,6 +227,40 @@ fn symbols(path: &Path, wanted: &[&str]) -> Result<Option<Symbols>, PythonError>
     }))
 }
 
+/// The bytes of section `name` of an ELF file (at most `max`), as the
+/// file holds them. `Ok(None)`: not an ELF file we can parse, or no such
+/// section, or a section larger than `max` (a hostile file).
+pub(crate) fn elf_section(
+    path: &Path,
+    name: &str,
+    max: u64,
+) -> Result<Option<Vec<u8>>, PythonError> {
+    use object::ObjectSection;
+    let file = match crate::os::limits::open_elf(path) {
+        Ok(f) => f,
+        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::Other) => {
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(PythonError::Io {
+                path: path.to_owned(),
+                source: e,
+            });
+        }
+    };
+    let cache = ReadCache::new(file);
+    let Ok(obj) = object::File::parse(&cache) else {
+        return Ok(None);
+    };
+    let Some(section) = obj.section_by_name(name) else {
+        return Ok(None);
+    };
+    if section.size() > max {
+        return Ok(None);
+    }
+    Ok(section.data().ok().map(<[u8]>::to_vec))
+}
+
 /// Load bias = runtime address - link-time address, from the mapping that
 /// covers the file offset of the lowest PT_LOAD segment. 0 for non-PIE
 /// executables.

@@ -23,6 +23,7 @@ mod discover;
 mod linetable;
 mod memory;
 pub mod offsets;
+mod tasks;
 mod walk;
 
 use std::collections::{HashMap, HashSet};
@@ -36,6 +37,7 @@ pub use linetable::{LineRange, LineTableFormat};
 pub use memory::ProcessMemory;
 pub use offsets::{GilFields, Layout};
 pub use profiler_common::python::{PY_MAX_FRAMES, PyFrame, PyOffsets};
+pub use tasks::{TaskRead, TaskReader};
 
 /// Interpreters per process, and thread states over all of them, followed
 /// before we assume a torn or hostile list: each thread state costs two or
@@ -398,6 +400,12 @@ impl Interpreter {
     /// The frames of a thread state, newest first, as BPF would record them.
     pub fn walk_stack(&self, tstate: u64) -> Result<Vec<PyFrame>, PythonError> {
         walk::walk_stack(&self.mem, &self.layout.bpf, tstate)
+    }
+
+    /// A reader of the running asyncio task of this process's threads
+    /// (keep it: it finds asyncio once).
+    pub fn task_reader(&self) -> TaskReader {
+        TaskReader::new(Arc::clone(&self.mem), self.layout, self.runtime)
     }
 
     /// A resolver for frames of this process (keep it: it caches).

@@ -1,0 +1,682 @@
+//! asyncio task identity: which `Task` a loop thread is running, read from
+//! outside the process, and checked against a stack BPF captured.
+//!
+//! In: the thread (its `PyThreadState*`) and the Python frames of a stack
+//! event of its busy period. Out: a [`TaskRead`]: the running task's name
+//! (`Task.get_name()`), its coroutine's code object, and on 3.14+ the tasks
+//! awaiting it (the await chain `python -m asyncio pstree` prints) — or why
+//! there is none.
+//!
+//! Where the running task is:
+//! - 3.14+: `_PyThreadStateImpl.asyncio_running_task`, at the offset the
+//!   `_asyncio` module exports in its `.AsyncioDebug` ELF section
+//!   (`_Py_AsyncioModuleDebugOffsets`: the `TaskObj` fields `task_name`,
+//!   `task_coro`, `task_awaited_by`, `task_awaited_by_is_set`,
+//!   `task_is_task`, and the thread state's `asyncio_running_task`). The
+//!   section is in `_asyncio.cpython-3XX-*.so` (Debian's 3.14) or in the
+//!   interpreter itself when `_asyncio` is built in (Debian's 3.15).
+//! - 3.10-3.13: `asyncio.tasks._current_tasks`, the C `_asyncio` module's
+//!   dict `{loop: task}`, found once per process through the main
+//!   interpreter's `sys.modules` (`modules`, `imports.modules`; 3.13 from
+//!   `_Py_DebugOffsets`) -> `"asyncio.tasks"` -> its `__dict__`. The
+//!   `TaskObj` and generator offsets of these versions are in [`FIXED`],
+//!   measured on the builds here (see there).
+//!
+//! The read happens in userspace when a stack event of the busy period
+//! arrives, so the task may have changed since the stack was captured. It
+//! is kept only when its coroutine's frame is on the captured stack: the
+//! coroutine's own frame (embedded in the coroutine object on 3.11+,
+//! `gi_frame` on 3.10) must hold the same code object *and* instruction as
+//! a frame of the stack — or the same code object as the stack's innermost
+//! Python frame, when the coroutine body itself was running bytecode (its
+//! instruction moves). Otherwise the read is [`TaskRead::Unverified`].
+//! Every read is bounded ([`MAX_TASKS`], [`MAX_DICT_ENTRIES`],
+//! [`MAX_AWAIT_CHAIN`], string caps of [`super::code`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::PythonError;
+use super::memory::{ProcessMemory, le_u64};
+use super::offsets::{Layout, OB_TYPE};
+use profiler_common::python::PY_FRAME_MODEL_FRAME_OBJECT;
+
+/// Entries of `_current_tasks` considered (one per running event loop).
+pub const MAX_TASKS: usize = 64;
+/// Entries of `sys.modules` / a module's `__dict__` scanned for one key.
+pub const MAX_DICT_ENTRIES: u64 = 1 << 14;
+/// Awaiting tasks followed up the chain (3.14+), and awaiters per set.
+pub const MAX_AWAIT_CHAIN: usize = 16;
+const MAX_AWAITERS_SET: u64 = 1024;
+/// How often a process whose asyncio is not (yet) found is looked at again
+/// (`asyncio` is imported after the interpreter starts).
+const RETRY: Duration = Duration::from_secs(1);
+
+/// What one read found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskRead {
+    /// The running task, checked against the stack.
+    Task {
+        name: String,
+        /// The coroutine's frame: code object and instruction, as the walk
+        /// emits them (resolve it for its qualified name).
+        coro_code: u64,
+        coro_instr: u64,
+        awaited_by: Vec<String>,
+    },
+    /// No task is running on that thread now (a plain callback, or the
+    /// task finished), or asyncio is not loaded.
+    NoTask,
+    /// A task runs, but its coroutine's frame is not on the captured stack:
+    /// it may not be the stall's (the loop moved on before the read).
+    Unverified,
+    /// The task could not be read; the reason says what failed.
+    Unreadable(String),
+}
+
+/// `TaskObj` and generator layout of one minor version without
+/// `.AsyncioDebug` (3.10-3.13).
+///
+/// Provenance: `ctypes.string_at(id(task), n)` on a running task of each
+/// build (pyenv 3.10.13, 3.11.7, 3.12.1, 3.13.0, Debian 3.11.2, Debian
+/// forky 3.13.15), the word equal to `id(task.get_coro())` and to
+/// `id(task.get_name())` (a named task; a default name is a `str` on
+/// 3.10/3.11 and the counter `int` on 3.12+); for the coroutine, the word
+/// equal to `id(coro.cr_code)` (3.11: the second one, the first is
+/// `gi_code`), minus the frame's code offset. `modules`: gdb on the pyenv
+/// builds (`print &((PyInterpreterState*)0)->modules`, `imports.modules`).
+#[derive(Clone, Copy, Debug)]
+struct Fixed {
+    minor: u8,
+    task_size: u64,
+    task_name: u64,
+    task_coro: u64,
+    gen_frame: GenFrame,
+    /// `PyInterpreterState.modules` (3.10, 3.11), `.imports.modules`
+    /// (3.12); `None`: from `_Py_DebugOffsets` (3.13).
+    interp_modules: Option<u64>,
+}
+
+/// Where a coroutine's frame is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GenFrame {
+    /// 3.10: `gi_frame`, a `PyFrameObject*` (NULL once finished).
+    Pointer(u64),
+    /// 3.11+: `gi_iframe`, the `_PyInterpreterFrame` inside the object.
+    Embedded(u64),
+}
+
+const FIXED: &[Fixed] = &[
+    Fixed {
+        minor: 10,
+        task_size: 192,
+        task_name: 168,
+        task_coro: 160,
+        gen_frame: GenFrame::Pointer(16),
+        interp_modules: Some(856),
+    },
+    Fixed {
+        minor: 11,
+        task_size: 176,
+        task_name: 144,
+        task_coro: 136,
+        gen_frame: GenFrame::Embedded(80),
+        interp_modules: Some(888),
+    },
+    Fixed {
+        minor: 12,
+        task_size: 176,
+        task_name: 144,
+        task_coro: 136,
+        gen_frame: GenFrame::Embedded(72),
+        interp_modules: Some(944),
+    },
+    Fixed {
+        minor: 13,
+        task_size: 144,
+        task_name: 128,
+        task_coro: 120,
+        gen_frame: GenFrame::Embedded(72),
+        interp_modules: None,
+    },
+];
+
+/// 3.14+ `gi_iframe` (`ctypes` as above on Debian's 3.14.8 and 3.15.0; the
+/// debug offsets' generator section says the same).
+const GI_IFRAME_314: u64 = 72;
+/// `_Py_DebugOffsets.interpreter_state.imports_modules` (3.13: u64 #11).
+const DEBUG_OFFSETS_IMPORTS_MODULES_313: u64 = 11;
+/// `PyModuleObject.md_dict` (3.10-3.15).
+const MODULE_MD_DICT: u64 = 16;
+/// `PyDictObject.ma_keys`, followed by `ma_values` (3.10-3.13, gdb `ptype /o`).
+const DICT_MA_KEYS: u64 = 32;
+/// `PyTypeObject.tp_flags` (the stable ABI's layout).
+const TYPE_TP_FLAGS: u64 = 168;
+const TPFLAGS_LONG_SUBCLASS: u64 = 1 << 24;
+const TPFLAGS_UNICODE_SUBCLASS: u64 = 1 << 28;
+/// `PySetObject.mask`, followed by `.table` (3.14, `Include/cpython/setobject.h`),
+/// `setentry` = {key, hash}.
+const SET_MASK: u64 = 32;
+
+/// `TaskObj` fields as used.
+#[derive(Clone, Copy, Debug)]
+struct TaskFields {
+    size: u64,
+    name: u64,
+    coro: u64,
+    /// 3.14+: `task_awaited_by`, `task_awaited_by_is_set`, `task_is_task`.
+    awaited_by: Option<(u64, u64, u64)>,
+    gen_frame: GenFrame,
+}
+
+enum Source {
+    /// Not found yet; look again after the instant.
+    Pending(Instant),
+    /// 3.10-3.13: the `_current_tasks` dict.
+    CurrentTasks(u64),
+    /// 3.14+: `_PyThreadStateImpl.asyncio_running_task`.
+    RunningTask(u64),
+}
+
+/// Reads running tasks of one process. Keep it: it finds asyncio once.
+pub struct TaskReader {
+    mem: Arc<ProcessMemory>,
+    layout: Layout,
+    minor: u8,
+    runtime: u64,
+    fields: Option<TaskFields>,
+    source: Source,
+    /// Why the last setup failed (said with every read until it works).
+    setup_error: Option<String>,
+}
+
+impl TaskReader {
+    pub(crate) fn new(mem: Arc<ProcessMemory>, layout: Layout, runtime: u64) -> Self {
+        TaskReader {
+            mem,
+            minor: layout.bpf.major_minor().1,
+            layout,
+            runtime,
+            fields: None,
+            source: Source::Pending(Instant::now()),
+            setup_error: None,
+        }
+    }
+
+    /// The task running on the thread of `tstate` (needed on 3.14+), checked
+    /// against `stack`: the (code, instr) pairs of a stack event of that
+    /// thread, innermost first, `code == 0` between activations.
+    pub fn current(&mut self, tstate: Option<u64>, stack: &[(u64, u64)]) -> TaskRead {
+        if let Source::Pending(at) = self.source {
+            if Instant::now() < at {
+                return self.not_found();
+            }
+            match self.setup() {
+                Ok(Some((fields, source))) => {
+                    self.fields = Some(fields);
+                    self.source = source;
+                    self.setup_error = None;
+                }
+                Ok(None) => {
+                    self.source = Source::Pending(Instant::now() + RETRY);
+                    return self.not_found();
+                }
+                Err(e) => {
+                    self.source = Source::Pending(Instant::now() + RETRY);
+                    self.setup_error = Some(e);
+                    return self.not_found();
+                }
+            }
+        }
+        match self.read(tstate, stack) {
+            Ok(r) => r,
+            Err(e) => TaskRead::Unreadable(e.to_string()),
+        }
+    }
+
+    fn not_found(&self) -> TaskRead {
+        match &self.setup_error {
+            Some(e) => TaskRead::Unreadable(e.clone()),
+            None => TaskRead::NoTask,
+        }
+    }
+
+    /// Finds the running-task source. `Ok(None)`: asyncio is not loaded
+    /// (yet). `Err`: it is, but cannot be read (says why).
+    fn setup(&self) -> Result<Option<(TaskFields, Source)>, String> {
+        if self.minor >= 14 {
+            return self.setup_debug_section();
+        }
+        let fixed = FIXED
+            .iter()
+            .find(|f| f.minor == self.minor)
+            .ok_or_else(|| format!("no asyncio layout for CPython 3.{}", self.minor))?;
+        let e = |e: PythonError| e.to_string();
+        let mem = &self.mem;
+        let modules_off = match fixed.interp_modules {
+            Some(off) => off,
+            None => {
+                let off = mem
+                    .read_u64(self.runtime + 8 * DEBUG_OFFSETS_IMPORTS_MODULES_313)
+                    .map_err(e)?;
+                if !(16..1 << 20).contains(&off) {
+                    return Err(format!(
+                        "_Py_DebugOffsets.interpreter_state.imports_modules is {off}, not an offset"
+                    ));
+                }
+                off
+            }
+        };
+        let interp = mem
+            .read_u64(self.runtime + u64::from(self.layout.runtime_interpreters_main))
+            .map_err(e)?;
+        if interp == 0 {
+            return Ok(None);
+        }
+        let modules = mem.read_u64(interp + modules_off).map_err(e)?;
+        if modules == 0 {
+            return Ok(None);
+        }
+        let Some(module) = self.dict_get(modules, "asyncio.tasks").map_err(e)? else {
+            return Ok(None); // asyncio not imported (yet)
+        };
+        let md_dict = mem.read_u64(module + MODULE_MD_DICT).map_err(e)?;
+        let Some(current) = self.dict_get(md_dict, "_current_tasks").map_err(e)? else {
+            return Ok(None); // module still initialising
+        };
+        let fields = TaskFields {
+            size: fixed.task_size,
+            name: fixed.task_name,
+            coro: fixed.task_coro,
+            awaited_by: None,
+            gen_frame: fixed.gen_frame,
+        };
+        Ok(Some((fields, Source::CurrentTasks(current))))
+    }
+
+    /// 3.14+: the `.AsyncioDebug` section of a mapped `_asyncio` module or
+    /// of the interpreter's ELF.
+    fn setup_debug_section(&self) -> Result<Option<(TaskFields, Source)>, String> {
+        let pid = self.mem.pid();
+        let text = crate::os::limits::read_proc(&format!("/proc/{pid}/maps"))
+            .map_err(|e| format!("cannot read /proc/{pid}/maps: {e}"))?;
+        let maps = super::parse_maps(&text);
+        let mut seen = std::collections::HashSet::new();
+        for m in &maps {
+            let base = m.path.rsplit('/').next().unwrap_or("");
+            let candidate = base.starts_with("_asyncio.")
+                || base.starts_with("libpython")
+                || base.starts_with("python");
+            if !candidate || !seen.insert(m.path.clone()) {
+                continue;
+            }
+            let Some(path) = super::mapped_file(pid, m) else {
+                continue;
+            };
+            let Some(bytes) = super::discover::elf_section(&path, ".AsyncioDebug", 4096)
+                .map_err(|e| e.to_string())?
+            else {
+                continue;
+            };
+            return parse_asyncio_debug(&bytes)
+                .map(|(f, running)| Some((f, Source::RunningTask(running))));
+        }
+        Ok(None) // _asyncio not loaded yet
+    }
+
+    fn read(&mut self, tstate: Option<u64>, stack: &[(u64, u64)]) -> Result<TaskRead, PythonError> {
+        let Some(fields) = self.fields else {
+            return Ok(TaskRead::NoTask);
+        };
+        let candidates: Vec<u64> = match self.source {
+            Source::Pending(_) => return Ok(TaskRead::NoTask),
+            Source::RunningTask(off) => {
+                let Some(ts) = tstate else {
+                    return Ok(TaskRead::Unreadable(
+                        "the thread's PyThreadState is not known".into(),
+                    ));
+                };
+                let task = self.mem.read_u64(ts + off)?;
+                if task == 0 { vec![] } else { vec![task] }
+            }
+            Source::CurrentTasks(dict) => self
+                .dict_entries(dict, MAX_TASKS as u64)?
+                .into_iter()
+                .map(|(_, v)| v)
+                .collect(),
+        };
+        if candidates.is_empty() {
+            return Ok(TaskRead::NoTask);
+        }
+        let innermost = stack.iter().find(|f| f.0 != 0).map(|f| f.0);
+        for task in candidates {
+            let t = self.mem.read_bytes(task, fields.size as usize)?;
+            let coro = le_u64(&t, fields.coro as usize);
+            let Some((code, instr)) = self.coro_frame(coro, fields.gen_frame)? else {
+                continue;
+            };
+            let on_stack = stack.contains(&(code, instr)) || (code != 0 && innermost == Some(code));
+            if !on_stack {
+                continue;
+            }
+            let name = self.task_name(le_u64(&t, fields.name as usize))?;
+            let awaited_by = match fields.awaited_by {
+                Some(_) => self.await_chain(task, &t, &fields),
+                None => Vec::new(),
+            };
+            return Ok(TaskRead::Task {
+                name,
+                coro_code: code,
+                coro_instr: instr,
+                awaited_by,
+            });
+        }
+        Ok(TaskRead::Unverified)
+    }
+
+    /// (code object, instruction) of a coroutine's frame as the BPF walk
+    /// would emit them; `None` for a finished coroutine.
+    fn coro_frame(
+        &self,
+        coro: u64,
+        gen_frame: GenFrame,
+    ) -> Result<Option<(u64, u64)>, PythonError> {
+        if coro == 0 {
+            return Ok(None);
+        }
+        let b = &self.layout.bpf;
+        let frame = match gen_frame {
+            GenFrame::Pointer(off) => self.mem.read_u64(coro + off)?,
+            GenFrame::Embedded(off) => coro + off,
+        };
+        if frame == 0 {
+            return Ok(None);
+        }
+        let code = self.mem.read_u64(frame + u64::from(b.frame_code))? & !b.code_tag_mask;
+        let instr = if b.frame_model == PY_FRAME_MODEL_FRAME_OBJECT {
+            // f_lasti, an int, sign-extended as the walk does.
+            self.mem.read_u32(frame + u64::from(b.frame_instr))? as i32 as i64 as u64
+        } else {
+            self.mem.read_u64(frame + u64::from(b.frame_instr))?
+        };
+        Ok(Some((code, instr)))
+    }
+
+    /// `Task.get_name()`: the `str` it holds, or `Task-N` for the counter
+    /// `int` 3.12+ keep until the name is asked for.
+    fn task_name(&self, obj: u64) -> Result<String, PythonError> {
+        let bad = |what| PythonError::BadData {
+            pid: self.mem.pid(),
+            what,
+            addr: obj,
+        };
+        if obj == 0 {
+            return Err(bad("task name (NULL)"));
+        }
+        let ty = self.mem.read_u64(obj + OB_TYPE)?;
+        let flags = self.mem.read_u64(ty + TYPE_TP_FLAGS)?;
+        if flags & TPFLAGS_UNICODE_SUBCLASS != 0 {
+            return super::code::read_unicode(&self.mem, &self.layout, obj);
+        }
+        if flags & TPFLAGS_LONG_SUBCLASS != 0 {
+            let h = self.mem.read_bytes(obj + 16, 16)?;
+            let tag = le_u64(&h, 0);
+            let (digits, negative) = if self.minor >= 12 {
+                (tag >> 3, tag & 3 == 2) // lv_tag: ndigits << 3 | sign
+            } else {
+                let size = tag as i64;
+                (size.unsigned_abs(), size < 0)
+            };
+            if negative || digits > 2 {
+                return Err(bad("task name counter (int)"));
+            }
+            let d0 = u64::from(u32::from_le_bytes(h[8..12].try_into().unwrap()));
+            let d1 = u64::from(u32::from_le_bytes(h[12..16].try_into().unwrap()));
+            let n = match digits {
+                0 => 0,
+                1 => d0,
+                _ => d0 | d1 << 30,
+            };
+            return Ok(format!("Task-{n}"));
+        }
+        Err(bad("task name (neither str nor int)"))
+    }
+
+    /// 3.14+: the tasks awaiting `task`, nearest first, following the first
+    /// awaiting task at each level; stops at a cycle, at [`MAX_AWAIT_CHAIN`],
+    /// or at what cannot be read (the chain so far is kept).
+    fn await_chain(&self, task: u64, t: &[u8], f: &TaskFields) -> Vec<String> {
+        let Some((by_off, is_set_off, _)) = f.awaited_by else {
+            return Vec::new();
+        };
+        let ty = le_u64(t, OB_TYPE as usize);
+        let mut seen = std::collections::HashSet::from([task]);
+        let mut out = Vec::new();
+        let (mut by, mut is_set) = (le_u64(t, by_off as usize), t[is_set_off as usize] != 0);
+        while by != 0 && out.len() < MAX_AWAIT_CHAIN {
+            let next = if is_set {
+                self.set_keys(by).ok().and_then(|keys| {
+                    keys.into_iter()
+                        .find(|&k| self.is_task(k, ty, f).unwrap_or(false))
+                })
+            } else {
+                self.is_task(by, ty, f).unwrap_or(false).then_some(by)
+            };
+            let Some(next) = next else { break };
+            if !seen.insert(next) {
+                crate::os::limits::hit(crate::os::limits::Limit::PythonListCycle);
+                break;
+            }
+            let Ok(nt) = self.mem.read_bytes(next, f.size as usize) else {
+                break;
+            };
+            match self.task_name(le_u64(&nt, f.name as usize)) {
+                Ok(n) => out.push(n),
+                Err(_) => break,
+            }
+            by = le_u64(&nt, by_off as usize);
+            is_set = nt[is_set_off as usize] != 0;
+        }
+        out
+    }
+
+    /// A task of the same type as the running one (`task_is_task` set): not
+    /// a plain future, nor the set's dummy key.
+    fn is_task(&self, obj: u64, ty: u64, f: &TaskFields) -> Result<bool, PythonError> {
+        let Some((_, _, is_task_off)) = f.awaited_by else {
+            return Ok(false);
+        };
+        if self.mem.read_u64(obj + OB_TYPE)? != ty {
+            return Ok(false);
+        }
+        Ok(self.mem.read_u8(obj + is_task_off)? != 0)
+    }
+
+    /// Keys of a `set` (3.14 layout), at most [`MAX_AWAITERS_SET`] slots.
+    fn set_keys(&self, set: u64) -> Result<Vec<u64>, PythonError> {
+        let h = self.mem.read_bytes(set + SET_MASK, 16)?;
+        let (mask, table) = (le_u64(&h, 0), le_u64(&h, 8));
+        if mask >= MAX_AWAITERS_SET || table == 0 {
+            crate::os::limits::hit(crate::os::limits::Limit::PythonListTooLong);
+            return Ok(Vec::new());
+        }
+        let raw = self.mem.read_bytes(table, ((mask + 1) * 16) as usize)?;
+        Ok(raw
+            .chunks_exact(16)
+            .map(|e| le_u64(e, 0))
+            .filter(|&k| k != 0)
+            .collect())
+    }
+
+    /// `(key, value)` of a combined-table dict (3.10-3.13), at most `cap`.
+    fn dict_entries(&self, dict: u64, cap: u64) -> Result<Vec<(u64, u64)>, PythonError> {
+        let bad = |what| PythonError::BadData {
+            pid: self.mem.pid(),
+            what,
+            addr: dict,
+        };
+        let h = self.mem.read_bytes(dict + DICT_MA_KEYS, 16)?;
+        let (keys, values) = (le_u64(&h, 0), le_u64(&h, 8));
+        if keys == 0 || values != 0 {
+            return Err(bad("dict (not a combined table)"));
+        }
+        let (entries_at, n, entry_size) = if self.minor == 10 {
+            // dk_refcnt, dk_size, dk_lookup, dk_usable, dk_nentries, dk_indices
+            let k = self.mem.read_bytes(keys, 40)?;
+            let (size, n) = (le_u64(&k, 8), le_u64(&k, 32));
+            let width = match size {
+                0..=0xff => 1,
+                0x100..=0xffff => 2,
+                0x1_0000..=0xffff_ffff => 4,
+                _ => 8,
+            };
+            if size > 1 << 24 {
+                return Err(bad("dict keys (dk_size)"));
+            }
+            (keys + 40 + size * width, n, 24)
+        } else {
+            // dk_refcnt, dk_log2_size, dk_log2_index_bytes, dk_kind, ...,
+            // dk_usable, dk_nentries, dk_indices
+            let k = self.mem.read_bytes(keys, 32)?;
+            let (log2_index_bytes, kind, n) = (k[9], k[10], le_u64(&k, 24));
+            if log2_index_bytes > 30 {
+                return Err(bad("dict keys (dk_log2_index_bytes)"));
+            }
+            let entry_size = if kind == 0 { 24 } else { 16 }; // general: + hash
+            (keys + 32 + (1u64 << log2_index_bytes), n, entry_size)
+        };
+        if n > cap {
+            crate::os::limits::hit(crate::os::limits::Limit::PythonListTooLong);
+        }
+        let n = n.min(cap);
+        let raw = self.mem.read_bytes(entries_at, (n * entry_size) as usize)?;
+        let kv = entry_size as usize - 16;
+        Ok(raw
+            .chunks_exact(entry_size as usize)
+            .map(|e| (le_u64(e, kv), le_u64(e, kv + 8)))
+            .filter(|&(k, v)| k != 0 && v != 0)
+            .collect())
+    }
+
+    /// The value of the `str` key `want` in a dict, by comparing each key's
+    /// characters (one read a key; the target's string hashes are salted).
+    fn dict_get(&self, dict: u64, want: &str) -> Result<Option<u64>, PythonError> {
+        let ascii_data = u64::from(self.layout.unicode_ascii_data);
+        for (k, v) in self.dict_entries(dict, MAX_DICT_ENTRIES)? {
+            let Ok(b) = self
+                .mem
+                .read_bytes(k, (ascii_data + want.len() as u64) as usize)
+            else {
+                continue;
+            };
+            let len = le_u64(&b, super::offsets::UNICODE_LENGTH as usize);
+            let state = u32::from_le_bytes(
+                b[super::offsets::UNICODE_STATE as usize..][..4]
+                    .try_into()
+                    .unwrap(),
+            );
+            let compact_ascii = (state >> 5) & 3 == 3;
+            if compact_ascii
+                && len == want.len() as u64
+                && &b[ascii_data as usize..] == want.as_bytes()
+            {
+                return Ok(Some(v));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// `_Py_AsyncioModuleDebugOffsets` (13 u64s: the task object's size,
+/// `task_name`, `task_awaited_by`, `task_is_task`, `task_awaited_by_is_set`,
+/// `task_coro`, `task_node`; the interpreter state's size and
+/// `asyncio_tasks_head`; the thread state's size, `asyncio_running_loop`,
+/// `asyncio_running_task`, `asyncio_tasks_head`) -> the task fields and the
+/// thread-state offset of the running task, each checked to lie inside its
+/// struct.
+fn parse_asyncio_debug(b: &[u8]) -> Result<(TaskFields, u64), String> {
+    if b.len() < 13 * 8 {
+        return Err(format!(
+            ".AsyncioDebug is {} bytes, want at least 104: not the layout stallprof reads",
+            b.len()
+        ));
+    }
+    let w = |i: usize| le_u64(b, 8 * i);
+    let size = w(0);
+    let (name, by, is_task, is_set, coro) = (w(1), w(2), w(3), w(4), w(5));
+    let (ts_size, running_task) = (w(9), w(11));
+    let fits = (64..=1024).contains(&size)
+        && [name, by, coro].iter().all(|&o| o >= 16 && o + 8 <= size)
+        && [is_task, is_set].iter().all(|&o| o >= 16 && o < size)
+        && (128..=1 << 16).contains(&ts_size)
+        && running_task + 8 <= ts_size;
+    if !fits {
+        return Err(format!(
+            ".AsyncioDebug offsets do not fit their structs (task size {size}, \
+             task_name {name}, task_coro {coro}, thread state size {ts_size}, \
+             asyncio_running_task {running_task})"
+        ));
+    }
+    Ok((
+        TaskFields {
+            size,
+            name,
+            coro,
+            awaited_by: Some((by, is_set, is_task)),
+            gen_frame: GenFrame::Embedded(GI_IFRAME_314),
+        },
+        running_task,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn asyncio_debug_sections_of_debian_314_and_315_parse() {
+        // `objcopy -O binary --only-section=.AsyncioDebug` of Debian's
+        // _asyncio.cpython-314-x86_64-linux-gnu.so (3.14.8) and python3.15.
+        let sec = |ts_size: u64, loop_: u64| -> Vec<u8> {
+            [
+                168,
+                136,
+                96,
+                108,
+                109,
+                128,
+                152,
+                225864,
+                10880,
+                ts_size,
+                loop_,
+                loop_ + 8,
+                loop_ + 16,
+            ]
+            .iter()
+            .flat_map(|v: &u64| v.to_le_bytes())
+            .collect()
+        };
+        let (f, running) = parse_asyncio_debug(&sec(936, 864)).unwrap();
+        assert_eq!((f.size, f.name, f.coro), (168, 136, 128));
+        assert_eq!(f.awaited_by, Some((96, 109, 108)));
+        assert_eq!(running, 872);
+        let (_, running) = parse_asyncio_debug(&sec(1104, 1024)).unwrap();
+        assert_eq!(running, 1032);
+        let mut bad = sec(936, 864);
+        bad[8..16].copy_from_slice(&4000u64.to_le_bytes());
+        assert!(parse_asyncio_debug(&bad).is_err());
+        assert!(parse_asyncio_debug(&bad[..50]).is_err());
+    }
+
+    #[test]
+    fn every_fixed_row_fits_its_task() {
+        for f in FIXED {
+            assert!(f.task_name + 8 <= f.task_size && f.task_coro + 8 <= f.task_size);
+        }
+        assert_eq!(
+            FIXED.iter().map(|f| f.minor).collect::<Vec<_>>(),
+            [10, 11, 12, 13]
+        );
+    }
+}
