@@ -1102,22 +1102,37 @@ impl Unwinder {
     /// Returns the addresses innermost first — the first is `regs.ip`, the rest
     /// are return addresses (symbolize `addr - 1`) — and how the walk ended.
     pub fn unwind(&mut self, pid: u32, regs: &UserRegs, stack: &[u8]) -> (Vec<u64>, UnwindOutcome) {
+        let (frames, _, outcome) = self.unwind_with_fp(pid, regs, stack);
+        (frames, outcome)
+    }
+
+    /// [`unwind`](Self::unwind), plus each frame's `rbp` as the walk had it
+    /// at that frame (same index). In code that keeps frame pointers (V8's
+    /// JIT code and builtins) it is the frame's base, from which V8 keeps
+    /// the running function at fixed offsets (`symbolize/v8`); in code that
+    /// does not, it is whatever the register held.
+    pub fn unwind_with_fp(
+        &mut self,
+        pid: u32,
+        regs: &UserRegs,
+        stack: &[u8],
+    ) -> (Vec<u64>, Vec<u64>, UnwindOutcome) {
         if regs.ip == 0 {
-            return (Vec::new(), UnwindOutcome::Failed);
+            return (Vec::new(), Vec::new(), UnwindOutcome::Failed);
         }
         if !self.procs.contains_key(&pid) {
             let proc = self.load_proc(pid);
             self.procs.insert(pid, proc);
         }
-        let (frames, outcome, missed) = self.walk(pid, regs, stack);
+        let (frames, fps, outcome, missed) = self.walk(pid, regs, stack);
         if !missed || !self.may_refresh(pid) {
-            return (frames, outcome);
+            return (frames, fps, outcome);
         }
         if !self.refresh(pid) {
-            return (frames, outcome);
+            return (frames, fps, outcome);
         }
-        let (frames, outcome, _) = self.walk(pid, regs, stack);
-        (frames, outcome)
+        let (frames, fps, outcome, _) = self.walk(pid, regs, stack);
+        (frames, fps, outcome)
     }
 
     /// Forget a process (it exited and its buffered stacks are drained),
@@ -1139,15 +1154,22 @@ impl Unwinder {
     ///
     /// Frame by frame: framehop unwinds each frame, except frames in an FDE
     /// framehop would get wrong, which [`slow_step`] unwinds from gimli.
-    fn walk(&mut self, pid: u32, regs: &UserRegs, stack: &[u8]) -> (Vec<u64>, UnwindOutcome, bool) {
+    #[allow(clippy::type_complexity)]
+    fn walk(
+        &mut self,
+        pid: u32,
+        regs: &UserRegs,
+        stack: &[u8],
+    ) -> (Vec<u64>, Vec<u64>, UnwindOutcome, bool) {
         let Some(proc) = self.procs.get(&pid) else {
-            return (vec![regs.ip], UnwindOutcome::Failed, false);
+            return (vec![regs.ip], vec![regs.bp], UnwindOutcome::Failed, false);
         };
         let win = Window::new(regs.sp, stack);
         let end = win.end();
         let mut read_stack = |addr: u64| win.read(addr, 8).ok_or(());
         let check_exec = !proc.maps.is_empty();
         let mut frames = Vec::with_capacity(32);
+        let mut fps = Vec::with_capacity(32);
         let mut missed = false;
         let mut fh_regs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
         let mut addr = FrameAddress::from_instruction_pointer(regs.ip);
@@ -1158,10 +1180,12 @@ impl Unwinder {
                 if frames.is_empty() {
                     // Keep the sampled ip even if we cannot place it.
                     frames.push(a);
+                    fps.push(fh_regs.bp());
                 }
                 break UnwindOutcome::Failed;
             }
             frames.push(a);
+            fps.push(fh_regs.bp());
             if frames.len() >= MAX_FRAMES {
                 break UnwindOutcome::Truncated;
             }
@@ -1219,7 +1243,7 @@ impl Unwinder {
                 Err(_) => break UnwindOutcome::Failed,
             }
         };
-        (frames, outcome, missed)
+        (frames, fps, outcome, missed)
     }
 
     fn may_refresh(&self, pid: u32) -> bool {
