@@ -18,6 +18,10 @@ pub struct RawStack {
     pub kernel: Vec<u64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub user: Vec<u64>,
+    /// JavaScript frames found in the stack copy (V8): (index in `user`,
+    /// tagged `JSFunction` address), innermost first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub js: Vec<(u32, u64)>,
     /// Python frames as (code object address, instruction value).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub python: Vec<(u64, u64)>,
@@ -192,6 +196,7 @@ fn stack_of(bytes: &[u8], kind: u32) -> Result<(RawStack, i64, i64), EventError>
             .into_iter()
             .take_while(|&a| a != 0)
             .collect(),
+        js: Vec::new(),
         python: pairs(std::mem::offset_of!(StackEvent, py), p)?,
         py_status: field!(py_status, u32),
         gil_holder,

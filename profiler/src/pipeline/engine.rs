@@ -393,6 +393,8 @@ pub struct Engine {
     /// The read limits' counts when this engine started: its `drops` show
     /// the hits since ([`crate::os::limits`] keeps one process-wide tally).
     limits_base: Vec<(&'static str, u64)>,
+    /// [`crate::symbolize::v8::unreadable_count`] when this engine started.
+    js_unreadable_base: u64,
     exited: HashSet<u32>,
     /// The asyncio task of each open busy period, by (tid, start): read
     /// from the live process while it runs (see [`BusyTask`]).
@@ -453,6 +455,7 @@ impl Engine {
             events_out: None,
             agent_drops: BTreeMap::new(),
             limits_base: crate::os::limits::counts(),
+            js_unreadable_base: crate::symbolize::v8::unreadable_count(),
             exited: HashSet::new(),
             tasks: HashMap::new(),
         }
@@ -614,6 +617,9 @@ impl Engine {
             .values()
             .filter_map(|w| w.problem.clone())
             .collect();
+        if let Symbols::Live { blaze, .. } = &self.symbols {
+            v.extend(blaze.js_problems());
+        }
         v.sort_by_key(|p| p.pid);
         v
     }
@@ -669,7 +675,7 @@ impl Engine {
             sp: regs.sp,
             bp: regs.bp,
         };
-        let (addrs, outcome) = self.unwinder.unwind(*tgid, &regs, copy);
+        let (addrs, fps, outcome) = self.unwinder.unwind_with_fp(*tgid, &regs, copy);
         match outcome {
             UnwindOutcome::Complete => {}
             UnwindOutcome::Truncated => {
@@ -678,6 +684,11 @@ impl Engine {
             UnwindOutcome::Failed => *self.agent_drops.entry("unwind_failed").or_default() += 1,
         }
         if outcome != UnwindOutcome::Failed || addrs.len() >= stack.user.len() {
+            // JavaScript frames: what identifies them is in the copy now.
+            let pid = *tgid;
+            if let Some(layout) = self.symbols.resolve(|r| r.js_layout(pid)) {
+                stack.js = crate::symbolize::v8::js_slots(&layout, &fps, regs.sp, copy);
+            }
             stack.user = addrs;
         }
     }
@@ -724,6 +735,13 @@ impl Engine {
         {
             blaze.warm_python(*tgid, &stack.python);
             blaze.warm_python(*tgid, &stack.holder_python);
+        }
+        if let Event::Sample { tgid, stack, .. } | Event::SwitchOut { tgid, stack, .. } = &ev
+            && !stack.js.is_empty()
+            && !self.tracker.stacks().contains(stack)
+            && let Some(blaze) = self.symbols.live()
+        {
+            blaze.warm_js(*tgid, &stack.js);
         }
         let task_read = match &ev {
             Event::Sample {
@@ -961,6 +979,10 @@ impl Engine {
         }
         if self.tracker.stats.switch_ins_missed > 0 {
             d.insert("switch_ins_missed", self.tracker.stats.switch_ins_missed);
+        }
+        let js = crate::symbolize::v8::unreadable_count().saturating_sub(self.js_unreadable_base);
+        if js > 0 {
+            d.insert("js_frames_unreadable", js);
         }
         d
     }

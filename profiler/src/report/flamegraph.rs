@@ -38,6 +38,11 @@ fn color(f: &Frame, label: &str) -> Color {
             g: 80 + j * 2,
             b: 40,
         },
+        FrameKind::Js => Color {
+            r: 200 + j / 2,
+            g: 190 + j / 2,
+            b: 50,
+        },
         FrameKind::Python => Color {
             r: 80 + j,
             g: 190 + j / 2,

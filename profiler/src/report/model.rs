@@ -15,6 +15,8 @@ pub enum FrameKind {
     Native,
     Kernel,
     Python,
+    /// A JavaScript function of a Node (V8) process, read from its memory.
+    Js,
     /// Not a function: `[off-cpu: read]`, `[runqueue]`, `[unknown]`, ...
     Marker,
 }

@@ -172,10 +172,12 @@ pub fn apply(stalls: &[Stall], view: View) -> Vec<Stall> {
             // outermost frame unnamed: `[libcrypto.so.3+0x12d3d5]`,
             // `[truncated]`), says nothing of the root.
             if p.frames.first().is_some_and(|f| f.name.starts_with('['))
-                || !p
-                    .frames
-                    .iter()
-                    .any(|f| matches!(f.kind, FrameKind::Native | FrameKind::Python))
+                || !p.frames.iter().any(|f| {
+                    matches!(
+                        f.kind,
+                        FrameKind::Native | FrameKind::Python | FrameKind::Js
+                    )
+                })
             {
                 continue;
             }

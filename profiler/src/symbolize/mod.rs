@@ -17,6 +17,7 @@
 
 pub mod pyframes;
 pub mod python;
+pub mod v8;
 use std::{
     collections::HashMap,
     fs,
@@ -45,6 +46,12 @@ pub trait Resolve {
     fn python(&mut self, pid: u32, code: u64, instr: u64) -> Frame;
     /// The thread id and name of the thread owning a `PyThreadState*`.
     fn python_thread(&mut self, pid: u32, tstate: u64) -> Option<(u32, String)>;
+    /// Where a Node process's frames keep their `JSFunction` (`None`: not
+    /// Node, or its V8 cannot be read).
+    fn js_layout(&mut self, pid: u32) -> Option<v8::FrameLayout>;
+    /// The JavaScript frame of a tagged `JSFunction` seen in a stack
+    /// (`None`: it was not one when the stack was first seen).
+    fn js(&mut self, pid: u32, func: u64) -> Option<Frame>;
 }
 
 #[derive(Clone, Debug)]
@@ -350,6 +357,7 @@ pub struct BlazeResolver {
     blaze_files: HashMap<PathBuf, u32>,
     /// Of those, files of processes forgotten since `blaze` was built.
     blaze_stale: usize,
+    v8: HashMap<u32, v8::V8Watch>,
 }
 
 /// Files blazesym may hold parsed at once. It caches every file it opened,
@@ -383,7 +391,24 @@ impl BlazeResolver {
             python: HashMap::new(),
             blaze_files: HashMap::new(),
             blaze_stale: 0,
+            v8: HashMap::new(),
         }
+    }
+
+    /// Resolve the JavaScript functions of a new stack now, while they are
+    /// where the stack says (see [`v8`]).
+    pub fn warm_js(&mut self, pid: u32, funcs: &[(u32, u64)]) {
+        if let Some(r) = self.v8.entry(pid).or_default().get(pid) {
+            r.warm(funcs);
+        }
+    }
+
+    /// Why a Node process's JavaScript frames cannot be read, if so.
+    pub fn js_problems(&self) -> Vec<crate::report::model::RuntimeProblem> {
+        self.v8
+            .values()
+            .filter_map(|w| w.problem().cloned())
+            .collect()
     }
 
     fn symbolizer() -> Symbolizer {
@@ -457,9 +482,10 @@ impl BlazeResolver {
     }
 
     /// Forget everything held for a process (it exited or exec'd; its pid
-    /// may be reused): maps, perf map, Python state; the files blazesym
+    /// may be reused): maps, perf map, Python and V8 state; the files blazesym
     /// opened through its paths count towards a rebuild.
     pub fn forget(&mut self, pid: u32) {
+        self.v8.remove(&pid);
         self.python.remove(&pid);
         self.py_frames.retain(|k, _| k.0 != pid);
         self.maps.remove(&pid);
@@ -692,6 +718,20 @@ impl Resolve for BlazeResolver {
             .map(|s| s.trim_end().to_string());
         Some((tid, name.unwrap_or_else(|_| "?".into())))
     }
+
+    fn js_layout(&mut self, pid: u32) -> Option<v8::FrameLayout> {
+        Some(self.v8.entry(pid).or_default().get(pid)?.meta.layout)
+    }
+
+    fn js(&mut self, pid: u32, func: u64) -> Option<Frame> {
+        self.v8
+            .get(&pid)?
+            .state
+            .as_ref()?
+            .as_ref()
+            .ok()?
+            .cached(func)
+    }
 }
 
 /// x86-64 syscall name, e.g. 0 -> "read".
@@ -708,9 +748,37 @@ pub fn frames_of(res: &mut dyn Resolve, pid: u32, stacks: &StackTable, id: u32) 
     let mut user: Vec<Frame> = Vec::new();
     // Innermost first in the raw stack; return addresses (all but the
     // innermost) point after the call, so look up addr-1 to stay on its line.
+    let mut js = raw.js.iter().rev().peekable();
+    let mut in_gc = false;
     for (i, &a) in raw.user.iter().enumerate().rev() {
         let a = if i == 0 { a } else { a.saturating_sub(1) };
-        user.extend(res.user(pid, a));
+        let mut native = res.user(pid, a);
+        // A JavaScript frame stands in for its native symbol (the
+        // interpreter trampoline, anonymous JIT code), except where a perf
+        // map named it.
+        if js.peek().is_some_and(|&&(at, _)| at as usize == i) {
+            let (_, func) = js.next().copied().unwrap_or_default();
+            if !native.iter().any(v8::is_perf_map_frame) {
+                match res.js(pid, func) {
+                    Some(f) => native = vec![f],
+                    None if native.iter().any(v8::is_js_code) => {
+                        v8::count_unreadable();
+                        native = vec![Frame::marker("[js: unreadable]")];
+                    }
+                    None => {}
+                }
+            }
+        }
+        // V8's collector: `[gc]` above its outermost frame.
+        if !in_gc
+            && native
+                .iter()
+                .any(|f| f.kind == FrameKind::Native && v8::is_gc_entry(&f.name))
+        {
+            in_gc = true;
+            user.push(Frame::marker("[gc]"));
+        }
+        user.extend(native);
     }
     if !raw.python.is_empty() {
         let walk = raw
@@ -854,6 +922,14 @@ pub struct TableResolver {
     /// `"tid:start_ns"` of a stall -> the asyncio task read while it ran.
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
     pub tasks: HashMap<String, crate::report::model::Task>,
+    /// pid -> where its V8 frames keep their function.
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub js_layouts: HashMap<String, v8::FrameLayout>,
+    /// `"pid:JSFunction"` in hex -> frame (the latest answer for that
+    /// address: a function a GC moved into another's old address during
+    /// the recording is named by the later one in a replay).
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub js: HashMap<String, Frame>,
 }
 
 /// Wraps a resolver and records every answer into a [`TableResolver`], so
@@ -892,6 +968,20 @@ impl Resolve for Recorder<'_> {
         }
         t
     }
+    fn js_layout(&mut self, pid: u32) -> Option<v8::FrameLayout> {
+        let l = self.inner.js_layout(pid);
+        if let Some(l) = l {
+            self.table.js_layouts.insert(pid.to_string(), l);
+        }
+        l
+    }
+    fn js(&mut self, pid: u32, func: u64) -> Option<Frame> {
+        let f = self.inner.js(pid, func);
+        if let Some(f) = &f {
+            self.table.js.insert(format!("{pid}:{func:#x}"), f.clone());
+        }
+        f
+    }
 }
 
 impl Resolve for TableResolver {
@@ -918,11 +1008,75 @@ impl Resolve for TableResolver {
     fn python_thread(&mut self, _pid: u32, tstate: u64) -> Option<(u32, String)> {
         self.python_threads.get(&format!("{tstate:#x}")).cloned()
     }
+    fn js_layout(&mut self, pid: u32) -> Option<v8::FrameLayout> {
+        self.js_layouts.get(&pid.to_string()).copied()
+    }
+    fn js(&mut self, pid: u32, func: u64) -> Option<Frame> {
+        self.js.get(&format!("{pid}:{func:#x}")).cloned()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::event::RawStack;
+
+    /// JavaScript frames replace their native symbol (not a perf map's
+    /// name), an unreadable one in JIT code is said, V8's collector gets
+    /// `[gc]` above it.
+    #[test]
+    fn javascript_frames_and_gc_in_native_stacks() {
+        let mut t = TableResolver::default();
+        let native = |name: &str, module: &str| Frame {
+            module: Some(module.into()),
+            ..Frame::new(name, FrameKind::Native)
+        };
+        // user[] is innermost first; addresses after the first are looked up minus one.
+        let names = [
+            (0x10, native("v8::internal::Scavenger::Process", "node")),
+            (
+                0x1f,
+                native("v8::internal::Heap::CollectGarbage(int)", "node"),
+            ),
+            (0x2f, native("Builtins_InterpreterEntryTrampoline", "node")),
+            (0x3f, native("[anon]", "[anon]")),
+            (0x4f, native("JS:*main /a.js:1:1", "[jit]")),
+            (0x5f, native("uv_run", "node")),
+        ];
+        for (a, f) in &names {
+            t.user.insert(format!("{a:#x}"), vec![f.clone()]);
+        }
+        let churn = Frame {
+            file: Some("/srv/app.js".into()),
+            line: Some(9),
+            ..Frame::new("churn", FrameKind::Js)
+        };
+        t.js.insert("7:0x1001".into(), churn.clone());
+        let mut stacks = StackTable::default();
+        let id = stacks.intern(RawStack {
+            user: vec![0x10, 0x20, 0x30, 0x40, 0x50, 0x60],
+            js: vec![(2, 0x1001), (3, 0x2001), (4, 0x1001)],
+            ..RawStack::default()
+        });
+        let before = v8::unreadable_count();
+        let got: Vec<String> = frames_of(&mut t, 7, &stacks, id)
+            .iter()
+            .map(Frame::label)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "uv_run",
+                "JS:*main /a.js:1:1",
+                "[js: unreadable]",
+                "churn (app.js:9)",
+                "[gc]",
+                "v8::internal::Heap::CollectGarbage(int)",
+                "v8::internal::Scavenger::Process",
+            ]
+        );
+        assert!(v8::unreadable_count() > before);
+    }
 
     /// blazesym keeps every file it opened; ours are per process paths. The
     /// held set stays under its cap as files of ever new processes come, and

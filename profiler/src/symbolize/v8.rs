@@ -1,0 +1,856 @@
+//! Node.js (V8) JavaScript frames from the running process, without flags.
+//!
+//! In: a Node process's pid, and per sampled stack each frame's frame
+//! pointer (from the unwinder) and the copied stack bytes. Out: for each
+//! frame that is a JavaScript frame, a [`Frame`] of kind `js`:
+//! `parseBig (app.js:11)`, the function's name, its script and the line it
+//! is defined on.
+//!
+//! How. V8 code keeps frame pointers, and a JavaScript frame (interpreted,
+//! baseline, optimized) holds its `JSFunction` at a fixed offset from its
+//! frame pointer, with a context (a tagged pointer) in the slot where other
+//! frames keep a frame-type marker (a Smi). Every Node binary exports the
+//! offsets and object layouts as postmortem metadata (`v8dbg_*` symbols,
+//! in `node` or Debian's `libnode.so.N`), read here from the ELF file found
+//! through `/proc/PID/root`. So:
+//!
+//! 1. at sample time (the engine, as it unwinds a stack event):
+//!    [`js_slots`] takes, from the stack copy, the `JSFunction` pointer of
+//!    every frame whose two slots look like a JavaScript frame's — no read
+//!    of the target, so it also runs on a replay;
+//! 2. promptly after (the engine, when it first sees the stack, ~20 ms
+//!    later): [`JsResolver::warm`] follows `JSFunction` → `SharedFunctionInfo`
+//!    → name (`ScopeInfo` or `String`) and `Script` → file name and line
+//!    ends, each object's type checked through its map, every read bounded;
+//!    answers are cached by `JSFunction` address and re-validated on each
+//!    new stack (the function's map type and its `shared` pointer, the
+//!    shared info's header words): a GC that moved or freed the object
+//!    fails the check and the frame is resolved again or counted, never
+//!    misnamed from a stale cache;
+//! 3. at symbolization: the frame's native symbol (the interpreter
+//!    trampoline, anonymous JIT code) is replaced by the JavaScript frame,
+//!    unless a perf map named it (`--perf-basic-prof` stays a source of
+//!    names). A frame in JIT code or a V8 interpreter/baseline builtin that
+//!    looked like a JavaScript frame but could not be read becomes
+//!    `[js: unreadable]` and is counted (`js_frames_unreadable`).
+//!
+//! Inlined functions in optimized code show as their outer function.
+//! Only the function's definition line is given (not the line executing).
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
+
+use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
+
+use crate::{
+    report::model::{Frame, FrameKind, RuntimeProblem},
+    symbolize::python::{Mapping, ProcessMemory, mapped_file, parse_maps},
+};
+
+/// Longest string read for a function or file name.
+const MAX_NAME: u32 = 1024;
+/// Longest script source read (UTF-16 units) to find line ends when V8
+/// has none yet.
+pub const MAX_SOURCE: u32 = 16 << 20;
+/// Most line ends kept for one script.
+const MAX_LINE_ENDS: u32 = 1 << 20;
+/// Deepest ConsString / ThinString chain followed.
+const MAX_STRING_DEPTH: u32 = 16;
+/// Scripts whose line ends are cached, per process; past it the cache is
+/// emptied.
+const MAX_SCRIPTS: usize = 4096;
+/// `ScopeInfo` words read (after its map) to find the name and position.
+const SCOPE_SLOTS: usize = 24;
+/// How often a process with no Node binary mapped (yet) is looked at again.
+const RETRY: Duration = Duration::from_secs(1);
+/// Tries after which a process is taken not to be Node.
+const MAX_TRIES: u32 = 10;
+
+static UNREADABLE: AtomicU64 = AtomicU64::new(0);
+static RESOLVED: AtomicU64 = AtomicU64::new(0);
+
+/// JavaScript-looking frames of JIT code or a V8 builtin that could not be
+/// read (`drops.js_frames_unreadable`), since start.
+pub fn unreadable_count() -> u64 {
+    UNREADABLE.load(Ordering::Relaxed)
+}
+
+pub fn count_unreadable() {
+    UNREADABLE.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Where a frame keeps what identifies it, and the tag rules: all a stack
+/// copy needs to find JavaScript frames (saved in `symbols.json` so a
+/// replay finds them too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FrameLayout {
+    /// `v8dbg_off_fp_function` (-16 on x86-64).
+    pub fp_function: i32,
+    /// `v8dbg_off_fp_context_or_frame_type` (else `off_fp_context`): a
+    /// tagged pointer in a JavaScript frame, a Smi marker in others.
+    pub fp_context: i32,
+    pub heap_tag_mask: u64,
+    pub heap_tag: u64,
+}
+
+impl FrameLayout {
+    fn is_heap(&self, v: u64) -> bool {
+        v & self.heap_tag_mask == self.heap_tag && v > 0x10000
+    }
+}
+
+/// For each frame (innermost first) whose frame pointer is in the copy and
+/// whose slots look like a JavaScript frame's: (frame index, tagged
+/// `JSFunction`). A frame whose frame pointer equals its caller's (a
+/// function in its prologue, before it set up its own) is left out: the
+/// slots are the caller's.
+pub fn js_slots(layout: &FrameLayout, fps: &[u64], sp: u64, stack: &[u8]) -> Vec<(u32, u64)> {
+    let read = |addr: u64| -> Option<u64> {
+        let off = usize::try_from(addr.checked_sub(sp)?).ok()?;
+        let b = stack.get(off..off.checked_add(8)?)?;
+        Some(u64::from_le_bytes(b.try_into().ok()?))
+    };
+    let mut out = Vec::new();
+    for (i, &fp) in fps.iter().enumerate() {
+        if fp == 0 || fps.get(i + 1) == Some(&fp) {
+            continue;
+        }
+        let (Some(ctx), Some(func)) = (
+            read(fp.wrapping_add_signed(layout.fp_context as i64)),
+            read(fp.wrapping_add_signed(layout.fp_function as i64)),
+        ) else {
+            continue;
+        };
+        if layout.is_heap(ctx) && layout.is_heap(func) {
+            out.push((i as u32, func));
+        }
+    }
+    out
+}
+
+/// V8's postmortem metadata: the offsets and type numbers the walk uses.
+#[derive(Clone, Debug)]
+pub struct V8Meta {
+    pub layout: FrameLayout,
+    pub version: (u32, u32, u32),
+    /// The file it was read from, as the target maps it.
+    pub path: String,
+    map: u64,
+    map_instance_type: u64,
+    jsf_shared: u64,
+    sfi_name: u64,
+    sfi_script: u64,
+    script_name: u64,
+    script_source: u64,
+    script_line_ends: u64,
+    string_length: u64,
+    seq_one_byte_chars: u64,
+    seq_two_byte_chars: u64,
+    cons_first: u64,
+    cons_second: u64,
+    thin_actual: u64,
+    fixed_length: u64,
+    fixed_data: u64,
+    t_jsf_first: u16,
+    t_jsf_last: u16,
+    t_sfi: u16,
+    t_scope_info: u16,
+    t_script: u16,
+    t_fixed_array: u16,
+    first_nonstring: u16,
+    repr_mask: u16,
+    seq_tag: u16,
+    cons_tag: u16,
+    thin_tag: u16,
+    enc_mask: u16,
+    one_byte_tag: u16,
+    scope_first_vars: u64,
+    scope_ncontextlocals: u64,
+}
+
+/// Why a binary's metadata cannot be used.
+#[derive(Debug)]
+pub struct MetaError(pub String);
+
+/// Symbol values of an ELF file: each `int` the wanted symbols hold.
+fn symbol_values(
+    path: &Path,
+    wanted: &dyn Fn(&str) -> bool,
+) -> Result<HashMap<String, i64>, String> {
+    let file = crate::os::limits::open_elf(path)
+        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+    let cache = object::ReadCache::new(file);
+    let obj =
+        object::File::parse(&cache).map_err(|e| format!("{}: not ELF: {e}", path.display()))?;
+    if crate::os::limits::elf_symbols_too_large(&obj) {
+        return Err(format!(
+            "{}: symbol tables over the size cap",
+            path.display()
+        ));
+    }
+    let mut out = HashMap::new();
+    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
+        let Ok(name) = sym.name() else { continue };
+        if !wanted(name) || out.contains_key(name) || !sym.is_definition() {
+            continue;
+        }
+        let Some(idx) = sym.section_index() else {
+            continue;
+        };
+        let Ok(sec) = obj.section_by_index(idx) else {
+            continue;
+        };
+        let v = if sec.kind() == SectionKind::UninitializedData
+            || sec.kind() == SectionKind::UninitializedTls
+        {
+            0
+        } else {
+            match sec.data_range(sym.address(), 4) {
+                Ok(Some(b)) => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64,
+                _ => continue,
+            }
+        };
+        out.insert(name.to_string(), v);
+    }
+    Ok(out)
+}
+
+impl V8Meta {
+    /// Reads the metadata from `file` (opened as `mapped_as` in the
+    /// target). `Ok(None)`: the file has no V8 metadata at all.
+    pub fn read(file: &Path, mapped_as: &str) -> Result<Option<V8Meta>, MetaError> {
+        let vals = symbol_values(file, &|n: &str| {
+            n.starts_with("v8dbg_") || n.starts_with("_ZN2v88internal7Version6")
+        })
+        .map_err(MetaError)?;
+        if !vals.keys().any(|k| k.starts_with("v8dbg_")) {
+            return Ok(None);
+        }
+        let mut missing = Vec::new();
+        let mut get = |names: &[&str]| -> i64 {
+            for n in names {
+                if let Some(v) = vals.get(&format!("v8dbg_{n}")) {
+                    return *v;
+                }
+            }
+            missing.push(names[0].to_string());
+            0
+        };
+        let fp_function = get(&["off_fp_function"]) as i32;
+        let fp_context = get(&["off_fp_context_or_frame_type", "off_fp_context"]) as i32;
+        let heap_tag_mask = get(&["HeapObjectTagMask"]) as u64;
+        let heap_tag = get(&["HeapObjectTag"]) as u64;
+        let map = get(&["class_HeapObject__map__Map"]) as u64;
+        let map_instance_type = get(&["class_Map__instance_type__uint16_t"]) as u64;
+        let jsf_shared = get(&["class_JSFunction__shared__SharedFunctionInfo"]) as u64;
+        let sfi_name = get(&[
+            "class_SharedFunctionInfo__name_or_scope_info__Object",
+            "class_SharedFunctionInfo__name_or_scope_info__Tagged_NameOrScopeInfoT_",
+            "class_SharedFunctionInfo__name_or_scope_info__Tagged_Object_",
+        ]) as u64;
+        let sfi_script = get(&[
+            "class_SharedFunctionInfo__script_or_debug_info__HeapObject",
+            "class_SharedFunctionInfo__script__Tagged_HeapObject_",
+            "class_SharedFunctionInfo__raw_script__Tagged_Object_",
+        ]) as u64;
+        let script_name = get(&["class_Script__name__Object"]) as u64;
+        let script_source = get(&["class_Script__source__Object"]) as u64;
+        let script_line_ends = get(&["class_Script__line_ends__Object"]) as u64;
+        let string_length = get(&["class_String__length__int32_t"]) as u64;
+        let seq_one_byte_chars = get(&["class_SeqOneByteString__chars__char"]) as u64;
+        let seq_two_byte_chars = get(&["class_SeqTwoByteString__chars__char"]) as u64;
+        let cons_first = get(&["class_ConsString__first__String"]) as u64;
+        let cons_second = get(&["class_ConsString__second__String"]) as u64;
+        let thin_actual = get(&["class_ThinString__actual__String"]) as u64;
+        let fixed_length = get(&["class_FixedArrayBase__length__SMI"]) as u64;
+        let fixed_data = get(&["class_FixedArray__data__uintptr_t"]) as u64;
+        let t_jsf = get(&["type_JSFunction__JS_FUNCTION_TYPE"]) as u16;
+        let t_sfi = get(&["type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE"]) as u16;
+        let t_scope_info = get(&["type_ScopeInfo__SCOPE_INFO_TYPE"]) as u16;
+        let t_script = get(&["type_Script__SCRIPT_TYPE"]) as u16;
+        let t_fixed_array = get(&["type_FixedArray__FIXED_ARRAY_TYPE"]) as u16;
+        let first_nonstring = get(&["FirstNonstringType"]) as u16;
+        let repr_mask = get(&["StringRepresentationMask"]) as u16;
+        let seq_tag = get(&["SeqStringTag"]) as u16;
+        let cons_tag = get(&["ConsStringTag"]) as u16;
+        let thin_tag = get(&["ThinStringTag"]) as u16;
+        let enc_mask = get(&["StringEncodingMask"]) as u16;
+        let one_byte_tag = get(&["OneByteStringTag"]) as u16;
+        let scope_first_vars = get(&["scopeinfo_idx_first_vars"]) as u64;
+        let scope_ncontextlocals = get(&["scopeinfo_idx_ncontextlocals"]) as u64;
+        if !missing.is_empty() {
+            return Err(MetaError(format!(
+                "{mapped_as} lacks V8 postmortem metadata stallprof needs: v8dbg_{}",
+                missing.join(", v8dbg_")
+            )));
+        }
+        let ver = |n: &str| vals.get(&format!("_ZN2v88internal7Version6{n}_E")).copied();
+        let version = match (ver("major"), ver("minor"), ver("build")) {
+            (Some(a), Some(b), Some(c)) => (a as u32, b as u32, c as u32),
+            _ => {
+                return Err(MetaError(format!(
+                    "{mapped_as}: V8's version (v8::internal::Version) is not in its symbols"
+                )));
+            }
+        };
+        // Since V8 9.6 a range of instance types are JSFunctions (class
+        // constructors and the like); newer V8 exports the range.
+        let (t_jsf_first, t_jsf_last) = match (
+            vals.get("v8dbg_FirstJSFunctionType"),
+            vals.get("v8dbg_LastJSFunctionType"),
+        ) {
+            (Some(&a), Some(&b)) => (a as u16, b as u16),
+            _ => (t_jsf, t_jsf + 14),
+        };
+        if version < (9, 6, 0) || heap_tag_mask == 0 || fp_function >= 0 || fp_context >= 0 {
+            return Err(MetaError(format!(
+                "{mapped_as}: V8 {}.{}.{} is older than stallprof reads (9.6, Node 18+) or its frame layout is unexpected",
+                version.0, version.1, version.2
+            )));
+        }
+        Ok(Some(V8Meta {
+            layout: FrameLayout {
+                fp_function,
+                fp_context,
+                heap_tag_mask,
+                heap_tag,
+            },
+            version,
+            path: mapped_as.to_string(),
+            map,
+            map_instance_type,
+            jsf_shared,
+            sfi_name,
+            sfi_script,
+            script_name,
+            script_source,
+            script_line_ends,
+            string_length,
+            seq_one_byte_chars,
+            seq_two_byte_chars,
+            cons_first,
+            cons_second,
+            thin_actual,
+            fixed_length,
+            fixed_data,
+            t_jsf_first,
+            t_jsf_last,
+            t_sfi,
+            t_scope_info,
+            t_script,
+            t_fixed_array,
+            first_nonstring,
+            repr_mask,
+            seq_tag,
+            cons_tag,
+            thin_tag,
+            enc_mask,
+            one_byte_tag,
+            scope_first_vars,
+            scope_ncontextlocals,
+        }))
+    }
+}
+
+/// A mapped file that may carry V8: `node`, `nodejs`, `libnode.so.N`.
+fn may_be_v8(path: &str) -> bool {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    base == "node" || base == "nodejs" || base.starts_with("libnode.so")
+}
+
+/// Finds the V8 metadata of process `pid`. `Ok(None)`: no Node binary is
+/// mapped.
+pub fn discover(pid: u32) -> Result<Option<V8Meta>, MetaError> {
+    let text = crate::os::limits::read_proc(&format!("/proc/{pid}/maps"))
+        .map_err(|e| MetaError(format!("reading /proc/{pid}/maps: {e}")))?;
+    let maps = parse_maps(&text);
+    let mut seen: Vec<&Mapping> = Vec::new();
+    for m in &maps {
+        if !may_be_v8(&m.path) || seen.iter().any(|s| s.inode == m.inode && s.dev == m.dev) {
+            continue;
+        }
+        seen.push(m);
+        let Some(file) = mapped_file(pid, m) else {
+            return Err(MetaError(format!(
+                "{} is mapped but cannot be opened through /proc/{pid}/root",
+                m.path
+            )));
+        };
+        if let Some(meta) = V8Meta::read(&file, &m.path)? {
+            return Ok(Some(meta));
+        }
+    }
+    Ok(None)
+}
+
+/// A script's file name and line ends (positions of its line breaks).
+#[derive(Clone, Debug)]
+struct Script {
+    name: Option<String>,
+    line_ends: Vec<u32>,
+}
+
+/// What a `SharedFunctionInfo` resolved to, with the header words it was
+/// read from (a changed word means another object is there now).
+#[derive(Clone, Debug)]
+struct SfiEntry {
+    header: [u64; 2],
+    frame: Frame,
+}
+
+/// Reads JavaScript frames of one process.
+pub struct JsResolver {
+    pub meta: V8Meta,
+    mem: ProcessMemory,
+    /// JSFunction address -> (its SharedFunctionInfo, the frame).
+    funcs: HashMap<u64, (u64, Frame)>,
+    sfis: HashMap<u64, SfiEntry>,
+    scripts: HashMap<u64, Script>,
+}
+
+fn untag(meta: &V8Meta, v: u64) -> Option<u64> {
+    meta.layout
+        .is_heap(v)
+        .then_some(v & !meta.layout.heap_tag_mask)
+}
+
+fn smi(v: u64) -> Option<i64> {
+    (v & 1 == 0).then_some((v as i64) >> 32)
+}
+
+impl JsResolver {
+    pub fn new(pid: u32, meta: V8Meta) -> Result<Self, String> {
+        let mem = ProcessMemory::open(pid).map_err(|e| e.to_string())?;
+        Ok(JsResolver {
+            meta,
+            mem,
+            funcs: HashMap::new(),
+            sfis: HashMap::new(),
+            scripts: HashMap::new(),
+        })
+    }
+
+    fn u64_at(&self, addr: u64) -> Option<u64> {
+        self.mem.read_u64(addr).ok()
+    }
+
+    /// The instance type of the object at tagged `v`, and its address.
+    fn typed(&self, v: u64) -> Option<(u64, u16)> {
+        let m = &self.meta;
+        let addr = untag(m, v)?;
+        let map = untag(m, self.u64_at(addr + m.map)?)?;
+        let mut b = [0u8; 2];
+        self.mem.read_into(map + m.map_instance_type, &mut b).ok()?;
+        Some((addr, u16::from_le_bytes(b)))
+    }
+
+    /// A V8 string's text, at most `cap` UTF-16 units (sequential strings,
+    /// and cons and thin strings of them; an external string gives `None`:
+    /// its text is outside V8's heap).
+    fn string(&self, v: u64, cap: u32, depth: u32) -> Option<String> {
+        Some(String::from_utf16_lossy(&self.units(v, cap, depth)?))
+    }
+
+    /// A string's UTF-16 code units (V8's source positions count these).
+    fn units(&self, v: u64, cap: u32, depth: u32) -> Option<Vec<u16>> {
+        let mut out = Vec::new();
+        self.string_into(v, cap, depth, &mut out)?;
+        Some(out)
+    }
+
+    fn string_into(&self, v: u64, cap: u32, depth: u32, out: &mut Vec<u16>) -> Option<()> {
+        let m = &self.meta;
+        if depth == 0 {
+            return None;
+        }
+        let (addr, t) = self.typed(v)?;
+        if t >= m.first_nonstring {
+            return None;
+        }
+        let repr = t & m.repr_mask;
+        if repr == m.seq_tag {
+            let len = self.mem.read_u32(addr + m.string_length).ok()? as usize;
+            if len + out.len() > cap as usize {
+                return None;
+            }
+            if t & m.enc_mask == m.one_byte_tag {
+                let b = self.mem.read_bytes(addr + m.seq_one_byte_chars, len).ok()?;
+                out.extend(b.iter().map(|&c| c as u16));
+            } else {
+                let b = self
+                    .mem
+                    .read_bytes(addr + m.seq_two_byte_chars, len * 2)
+                    .ok()?;
+                out.extend(b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])));
+            }
+            Some(())
+        } else if repr == m.cons_tag {
+            let first = self.u64_at(addr + m.cons_first)?;
+            let second = self.u64_at(addr + m.cons_second)?;
+            self.string_into(first, cap, depth - 1, out)?;
+            self.string_into(second, cap, depth - 1, out)
+        } else if repr == m.thin_tag {
+            let actual = self.u64_at(addr + m.thin_actual)?;
+            self.string_into(actual, cap, depth - 1, out)
+        } else {
+            None
+        }
+    }
+
+    /// Name and start position from a `ScopeInfo`: the first string after
+    /// the context locals' names and infos is the function's name; the
+    /// start/end positions follow it as two Smis (V8 before 12.8) or sit
+    /// at fixed slots 3 and 4 (12.8 on).
+    fn scope_info(&self, addr: u64) -> (Option<String>, Option<i64>) {
+        let m = &self.meta;
+        let mut buf = [0u8; SCOPE_SLOTS * 8];
+        if self.mem.read_into(addr + 8, &mut buf).is_err() {
+            return (None, None);
+        }
+        let slot =
+            |i: usize| -> u64 { u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap()) };
+        let new_layout = m.version >= (12, 8, 44);
+        let mut start = None;
+        if new_layout
+            && let (Some(a), Some(b)) = (smi(slot(3)), smi(slot(4)))
+            && a >= 0
+            && a <= b
+        {
+            start = Some(a);
+        }
+        let locals = smi(slot(m.scope_ncontextlocals as usize))
+            .unwrap_or(0)
+            .clamp(0, 1 << 16) as usize;
+        let mut name = None;
+        let mut prev = 1u64; // not a Smi
+        let mut i = m.scope_first_vars as usize + 2 * locals;
+        while i < SCOPE_SLOTS {
+            let cur = slot(i);
+            if name.is_none() && untag(m, cur).is_some() {
+                name = self
+                    .string(cur, MAX_NAME, MAX_STRING_DEPTH)
+                    .filter(|s| !s.is_empty());
+            }
+            if new_layout && name.is_some() {
+                break;
+            }
+            if !new_layout
+                && let (Some(a), Some(b)) = (smi(prev), smi(cur))
+                && a >= 0
+                && a < b
+            {
+                start = Some(a);
+                break;
+            }
+            prev = cur;
+            i += 1;
+        }
+        (name, start)
+    }
+
+    fn script(&mut self, v: u64) -> Option<Script> {
+        let m = self.meta.clone();
+        let (addr, t) = self.typed(v)?;
+        if t != m.t_script {
+            return None;
+        }
+        if let Some(s) = self.scripts.get(&addr) {
+            return Some(s.clone());
+        }
+        let name = self
+            .u64_at(addr + m.script_name)
+            .and_then(|n| self.string(n, MAX_NAME, MAX_STRING_DEPTH));
+        let mut line_ends = Vec::new();
+        // V8's own line ends, when something (a stack trace) made it compute them.
+        if let Some(le) = self.u64_at(addr + m.script_line_ends)
+            && let Some((le_addr, lt)) = self.typed(le)
+            && lt == m.t_fixed_array
+            && let Some(n) = self.u64_at(le_addr + m.fixed_length).and_then(smi)
+            && n > 0
+            && n <= MAX_LINE_ENDS as i64
+            && let Ok(b) = self.mem.read_bytes(le_addr + m.fixed_data, n as usize * 8)
+        {
+            line_ends = b
+                .chunks_exact(8)
+                .filter_map(|c| smi(u64::from_le_bytes(c.try_into().unwrap())))
+                .map(|x| x as u32)
+                .collect();
+        }
+        if line_ends.is_empty()
+            && let Some(src) = self.u64_at(addr + m.script_source)
+            && let Some(text) = self.units(src, MAX_SOURCE, MAX_STRING_DEPTH)
+        {
+            line_ends = text
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| **c == u16::from(b'\n'))
+                .map(|(i, _)| i as u32)
+                .take(MAX_LINE_ENDS as usize)
+                .collect();
+        }
+        let s = Script { name, line_ends };
+        if self.scripts.len() >= MAX_SCRIPTS {
+            self.scripts.clear();
+        }
+        self.scripts.insert(addr, s.clone());
+        Some(s)
+    }
+
+    /// Resolve a `SharedFunctionInfo` (its address) to a frame.
+    fn sfi(&mut self, addr: u64) -> Option<Frame> {
+        let m = self.meta.clone();
+        let header = [
+            self.u64_at(addr + m.sfi_name)?,
+            self.u64_at(addr + m.sfi_script)?,
+        ];
+        if let Some(e) = self.sfis.get(&addr)
+            && e.header == header
+        {
+            return Some(e.frame.clone());
+        }
+        let (mut name, mut start) = (None, None);
+        if let Some((nos, t)) = self.typed(header[0]) {
+            if t == m.t_scope_info {
+                (name, start) = self.scope_info(nos);
+            } else if t < m.first_nonstring {
+                name = self.string(header[0], MAX_NAME, MAX_STRING_DEPTH);
+            }
+        }
+        let script = self.script(header[1]);
+        let line = match (&script, start) {
+            (Some(s), Some(pos)) if !s.line_ends.is_empty() => {
+                let i = s.line_ends.partition_point(|&e| (e as i64) < pos);
+                Some(i as u32 + 1)
+            }
+            _ => None,
+        };
+        let name = name
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "(anonymous)".into());
+        let frame = Frame {
+            file: script.and_then(|s| s.name).filter(|n| !n.is_empty()),
+            line,
+            module: None,
+            ..Frame::new(name, FrameKind::Js)
+        };
+        self.sfis.insert(
+            addr,
+            SfiEntry {
+                header,
+                frame: frame.clone(),
+            },
+        );
+        Some(frame)
+    }
+
+    /// Resolve a tagged `JSFunction` now. `None`: not (or no longer) a
+    /// function.
+    pub fn resolve(&mut self, func: u64) -> Option<Frame> {
+        let m = self.meta.clone();
+        let (addr, t) = self.typed(func)?;
+        if t < m.t_jsf_first || t > m.t_jsf_last {
+            return None;
+        }
+        let shared = self.u64_at(addr + m.jsf_shared)?;
+        let (sfi, st) = self.typed(shared)?;
+        if st != m.t_sfi {
+            return None;
+        }
+        let frame = self.sfi(sfi)?;
+        self.funcs.insert(func, (sfi, frame.clone()));
+        RESOLVED.fetch_add(1, Ordering::Relaxed);
+        Some(frame)
+    }
+
+    /// The latest answer for `func` (from [`warm`](Self::warm)).
+    pub fn cached(&self, func: u64) -> Option<Frame> {
+        self.funcs.get(&func).map(|(_, f)| f.clone())
+    }
+
+    /// Resolve (or re-validate) the functions of a new stack while they
+    /// are where the stack says. A function that fails is forgotten.
+    pub fn warm(&mut self, funcs: &[(u32, u64)]) {
+        for &(_, f) in funcs {
+            if self.resolve(f).is_none() {
+                self.funcs.remove(&f);
+            }
+        }
+    }
+}
+
+/// Per-process V8 state of the live symbolizer: found once, retried for a
+/// while if the process has no Node binary mapped yet (a launcher).
+pub struct V8Watch {
+    pub state: Option<Result<JsResolver, RuntimeProblem>>,
+    tries: u32,
+    last: Option<Instant>,
+}
+
+impl V8Watch {
+    pub fn new() -> Self {
+        V8Watch {
+            state: None,
+            tries: 0,
+            last: None,
+        }
+    }
+
+    /// The resolver, discovering it if due.
+    pub fn get(&mut self, pid: u32) -> Option<&mut JsResolver> {
+        if self.state.is_none()
+            && self.tries < MAX_TRIES
+            && self.last.is_none_or(|t| t.elapsed() >= RETRY)
+        {
+            self.tries += 1;
+            self.last = Some(Instant::now());
+            self.state = match discover(pid) {
+                Ok(Some(meta)) => {
+                    log::info!(
+                        "pid {pid}: V8 {}.{}.{} in {}: JavaScript frames from memory",
+                        meta.version.0,
+                        meta.version.1,
+                        meta.version.2,
+                        meta.path
+                    );
+                    let path = meta.path.clone();
+                    Some(JsResolver::new(pid, meta).map_err(|e| RuntimeProblem {
+                        pid,
+                        runtime: "node".into(),
+                        what: "JavaScript function names".into(),
+                        why: format!("{path}: {e}"),
+                        remedy: "run stallprof as root (it reads the target's memory)".into(),
+                    }))
+                }
+                Ok(None) => None,
+                Err(MetaError(why)) => Some(Err(RuntimeProblem {
+                    pid,
+                    runtime: "node".into(),
+                    what: "JavaScript function names (frames show as V8 builtins or [anon] JIT code)".into(),
+                    why,
+                    remedy: "use a Node build with V8 postmortem metadata (Node 18+ from nodejs.org or Debian), or start node with --perf-basic-prof".into(),
+                })),
+            };
+        }
+        match &mut self.state {
+            Some(Ok(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    pub fn problem(&self) -> Option<&RuntimeProblem> {
+        match &self.state {
+            Some(Err(p)) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+impl Default for V8Watch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The outermost frame of V8's garbage collector in a native stack, by
+/// name: where a `[gc]` marker goes.
+pub fn is_gc_entry(name: &str) -> bool {
+    let n = name.strip_prefix("v8::internal::").unwrap_or("");
+    [
+        "Heap::CollectGarbage",
+        "Heap::CollectAllGarbage",
+        "Heap::CollectAllAvailableGarbage",
+        "Heap::PerformGarbageCollection",
+        "Heap::FinalizeIncrementalMarkingAtomically",
+        "Heap::HandleGCRequest",
+        "IncrementalMarking::",
+        "ScavengerCollector::",
+        "MarkCompactCollector::",
+        "MinorMarkCompactCollector::",
+        "MinorMarkSweepCollector::",
+        "Heap::CollectGarbageShared",
+        "HeapAllocator::CollectGarbage",
+        "Heap::StartIncrementalMarking",
+    ]
+    .iter()
+    .any(|p| n.starts_with(p))
+}
+
+/// Native frames a JavaScript frame stands in for: anonymous JIT code and
+/// the interpreter's and baseline code's builtins. A JavaScript-looking
+/// frame there that cannot be read is said (`[js: unreadable]`).
+pub fn is_js_code(f: &Frame) -> bool {
+    f.kind == FrameKind::Native
+        && (f.module.as_deref() == Some("[anon]")
+            || f.name == "[anon]"
+            || f.name.starts_with("Builtins_Interpreter")
+            || f.name.starts_with("Builtins_Baseline"))
+}
+
+/// Frames named by a perf map (`--perf-basic-prof`): kept as they are.
+pub fn is_perf_map_frame(f: &Frame) -> bool {
+    f.module.as_deref() == Some("[jit]")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> FrameLayout {
+        FrameLayout {
+            fp_function: -16,
+            fp_context: -8,
+            heap_tag_mask: 3,
+            heap_tag: 1,
+        }
+    }
+
+    #[test]
+    fn slots_of_js_frames_only() {
+        let sp = 0x7000_0000u64;
+        let mut stack = vec![0u8; 256];
+        let put = |s: &mut Vec<u8>, at: u64, v: u64| {
+            let o = (at - sp) as usize;
+            s[o..o + 8].copy_from_slice(&v.to_le_bytes());
+        };
+        // Frame 0: a JS frame at fp = sp+64 (context tagged, function tagged).
+        put(&mut stack, sp + 64 - 8, 0x1234_5679);
+        put(&mut stack, sp + 64 - 16, 0x2000_0001);
+        // Frame 1: a stub frame at sp+128: a Smi marker in the context slot.
+        put(&mut stack, sp + 128 - 8, 0x0000_0022);
+        put(&mut stack, sp + 128 - 16, 0x2000_0001);
+        // Frame 2: fp out of the copy. Frame 3 = frame 4's fp (prologue).
+        let fps = [sp + 64, sp + 128, sp + 4096, sp + 64, sp + 64];
+        let got = js_slots(&layout(), &fps, sp, &stack);
+        assert_eq!(got, vec![(0, 0x2000_0001), (4, 0x2000_0001)]);
+    }
+
+    #[test]
+    fn gc_entries() {
+        assert!(is_gc_entry(
+            "v8::internal::Heap::CollectGarbage(v8::internal::AllocationSpace)"
+        ));
+        assert!(is_gc_entry(
+            "v8::internal::ScavengerCollector::CollectGarbage()"
+        ));
+        assert!(!is_gc_entry("v8::internal::Heap::AllocateRaw"));
+        assert!(!is_gc_entry("uv_run"));
+    }
+
+    /// The host's Node (if any) carries metadata stallprof reads.
+    #[test]
+    fn reads_host_node_metadata() {
+        let p = Path::new("/usr/bin/node");
+        assert!(
+            p.exists(),
+            "/usr/bin/node is missing: this test needs Node 20 there"
+        );
+        let m = V8Meta::read(p, "/usr/bin/node").unwrap().unwrap();
+        assert_eq!(m.layout.fp_function, -16);
+        assert_eq!(m.layout.heap_tag_mask, 3);
+        assert!(m.version >= (9, 6, 0));
+    }
+}
