@@ -77,9 +77,34 @@ fn is_runtime_frame(f: &Frame) -> bool {
     .any(|p| n.starts_with(p))
 }
 
+/// A JavaScript function named by a perf map (`--perf-basic-prof`):
+/// `JS:*parseBig /app/app.js:11:19` (`LazyCompile:`, `Function:` in older V8).
+fn is_perf_map_js(f: &Frame) -> bool {
+    f.kind == FrameKind::Native
+        && f.module.as_deref() == Some("[jit]")
+        && ["JS:", "LazyCompile:", "Function:"]
+            .iter()
+            .any(|p| f.name.starts_with(p))
+}
+
+/// Node's own JavaScript (`node:internal/...`, `node:fs`): like libc, the
+/// means, not the culprit.
+fn is_node_internal_js(f: &Frame) -> bool {
+    match f.kind {
+        FrameKind::Js => f
+            .file
+            .as_deref()
+            .is_none_or(|file| file.starts_with("node:")),
+        _ => f.name.contains(" node:"),
+    }
+}
+
 /// The frame to blame for a part: the innermost Python frame if any, else
-/// the innermost native frame outside the C runtime and the Rust standard
-/// library / async runtime, preferring one with source information.
+/// the innermost JavaScript frame of the user's code (Node: read from
+/// memory or named by a perf map; Node's own `node:` modules and builtins
+/// without a script are skipped, then taken if there is nothing else),
+/// else the innermost native frame outside the C runtime and the Rust
+/// standard library / async runtime, preferring one with source information.
 pub fn culprit(p: &StackPart) -> Option<&Frame> {
     let user = || {
         p.frames
@@ -87,10 +112,18 @@ pub fn culprit(p: &StackPart) -> Option<&Frame> {
             .rev()
             .filter(|f| f.kind == FrameKind::Native && !is_system_lib(f) && !is_runtime_frame(f))
     };
+    let js = || {
+        p.frames
+            .iter()
+            .rev()
+            .filter(|f| f.kind == FrameKind::Js || is_perf_map_js(f))
+    };
     p.frames
         .iter()
         .rev()
         .find(|f| f.kind == FrameKind::Python)
+        .or_else(|| js().find(|f| !is_node_internal_js(f)))
+        .or_else(|| js().next())
         .or_else(|| user().find(|f| f.file.is_some()))
         .or_else(|| user().next())
         .or_else(|| p.frames.iter().rev().find(|f| f.kind == FrameKind::Native))
@@ -266,6 +299,43 @@ mod tests {
         assert_eq!(culprit(&q).unwrap().name, "spin_for_ms");
         q.frames.retain(|f| f.file.is_none());
         assert_eq!(culprit(&q).unwrap().name, "clock_gettime");
+    }
+
+    #[test]
+    fn culprit_is_the_users_innermost_javascript() {
+        let js = |name: &str, file: &str| Frame {
+            file: Some(file.into()),
+            line: Some(11),
+            ..Frame::new(name, FrameKind::Js)
+        };
+        let p = StackPart {
+            frames: vec![
+                f("uv__run_timers", Some("timer.c"), FrameKind::Native),
+                js("listOnTimeout", "node:internal/timers"),
+                js("deriveKey", "/srv/app.js"),
+                js("pbkdf2Sync", "node:internal/crypto/pbkdf2"),
+                f("PKCS5_PBKDF2_HMAC", None, FrameKind::Native),
+            ],
+            weight_ns: 1,
+            kind: PartKind::OnCpu,
+            syscall: None,
+            waker_tid: None,
+            gil_holder: None,
+        };
+        assert_eq!(culprit(&p).unwrap().name, "deriveKey");
+        // Only Node's own JavaScript: the innermost of it.
+        let mut q = p.clone();
+        q.frames.remove(2);
+        assert_eq!(culprit(&q).unwrap().name, "pbkdf2Sync");
+        // A perf map's JS frames count as JavaScript too (not as `[jit]` noise).
+        let mut r = p.clone();
+        r.frames[2] = Frame {
+            module: Some("[jit]".into()),
+            ..Frame::new("JS:*deriveKey /srv/app.js:11:19", FrameKind::Native)
+        };
+        r.frames.remove(3);
+        r.frames.remove(1);
+        assert_eq!(culprit(&r).unwrap().name, "JS:*deriveKey /srv/app.js:11:19");
     }
 
     #[test]
