@@ -24,6 +24,13 @@
 //!   --interpreted-frames-native-stack` writes its perf map in its own root
 //!   at its namespace pid; its JS culprits are named and within 10 points.
 //!
+//! - `node_no_flags_in_container`: Node 24 (Debian's split libnode.so.137)
+//!   started with NO flags: the JS culprits of tests/victims/node_noflags.js
+//!   (pbkdf2Sync, JSON.parse, a catastrophic regex, a readFileSync of a slow
+//!   FIFO) are named from V8's memory, `func (node_noflags.js:LINE)`, each
+//!   within 10 points of the victim's own clock, and the summary's culprit
+//!   lines name them.
+//!
 //! Needs root (see tests/common/mod.rs for STALLPROF_SKIP_ROOT_TESTS) and
 //! the sandbox (a missing one FAILS, naming `cargo xtask test`).
 
@@ -450,6 +457,130 @@ fn node_perf_map_in_container() {
                 100.0 * measured,
                 100.0 * truth
             )
+        });
+    }
+    c.finish();
+}
+
+/// Node 24 in the sandbox with no flags: JS frames read from V8's memory
+/// through /proc/PID/root's libnode.so.137.
+#[test]
+fn node_no_flags_in_container() {
+    let test = "node_no_flags_in_container";
+    if !require_root_and_bpf(test) {
+        return;
+    }
+    let _serial = serial();
+    let scratch = Scratch::new(test);
+    let out = scratch.join("out");
+    let script = victims_dir().join("node_noflags.js");
+    let source = std::fs::read_to_string(&script).unwrap();
+    let line_of = |func: &str| {
+        let want = format!("function {func}(");
+        source
+            .lines()
+            .position(|l| l.starts_with(&want))
+            .unwrap_or_else(|| panic!("no {want:?} in node_noflags.js")) as u32
+            + 1
+    };
+    let mut victim = ContainerVictim::spawn_shell(test, "node_noflags.js", |dir| {
+        format!("node /victims/node_noflags.js {dir}/victim.jsonl {dir}/slow.fifo")
+    });
+    let fifo = victim.log.parent().unwrap().join("slow.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap_or_else(|e| panic!("running mkfifo: {e}"));
+    assert!(made.success(), "mkfifo {}", fifo.display());
+    let mut prof = Profiler::spawn(&[
+        "record".to_string(),
+        "--pid".into(),
+        victim.host_pid.to_string(),
+        "--threshold".into(),
+        "40ms".into(),
+        "-o".into(),
+        out.display().to_string(),
+    ]);
+    wait_for_attach(&mut prof, Duration::from_secs(30));
+    victim.go();
+    let run = prof.wait(Duration::from_secs(90));
+    victim.wait(Duration::from_secs(10));
+    assert!(run.status.success(), "{}", run.describe());
+    let log = read_log(&victim.log);
+    assert!(
+        log.iter().any(|r| r["kind"] == "done"),
+        "the victim did not finish: {log:?}"
+    );
+    let rec = load_recording(&out);
+    let calls: Vec<(&str, u64, u64)> = log
+        .iter()
+        .filter(|r| r["func"].is_string())
+        .map(|r| {
+            (
+                r["func"].as_str().unwrap(),
+                r["start_ns"].as_u64().unwrap(),
+                r["end_ns"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(calls.len(), 8, "victim calls: {calls:?}");
+    let mut c = Checks::new(format!(
+        "victim calls {calls:?}\n{}\nsummary:\n{}",
+        stalls_table(&rec),
+        run.stdout
+    ));
+    for func in ["deriveKey", "parseBig", "matchEvil", "readSlowPipe"] {
+        let line = line_of(func);
+        let (mut stall_ns, mut truth_ns, mut measured_ns) = (0u64, 0u64, 0u64);
+        for &(_, start, end) in calls.iter().filter(|(f, ..)| *f == func) {
+            let Some(s) = rec
+                .stalls
+                .iter()
+                .find(|s| s.tid == victim.host_pid && s.start_ns < end && start < s.end_ns)
+            else {
+                continue;
+            };
+            stall_ns += s.duration_ns;
+            truth_ns += end - start;
+            measured_ns += s
+                .stacks
+                .iter()
+                .filter(|st| {
+                    st.frames.iter().any(|fr| {
+                        fr.kind == "js"
+                            && fr.name == func
+                            && fr.line == Some(line)
+                            && fr
+                                .file
+                                .as_deref()
+                                .is_some_and(|f| f.ends_with("node_noflags.js"))
+                    })
+                })
+                .map(|st| st.weight_ns)
+                .sum::<u64>();
+        }
+        let (measured, truth) = (
+            measured_ns as f64 / stall_ns.max(1) as f64,
+            truth_ns as f64 / stall_ns.max(1) as f64,
+        );
+        println!(
+            "SHARE node24 no-flags container  {func:<12} measured {:5.1}%  truth {:5.1}%  ({} of {} ms of stalls)",
+            100.0 * measured,
+            100.0 * truth,
+            measured_ns / MS,
+            stall_ns / MS
+        );
+        c.check(stall_ns > 0, || format!("no stall overlaps a {func} call"));
+        c.check((measured - truth).abs() <= 0.10, || {
+            format!(
+                "{func}: {:.1}% of its stalls on stacks with its JS frame (node_noflags.js:{line}), the victim says {:.1}%",
+                100.0 * measured,
+                100.0 * truth
+            )
+        });
+        let label = format!("{func} (node_noflags.js:{line}) — ");
+        c.check(run.stdout.contains(&label), || {
+            format!("the summary has no culprit line {label:?}")
         });
     }
     c.finish();

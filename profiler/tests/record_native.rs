@@ -8,6 +8,11 @@
 //! - Node (tests/victims/node_loop.js under `node --perf-basic-prof`): the loop
 //!   blocked by `crypto.pbkdf2Sync` (`deriveKey`) and a big `JSON.parse`
 //!   (`parseBig`), whose JS frames are named from /tmp/perf-PID.map;
+//! - Node started with NO flags (tests/victims/node_noflags.js): pbkdf2Sync,
+//!   a big JSON.parse, a catastrophic regex and a readFileSync of a slow
+//!   FIFO, each named `func (node_noflags.js:LINE)` from V8's memory; and a
+//!   victim that allocates until V8 scavenges and mark-compacts, whose
+//!   stacks show `[gc]` under the allocating function;
 //! - the C epoll victim (tests/victims/c_loop.c) built without frame pointers
 //!   must be attributed like the same victim built with them.
 //!
@@ -388,12 +393,24 @@ fn assert_no_frame_pointer_chain(exe: &Path) {
 /// run in the test's scratch directory `cwd`: the victim inherits it, and
 /// whatever it writes there (Node's isolate-*-v8.log) stays out of the tree.
 fn record(cwd: &Path, argv: &[&OsStr], out: &Path, timeout: Duration) -> RunOutput {
+    record_with(cwd, &[], argv, out, timeout)
+}
+
+/// [`record`] with extra `stallprof record` options.
+fn record_with(
+    cwd: &Path,
+    options: &[&str],
+    argv: &[&OsStr],
+    out: &Path,
+    timeout: Duration,
+) -> RunOutput {
     let mut args: Vec<&OsStr> = vec![
         "record".as_ref(),
         "--threshold".as_ref(),
         THRESHOLD.as_ref(),
-        "-o".as_ref(),
     ];
+    args.extend(options.iter().map(OsStr::new));
+    args.push("-o".as_ref());
     args.push(out.as_os_str());
     args.push("--".as_ref());
     args.extend_from_slice(argv);
@@ -871,6 +888,231 @@ fn record_node_perf_basic_prof_pbkdf2_and_json_parse() {
             .map(String::from)
             .collect();
         format!("no frame names deriveKey or parseBig; {map} has for them: {entries:?}")
+    });
+    c.finish();
+}
+
+// ---------------------------------------------------------------------------
+// Node without flags: JS frames read from V8's memory
+
+/// The line `function NAME(` is on in a victim's source (1-based).
+fn js_function_line(source: &Path, func: &str) -> u32 {
+    let text = std::fs::read_to_string(source)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", source.display()));
+    let want = format!("function {func}(");
+    text.lines()
+        .position(|l| l.starts_with(&want))
+        .unwrap_or_else(|| panic!("{} has no line starting {want:?}", source.display())) as u32
+        + 1
+}
+
+/// A FIFO at `path` (the slow-pipe culprit reads it).
+fn make_fifo(path: &Path) {
+    let out = Command::new("mkfifo")
+        .arg(path)
+        .output()
+        .unwrap_or_else(|e| panic!("running mkfifo: {e} (coreutils is needed)"));
+    assert!(out.status.success(), "mkfifo {}: {out:?}", path.display());
+}
+
+/// Every call of a Node victim started without flags: one stall, timed like
+/// the call, ≥ 90% of it on stacks through the function's JS frame (kind
+/// `js`, the script's file and the function's definition line) with
+/// `uv_run` outer to it, a share within 10 points of the call's share of
+/// the stall by the victim's own clock; and the summary's culprit lines
+/// name the functions, not libuv.
+pub(crate) fn check_node_no_flags(
+    c: &mut Checks,
+    rec: &Recording,
+    truth: &[Truth],
+    script: &Path,
+    summary: &str,
+) {
+    let file = script.file_name().unwrap().to_str().unwrap().to_string();
+    let lines: BTreeMap<String, u32> = truth
+        .iter()
+        .map(|t| (t.func.clone(), js_function_line(script, &t.func)))
+        .collect();
+    let is_culprit = |f: &Frame, func: &str| {
+        f.kind == "js"
+            && f.name == func
+            && f.file.as_deref().is_some_and(|p| p.ends_with(&file))
+            && f.line == lines.get(func).copied()
+    };
+    let is_loop = |f: &Frame| f.name == "uv_run";
+    let rt = Runtime {
+        thread_name: "node",
+        is_culprit: &is_culprit,
+        is_loop: &is_loop,
+        loop_desc: "libuv's uv_run",
+        slack_before_ns: 3 * MS,
+        slack_after_ns: 15 * MS,
+        no_extra_stalls: false,
+    };
+    check_calls(c, rec, truth, &rt);
+    for t in truth {
+        let Some(s) = rec
+            .stalls
+            .iter()
+            .find(|s| s.tid as u64 == t.tid && s.overlaps(t.start_ns, t.end_ns))
+        else {
+            continue;
+        };
+        let (w, _) = culprit_weights(s, &|f| is_culprit(f, &t.func), &is_loop);
+        let ours = pct(w, s.duration_ns);
+        let theirs = pct(t.duration_ns(), s.duration_ns);
+        c.check((ours - theirs).abs() <= 10.0, || {
+            format!(
+                "{} at {}: stallprof puts {ours:.1}% of the stall under {}, the victim's clock {theirs:.1}%: more than 10 points apart",
+                t.kind, t.start_ns, t.func
+            )
+        });
+        c.add_context(&format!(
+            "{} ({}): stallprof {ours:.1}% vs victim {theirs:.1}% of a {:.1} ms stall",
+            t.kind,
+            t.func,
+            ms(s.duration_ns)
+        ));
+    }
+    for (func, line) in &lines {
+        let label = format!("{func} ({file}:{line}) — ");
+        c.check(summary.contains(&label), || {
+            format!("the summary has no culprit line {label:?}")
+        });
+    }
+    let top = summary
+        .lines()
+        .skip_while(|l| !l.contains("top culprits"))
+        .nth(1)
+        .unwrap_or("");
+    c.check(!top.contains("uv__run_timers"), || {
+        format!("the top culprit is libuv's timer loop: {top:?}")
+    });
+}
+
+/// Runs node_noflags.js (`mode`: "" or "gc") under `record` with no Node
+/// flags; returns the truth, the recording, stalls.folded and the summary.
+fn record_node_no_flags(
+    name: &str,
+    mode: &str,
+    kinds: &[&str],
+    per_kind: usize,
+) -> (Vec<Truth>, Recording, String, String, PathBuf) {
+    assert!(
+        Path::new(NODE).exists(),
+        "{NODE} is missing: this test needs Node 20 there (see docs/testing.md)"
+    );
+    let dir = Scratch::new(name);
+    let script = victims_dir().join("node_noflags.js");
+    let log = dir.join("victim.jsonl");
+    let fifo = dir.join("slow.fifo");
+    make_fifo(&fifo);
+    let out = dir.join("out");
+    let mut argv: Vec<&OsStr> = vec![NODE.as_ref(), script.as_os_str()];
+    argv.push(log.as_os_str());
+    argv.push(fifo.as_os_str());
+    if !mode.is_empty() {
+        argv.push(mode.as_ref());
+    }
+    // The collector's stalls are long and every sample in them is a new
+    // stack: at 999 Hz on this 2-CPU box (the collector's helper threads
+    // compete with the agent) the ring buffer overflows, with or without
+    // JavaScript frames. 250 Hz still gives hundreds of samples per stall.
+    let options: &[&str] = if mode == "gc" { &["-F", "250"] } else { &[] };
+    let run = record_with(&dir.path, options, &argv, &out, Duration::from_secs(90));
+    let (_, truth) = victim_truth(&log, kinds, per_kind);
+    let rec = load_recording(&out);
+    let folded = std::fs::read_to_string(out.join("stalls.folded")).unwrap_or_default();
+    (truth, rec, folded, run.stdout, script)
+}
+
+#[test]
+fn record_node_no_flags_four_culprits() {
+    let test = "record_node_no_flags_four_culprits";
+    if !require_root_and_bpf(test) {
+        return;
+    }
+    let _serial = serial();
+    let (truth, rec, folded, summary, script) =
+        record_node_no_flags("node-noflags", "", &["pbkdf2", "json", "regex", "pipe"], 2);
+    let mut c = Checks::new(format!(
+        "node node_noflags.js (no flags)\n{}\n{}\nsummary:\n{summary}\nstalls.folded, heaviest lines:\n{}",
+        truth_table(&truth),
+        brief_stalls_table(&rec),
+        folded_excerpt(&folded, None, 6)
+    ));
+    check_contract(&mut c, &rec, THRESHOLD_NS);
+    check_node_no_flags(&mut c, &rec, &truth, &script, &summary);
+    c.finish();
+}
+
+#[test]
+fn record_node_no_flags_gc_under_the_allocating_function() {
+    let test = "record_node_no_flags_gc_under_the_allocating_function";
+    if !require_root_and_bpf(test) {
+        return;
+    }
+    let _serial = serial();
+    let (truth, rec, folded, summary, script) =
+        record_node_no_flags("node-noflags-gc", "gc", &["gc"], 4);
+    let mut c = Checks::new(format!(
+        "node node_noflags.js gc (no flags)\n{}\n{}\nsummary:\n{summary}\nstalls.folded, heaviest lines through [gc]:\n{}",
+        truth_table(&truth),
+        brief_stalls_table(&rec),
+        folded_excerpt(&folded, Some("[gc]"), 6)
+    ));
+    check_contract_at(&mut c, &rec, THRESHOLD_NS, 250);
+    let line = js_function_line(&script, "churn");
+    // Time under churn's JS frame with a [gc] marker inner to it, and which
+    // collectors ran there (by the native frames under the marker).
+    let (mut gc_ns, mut scavenge_ns, mut major_ns, mut churn_ns) = (0, 0, 0, 0);
+    for t in &truth {
+        for s in rec
+            .stalls
+            .iter()
+            .filter(|s| s.tid as u64 == t.tid && s.overlaps(t.start_ns, t.end_ns))
+        {
+            for st in &s.stacks {
+                let Some(ci) = st
+                    .frames
+                    .iter()
+                    .position(|f| f.kind == "js" && f.name == "churn" && f.line == Some(line))
+                else {
+                    continue;
+                };
+                churn_ns += st.weight_ns;
+                let Some(gi) = st.frames[ci..]
+                    .iter()
+                    .position(|f| f.kind == "marker" && f.name == "[gc]")
+                else {
+                    continue;
+                };
+                gc_ns += st.weight_ns;
+                let under = &st.frames[ci + gi..];
+                if under.iter().any(|f| f.name.contains("Scavenge")) {
+                    scavenge_ns += st.weight_ns;
+                }
+                if under.iter().any(|f| {
+                    f.name.contains("MarkCompact") || f.name.contains("IncrementalMarking")
+                }) {
+                    major_ns += st.weight_ns;
+                }
+            }
+        }
+    }
+    c.add_context(&format!(
+        "under churn: {:.1} ms, of which [gc] {:.1} ms (scavenge {:.1} ms, mark-compact/marking {:.1} ms)",
+        ms(churn_ns),
+        ms(gc_ns),
+        ms(scavenge_ns),
+        ms(major_ns)
+    ));
+    c.check(churn_ns > 0, || "no stack through churn's JS frame".into());
+    c.check(scavenge_ns > 0, || {
+        "no [gc] with V8's scavenger under churn's JS frame".into()
+    });
+    c.check(major_ns > 0, || {
+        "no [gc] with V8's mark-compact (or incremental marking) under churn's JS frame".into()
     });
     c.finish();
 }

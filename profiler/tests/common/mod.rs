@@ -951,14 +951,19 @@ impl Checks {
 
 /// Checks that hold for every stall of every recording (the JSON contract).
 pub fn check_contract(c: &mut Checks, rec: &Recording, threshold_ns: u64) {
+    check_contract_at(c, rec, threshold_ns, 999)
+}
+
+/// [`check_contract`] for a recording made with `-F sample_hz`.
+pub fn check_contract_at(c: &mut Checks, rec: &Recording, threshold_ns: u64, sample_hz: u64) {
     c.check(rec.clock == "monotonic", || {
         format!("clock is {:?}, want \"monotonic\"", rec.clock)
     });
     c.check(rec.threshold_ns == threshold_ns, || {
         format!("threshold_ns is {}, want {threshold_ns}", rec.threshold_ns)
     });
-    c.check(rec.sample_hz == 999, || {
-        format!("sample_hz is {}, want the default 999", rec.sample_hz)
+    c.check(rec.sample_hz == sample_hz, || {
+        format!("sample_hz is {}, want {sample_hz}", rec.sample_hz)
     });
     c.check(rec.started_ns < rec.ended_ns, || {
         format!(
@@ -1014,7 +1019,10 @@ pub fn check_contract(c: &mut Checks, rec: &Recording, threshold_ns: u64) {
             });
             for f in &st.frames {
                 c.check(
-                    matches!(f.kind.as_str(), "native" | "kernel" | "python" | "marker"),
+                    matches!(
+                        f.kind.as_str(),
+                        "native" | "kernel" | "python" | "js" | "marker"
+                    ),
                     || format!("{who}: frame {:?} has kind {:?}", f.name, f.kind),
                 );
             }
