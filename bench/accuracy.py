@@ -3,7 +3,7 @@ CLOCK_MONOTONIC log. Used by `cargo xtask bench` (section 1); runnable alone.
 
 Usage:
   python3 accuracy.py VICTIM LOG THRESHOLD_MS TOOL OUTPUT
-    VICTIM  c_loop | blocking_client | gateway | gil | tokio | node
+    VICTIM  c_loop | blocking_client | gateway | gil | tokio | node | node_noflags
     TOOL    stallprof (OUTPUT = stalls.json)
             watchdog  (OUTPUT = bench/watchdog.py's log)
             stallprof-native  (the same, but a culprit also matches its
@@ -64,11 +64,13 @@ def truth_of(victim, log):
             if r.get("kind") in ("spin", "sleep", "pipe"):
                 s, e = r["busy_start_ns"], r["busy_end_ns"]
                 tr.append((s, e, {r["func"]: e - s}))
-    elif victim in ("blocking_client", "tokio", "node"):
+    elif victim in ("blocking_client", "tokio", "node", "node_noflags"):
         kinds = {"blocking_client": ("blocking_client", "sleep", "cpu"),
-                 "tokio": ("sleep", "spin"), "node": ("pbkdf2", "json")}[victim]
+                 "tokio": ("sleep", "spin"), "node": ("pbkdf2", "json"),
+                 "node_noflags": ("pbkdf2", "json", "regex", "pipe")}[victim]
         funcs = {"blocking_client": ["fetch_blocking", "retry_with_sleep", "burn_cpu"],
-                 "tokio": ["blocking_sleep", "cpu_spin"], "node": ["deriveKey", "parseBig"]}[victim]
+                 "tokio": ["blocking_sleep", "cpu_spin"], "node": ["deriveKey", "parseBig"],
+                 "node_noflags": ["deriveKey", "parseBig", "matchEvil", "readSlowPipe"]}[victim]
         for r in log:
             if r.get("kind") in kinds:
                 s, e = int(r["start_ns"]), int(r["end_ns"])
@@ -111,7 +113,8 @@ def truth_of(victim, log):
 
 def frame_is(name, func):
     """stallprof frame name `name` is the culprit `func` (Python qualname,
-    Rust path, C name, or a V8 perf-map `JS:*func /path:line:col`)."""
+    Rust path, C name, a JavaScript function read from V8's memory, or a
+    V8 perf-map `JS:*func /path:line:col`)."""
     for p in ("JS:", "LazyCompile:", "Function:"):
         if name.startswith(p):
             name = name[len(p):].lstrip("~^+*").split(" ")[0]

@@ -632,6 +632,12 @@ fn victims(env: &Env) -> Vec<Victim> {
                 v.join("node_loop.js").display().to_string(),
             ],
         });
+        out.push(Victim {
+            name: "node_noflags",
+            label: "Node, no flags (pbkdf2Sync / JSON.parse / catastrophic regex / slow FIFO read)",
+            python_script: None,
+            cmd: vec![n.clone(), v.join("node_noflags.js").display().to_string()],
+        });
     }
     out
 }
@@ -980,7 +986,8 @@ fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
     );
     let _ = writeln!(
         s,
-        "#                       | target/victims/release/tokio-victim | node --perf-basic-prof --interpreted-frames-native-stack $V/node_loop.js)"
+        "#                       | target/victims/release/tokio-victim | node --perf-basic-prof --interpreted-frames-native-stack $V/node_loop.js\n\
+#                       | node $V/node_noflags.js)"
     );
     let _ = writeln!(
         s,

@@ -5,7 +5,8 @@
 // (profiler/tests/record_native.rs, record_container.rs) compare stallprof's
 // stalls, named from V8's memory, with this log.
 //
-// Usage: node node_noflags.js LOG_PATH FIFO_PATH [gc]
+// Usage: node node_noflags.js LOG_PATH [FIFO_PATH [gc]]
+// (FIFO_PATH defaults to LOG_PATH.fifo, made with mkfifo)
 //
 // The loop runs a 10 ms setInterval heartbeat. After ~700 ms (startup,
 // calibration), every ~400 ms a setTimeout callback blocks the loop in one
@@ -40,10 +41,15 @@ const GAP_MS = 400;
 const STARTUP_MS = 700;
 const TARGET_MS = 110;
 
-const [logPath, fifoPath, mode] = process.argv.slice(2);
-if (!logPath || !fifoPath) {
-  process.stderr.write('usage: node node_noflags.js LOG_PATH FIFO_PATH [gc]\n');
+const [logPath, fifoArg, mode] = process.argv.slice(2);
+if (!logPath) {
+  process.stderr.write('usage: node node_noflags.js LOG_PATH [FIFO_PATH [gc]]\n');
   process.exit(2);
+}
+// Without FIFO_PATH (the bench's `VICTIM_CMD LOG`): LOG_PATH.fifo, made here.
+const fifoPath = fifoArg || `${logPath}.fifo`;
+if (!fifoArg && !fs.existsSync(fifoPath)) {
+  require('child_process').execFileSync('mkfifo', [fifoPath]);
 }
 const SCHEDULE =
   mode === 'gc'
