@@ -2,8 +2,10 @@
 //!
 //! Colours come from the frame kind, not from name heuristics: native code
 //! warm (red/yellow), Python green, kernel orange, off-CPU markers blue,
-//! run-queue purple. Widths are microseconds of stall time. Stacks are
-//! drawn in a [`View`] (by default the user's code: [`crate::report::view`]).
+//! run-queue purple, the asyncio task's `[task NAME]` on top of a stack
+//! gold ([`view::with_tasks`]). Widths are microseconds of stall time.
+//! Stacks are drawn in a [`View`] (by default the user's code:
+//! [`crate::report::view`]).
 use std::{
     collections::HashMap,
     hash::{DefaultHasher, Hash, Hasher},
@@ -68,6 +70,11 @@ fn color(f: &Frame, label: &str) -> Color {
             g: 190 + j,
             b: 200,
         },
+        FrameKind::Marker if f.name.starts_with("[task ") => Color {
+            r: 235,
+            g: 200 + j / 2,
+            b: 60,
+        },
         FrameKind::Marker => Color {
             r: 160,
             g: 160,
@@ -77,10 +84,11 @@ fn color(f: &Frame, label: &str) -> Color {
 }
 
 pub fn render(rec: &Recording, v: View) -> Result<Vec<u8>, std::io::Error> {
-    let lines = aggregate::folded_lines(&view::apply(&rec.stalls, v));
+    let shown = view::with_tasks(view::apply(&rec.stalls, v));
+    let lines = aggregate::folded_lines(&shown);
     let mut palette = PaletteMap::default();
     let mut seen: HashMap<String, ()> = HashMap::new();
-    for s in &rec.stalls {
+    for s in &shown {
         for p in &s.stacks {
             for f in &p.frames {
                 let label = f.label();
@@ -98,7 +106,7 @@ pub fn render(rec: &Recording, v: View) -> Result<Vec<u8>, std::io::Error> {
         fmt_ns(rec.threshold_ns),
         fmt_ns(rec.total_stall_ns())
     );
-    opts.subtitle = Some("width = stall time; blue = off-CPU (blocked), purple = run-queue wait, aqua = waiting for the GIL".into());
+    opts.subtitle = Some("width = stall time; blue = off-CPU (blocked), purple = run-queue wait, aqua = waiting for the GIL, gold = the asyncio task on top".into());
     opts.count_name = "us".into();
     opts.name_type = "Frame:".into();
     opts.palette_map = Some(&mut palette);

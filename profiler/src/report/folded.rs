@@ -1,6 +1,7 @@
 //! `stalls.folded`: collapsed stacks, `frame;frame;…;frame weight_us`,
 //! the input format of inferno, flamegraph.pl and speedscope, in the
-//! [`View`] given (by default the user's code: [`crate::report::view`]).
+//! [`View`] given (by default the user's code: [`crate::report::view`]),
+//! each stack topped by its stall's asyncio task (`[task NAME]`, [`view::with_tasks`]).
 use std::path::PathBuf;
 
 use super::{RenderError, write_file};
@@ -17,7 +18,8 @@ pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
 }
 
 pub fn write_view(rec: &Recording, dir: &OutDir, v: View) -> Result<PathBuf, RenderError> {
-    let mut text = aggregate::folded_lines(&view::apply(&rec.stalls, v)).join("\n");
+    let mut text =
+        aggregate::folded_lines(&view::with_tasks(view::apply(&rec.stalls, v))).join("\n");
     text.push('\n');
     write_file(dir, "stalls.folded", text.as_bytes())
 }

@@ -224,6 +224,23 @@ pub fn apply(stalls: &[Stall], view: View) -> Vec<Stall> {
     out
 }
 
+/// The stalls with their asyncio task as a marker frame `[task NAME]` on
+/// top of each stack (`stalls.folded`, `stalls.svg`: a search for the name
+/// shows its share). On top, not at the root: a server's per-connection
+/// tasks would otherwise split every tower of the graph into one per
+/// connection; here only the marker splits. Not in `report --diff`: task
+/// names differ between runs (`Task-7` vs `Task-9`).
+pub fn with_tasks(mut stalls: Vec<Stall>) -> Vec<Stall> {
+    for s in stalls.iter_mut() {
+        let Some(t) = &s.task else { continue };
+        let marker = Frame::marker(format!("[task {}]", t.name));
+        for p in s.stacks.iter_mut() {
+            p.frames.push(marker.clone());
+        }
+    }
+    stalls
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -415,5 +432,28 @@ mod tests {
         assert_eq!(v[1].stacks[0].frames, other_thread);
         // Weights are untouched.
         assert_eq!(v[0].stacks[0].weight_ns, 5);
+    }
+
+    #[test]
+    fn the_task_tops_every_stack_of_its_stall() {
+        let mut a = stall(
+            1,
+            vec![vec![py("handle"), py("crunch")], vec![py("handle")]],
+        );
+        a.task = Some(crate::report::model::Task {
+            name: "conn;7".into(),
+            coro: Some("handle".into()),
+            awaited_by: vec![],
+        });
+        let b = stall(1, vec![vec![py("tick")]]);
+        let shown = with_tasks(vec![a, b]);
+        assert_eq!(names(&shown[0], 0), ["handle", "crunch", "[task conn;7]"]);
+        assert_eq!(names(&shown[0], 1), ["handle", "[task conn;7]"]);
+        assert_eq!(names(&shown[1], 0), ["tick"], "no task, no marker");
+        let lines = aggregate::folded_lines(&shown);
+        assert!(
+            lines.iter().any(|l| l.ends_with(";[task conn:7] 1")),
+            "{lines:?}"
+        );
     }
 }

@@ -1330,7 +1330,8 @@ const TASK_NAMED_SHARE: f64 = 0.9;
 /// carry the task the victim logged (`asyncio.current_task().get_name()`),
 /// and every name given is exactly that task's, with its coroutine; on
 /// 3.14+ the batch tasks' await chain is the one the victim built; the
-/// summary's culprit line of the janitor's sweep names the janitor task.
+/// summary's culprit line of the janitor's sweep names the janitor task,
+/// and stalls.folded tops its stacks with `[task janitor]`.
 pub fn check_tasks(test: &str, py: &'static Python) {
     let Some(run) = record(test, py, "py_tasks.py", &[]) else {
         return;
@@ -1406,6 +1407,13 @@ pub fn check_tasks(test: &str, py: &'static Python) {
             l.contains("janitor_sweep (py_tasks.py:") && l.ends_with(" — in task \"janitor\" (janitor)")
         }),
         || "the summary's culprit line for janitor_sweep does not say `— in task \"janitor\" (janitor)`".into(),
+    );
+    // Searchable in the flamegraph: the task tops its stall's stacks.
+    c.check(
+        run.folded
+            .lines()
+            .any(|l| l.contains("janitor_sweep (py_tasks.py:") && l.contains(";[task janitor] ")),
+        || "stalls.folded has no janitor_sweep stack topped by `[task janitor]`".into(),
     );
     c.finish();
 }
