@@ -399,6 +399,9 @@ pub struct Engine {
     /// The asyncio task of each open busy period, by (tid, start): read
     /// from the live process while it runs (see [`BusyTask`]).
     tasks: HashMap<(u32, u64), BusyTask>,
+    /// Why a process's asyncio tasks could not be read (the latest reason,
+    /// once a stall went without its name because of it).
+    task_problems: BTreeMap<u32, String>,
 }
 
 /// What the reads of one busy period's asyncio task found. The task is
@@ -413,14 +416,14 @@ enum BusyTask {
 
 /// Why a busy period has no task name (the `drops` counter it becomes
 /// when the period turns out to be a stall that ran a task step).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum TaskMiss {
     /// No task was running at the reads (a plain callback).
     NoTask,
     /// A task ran, but its coroutine was not on the stall's stack.
     Unverified,
-    /// The task (or asyncio's state) could not be read.
-    Unreadable,
+    /// The task (or asyncio's state) could not be read: why.
+    Unreadable(String),
 }
 
 /// Reads of a busy period's task before giving up on it.
@@ -458,6 +461,7 @@ impl Engine {
             js_unreadable_base: crate::symbolize::v8::unreadable_count(),
             exited: HashSet::new(),
             tasks: HashMap::new(),
+            task_problems: BTreeMap::new(),
         }
     }
 
@@ -493,6 +497,7 @@ impl Engine {
         next.threads = self.threads;
         next.procs = self.procs;
         next.tasks = self.tasks;
+        next.task_problems = self.task_problems;
         next
     }
 
@@ -620,6 +625,21 @@ impl Engine {
         if let Symbols::Live { blaze, .. } = &self.symbols {
             v.extend(blaze.js_problems());
         }
+        v.extend(self.task_problems.iter().map(|(&pid, why)| {
+            RuntimeProblem {
+                pid,
+                runtime: self
+                    .python_version(pid)
+                    .map_or_else(|| "cpython".into(), |v| format!("cpython {v}")),
+                what: "asyncio task names unavailable: stalls that ran a task do not say which \
+                   (drops: asyncio_task_unreadable)"
+                    .into(),
+                why: why.clone(),
+                remedy: "report it with the output of `python -VV`; stalls and their frames \
+                     are still measured"
+                    .into(),
+            }
+        }));
         v.sort_by_key(|p| p.pid);
         v
     }
@@ -791,7 +811,7 @@ impl Engine {
                         if reads == 0 {
                             debug!("pid {tgid} tid {tid}: asyncio task unreadable: {why}");
                         }
-                        TaskMiss::Unreadable
+                        TaskMiss::Unreadable(why)
                     }
                     _ => TaskMiss::NoTask,
                 },
@@ -805,9 +825,12 @@ impl Engine {
     }
 
     /// The task of a finished stall: the live reads' (also kept for a
-    /// recording), or the recording's. A stall that ran a task step
-    /// (`coroutine`) without a name is counted by why.
-    fn stall_task(&mut self, s: &mut Stall) {
+    /// recording), or the recording's. A stall without a name is counted by
+    /// why when a task was seen (`asyncio_task_unverified`) or could not be
+    /// read (`asyncio_task_unreadable`, and the reason becomes a runtime
+    /// problem of the process), or when its stack shows a task step
+    /// (`coroutine`) but no read found a task (`asyncio_task_unknown`).
+    fn stall_task(&mut self, tgid: u32, s: &mut Stall) {
         let key = (s.tid, s.start_ns);
         let saved_key = format!("{}:{}", s.tid, s.start_ns);
         let state = self.tasks.remove(&key);
@@ -820,19 +843,24 @@ impl Engine {
                         table.tasks.insert(saved_key, t.clone());
                     }
                 }
-                if s.task.is_none() && s.coroutine.is_some() {
-                    let counter = match state {
-                        Some(BusyTask::Tried {
-                            last: TaskMiss::Unverified,
-                            ..
-                        }) => "asyncio_task_unverified",
-                        Some(BusyTask::Tried {
-                            last: TaskMiss::Unreadable,
-                            ..
-                        }) => "asyncio_task_unreadable",
-                        _ => "asyncio_task_unknown",
-                    };
-                    *self.agent_drops.entry(counter).or_default() += 1;
+                let counter = match state {
+                    Some(BusyTask::Named(_)) => None,
+                    Some(BusyTask::Tried {
+                        last: TaskMiss::Unverified,
+                        ..
+                    }) => Some("asyncio_task_unverified"),
+                    Some(BusyTask::Tried {
+                        last: TaskMiss::Unreadable(why),
+                        ..
+                    }) => {
+                        self.task_problems.insert(tgid, why);
+                        Some("asyncio_task_unreadable")
+                    }
+                    _ if s.coroutine.is_some() => Some("asyncio_task_unknown"),
+                    _ => None,
+                };
+                if let Some(c) = counter {
+                    *self.agent_drops.entry(c).or_default() += 1;
                 }
             }
         }
@@ -877,7 +905,7 @@ impl Engine {
                 h.ns_tid = self.thread(raw.tgid, tid).ns_tid;
             }
         }
-        self.stall_task(&mut s);
+        self.stall_task(raw.tgid, &mut s);
         info!(
             "stall on {} ({}) of {}: {}",
             raw.tid,

@@ -1417,3 +1417,40 @@ pub fn check_tasks(test: &str, py: &'static Python) {
     );
     c.finish();
 }
+
+/// py_tasks with `asyncio.tasks._current_tasks` replaced by a list (what
+/// stallprof reads on 3.10-3.13): no stall names a task, each stall that
+/// ran one is counted (`asyncio_task_unreadable`), and the recording says
+/// why in `runtime_problems` and the summary.
+pub fn check_tasks_unreadable(test: &str, py: &'static Python) {
+    let Some(run) = record(test, py, "py_tasks.py", &["--hide-current-tasks"]) else {
+        return;
+    };
+    let mut c = Checks::new(format!(
+        "{}\nstallprof output:\n{}",
+        run.context(),
+        run.output
+    ));
+    let blocks = run.records("block").len() as u64;
+    c.check(run.rec.stalls.iter().all(|s| s.task.is_none()), || {
+        "a stall names a task although the task could not be read".into()
+    });
+    let counted = run
+        .rec
+        .drops
+        .get("asyncio_task_unreadable")
+        .copied()
+        .unwrap_or(0);
+    eprintln!("{test}: {blocks} blocks, asyncio_task_unreadable {counted}");
+    c.check(counted >= blocks, || {
+        format!("drops asyncio_task_unreadable is {counted}, want one per block ({blocks})")
+    });
+    let said = run
+        .output
+        .lines()
+        .any(|l| l.contains("could not be read: asyncio task names unavailable"));
+    c.check(said, || {
+        "the summary does not say that task names are unavailable".into()
+    });
+    c.finish();
+}

@@ -15,7 +15,12 @@ logged with the name of the task that ran it.
                tasks "batch-0", "batch-1" (run_batch: crunch()); the await
                chain of a batch is batch-N <- batch-runner <- main's task
 
-Usage: python3 py_tasks.py LOG_PATH [--rounds N]
+Usage: python3 py_tasks.py LOG_PATH [--rounds N] [--hide-current-tasks]
+
+--hide-current-tasks replaces asyncio.tasks._current_tasks (the dict a
+profiler reads on 3.10-3.13; asyncio's C tasks keep their own reference)
+with a list: the running task can no longer be read from outside, which
+the profiler must say.
 
 Log (JSON lines, flushed per line; times are time.monotonic_ns()):
     {"kind":"ready","pid":P,"tid":T,"python":"3.12.1","file":"/abs/py_tasks.py","main_task":NAME}
@@ -152,6 +157,15 @@ async def main(log, rounds):
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
-        sys.exit("usage: py_tasks.py LOG_PATH [--rounds N]")
-    rounds = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--rounds" else 4
+        sys.exit("usage: py_tasks.py LOG_PATH [--rounds N] [--hide-current-tasks]")
+    rounds, rest = 4, sys.argv[2:]
+    while rest:
+        flag = rest.pop(0)
+        if flag == "--rounds" and rest:
+            rounds = int(rest.pop(0))
+        elif flag == "--hide-current-tasks":
+            import asyncio.tasks
+            asyncio.tasks._current_tasks = []
+        else:
+            sys.exit(f"py_tasks.py: unknown argument {flag!r}")
     asyncio.run(main(Log(sys.argv[1]), rounds))
