@@ -1328,6 +1328,301 @@ fn daemon_python_churn_keeps_python_stacks() {
     c.finish();
 }
 
+/// Every report (stalls.json) the daemon wrote for process `comm-pid`.
+fn reports_of(data: &Path, comm: &str, pid: u32) -> Vec<Value> {
+    let mut all = Vec::new();
+    for w in std::fs::read_dir(data).into_iter().flatten().flatten() {
+        for p in std::fs::read_dir(w.path()).into_iter().flatten().flatten() {
+            let name = p.file_name().to_string_lossy().into_owned();
+            let base = format!("{comm}-{pid}");
+            if name == base || name.starts_with(&format!("{base}-")) {
+                all.push(read_stalls_json(&p.path().join("stalls.json")));
+            }
+        }
+    }
+    all
+}
+
+/// Issue 11, items 1 and 4: containerized victims started after the
+/// daemon are found, symbolized and labelled. Two victims in the container
+/// sandbox (own mount and PID namespaces), each in a cgroup named as a
+/// runtime names its containers': the gateway on python3.14 in a
+/// Kubernetes pod's containerd container, and the same on a python3.15
+/// whose `Py_Version` says 3.16.0 in a Docker container. The rules include
+/// the pod (by uid) and the Docker container (by short id) only; a third
+/// asyncio process on the host is left out. Checked: the labels
+/// (`container`, `pod`), the runtime-problem gauge of the unreadable
+/// interpreter, Python frames of the readable one, and in the reports the
+/// container, the namespace pid and each request's stall under the tid the
+/// victim logged.
+#[test]
+fn daemon_labels_containerized_victims() {
+    let test = "daemon_labels_containerized_victims";
+    if !require_root_and_bpf(test) {
+        return;
+    }
+    ensure_tools();
+    let root = require_forky_root();
+    let _serial = serial();
+    let dir = Scratch::new("daemon-containers");
+    let port = free_port();
+    let (pod_id, docker_id) = (
+        fake_container_id(std::process::id()),
+        fake_container_id(std::process::id() ^ 0xffff),
+    );
+    let uid = fake_pod_uid(std::process::id());
+    assert_ne!(
+        pod_id[..12],
+        docker_id[..12],
+        "the two short ids must differ"
+    );
+    let cfg = write_config(
+        &dir.path,
+        port,
+        &format!(
+            "window = \"1h\"\n[[include]]\npod = \"{uid}\"\n[[include]]\ncontainer = \"{}\"\n",
+            &docker_id[..12]
+        ),
+    );
+    let mut d = start_daemon(&cfg, port);
+
+    // An interpreter stallprof must refuse, in the sandbox's /tmp.
+    let bin_name = format!("stallprof-{test}-bin-{}", std::process::id());
+    let bin_dir = root.join("tmp").join(&bin_name);
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    let _cleanup = RemoveOnDrop(bin_dir.clone());
+    patch_py_version(
+        &root.join("usr/bin/python3.15"),
+        &bin_dir.join("python3.16"),
+        0x0310_00f0,
+    );
+    let mut pod = ContainerVictim::spawn_python(
+        &format!("{test}-pod"),
+        "python3.14",
+        "py_gateway.py",
+        &["--requests", "4"],
+    );
+    let _pod_cg = FakeContainerCgroup::enter(
+        test,
+        &format!(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{pod_id}.scope",
+            uid.replace('-', "_")
+        ),
+        pod.host_pid,
+    );
+    let mut docker = ContainerVictim::spawn_python(
+        &format!("{test}-docker"),
+        &format!("/tmp/{bin_name}/python3.16"),
+        "py_gateway.py",
+        &["--requests", "4"],
+    );
+    let _docker_cg = FakeContainerCgroup::enter(
+        test,
+        &format!("system.slice/docker-{docker_id}.scope"),
+        docker.host_pid,
+    );
+    // On the host, in no container: left out by the rules.
+    let host_script = dir.join("host_loop.py");
+    std::fs::write(
+        &host_script,
+        "import asyncio, time\n\
+         async def main():\n\
+         \x20   for _ in range(40):\n\
+         \x20       await asyncio.sleep(0.05)\n\
+         \x20       time.sleep(0.06)\n\
+         asyncio.run(main())\n",
+    )
+    .unwrap();
+    let host = Victim::spawn(Command::new(PY).arg(&host_script));
+    let host_pid = host.pid();
+    pod.go();
+    docker.go();
+    pod.wait(Duration::from_secs(60));
+    docker.wait(Duration::from_secs(60));
+    let (pod_pid, docker_pid) = (pod.host_pid.to_string(), docker.host_pid.to_string());
+    let fams = wait_metrics(
+        &mut d,
+        &dir.path,
+        "both containerized victims' stalls and the refused interpreter's problem",
+        Duration::from_secs(20),
+        |f| {
+            sample(
+                f,
+                "stallprof_stall_duration_seconds_count",
+                &[("pid", &pod_pid)],
+            )
+            .unwrap_or(0.0)
+                >= 4.0
+                && sample(
+                    f,
+                    "stallprof_stall_duration_seconds_count",
+                    &[("pid", &docker_pid)],
+                )
+                .unwrap_or(0.0)
+                    >= 4.0
+                && sample(f, "stallprof_runtime_problems", &[("pid", &docker_pid)]).unwrap_or(0.0)
+                    >= 1.0
+        },
+    );
+    let labels_of = |pid: &str| {
+        fams.iter()
+            .flat_map(|f| f["samples"].as_array().unwrap().iter())
+            .find(|s| {
+                s["name"] == "stallprof_stall_duration_seconds_count" && s["labels"]["pid"] == pid
+            })
+            .map(|s| s["labels"].clone())
+            .unwrap_or_default()
+    };
+    let (pod_labels, docker_labels) = (labels_of(&pod_pid), labels_of(&docker_pid));
+    let pod_log = read_log(&pod.log);
+    let docker_log = read_log(&docker.log);
+    let mut c = Checks::new(format!(
+        "pod victim {pod_pid}: labels {pod_labels}\ndocker victim {docker_pid}: labels {docker_labels}"
+    ));
+    c.check(pod_labels["container"] == pod_id[..12], || {
+        "pod victim's container label".into()
+    });
+    c.check(pod_labels["pod"] == uid.as_str(), || {
+        "pod victim's pod label".into()
+    });
+    c.check(pod_labels["comm"] == "python3.14", || {
+        "pod victim's comm".into()
+    });
+    c.check(docker_labels["container"] == docker_id[..12], || {
+        "docker victim's container label".into()
+    });
+    c.check(docker_labels["pod"] == "", || {
+        "docker victim has a pod label".into()
+    });
+    c.check(
+        sample(&fams, "stallprof_runtime_problems", &[("pid", &pod_pid)]) == Some(0.0),
+        || "the readable interpreter has a runtime problem".into(),
+    );
+    let host_series = sample(
+        &fams,
+        "stallprof_stall_duration_seconds_count",
+        &[("pid", &host_pid.to_string())],
+    );
+    c.check(host_series.is_none(), || {
+        format!(
+            "the host process {host_pid} is not in the included pod or container, yet it has series"
+        )
+    });
+    println!(
+        "DAEMON  containers: pod victim {pod_pid} container={} pod={} stalls={:?}; docker victim {docker_pid} container={} stalls={:?} runtime_problems={:?}; host {host_pid} series={host_series:?}",
+        pod_labels["container"],
+        pod_labels["pod"],
+        sample(
+            &fams,
+            "stallprof_stall_duration_seconds_count",
+            &[("pid", &pod_pid)]
+        ),
+        docker_labels["container"],
+        sample(
+            &fams,
+            "stallprof_stall_duration_seconds_count",
+            &[("pid", &docker_pid)]
+        ),
+        sample(&fams, "stallprof_runtime_problems", &[("pid", &docker_pid)])
+    );
+
+    d.prof.signal(libc::SIGTERM);
+    let run = d.prof.wait(Duration::from_secs(30));
+    c.check(run.status.success(), || {
+        format!("daemon after SIGTERM:\n{}", run.describe())
+    });
+    drop(host);
+    let data = dir.path.join("data");
+
+    // The pod victim's report: container, namespace ids, Python frames.
+    let reports = reports_of(&data, "python3.14", pod.host_pid);
+    c.check(!reports.is_empty(), || "no report of the pod victim".into());
+    let ready = pod_log
+        .iter()
+        .find(|r| r["kind"] == "ready")
+        .expect("ready");
+    for r in &reports {
+        c.check(r["container"]["id"] == pod_id.as_str(), || {
+            format!("report container {}", r["container"])
+        });
+        c.check(r["container"]["pod_uid"] == uid.as_str(), || {
+            format!("report container {}", r["container"])
+        });
+        c.check(r["container"]["runtime"] == "containerd", || {
+            format!("report container {}", r["container"])
+        });
+        c.check(r["ns_pid"] == ready["pid"], || {
+            format!("report ns_pid {}, logged pid {}", r["ns_pid"], ready["pid"])
+        });
+    }
+    let stalls: Vec<&Value> = reports
+        .iter()
+        .flat_map(|r| r["stalls"].as_array().unwrap())
+        .collect();
+    let requests: Vec<&Value> = pod_log.iter().filter(|r| r["kind"] == "request").collect();
+    c.check(requests.len() == 4, || {
+        format!("pod victim log: {pod_log:?}")
+    });
+    for q in &requests {
+        let (start, end) = (
+            q["start_ns"].as_u64().unwrap(),
+            q["end_ns"].as_u64().unwrap(),
+        );
+        let hit = stalls.iter().find(|s| {
+            s["ns_tid"] == q["tid"]
+                && s["start_ns"].as_u64().unwrap() <= start
+                && end <= s["end_ns"].as_u64().unwrap()
+        });
+        let named = hit.is_some_and(|s| {
+            s["stacks"].as_array().into_iter().flatten().any(|st| {
+                st["frames"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|f| f["kind"] == "python" && f["name"] == "Gateway.load_tokenizer")
+            })
+        });
+        c.check(named, || {
+            format!(
+                "request {} (tid {} in its namespace): {}",
+                q["req"],
+                q["tid"],
+                if hit.is_some() {
+                    "its stall has no Gateway.load_tokenizer frame"
+                } else {
+                    "no stall with that ns_tid covers it"
+                }
+            )
+        });
+    }
+
+    // The refused interpreter's report says so plainly, its stalls native.
+    let reports = reports_of(&data, "python3.16", docker.host_pid);
+    c.check(!reports.is_empty(), || {
+        "no report of the docker victim".into()
+    });
+    for r in &reports {
+        c.check(r["container"]["runtime"] == "docker", || {
+            format!("report container {}", r["container"])
+        });
+        let p = &r["runtime_problems"][0];
+        c.check(p["runtime"] == "cpython 3.16.0", || {
+            format!("runtime_problems {}", r["runtime_problems"])
+        });
+        c.check(
+            p["remedy"]
+                .as_str()
+                .is_some_and(|s| s.contains("3.10-3.15")),
+            || format!("runtime_problems {}", r["runtime_problems"]),
+        );
+    }
+    let docker_requests = docker_log.iter().filter(|r| r["kind"] == "request").count();
+    c.check(docker_requests == 4, || {
+        format!("docker victim log: {docker_log:?}")
+    });
+    c.finish();
+}
+
 // ---------------------------------------------------------------------------
 // Issue 13, item 5: the HTTP side under hostile clients
 

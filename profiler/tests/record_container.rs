@@ -39,7 +39,6 @@ mod pyrecord;
 
 use common::*;
 use pyrecord::*;
-use std::path::Path;
 use std::time::Duration;
 
 /// One test per sandbox interpreter for a scenario.
@@ -76,32 +75,6 @@ in_the_sandbox!(gateway, check_gateway);
 in_the_sandbox!(session, check_session);
 in_the_sandbox!(gil, check_gil);
 in_the_sandbox!(tasks, check_tasks);
-
-/// A copy of `src` whose `Py_Version` (`const unsigned long`, in the file's
-/// read-only data) holds `hex` instead.
-fn patch_py_version(src: &Path, dst: &Path, hex: u64) {
-    use object::{Object, ObjectSegment, ObjectSymbol};
-    let mut bytes = std::fs::read(src).unwrap();
-    let file_off = {
-        let obj = object::File::parse(&*bytes).unwrap();
-        let addr = obj
-            .dynamic_symbols()
-            .find(|s| s.name() == Ok("Py_Version"))
-            .unwrap_or_else(|| panic!("{} exports no Py_Version", src.display()))
-            .address();
-        let seg = obj
-            .segments()
-            .find(|s| s.address() <= addr && addr + 8 <= s.address() + s.file_range().1)
-            .expect("Py_Version in a loaded segment");
-        (seg.file_range().0 + addr - seg.address()) as usize
-    };
-    let old = u64::from_le_bytes(bytes[file_off..file_off + 8].try_into().unwrap());
-    assert_eq!(old >> 24, 3, "{} Py_Version is {old:#x}", src.display());
-    bytes[file_off..file_off + 8].copy_from_slice(&hex.to_le_bytes());
-    std::fs::write(dst, &bytes).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
 
 #[test]
 fn unsupported_interpreter() {
@@ -349,17 +322,6 @@ fn container_identity() {
         ready["tid"]
     );
     c.finish();
-}
-
-/// Removes a directory when the test ends (kept when it failed).
-struct RemoveOnDrop(std::path::PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 /// Node 24 with `--perf-basic-prof --interpreted-frames-native-stack` in

@@ -571,3 +571,88 @@ fn security_documented_capabilities_suffice() {
         "no Python frames with the documented capabilities:\n{describe}\n{folded}"
     );
 }
+
+/// The same target owned by another user, recorded by a root without
+/// CAP_SYS_PTRACE (as in a container's default capability set): the
+/// interpreter is there but may not be read. Never silent: the summary and
+/// stalls.json's `runtime_problems` say so, name the capability, and the
+/// stalls (whose time the kernel measures) are all still there, with
+/// native frames.
+#[test]
+fn security_without_cap_sys_ptrace_says_so() {
+    if !require_root_and_bpf("security_without_cap_sys_ptrace_says_so") {
+        return;
+    }
+    let _serial = serial();
+    let dir = Scratch::new("security_no_ptrace");
+    std::fs::set_permissions(&dir.path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = write_victim(&dir);
+    let out = dir.join("out");
+    let python = PathBuf::from("/usr/bin/python3.11");
+    assert!(
+        python.is_file(),
+        "/usr/bin/python3.11 is needed (a nobody cannot run root's pyenv): apt-get install -y python3.11"
+    );
+    let result = Command::new("setpriv")
+        .args([
+            "--bounding-set",
+            "-all,+bpf,+perfmon,+dac_read_search,+setuid,+setgid",
+            "--inh-caps",
+            "-all",
+            "--",
+            stallprof_bin(),
+            "record",
+            "--threshold",
+            "50ms",
+            "--user",
+            "nobody",
+            "-o",
+        ])
+        .arg(&out)
+        .arg("--")
+        .arg(&python)
+        .arg(&script)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running setpriv (util-linux): {e}"));
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    let describe = format!(
+        "{}\n--- stdout ---\n{stdout}\n--- stderr ---\n{}",
+        result.status,
+        String::from_utf8_lossy(&result.stderr)
+    );
+    assert!(result.status.success(), "{describe}");
+    assert!(
+        stdout.contains("could not be read") && stdout.contains("CAP_SYS_PTRACE"),
+        "the summary does not say that the interpreter could not be read for want of CAP_SYS_PTRACE:\n{describe}"
+    );
+    let v = read_stalls_json(&out.join("stalls.json"));
+    let p = &v["runtime_problems"][0];
+    assert!(
+        p["runtime"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("cpython"))
+            && p["why"]
+                .as_str()
+                .is_some_and(|w| w.contains("permission denied"))
+            && p["remedy"]
+                .as_str()
+                .is_some_and(|r| r.contains("CAP_SYS_PTRACE")),
+        "runtime_problems: {}\n{describe}",
+        v["runtime_problems"]
+    );
+    // The four 150 ms spins are still stalls, without Python frames.
+    let stalls = v["stalls"].as_array().unwrap();
+    assert!(stalls.len() >= 4, "{} stalls:\n{describe}", stalls.len());
+    let folded = std::fs::read_to_string(out.join("stalls.folded")).unwrap();
+    assert!(
+        !folded.contains("evil"),
+        "Python frames without CAP_SYS_PTRACE?\n{folded}"
+    );
+    println!(
+        "NO_PTRACE  {} stalls; runtime problem: {} — {}",
+        stalls.len(),
+        p["runtime"],
+        p["why"]
+    );
+}

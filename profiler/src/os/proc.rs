@@ -10,10 +10,14 @@ pub fn read_comm(pid: u32, tid: u32) -> Option<String> {
 }
 
 /// A launched command before its exec is still an image of this program:
-/// nothing to discover in it yet.
+/// nothing to discover in it yet. A process whose exe we may not read
+/// (another user's, without CAP_SYS_PTRACE) is not ours: what cannot be
+/// read in it is for the readers to report.
 pub fn is_own_fork(pid: u32) -> bool {
-    let exe = fs::read_link(format!("/proc/{pid}/exe")).ok();
-    exe.is_none() || exe == std::env::current_exe().ok()
+    match fs::read_link(format!("/proc/{pid}/exe")) {
+        Ok(exe) => std::env::current_exe().is_ok_and(|me| me == exe),
+        Err(e) => e.kind() != std::io::ErrorKind::PermissionDenied,
+    }
 }
 
 /// A process that still runs: zombies count as gone (their threads no

@@ -198,7 +198,11 @@ fn python_problem(pid: u32, runtime: Option<&str>, e: &PythonError) -> RuntimePr
             "report it with the output of `python -VV`; stalls are still measured".into()
         }
         PythonError::PermissionDenied { .. } => {
-            "run stallprof as root, or grant it CAP_SYS_PTRACE".into()
+            "grant stallprof CAP_SYS_PTRACE (root without it, as in a container's default \
+             capability set, may not read another user's process; setcap, systemd's \
+             CapabilityBoundingSet or the pod's capabilities.add), and keep \
+             kernel.yama.ptrace_scope below 3"
+                .into()
         }
         PythonError::ThreadMapping { .. } => {
             "report it with the output of `python -VV` and /proc/PID/status; \

@@ -1383,11 +1383,8 @@ pub struct FakeContainerCgroup {
 /// Container ids and pod uids for tests: 64 and 8-4-4-4-12 hex digits made
 /// from `seed`, distinct per test process.
 pub fn fake_container_id(seed: u32) -> String {
-    format!("{:016x}", 0x5ea1_0000_0000_0000u64 | u64::from(seed))
-        .repeat(4)
-        .chars()
-        .take(64)
-        .collect()
+    // The seed first: two ids differ in their short (12-digit) form.
+    format!("{seed:08x}5ea1{:052x}", u64::from(seed))
 }
 
 pub fn fake_pod_uid(seed: u32) -> String {
@@ -1457,6 +1454,43 @@ impl Drop for FakeContainerCgroup {
                 let _ = std::fs::write(self.mount.join("cgroup.procs"), p);
             }
             let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// A copy of `src` whose `Py_Version` (`const unsigned long`, in the file's
+/// read-only data) holds `hex` instead.
+pub fn patch_py_version(src: &Path, dst: &Path, hex: u64) {
+    use object::{Object, ObjectSegment, ObjectSymbol};
+    let mut bytes = std::fs::read(src).unwrap();
+    let file_off = {
+        let obj = object::File::parse(&*bytes).unwrap();
+        let addr = obj
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok("Py_Version"))
+            .unwrap_or_else(|| panic!("{} exports no Py_Version", src.display()))
+            .address();
+        let seg = obj
+            .segments()
+            .find(|s| s.address() <= addr && addr + 8 <= s.address() + s.file_range().1)
+            .expect("Py_Version in a loaded segment");
+        (seg.file_range().0 + addr - seg.address()) as usize
+    };
+    let old = u64::from_le_bytes(bytes[file_off..file_off + 8].try_into().unwrap());
+    assert_eq!(old >> 24, 3, "{} Py_Version is {old:#x}", src.display());
+    bytes[file_off..file_off + 8].copy_from_slice(&hex.to_le_bytes());
+    std::fs::write(dst, &bytes).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Removes a directory when the test ends (kept when it failed).
+pub struct RemoveOnDrop(pub std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
         }
     }
 }

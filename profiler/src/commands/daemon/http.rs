@@ -660,7 +660,10 @@ fn index(sh: &Shared) -> String {
             p.info.pid,
             html_escape(&p.info.comm),
             html_escape(&p.info.exe),
-            html_escape(&p.info.container),
+            html_escape(&match p.info.pod() {
+                "" => p.info.container().to_string(),
+                pod => format!("{} (pod {pod})", p.info.container()),
+            }),
             html_escape(&p.info.runtime),
             p.loop_threads,
             p.stalls,

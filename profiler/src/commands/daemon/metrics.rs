@@ -18,7 +18,11 @@ use prometheus_client::{
 
 use crate::report::model::{PartKind, Stall};
 
-/// Label pairs of one process: pid, comm, exe, cgroup, container, runtime.
+/// Label pairs of one process: pid, comm, exe, cgroup, container, pod,
+/// runtime. Each is a function of the process, so a process has one set:
+/// the series are bounded by `limits.max_processes` like the processes.
+/// `container` is the short id ("" outside one), `pod` the Kubernetes pod
+/// uid ("" outside one).
 pub type Labels = Vec<(&'static str, String)>;
 
 /// Stall-duration buckets, seconds: from a fast threshold to "the loop was
@@ -44,6 +48,7 @@ pub struct Metrics {
     stall_seconds: Family<Labels, Counter<f64, AtomicU64>>,
     incomplete: Family<Labels, Counter>,
     loop_threads: Family<Labels, Gauge>,
+    runtime_problems: Family<Labels, Gauge>,
     lost_events: Counter,
     probe_drops: Family<Labels, Counter>,
     agent_drops: Family<Labels, Counter>,
@@ -136,6 +141,14 @@ impl Metrics {
             "stallprof_loop_threads",
             "Event-loop threads found in the process",
             loop_threads.clone(),
+        );
+        let runtime_problems = Family::<Labels, Gauge>::default();
+        r.register(
+            "stallprof_runtime_problems",
+            "Runtimes found in the process that could not be read (e.g. an unsupported CPython): \
+             its stalls show native frames only; what, why and what to do are in its reports' \
+             runtime_problems and the daemon's log",
+            runtime_problems.clone(),
         );
         let lost_events = Counter::default();
         r.register(
@@ -267,6 +280,7 @@ impl Metrics {
             stall_seconds,
             incomplete,
             loop_threads,
+            runtime_problems,
             lost_events,
             probe_drops,
             agent_drops,
@@ -323,6 +337,10 @@ impl Metrics {
         self.loop_threads.get_or_create(labels).set(n as i64);
     }
 
+    pub fn set_runtime_problems(&self, labels: &Labels, n: usize) {
+        self.runtime_problems.get_or_create(labels).set(n as i64);
+    }
+
     /// Drop every series of a process (it exited long enough ago, or its
     /// pid now belongs to another process with the same labels).
     pub fn remove_process(&self, labels: &Labels) {
@@ -332,6 +350,7 @@ impl Metrics {
         }
         self.incomplete.remove(labels);
         self.loop_threads.remove(labels);
+        self.runtime_problems.remove(labels);
     }
 
     /// Absolute failure counters in; counter increments out.

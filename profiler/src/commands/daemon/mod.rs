@@ -336,7 +336,8 @@ fn labels_of(p: &ProcInfo) -> Labels {
         ("comm", p.comm.clone()),
         ("exe", p.exe.clone()),
         ("cgroup", p.cgroup.clone()),
-        ("container", p.container.clone()),
+        ("container", p.container().to_string()),
+        ("pod", p.pod().to_string()),
         ("runtime", p.runtime.clone()),
     ]
 }
@@ -473,7 +474,8 @@ impl Collector {
         if self.excluded.contains_key(&pid) {
             return None;
         }
-        let info = ProcInfo::read(pid)?;
+        let process = self.engine.process(pid);
+        let info = ProcInfo::read(pid, process)?;
         if pid == self.self_pid || !self.cfg.rules.monitored(&info) {
             self.excluded.insert(pid, info.start_ticks);
             return None;
@@ -568,12 +570,21 @@ impl Collector {
             .push(RecentStall {
                 pid,
                 comm: info.comm.clone(),
-                container: info.container.clone(),
+                container: info.container().to_string(),
                 wall_ns: wall_ns(),
                 bytes,
                 stall: stall.clone(),
             });
-        if !self.window.add(&info, Arc::unwrap_or_clone(stall)) {
+        let problems = self
+            .engine
+            .runtime_problems()
+            .into_iter()
+            .filter(|p| p.pid == pid)
+            .collect();
+        if !self
+            .window
+            .add(&info, Arc::unwrap_or_clone(stall), problems)
+        {
             self.sh.metrics.window_stalls_dropped.inc();
         }
     }
@@ -626,10 +637,16 @@ impl Collector {
         }
         // Gauges and counters.
         let mut threads = 0;
+        let mut problems: HashMap<u32, usize> = HashMap::new();
+        for p in self.engine.runtime_problems() {
+            *problems.entry(p.pid).or_default() += 1;
+        }
         for t in self.procs.values() {
             let n = self.engine.executors(t.info.pid).len();
             threads += n;
             self.sh.metrics.set_loop_threads(&t.labels, n);
+            let problems = problems.get(&t.info.pid).copied().unwrap_or(0);
+            self.sh.metrics.set_runtime_problems(&t.labels, problems);
         }
         let m = &self.sh.metrics;
         m.tracked_processes.set(self.procs.len() as i64);

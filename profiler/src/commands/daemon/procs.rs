@@ -1,10 +1,13 @@
 //! What the daemon knows of a process: identity and labels, read from /proc.
 //!
-//! In: a pid. Out: [`ProcInfo`] — comm, exe, cgroup (v2 path), container id
-//! (from the cgroup path, as docker/containerd/CRI-O/podman name their
-//! scopes) and a runtime guess. A process is identified by (pid, start
-//! time): a reused pid has a new start time, an exec'd one a new exe.
+//! In: a pid and the engine's descriptor of it (namespace pid, container:
+//! [`ProcessInfo`], the one reading of its container). Out: [`ProcInfo`] —
+//! comm, exe, cgroup (v2 path), the container and pod it runs in, and a
+//! runtime guess. A process is identified by (pid, start time): a reused
+//! pid has a new start time, an exec'd one a new exe.
 use std::fs;
+
+use crate::report::model::ProcessInfo;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcInfo {
@@ -15,8 +18,8 @@ pub struct ProcInfo {
     pub comm: String,
     pub exe: String,
     pub cgroup: String,
-    /// Short (12 hex digit) container id, or empty.
-    pub container: String,
+    /// Its namespace pid and container, from the engine.
+    pub process: ProcessInfo,
     /// `cpython`, `node`, `libuv` or `native`.
     pub runtime: String,
 }
@@ -50,27 +53,6 @@ fn cgroup_of(pid: u32) -> String {
     pick.splitn(3, ':').nth(2).unwrap_or("").to_string()
 }
 
-/// A container id in a cgroup path: a run of 64 hex digits in one path
-/// segment (`docker-<id>.scope`, `cri-containerd-<id>.scope`, `/docker/<id>`,
-/// `crio-<id>`, `libpod-<id>`), shortened to 12 like `docker ps`.
-pub fn container_id(cgroup: &str) -> String {
-    for seg in cgroup.rsplit('/') {
-        let bytes = seg.as_bytes();
-        let mut run = 0;
-        for (i, b) in bytes.iter().enumerate() {
-            if b.is_ascii_hexdigit() && !b.is_ascii_uppercase() {
-                run += 1;
-                if run == 64 && bytes.get(i + 1).is_none_or(|c| !c.is_ascii_hexdigit()) {
-                    return seg[i + 1 - 64..i + 1 - 52].to_string();
-                }
-            } else {
-                run = 0;
-            }
-        }
-    }
-    String::new()
-}
-
 fn runtime_of(pid: u32, exe: &str, comm: &str) -> String {
     let base = exe.rsplit('/').next().unwrap_or(exe);
     if base.starts_with("python") || comm.starts_with("python") {
@@ -90,8 +72,9 @@ fn runtime_of(pid: u32, exe: &str, comm: &str) -> String {
 }
 
 impl ProcInfo {
-    /// Read a live process; None if it is gone.
-    pub fn read(pid: u32) -> Option<ProcInfo> {
+    /// Read a live process (`process`: the engine's descriptor of it);
+    /// None if it is gone.
+    pub fn read(pid: u32, process: ProcessInfo) -> Option<ProcInfo> {
         let start_ticks = start_ticks(pid)?;
         let comm = crate::os::limits::read_proc(&format!("/proc/{pid}/comm"))
             .ok()?
@@ -99,7 +82,6 @@ impl ProcInfo {
             .to_string();
         let exe = exe_of(pid);
         let cgroup = cgroup_of(pid);
-        let container = container_id(&cgroup);
         let runtime = runtime_of(pid, &exe, &comm);
         Some(ProcInfo {
             pid,
@@ -107,7 +89,7 @@ impl ProcInfo {
             comm,
             exe,
             cgroup,
-            container,
+            process,
             runtime,
         })
     }
@@ -121,9 +103,36 @@ impl ProcInfo {
             comm: thread_name.to_string(),
             exe: String::new(),
             cgroup: String::new(),
-            container: String::new(),
+            process: ProcessInfo::default(),
             runtime: "unknown".into(),
         }
+    }
+
+    /// The short (12 hex digit) container id, or "" outside a container.
+    pub fn container(&self) -> &str {
+        self.process
+            .container
+            .as_ref()
+            .and_then(|c| c.short_id())
+            .unwrap_or("")
+    }
+
+    /// The full container id, or "".
+    pub fn container_id(&self) -> &str {
+        self.process
+            .container
+            .as_ref()
+            .and_then(|c| c.id.as_deref())
+            .unwrap_or("")
+    }
+
+    /// The Kubernetes pod uid, or "" outside a pod.
+    pub fn pod(&self) -> &str {
+        self.process
+            .container
+            .as_ref()
+            .and_then(|c| c.pod_uid.as_deref())
+            .unwrap_or("")
     }
 
     /// A file-system-safe name for its report directory: `comm-pid`.
@@ -148,25 +157,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn container_ids() {
+    fn container_and_pod() {
         let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-        assert_eq!(
-            container_id(&format!("/system.slice/docker-{id}.scope")),
-            "0123456789ab"
-        );
-        assert_eq!(
-            container_id(&format!(
-                "/kubepods.slice/kubepods-burstable.slice/cri-containerd-{id}.scope"
-            )),
-            "0123456789ab"
-        );
-        assert_eq!(container_id(&format!("/docker/{id}")), "0123456789ab");
-        assert_eq!(container_id("/user.slice/user-0.slice/session-1.scope"), "");
+        let mut p = ProcInfo::gone(1, "x");
+        assert_eq!((p.container(), p.container_id(), p.pod()), ("", "", ""));
+        p.process.container = crate::os::container::from_path(&format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod8e1f0c2a_3b4d_4e5f_9a6b_7c8d9e0f1a2b.slice/cri-containerd-{id}.scope"
+        ));
+        assert_eq!(p.container(), "0123456789ab");
+        assert_eq!(p.container_id(), id);
+        assert_eq!(p.pod(), "8e1f0c2a-3b4d-4e5f-9a6b-7c8d9e0f1a2b");
     }
 
     #[test]
     fn reads_itself() {
-        let me = ProcInfo::read(std::process::id()).unwrap();
+        let me = ProcInfo::read(std::process::id(), ProcessInfo::default()).unwrap();
         assert!(me.start_ticks > 0);
         assert!(!me.comm.is_empty());
         assert!(me.exe.starts_with('/'));

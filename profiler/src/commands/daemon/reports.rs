@@ -22,7 +22,7 @@ use anyhow::{Context, Result};
 use super::procs::ProcInfo;
 use crate::{
     os::outdir::OutDir,
-    report::model::{Recording, Stall},
+    report::model::{Recording, RuntimeProblem, Stall},
     report::{self, flamegraph, pprof},
 };
 
@@ -100,6 +100,8 @@ pub fn parse_stamp(name: &str) -> Option<u64> {
 pub struct ProcWindow {
     pub info: Arc<ProcInfo>,
     pub stalls: Vec<Stall>,
+    /// Its runtimes that could not be read, as of its latest stall.
+    pub problems: Vec<RuntimeProblem>,
 }
 
 /// The window being filled.
@@ -141,21 +143,24 @@ impl Window {
         self.procs.len()
     }
 
-    /// Add a stall; false if the window is over its budget (not added).
-    pub fn add(&mut self, info: &Arc<ProcInfo>, s: Stall) -> bool {
+    /// Add a stall, with its process's runtime problems now; false if the
+    /// window is over its budget (not added).
+    pub fn add(&mut self, info: &Arc<ProcInfo>, s: Stall, problems: Vec<RuntimeProblem>) -> bool {
         let b = stall_bytes(&s);
         if self.bytes + b > WINDOW_BUDGET {
             return false;
         }
         self.bytes += b;
-        self.procs
+        let p = self
+            .procs
             .entry((info.pid, info.start_ticks))
             .or_insert_with(|| ProcWindow {
                 info: info.clone(),
                 stalls: Vec::new(),
-            })
-            .stalls
-            .push(s);
+                problems: Vec::new(),
+            });
+        p.stalls.push(s);
+        p.problems = problems;
         true
     }
 
@@ -215,7 +220,7 @@ impl Window {
             let rec = Recording {
                 pid: p.info.pid,
                 comm: p.info.comm.clone(),
-                process: Default::default(),
+                process: p.info.process.clone(),
                 threshold_ns,
                 sample_hz,
                 sample_after_ns: crate::kernel::probe::default_sample_after(threshold_ns),
@@ -234,7 +239,7 @@ impl Window {
                 drops: Default::default(),
                 executor_threads: Vec::new(),
                 stallprof_version: env!("CARGO_PKG_VERSION").into(),
-                runtime_problems: Vec::new(),
+                runtime_problems: p.problems.clone(),
                 stalls: std::mem::take(&mut p.stalls),
             };
             let wrote = (|| -> Result<()> {
@@ -244,7 +249,7 @@ impl Window {
                 let label = pprof::ProcLabel {
                     pid: rec.pid,
                     comm: &rec.comm,
-                    container: &p.info.container,
+                    container: p.info.container(),
                 };
                 let prof = pprof::profile(
                     rec.stalls.iter().map(|s| (label.clone(), s)),
@@ -380,7 +385,7 @@ mod tests {
             comm: "victim".into(),
             exe: "/bin/victim".into(),
             cgroup: String::new(),
-            container: String::new(),
+            process: Default::default(),
             runtime: "native".into(),
         });
         let stall = Stall {
@@ -405,7 +410,7 @@ mod tests {
                 gil_holder: None,
             }],
         };
-        assert!(w.add(&info, stall));
+        assert!(w.add(&info, stall, Vec::new()));
         // The data directory is gone: the write fails, the stalls stay.
         fs::remove_dir(&root).unwrap();
         let (written, r) = w.write(&data, 70_000_000, 50_000_000, 199);

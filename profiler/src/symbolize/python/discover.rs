@@ -98,9 +98,15 @@ pub fn find(pid: u32) -> Result<Option<Found>, PythonError> {
     for m in &maps {
         by_path.entry(m.path.as_str()).or_default().push(m);
     }
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let exe_link = std::fs::read_link(format!("/proc/{pid}/exe"));
+    // Another user's process without CAP_SYS_PTRACE: its exe link cannot be
+    // read, its maps can. Look at what they name `python*` then, so that
+    // the interpreter is found and its unreadable memory reported.
+    let exe_hidden = exe_link
+        .as_ref()
+        .is_err_and(|e| e.kind() == io::ErrorKind::PermissionDenied);
+    let exe = exe_link.as_deref().ok();
     let exe = exe
-        .as_deref()
         .and_then(Path::to_str)
         .map(|s| s.trim_end_matches(" (deleted)"));
 
@@ -116,9 +122,32 @@ pub fn find(pid: u32) -> Result<Option<Found>, PythonError> {
         .collect();
     candidates.sort();
     candidates.extend(exe.filter(|e| by_path.contains_key(e)));
+    if exe_hidden {
+        let mut named: Vec<&str> = by_path
+            .keys()
+            .copied()
+            .filter(|p| {
+                p.starts_with('/')
+                    && p.rsplit('/')
+                        .next()
+                        .is_some_and(|n| n.starts_with("python"))
+            })
+            .collect();
+        named.sort();
+        candidates.extend(named);
+    }
 
     for path in candidates {
         let Some(file_path) = mapped_file(pid, by_path[path][0]) else {
+            // Not silent: an interpreter we may not open (its root is
+            // another user's process and CAP_SYS_PTRACE is missing) is a
+            // refusal to report, not "no Python here".
+            let root = PathBuf::from(format!("/proc/{pid}/root"));
+            if std::fs::metadata(format!("{}/", root.display()))
+                .is_err_and(|e| e.kind() == io::ErrorKind::PermissionDenied)
+            {
+                return Err(PythonError::PermissionDenied { pid, path: root });
+            }
             log::debug!("pid {pid}: cannot open {path} as mapped");
             continue;
         };

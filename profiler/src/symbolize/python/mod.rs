@@ -83,7 +83,7 @@ pub enum PythonError {
     #[error("process {pid} not found: it exited, or the pid is wrong")]
     NoSuchProcess { pid: u32 },
     #[error(
-        "permission denied reading {} of process {pid}: run as root, or grant CAP_SYS_PTRACE",
+        "permission denied reading {} of process {pid}: reading another user's process needs CAP_SYS_PTRACE (and kernel.yama.ptrace_scope below 3)",
         path.display()
     )]
     PermissionDenied { pid: u32, path: PathBuf },
