@@ -12,7 +12,9 @@
 //! - each stall as a slice on its thread's track from `start_ns` to
 //!   `end_ns`, named by its top culprit (the summary's culprit text,
 //!   [`aggregate::stall_culprit`]), with debug annotations (`stall`: its
-//!   index in `stalls.json`, `task`: the asyncio coroutine, the time split);
+//!   index in `stalls.json`, `task`: the asyncio coroutine, `task_name`
+//!   and `awaited_by`: the asyncio Task and, 3.14+, its await chain, the
+//!   time split);
 //! - inside it, one child slice per part group: on-CPU, blocked in each
 //!   syscall, run queue, GIL wait per holder. `stalls.json` keeps parts as
 //!   aggregated weights, not intervals, so the children are laid end to end
@@ -541,6 +543,12 @@ pub fn packets(
         if let Some(task) = &s.coroutine {
             notes.push(annotation_str("task", task));
         }
+        if let Some(t) = &s.task {
+            notes.push(annotation_str("task_name", &t.name));
+            if !t.awaited_by.is_empty() {
+                notes.push(annotation_str("awaited_by", &t.awaited_by.join(" ← ")));
+            }
+        }
         if s.incomplete {
             notes.push(DebugAnnotation {
                 name: Some("incomplete".into()),
@@ -705,7 +713,11 @@ mod tests {
             runqueue_ns: 0,
             incomplete: false,
             coroutine: Some("handle (app.py:3)".into()),
-            task: None,
+            task: Some(crate::report::model::Task {
+                name: "batch-3".into(),
+                coro: Some("handle".into()),
+                awaited_by: vec!["runner".into(), "Task-1".into()],
+            }),
             stacks: vec![
                 part(&["main", "spin"], PartKind::OnCpu, 3_000_000),
                 part(&["main", "read"], PartKind::OffCpu, 2_000_000),
@@ -797,6 +809,15 @@ mod tests {
                 .any(|a| a.name.as_deref() == Some("task")
                     && a.string_value.as_deref() == Some("handle (app.py:3)"))
         );
+        let note = |name: &str| {
+            stall
+                .debug_annotations
+                .iter()
+                .find(|a| a.name.as_deref() == Some(name))
+                .and_then(|a| a.string_value.clone())
+        };
+        assert_eq!(note("task_name").as_deref(), Some("batch-3"));
+        assert_eq!(note("awaited_by").as_deref(), Some("runner ← Task-1"));
         let gil = ev.iter().find(|(_, e)| !e.flow_ids.is_empty()).unwrap().1;
         let holder = ev
             .iter()

@@ -10,6 +10,7 @@
 //! order given: for a recording, its index in `stalls.json`), `kind`
 //! (`on_cpu`, `off_cpu`, `runqueue`, `gil_wait`), `syscall` (off-CPU),
 //! `tid` and `thread` (name), `task` (the asyncio coroutine, when known),
+//! `task_name` (the asyncio Task's name, when read),
 //! `pid`, `comm`, `container` (daemon). `go tool pprof -tagfocus
 //! kind=gil_wait` or `-tags` slices by them. Frames are already
 //! symbolized: every location carries its function, file and line, and the
@@ -255,6 +256,7 @@ pub fn profile<'a>(
         b.s("container"),
     );
     let (k_stall, k_tid, k_task) = (b.s("stall"), b.s("tid"), b.s("task"));
+    let k_task_name = b.s("task_name");
     for (index, (p, s)) in stalls.into_iter().enumerate() {
         for part in &s.stacks {
             // pprof lists the leaf first; our frames are outermost first.
@@ -269,6 +271,9 @@ pub fn profile<'a>(
             ];
             if let Some(task) = &s.coroutine {
                 labels.push((k_task, b.s(task), 0));
+            }
+            if let Some(t) = &s.task {
+                labels.push((k_task_name, b.s(&t.name), 0));
             }
             if let Some(sc) = &part.syscall {
                 labels.push((k_syscall, b.s(sc), 0));
@@ -401,7 +406,11 @@ mod tests {
             runqueue_ns: 0,
             incomplete: false,
             coroutine: Some("handle".into()),
-            task: None,
+            task: Some(crate::report::model::Task {
+                name: "conn-7".into(),
+                coro: Some("handle".into()),
+                awaited_by: vec![],
+            }),
             stacks: vec![
                 part(&["main", "spin"], PartKind::OnCpu, 40),
                 part(&["main", "spin"], PartKind::OnCpu, 20),
@@ -439,10 +448,16 @@ mod tests {
         assert_eq!(label(first, "thread"), Some(("loop".into(), 0)));
         assert_eq!(label(first, "kind"), Some(("on_cpu".into(), 0)));
         assert_eq!(label(first, "task"), Some(("handle".into(), 0)));
+        assert_eq!(label(first, "task_name"), Some(("conn-7".into(), 0)));
         assert_eq!(label(&p.sample[1], "syscall"), Some(("read".into(), 0)));
         let last = &p.sample[3];
         assert_eq!(label(last, "stall"), Some((String::new(), 1)));
         assert_eq!(label(last, "task"), None, "no coroutine, no task label");
+        assert_eq!(
+            label(last, "task_name"),
+            None,
+            "no task, no task_name label"
+        );
         let leaf = p.sample[0].location_id[0];
         let loc = &p.location[leaf as usize - 1];
         let f = &p.function[loc.line[0].function_id as usize - 1];
