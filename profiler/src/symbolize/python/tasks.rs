@@ -49,8 +49,11 @@ pub const MAX_DICT_ENTRIES: u64 = 1 << 14;
 pub const MAX_AWAIT_CHAIN: usize = 16;
 const MAX_AWAITERS_SET: u64 = 1024;
 /// How often a process whose asyncio is not (yet) found is looked at again
-/// (`asyncio` is imported after the interpreter starts).
-const RETRY: Duration = Duration::from_secs(1);
+/// (`asyncio` is imported after the interpreter starts): after 1 s, then
+/// twice as long each time up to 16 s (a Python loop without asyncio costs
+/// one scan of `sys.modules` that often).
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(16);
 
 /// What one read found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,6 +191,8 @@ pub struct TaskReader {
     source: Source,
     /// Why the last setup failed (said with every read until it works).
     setup_error: Option<String>,
+    /// The wait before the next setup attempt.
+    retry: Duration,
 }
 
 impl TaskReader {
@@ -200,6 +205,7 @@ impl TaskReader {
             fields: None,
             source: Source::Pending(Instant::now()),
             setup_error: None,
+            retry: RETRY_FIRST,
         }
     }
 
@@ -218,11 +224,11 @@ impl TaskReader {
                     self.setup_error = None;
                 }
                 Ok(None) => {
-                    self.source = Source::Pending(Instant::now() + RETRY);
+                    self.back_off();
                     return self.not_found();
                 }
                 Err(e) => {
-                    self.source = Source::Pending(Instant::now() + RETRY);
+                    self.back_off();
                     self.setup_error = Some(e);
                     return self.not_found();
                 }
@@ -232,6 +238,11 @@ impl TaskReader {
             Ok(r) => r,
             Err(e) => TaskRead::Unreadable(e.to_string()),
         }
+    }
+
+    fn back_off(&mut self) {
+        self.source = Source::Pending(Instant::now() + self.retry);
+        self.retry = (self.retry * 2).min(RETRY_MAX);
     }
 
     fn not_found(&self) -> TaskRead {
