@@ -15,7 +15,7 @@ logged with the name of the task that ran it.
                tasks "batch-0", "batch-1" (run_batch: crunch()); the await
                chain of a batch is batch-N <- batch-runner <- main's task
 
-Usage: python3 py_tasks.py LOG_PATH [--rounds N] [--hide-current-tasks]
+Usage: python3 py_tasks.py LOG_PATH [--rounds N] [--block-ms MS] [--hide-current-tasks]
 
 --hide-current-tasks replaces asyncio.tasks._current_tasks (the dict a
 profiler reads on 3.10-3.13; asyncio's C tasks keep their own reference)
@@ -157,12 +157,14 @@ async def main(log, rounds):
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
-        sys.exit("usage: py_tasks.py LOG_PATH [--rounds N] [--hide-current-tasks]")
+        sys.exit("usage: py_tasks.py LOG_PATH [--rounds N] [--block-ms MS] [--hide-current-tasks]")
     rounds, rest = 4, sys.argv[2:]
     while rest:
         flag = rest.pop(0)
         if flag == "--rounds" and rest:
             rounds = int(rest.pop(0))
+        elif flag == "--block-ms" and rest:
+            BLOCK_MS = int(rest.pop(0))
         elif flag == "--hide-current-tasks":
             import asyncio.tasks
             asyncio.tasks._current_tasks = []
