@@ -52,8 +52,12 @@ pub fn check(rec: &Recording, limit_ns: u64) -> Gate {
             line: format!("gate: no stall >= {}", fmt_ns(limit_ns)),
         };
     };
+    let ns = worst
+        .ns_tid
+        .map(|ns| format!(", {ns} in its namespace"))
+        .unwrap_or_default();
     let at = format!(
-        "+{:.2}s on {} (tid {})",
+        "+{:.2}s on {} (tid {}{ns})",
         worst.start_ns.saturating_sub(rec.started_ns) as f64 / 1e9,
         worst.thread_name,
         worst.tid
@@ -147,6 +151,18 @@ mod tests {
             g.line,
             "gate: 2 stalls >= 100.0ms (worst 240.0ms at +3.21s on MainThread (tid 7), \
              in load_tokenizer (tok.py:41))"
+        );
+    }
+
+    #[test]
+    fn names_the_namespace_tid_in_a_container() {
+        let mut worst = stall(3210, 240, "load_tokenizer");
+        worst.ns_tid = Some(1);
+        let g = check(&rec(vec![worst]), 100_000_000);
+        assert!(
+            g.line.contains("on MainThread (tid 7, 1 in its namespace)"),
+            "{}",
+            g.line
         );
     }
 

@@ -476,15 +476,15 @@ pub fn packets(
         })),
     })?;
 
-    // Tracks: the process, its loop threads, the GIL holders.
+    // Tracks: the process, its loop threads, the GIL holders. In a PID
+    // namespace of its own, names carry the ids the application logs.
+    let in_ns = |name: &str, ns: Option<u32>| match ns {
+        Some(ns) => format!("{name} [tid {ns} in its namespace]"),
+        None => name.to_string(),
+    };
     let mut threads: BTreeMap<u32, String> = BTreeMap::new();
-    for t in &rec.executor_threads {
-        threads.insert(t.tid, t.name.clone());
-    }
-    for s in &rec.stalls {
-        threads
-            .entry(s.tid)
-            .or_insert_with(|| s.thread_name.clone());
+    for t in rec.stall_threads() {
+        threads.insert(t.tid, in_ns(&t.name, t.ns_tid));
     }
     let loop_tids: BTreeSet<u32> = threads.keys().copied().collect();
     for p in rec.stalls.iter().flat_map(|s| &s.stacks) {
@@ -495,7 +495,7 @@ pub fn packets(
                 .thread_name
                 .clone()
                 .unwrap_or_else(|| format!("tid {tid}"));
-            threads.entry(tid).or_insert(name);
+            threads.entry(tid).or_insert_with(|| in_ns(&name, h.ns_tid));
         }
     }
     w.packet(
@@ -504,7 +504,10 @@ pub fn packets(
             uuid: Some(process_uuid(rec.pid)),
             process: Some(ProcessDescriptor {
                 pid: Some(rec.pid as i32),
-                process_name: Some(rec.comm.clone()),
+                process_name: Some(match (rec.process.ns_pid, &rec.process.container) {
+                    (None, None) => rec.comm.clone(),
+                    _ => rec.target(),
+                }),
             }),
             ..Default::default()
         }),
