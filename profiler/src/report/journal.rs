@@ -444,6 +444,12 @@ mod tests {
             Some(Meta {
                 comm: "victim".into(),
                 ended_ns: 900,
+                process: ProcessInfo {
+                    ns_pid: Some(1),
+                    container: crate::os::container::from_path(
+                        "/system.slice/docker-3f2a9c0b1d4e5f60718293a4b5c6d7e8f90123456789abcdef0123456789abcd.scope",
+                    ),
+                },
                 ..Default::default()
             }),
         )
@@ -454,6 +460,16 @@ mod tests {
         assert_eq!(
             (r.recording.comm.as_str(), r.recording.ended_ns),
             ("victim", 900)
+        );
+        // The target's namespace pid and container survive a crash too.
+        assert_eq!(r.recording.process.ns_pid, Some(1));
+        assert_eq!(
+            r.recording
+                .process
+                .container
+                .as_ref()
+                .and_then(|c| c.short_id()),
+            Some("3f2a9c0b1d4e")
         );
         assert_eq!(r.damaged_tail, 0);
         // A write cut in the middle of a line (kill -9, disk full).
