@@ -183,6 +183,15 @@ fn python_problem(pid: u32, runtime: Option<&str>, e: &PythonError) -> RuntimePr
             format!("cpython {}", found.split(' ').next().unwrap_or(found))
         }
         (None, PythonError::LayoutMismatch { version, .. }) => format!("cpython {version}"),
+        (
+            None,
+            PythonError::PermissionDenied {
+                interpreter: Some(i),
+                ..
+            },
+        ) if i.starts_with(|c: char| c.is_ascii_digit()) => {
+            format!("cpython {}", i.split(' ').next().unwrap_or(i))
+        }
         _ => "cpython".into(),
     };
     let remedy = match e {
@@ -1193,5 +1202,17 @@ mod tests {
             },
         );
         assert_eq!(read.runtime, "cpython 3.14.8");
+        let denied = python_problem(
+            7,
+            None,
+            &PythonError::PermissionDenied {
+                pid: 7,
+                path: "/proc/7/mem".into(),
+                interpreter: Some("3.11 (/usr/bin/python3.11)".into()),
+            },
+        );
+        assert_eq!(denied.runtime, "cpython 3.11");
+        assert!(denied.why.contains("/usr/bin/python3.11"), "{denied:?}");
+        assert!(denied.remedy.contains("CAP_SYS_PTRACE"), "{denied:?}");
     }
 }

@@ -146,7 +146,11 @@ pub fn find(pid: u32) -> Result<Option<Found>, PythonError> {
             if std::fs::metadata(format!("{}/", root.display()))
                 .is_err_and(|e| e.kind() == io::ErrorKind::PermissionDenied)
             {
-                return Err(PythonError::PermissionDenied { pid, path: root });
+                return Err(PythonError::PermissionDenied {
+                    pid,
+                    path: root,
+                    interpreter: Some(path.to_string()),
+                });
             }
             log::debug!("pid {pid}: cannot open {path} as mapped");
             continue;

@@ -83,10 +83,17 @@ pub enum PythonError {
     #[error("process {pid} not found: it exited, or the pid is wrong")]
     NoSuchProcess { pid: u32 },
     #[error(
-        "permission denied reading {} of process {pid}: reading another user's process needs CAP_SYS_PTRACE (and kernel.yama.ptrace_scope below 3)",
-        path.display()
+        "permission denied reading {} of process {pid}{}: reading another user's process needs CAP_SYS_PTRACE (and kernel.yama.ptrace_scope below 3)",
+        path.display(),
+        interpreter.as_ref().map(|i| format!(" (CPython {i})")).unwrap_or_default()
     )]
-    PermissionDenied { pid: u32, path: PathBuf },
+    PermissionDenied {
+        pid: u32,
+        path: PathBuf,
+        /// The interpreter found before the read was refused, as `3.11
+        /// (/usr/bin/python3.11)`, when known.
+        interpreter: Option<String>,
+    },
     #[error("cannot read {}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -146,7 +153,11 @@ impl PythonError {
     fn open(pid: u32, path: PathBuf, e: io::Error) -> Self {
         match e.kind() {
             io::ErrorKind::NotFound => PythonError::NoSuchProcess { pid },
-            io::ErrorKind::PermissionDenied => PythonError::PermissionDenied { pid, path },
+            io::ErrorKind::PermissionDenied => PythonError::PermissionDenied {
+                pid,
+                path,
+                interpreter: None,
+            },
             _ => PythonError::Io { path, source: e },
         }
     }
@@ -183,7 +194,19 @@ pub fn detect(pid: u32) -> Result<Option<Interpreter>, PythonError> {
     let Some(found) = discover::find(pid)? else {
         return Ok(None);
     };
-    let mem = ProcessMemory::open(pid)?;
+    let mem = ProcessMemory::open(pid).map_err(|e| match e {
+        // Say which interpreter could not be read: its version from the
+        // file name when it has one (its memory is what holds Py_Version).
+        PythonError::PermissionDenied { pid, path, .. } => PythonError::PermissionDenied {
+            pid,
+            path,
+            interpreter: Some(match found.name_version {
+                Some((major, minor)) => format!("{major}.{minor} ({})", found.path),
+                None => found.path.clone(),
+            }),
+        },
+        e => e,
+    })?;
     let (version, version_string) = match (found.py_version, found.name_version) {
         (Some(addr), _) => {
             // `const unsigned long Py_Version = PY_VERSION_HEX;`
