@@ -1018,12 +1018,54 @@ fn record_node_no_flags(
     // stack: at 999 Hz on this 2-CPU box (the collector's helper threads
     // compete with the agent) the ring buffer overflows, with or without
     // JavaScript frames. 250 Hz still gives hundreds of samples per stall.
-    let options: &[&str] = if mode == "gc" { &["-F", "250"] } else { &[] };
+    // Otherwise the raw events are saved, for the replay check below.
+    let options: &[&str] = if mode == "gc" {
+        &["-F", "250"]
+    } else {
+        &["--save-events"]
+    };
     let run = record_with(&dir.path, options, &argv, &out, Duration::from_secs(90));
     let (_, truth) = victim_truth(&log, kinds, per_kind);
     let rec = load_recording(&out);
     let folded = std::fs::read_to_string(out.join("stalls.folded")).unwrap_or_default();
+    if mode.is_empty() {
+        check_js_replay(&out, &dir.join("replay"), &truth, &script);
+    }
     (truth, rec, folded, run.stdout, script)
+}
+
+/// A replay below the recorded threshold (raw events, unwind bundle and
+/// symbols.json) names the same JavaScript functions, without the target.
+fn check_js_replay(out: &Path, replay: &Path, truth: &[Truth], script: &Path) {
+    let run = run_stallprof(
+        &[
+            "report".as_ref(),
+            out.as_os_str(),
+            "--threshold".as_ref(),
+            "30ms".as_ref(),
+            "-o".as_ref(),
+            replay.as_os_str(),
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(
+        run.status.success(),
+        "report replay failed:\n{}",
+        run.describe()
+    );
+    let folded = std::fs::read_to_string(replay.join("stalls.folded")).unwrap_or_default();
+    for t in truth {
+        let label = format!(
+            "{} (node_noflags.js:{})",
+            t.func,
+            js_function_line(script, &t.func)
+        );
+        assert!(
+            folded.contains(&label),
+            "the replay (report --threshold 30ms) has no frame {label:?}:\n{}",
+            folded_excerpt(&folded, None, 6)
+        );
+    }
 }
 
 #[test]

@@ -950,6 +950,13 @@ impl Engine {
         self.tracker.finish(ts, &mut out);
         self.outputs(out, &mut NoControl);
         self.flush_pending(true);
+        let (resolved, moved) = crate::symbolize::v8::counts();
+        if resolved > 0 {
+            info!(
+                "JavaScript functions resolved from memory: {resolved} ({moved} found moved by V8's GC, followed), {} frames unreadable",
+                crate::symbolize::v8::unreadable_count()
+            );
+        }
     }
 
     /// Stalls finished since the last call, with their process id.

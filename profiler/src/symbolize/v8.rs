@@ -72,11 +72,22 @@ const MAX_TRIES: u32 = 10;
 
 static UNREADABLE: AtomicU64 = AtomicU64::new(0);
 static RESOLVED: AtomicU64 = AtomicU64::new(0);
+/// Objects found moved (a forwarding address followed), since start.
+static FORWARDED: AtomicU64 = AtomicU64::new(0);
 
 /// JavaScript-looking frames of JIT code or a V8 builtin that could not be
 /// read (`drops.js_frames_unreadable`), since start.
 pub fn unreadable_count() -> u64 {
     UNREADABLE.load(Ordering::Relaxed)
+}
+
+/// Functions resolved from memory, and objects found moved (forwarding
+/// addresses followed), since start (logged at the end of a recording).
+pub fn counts() -> (u64, u64) {
+    (
+        RESOLVED.load(Ordering::Relaxed),
+        FORWARDED.load(Ordering::Relaxed),
+    )
 }
 
 pub fn count_unreadable() {
@@ -402,12 +413,22 @@ struct SfiEntry {
     frame: Frame,
 }
 
+/// A resolved `JSFunction`: its map and `shared` words as read then (the
+/// same two words at the same address later: still that function), and
+/// the frame.
+#[derive(Clone, Debug)]
+struct FuncEntry {
+    map: u64,
+    shared: u64,
+    frame: Frame,
+}
+
 /// Reads JavaScript frames of one process.
 pub struct JsResolver {
     pub meta: V8Meta,
     mem: ProcessMemory,
-    /// JSFunction address -> (its SharedFunctionInfo, the frame).
-    funcs: HashMap<u64, (u64, Frame)>,
+    /// JSFunction address -> what it resolved to.
+    funcs: HashMap<u64, FuncEntry>,
     sfis: HashMap<u64, SfiEntry>,
     scripts: HashMap<u64, Script>,
 }
@@ -439,10 +460,24 @@ impl JsResolver {
     }
 
     /// The instance type of the object at tagged `v`, and its address.
+    ///
+    /// An object the scavenger moved leaves its new address in its old
+    /// map word (a forwarding address: untagged, so the word is not a heap
+    /// pointer) until that semispace is reused; it is followed (twice at
+    /// most), and the object found there is checked like any other.
     fn typed(&self, v: u64) -> Option<(u64, u16)> {
         let m = &self.meta;
-        let addr = untag(m, v)?;
-        let map = untag(m, self.u64_at(addr + m.map)?)?;
+        let mut addr = untag(m, v)?;
+        let mut word = self.u64_at(addr + m.map)?;
+        for _ in 0..2 {
+            if word & m.layout.heap_tag_mask != 0 || word < 0x10000 || word % 8 != 0 {
+                break;
+            }
+            FORWARDED.fetch_add(1, Ordering::Relaxed);
+            addr = word;
+            word = self.u64_at(addr + m.map)?;
+        }
+        let map = untag(m, word)?;
         let mut b = [0u8; 2];
         self.mem.read_into(map + m.map_instance_type, &mut b).ok()?;
         Some((addr, u16::from_le_bytes(b)))
@@ -651,31 +686,77 @@ impl JsResolver {
     /// function.
     pub fn resolve(&mut self, func: u64) -> Option<Frame> {
         let m = self.meta.clone();
-        let (addr, t) = self.typed(func)?;
+        let Some((addr, t)) = self.typed(func) else {
+            log::debug!("js {func:#x}: no object there");
+            return None;
+        };
         if t < m.t_jsf_first || t > m.t_jsf_last {
+            log::debug!("js {func:#x}: instance type {t:#x}, not a JSFunction");
             return None;
         }
+        let map = self.u64_at(addr + m.map)?;
         let shared = self.u64_at(addr + m.jsf_shared)?;
         let (sfi, st) = self.typed(shared)?;
         if st != m.t_sfi {
+            log::debug!(
+                "js {func:#x}: shared {shared:#x} has type {st:#x}, not a SharedFunctionInfo"
+            );
             return None;
         }
-        let frame = self.sfi(sfi)?;
-        self.funcs.insert(func, (sfi, frame.clone()));
+        let Some(frame) = self.sfi(sfi) else {
+            log::debug!("js {func:#x}: shared info {sfi:#x} unreadable");
+            return None;
+        };
+        self.funcs.insert(
+            func,
+            FuncEntry {
+                map,
+                shared,
+                frame: frame.clone(),
+            },
+        );
         RESOLVED.fetch_add(1, Ordering::Relaxed);
         Some(frame)
     }
 
     /// The latest answer for `func` (from [`warm`](Self::warm)).
     pub fn cached(&self, func: u64) -> Option<Frame> {
-        self.funcs.get(&func).map(|(_, f)| f.clone())
+        self.funcs.get(&func).map(|e| e.frame.clone())
+    }
+
+    /// Is the function cached for `func` still there? One read: its map
+    /// and `shared` words, unchanged.
+    fn still_there(&self, func: u64) -> bool {
+        let m = &self.meta;
+        let (Some(e), Some(addr)) = (self.funcs.get(&func), untag(m, func)) else {
+            return false;
+        };
+        let len = (m.map.max(m.jsf_shared) + 8) as usize;
+        if len > 256 {
+            return false;
+        }
+        let mut b = [0u8; 256];
+        if self.mem.read_into(addr, &mut b[..len]).is_err() {
+            return false;
+        }
+        let word = |o: u64| u64::from_le_bytes(b[o as usize..o as usize + 8].try_into().unwrap());
+        word(m.map) == e.map && word(m.jsf_shared) == e.shared
     }
 
     /// Resolve (or re-validate) the functions of a new stack while they
-    /// are where the stack says. A function that fails is forgotten.
+    /// are where the stack says. A function that fails is forgotten —
+    /// unless the process is gone (the agent fell behind its exit): then
+    /// nothing can have moved since the last check, and the answer from
+    /// that check stands.
     pub fn warm(&mut self, funcs: &[(u32, u64)]) {
-        for &(_, f) in funcs {
-            if self.resolve(f).is_none() {
+        let mut gone = None;
+        for (i, &(_, f)) in funcs.iter().enumerate() {
+            if funcs[..i].iter().any(|&(_, g)| g == f) || self.still_there(f) {
+                continue;
+            }
+            if self.resolve(f).is_none()
+                && !*gone.get_or_insert_with(|| !crate::os::proc::process_alive(self.mem.pid()))
+            {
                 self.funcs.remove(&f);
             }
         }

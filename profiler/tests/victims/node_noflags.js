@@ -46,11 +46,11 @@ if (!logPath) {
   process.stderr.write('usage: node node_noflags.js LOG_PATH [FIFO_PATH [gc]]\n');
   process.exit(2);
 }
-// Without FIFO_PATH (the bench's `VICTIM_CMD LOG`): LOG_PATH.fifo, made here.
+// Without FIFO_PATH (the bench's `VICTIM_CMD LOG`): LOG_PATH.fifo, made
+// below by an asynchronous mkfifo before the schedule starts. (Not
+// execFileSync: a synchronous spawn waits in an epoll loop of its own, which
+// a profiler attached from exec can take for the event loop.)
 const fifoPath = fifoArg || `${logPath}.fifo`;
-if (!fifoArg && !fs.existsSync(fifoPath)) {
-  require('child_process').execFileSync('mkfifo', [fifoPath]);
-}
 const SCHEDULE =
   mode === 'gc'
     ? ['gc', 'gc', 'gc', 'gc']
@@ -222,5 +222,18 @@ function step() {
   setTimeout(step, GAP_MS);
 }
 
-if (SCHEDULE[0] === 'pipe') startWriter();
-setTimeout(step, STARTUP_MS);
+function start() {
+  if (SCHEDULE[0] === 'pipe') startWriter();
+  setTimeout(step, STARTUP_MS);
+}
+if (fifoArg || fs.existsSync(fifoPath)) {
+  start();
+} else {
+  spawn('mkfifo', [fifoPath], { stdio: 'ignore' }).on('exit', (code) => {
+    if (code !== 0) {
+      process.stderr.write(`mkfifo ${fifoPath} failed (${code})\n`);
+      process.exit(2);
+    }
+    start();
+  });
+}
