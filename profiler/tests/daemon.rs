@@ -1045,9 +1045,6 @@ fn windows_start(name: &str) -> u64 {
         .unwrap_or_else(|_| panic!("window dir name {name:?}"))
 }
 
-/// `--check-config` validates without root and without loading anything;
-/// bad configs fail naming the key.
-
 /// `stallprof daemon --config PATH --check-config`.
 fn check_config(path: &Path) -> RunOutput {
     run_stallprof(
@@ -1060,6 +1057,8 @@ fn check_config(path: &Path) -> RunOutput {
         Duration::from_secs(10),
     )
 }
+/// `--check-config` validates without root and without loading anything;
+/// bad configs fail naming the key.
 #[test]
 fn daemon_check_config() {
     let dir = Scratch::new("daemon-config");

@@ -768,7 +768,7 @@ fn record_node_perf_basic_prof_pbkdf2_and_json_parse() {
     let log = dir.join("victim.jsonl");
     let out = dir.join("out");
     let mut argv: Vec<&OsStr> = vec![NODE.as_ref()];
-    argv.extend(NODE_FLAGS.iter().map(|f| OsStr::new(f)));
+    argv.extend(NODE_FLAGS.iter().map(OsStr::new));
     argv.push(script.as_os_str());
     argv.push(log.as_os_str());
     // In the scratch dir: --perf-basic-prof makes Node write

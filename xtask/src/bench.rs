@@ -413,10 +413,10 @@ fn vm_hwm_mib(pid: u32) -> Option<f64> {
 fn wait_file(path: &Path, timeout: Duration) -> Result<String> {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Ok(s) = fs::read_to_string(path) {
-            if !s.trim().is_empty() {
-                return Ok(s);
-            }
+        if let Ok(s) = fs::read_to_string(path)
+            && !s.trim().is_empty()
+        {
+            return Ok(s);
         }
         if Instant::now() > deadline {
             bail!("{} did not appear within {timeout:?}", path.display());
@@ -543,23 +543,23 @@ fn header(env: &Env, plan: &Plan, only: &[String], took: Duration) -> String {
         wrk_v.trim(),
         node_v.trim()
     );
+    let run = format!(
+        "{}: {} repetition(s) per accuracy cell, {} overhead rounds of {} s, {} attach runs, {} scaling run(s){}",
+        if plan.quick { "`--quick`" } else { "full" },
+        plan.acc_reps,
+        plan.ovh_rounds,
+        plan.ovh_secs,
+        plan.attach_reps,
+        plan.scale_reps,
+        if plan.quick {
+            " — a smoke run; treat spreads as indicative"
+        } else {
+            ""
+        }
+    );
     let _ = writeln!(
         s,
-        "- run: {} ({:.0} s); raw outputs were in `{}` (not kept in git)",
-        format!(
-            "{}: {} repetition(s) per accuracy cell, {} overhead rounds of {} s, {} attach runs, {} scaling run(s){}",
-            if plan.quick { "`--quick`" } else { "full" },
-            plan.acc_reps,
-            plan.ovh_rounds,
-            plan.ovh_secs,
-            plan.attach_reps,
-            plan.scale_reps,
-            if plan.quick {
-                " — a smoke run; treat spreads as indicative"
-            } else {
-                ""
-            }
-        ),
+        "- run: {run} ({:.0} s); raw outputs were in `{}` (not kept in git)",
         took.as_secs_f64(),
         rel(&env.work, &env.root)
     );
@@ -658,13 +658,13 @@ impl Score {
                 continue;
             };
             if let Some(cause) = k.strip_prefix("share:") {
-                if let Some((t, m)) = v.split_once(':') {
-                    if let (Ok(t), Ok(m)) = (t.parse(), m.parse()) {
-                        self.shares
-                            .entry(cause.to_string())
-                            .or_default()
-                            .push((t, m));
-                    }
+                if let Some((t, m)) = v.split_once(':')
+                    && let (Ok(t), Ok(m)) = (t.parse(), m.parse())
+                {
+                    self.shares
+                        .entry(cause.to_string())
+                        .or_default()
+                        .push((t, m));
                 }
             } else if let Ok(x) = v.parse::<f64>() {
                 self.vals.entry(k.to_string()).or_default().push(x);
@@ -1461,10 +1461,14 @@ fn loop_cost_once(env: &Env, dir: &Path, profile: Option<(&[&str], bool)>) -> Re
     Ok(median(&v))
 }
 
+/// A row of the iteration-cost table: its label, and (extra record args,
+/// whether to attach by --pid) or None for the bare loop.
+type IterationCfg<'a> = (&'a str, Option<(&'a [&'a str], bool)>);
+
 /// What the profiler adds to one event-loop iteration (bench/loop_cost.c:
 /// epoll_wait on an always-ready eventfd, nothing else), interleaved runs.
 fn iteration_cost(env: &Env, reps: usize, load: Option<&LoopLoad>) -> Result<String> {
-    let cfgs: [(&str, Option<(&[&str], bool)>); 4] = [
+    let cfgs: [IterationCfg; 4] = [
         ("bare", None),
         ("`record --pid` on it (defaults)", Some((&[], true))),
         (

@@ -7,6 +7,7 @@
 //!   LLVM is too old), kept under ~/.cache/stallprof and rebuilt when the
 //!   nightly changes;
 //! - tracefs mounted at /sys/kernel/tracing.
+//!
 //! Every other command runs `setup` first.
 //!
 //! `test` (and `setup --tests`) also installs what the tests need, the same

@@ -173,6 +173,9 @@ struct Pending {
     wake: Option<(u64, u32)>,
 }
 
+/// An off-CPU part's key: (stack, syscall, waker).
+type OffKey = (StackId, Option<u32>, Option<u32>);
+
 #[derive(Debug, Default)]
 struct Busy {
     start: u64,
@@ -180,7 +183,7 @@ struct Busy {
     last_sample: Option<StackId>,
     samples: HashMap<StackId, u64>,
     /// (stack, syscall, waker) -> (blocked ns, run-queue ns)
-    offs: HashMap<(StackId, Option<u32>, Option<u32>), (u64, u64)>,
+    offs: HashMap<OffKey, (u64, u64)>,
     pending: Option<Pending>,
 }
 

@@ -267,7 +267,7 @@ fn from_file(f: File) -> Result<Recording, FormatError> {
     let stalls = f
         .stalls
         .into_iter()
-        .map(|s| model_stall(s, &stack))
+        .map(|s| model_stall(s, stack))
         .collect::<Result<_, FormatError>>()?;
     Ok(Recording {
         pid: f.pid,

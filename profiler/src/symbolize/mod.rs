@@ -885,7 +885,7 @@ pub fn to_stall(
             }
         })
         .collect();
-    parts.sort_by(|a, b| b.weight_ns.cmp(&a.weight_ns));
+    parts.sort_by_key(|p| std::cmp::Reverse(p.weight_ns));
     let coroutine = parts.first().and_then(|p| asyncio_coroutine(&p.frames));
     Stall {
         coroutine,

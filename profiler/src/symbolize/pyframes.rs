@@ -126,79 +126,6 @@ pub fn merge(native: Vec<Frame>, mut groups: Vec<Vec<Frame>>, py_status: u32) ->
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn n(name: &str) -> Frame {
-        Frame::new(name, FrameKind::Native)
-    }
-    fn p(name: &str) -> Frame {
-        Frame::new(name, FrameKind::Python)
-    }
-    fn names(v: &[Frame]) -> Vec<&str> {
-        v.iter().map(|f| f.name.as_str()).collect()
-    }
-
-    /// `main -> eval[a, b] -> builtin_exec -> eval[c] -> zlib_compress`
-    #[test]
-    fn c_frames_stay_between_their_python_callers() {
-        let native = vec![
-            n("main"),
-            n("_PyEval_EvalFrameDefault"),
-            n("builtin_exec"),
-            n("_PyEval_EvalFrameDefault"),
-            n("deflate"),
-        ];
-        // Walk order: innermost first, boundary after each activation's entry.
-        let walk = vec![Some(p("c")), None, Some(p("b")), Some(p("a")), None];
-        let merged = merge(native, groups(walk), profiler_common::py_status::COMPLETE);
-        assert_eq!(
-            names(&merged),
-            ["main", "a", "b", "builtin_exec", "c", "deflate"]
-        );
-    }
-
-    #[test]
-    fn without_native_eval_frames_python_goes_on_top() {
-        let merged = merge(
-            vec![n("start"), n("read")],
-            groups(vec![Some(p("inner")), Some(p("outer"))]),
-            1,
-        );
-        assert_eq!(names(&merged), ["start", "read", "outer", "inner"]);
-    }
-
-    #[test]
-    fn gc_is_marked_under_the_allocating_frame() {
-        let native = vec![
-            n("_PyEval_EvalFrameDefault"),
-            n("_Py_HandlePending"),
-            n("_Py_RunGC"),
-            n("gc_collect_main"),
-        ];
-        let merged = merge(native, groups(vec![Some(p("load_tokenizer"))]), 1);
-        assert_eq!(
-            names(&merged),
-            [
-                "load_tokenizer",
-                "_Py_HandlePending",
-                "[gc]",
-                "_Py_RunGC",
-                "gc_collect_main"
-            ]
-        );
-    }
-
-    #[test]
-    fn extra_outer_groups_and_truncation() {
-        let native = vec![n("_PyEval_EvalFrameDefault"), n("x")];
-        let walk = vec![Some(p("in")), None, Some(p("out"))];
-        let merged = merge(native, groups(walk), profiler_common::py_status::TRUNCATED);
-        assert_eq!(names(&merged), ["[truncated]", "out", "in", "x"]);
-    }
-}
-
 /// Resolves one process's Python frames and GIL holders, reading its
 /// memory (through `crate::symbolize::python`). Created on first need, kept for the
 /// recording: code objects are cached by address (with a reuse check).
@@ -282,5 +209,78 @@ impl PyResolver {
             }),
             other => Err(other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(name: &str) -> Frame {
+        Frame::new(name, FrameKind::Native)
+    }
+    fn p(name: &str) -> Frame {
+        Frame::new(name, FrameKind::Python)
+    }
+    fn names(v: &[Frame]) -> Vec<&str> {
+        v.iter().map(|f| f.name.as_str()).collect()
+    }
+
+    /// `main -> eval[a, b] -> builtin_exec -> eval[c] -> zlib_compress`
+    #[test]
+    fn c_frames_stay_between_their_python_callers() {
+        let native = vec![
+            n("main"),
+            n("_PyEval_EvalFrameDefault"),
+            n("builtin_exec"),
+            n("_PyEval_EvalFrameDefault"),
+            n("deflate"),
+        ];
+        // Walk order: innermost first, boundary after each activation's entry.
+        let walk = vec![Some(p("c")), None, Some(p("b")), Some(p("a")), None];
+        let merged = merge(native, groups(walk), profiler_common::py_status::COMPLETE);
+        assert_eq!(
+            names(&merged),
+            ["main", "a", "b", "builtin_exec", "c", "deflate"]
+        );
+    }
+
+    #[test]
+    fn without_native_eval_frames_python_goes_on_top() {
+        let merged = merge(
+            vec![n("start"), n("read")],
+            groups(vec![Some(p("inner")), Some(p("outer"))]),
+            1,
+        );
+        assert_eq!(names(&merged), ["start", "read", "outer", "inner"]);
+    }
+
+    #[test]
+    fn gc_is_marked_under_the_allocating_frame() {
+        let native = vec![
+            n("_PyEval_EvalFrameDefault"),
+            n("_Py_HandlePending"),
+            n("_Py_RunGC"),
+            n("gc_collect_main"),
+        ];
+        let merged = merge(native, groups(vec![Some(p("load_tokenizer"))]), 1);
+        assert_eq!(
+            names(&merged),
+            [
+                "load_tokenizer",
+                "_Py_HandlePending",
+                "[gc]",
+                "_Py_RunGC",
+                "gc_collect_main"
+            ]
+        );
+    }
+
+    #[test]
+    fn extra_outer_groups_and_truncation() {
+        let native = vec![n("_PyEval_EvalFrameDefault"), n("x")];
+        let walk = vec![Some(p("in")), None, Some(p("out"))];
+        let merged = merge(native, groups(walk), profiler_common::py_status::TRUNCATED);
+        assert_eq!(names(&merged), ["[truncated]", "out", "in", "x"]);
     }
 }
