@@ -275,7 +275,12 @@ int main(int argc, char **argv) {
     struct pending pend = {0};
 
     for (;;) {
-        uint64_t busy_end = mono_ns(), cpu_end = thread_cpu_ns();
+        /* The thread CPU clock is a system call, the monotonic one is not
+         * (vDSO): read it first, so busy_end is the last thing before
+         * epoll_wait. On a loaded machine a pending (lazy) reschedule takes
+         * effect on that syscall's return after a long spin; the run-queue
+         * wait it starts is still part of the busy period. */
+        uint64_t cpu_end = thread_cpu_ns(), busy_end = mono_ns();
         if (pend.valid && !pend.busy_end) {
             pend.busy_end = busy_end;
             pend.cpu_end = cpu_end;
