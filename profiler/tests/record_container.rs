@@ -39,6 +39,7 @@ mod pyrecord;
 
 use common::*;
 use pyrecord::*;
+use std::path::Path;
 use std::time::Duration;
 
 /// One test per sandbox interpreter for a scenario.
@@ -344,63 +345,14 @@ fn node_perf_map_in_container() {
              /victims/node_loop.js {dir}/victim.jsonl"
         )
     });
-    let mut prof = Profiler::spawn(&[
-        "record".to_string(),
-        "--pid".into(),
-        victim.host_pid.to_string(),
-        "--threshold".into(),
-        "40ms".into(),
-        "-o".into(),
-        out.display().to_string(),
-    ]);
-    wait_for_attach(&mut prof, Duration::from_secs(30));
-    victim.go();
-    let run = prof.wait(Duration::from_secs(90));
-    victim.wait(Duration::from_secs(10));
-    assert!(run.status.success(), "{}", run.describe());
-    let log = read_log(&victim.log);
-    assert!(
-        log.iter().any(|r| r["kind"] == "done"),
-        "the victim did not finish: {log:?}"
-    );
-    let rec = load_recording(&out);
-    // The loop thread is the main one: the namespace's pid 1, the host's pid.
-    let calls: Vec<(&str, u64, u64)> = log
-        .iter()
-        .filter(|r| r["func"].is_string())
-        .map(|r| {
-            (
-                r["func"].as_str().unwrap(),
-                r["start_ns"].as_u64().unwrap(),
-                r["end_ns"].as_u64().unwrap(),
-            )
-        })
-        .collect();
+    let (_, rec, calls) = record_node_victim(&mut victim, &out);
     assert!(calls.len() >= 6, "victim calls: {calls:?}");
     let mut c = Checks::new(format!("victim calls {calls:?}\n{}", stalls_table(&rec)));
     for func in ["deriveKey", "parseBig"] {
-        let (mut stall_ns, mut truth_ns, mut measured_ns) = (0u64, 0u64, 0u64);
-        for &(_, start, end) in calls.iter().filter(|(f, ..)| *f == func) {
-            let Some(s) = rec
-                .stalls
-                .iter()
-                .find(|s| s.tid == victim.host_pid && s.start_ns < end && start < s.end_ns)
-            else {
-                continue;
-            };
-            stall_ns += s.duration_ns;
-            truth_ns += end - start;
-            measured_ns += s
-                .stacks
-                .iter()
-                .filter(|st| {
-                    st.frames
-                        .iter()
-                        .any(|fr| fr.name.contains(func) && fr.name.contains("node_loop.js"))
-                })
-                .map(|st| st.weight_ns)
-                .sum::<u64>();
-        }
+        let (stall_ns, truth_ns, measured_ns) =
+            node_share(&rec, victim.host_pid, &calls, func, |fr| {
+                fr.name.contains(func) && fr.name.contains("node_loop.js")
+            });
         let (measured, truth) = (
             measured_ns as f64 / stall_ns.max(1) as f64,
             truth_ns as f64 / stall_ns.max(1) as f64,
@@ -422,6 +374,79 @@ fn node_perf_map_in_container() {
         });
     }
     c.finish();
+}
+
+/// A Node victim's call as it logged it: (function, start, end).
+type Call = (String, u64, u64);
+
+/// `record --pid` of a Node victim in the sandbox (40 ms threshold), from
+/// before its schedule starts until it is done: the run, the recording and
+/// the calls the victim logged.
+fn record_node_victim(
+    victim: &mut ContainerVictim,
+    out: &Path,
+) -> (RunOutput, Recording, Vec<Call>) {
+    let mut prof = Profiler::spawn(&[
+        "record".to_string(),
+        "--pid".into(),
+        victim.host_pid.to_string(),
+        "--threshold".into(),
+        "40ms".into(),
+        "-o".into(),
+        out.display().to_string(),
+    ]);
+    wait_for_attach(&mut prof, Duration::from_secs(30));
+    victim.go();
+    let run = prof.wait(Duration::from_secs(90));
+    victim.wait(Duration::from_secs(10));
+    assert!(run.status.success(), "{}", run.describe());
+    let log = read_log(&victim.log);
+    assert!(
+        log.iter().any(|r| r["kind"] == "done"),
+        "the victim did not finish: {log:?}"
+    );
+    let calls = log
+        .iter()
+        .filter(|r| r["func"].is_string())
+        .map(|r| {
+            (
+                r["func"].as_str().unwrap().to_string(),
+                r["start_ns"].as_u64().unwrap(),
+                r["end_ns"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    (run, load_recording(out), calls)
+}
+
+/// Over the loop thread's stalls that overlap `func`'s calls: (their ns,
+/// the calls' own ns, ns of stacks with a frame `names` accepts).
+fn node_share(
+    rec: &Recording,
+    tid: u32,
+    calls: &[Call],
+    func: &str,
+    names: impl Fn(&Frame) -> bool,
+) -> (u64, u64, u64) {
+    let (mut stall_ns, mut truth_ns, mut measured_ns) = (0u64, 0u64, 0u64);
+    for (_, start, end) in calls.iter().filter(|(f, ..)| f == func) {
+        let Some(s) = rec
+            .stalls
+            .iter()
+            .find(|s| s.tid == tid && s.start_ns < *end && *start < s.end_ns)
+        else {
+            continue;
+        };
+        stall_ns += s.duration_ns;
+        truth_ns += end - start;
+        measured_ns += s
+            .stacks
+            .iter()
+            .filter(|st| st.frames.iter().any(&names))
+            .map(|st| st.weight_ns)
+            .sum::<u64>();
+    }
+    (stall_ns, truth_ns, measured_ns)
 }
 
 /// Node 24 in the sandbox with no flags: JS frames read from V8's memory
@@ -454,37 +479,7 @@ fn node_no_flags_in_container() {
         .status()
         .unwrap_or_else(|e| panic!("running mkfifo: {e}"));
     assert!(made.success(), "mkfifo {}", fifo.display());
-    let mut prof = Profiler::spawn(&[
-        "record".to_string(),
-        "--pid".into(),
-        victim.host_pid.to_string(),
-        "--threshold".into(),
-        "40ms".into(),
-        "-o".into(),
-        out.display().to_string(),
-    ]);
-    wait_for_attach(&mut prof, Duration::from_secs(30));
-    victim.go();
-    let run = prof.wait(Duration::from_secs(90));
-    victim.wait(Duration::from_secs(10));
-    assert!(run.status.success(), "{}", run.describe());
-    let log = read_log(&victim.log);
-    assert!(
-        log.iter().any(|r| r["kind"] == "done"),
-        "the victim did not finish: {log:?}"
-    );
-    let rec = load_recording(&out);
-    let calls: Vec<(&str, u64, u64)> = log
-        .iter()
-        .filter(|r| r["func"].is_string())
-        .map(|r| {
-            (
-                r["func"].as_str().unwrap(),
-                r["start_ns"].as_u64().unwrap(),
-                r["end_ns"].as_u64().unwrap(),
-            )
-        })
-        .collect();
+    let (run, rec, calls) = record_node_victim(&mut victim, &out);
     assert_eq!(calls.len(), 8, "victim calls: {calls:?}");
     let mut c = Checks::new(format!(
         "victim calls {calls:?}\n{}\nsummary:\n{}",
@@ -493,34 +488,16 @@ fn node_no_flags_in_container() {
     ));
     for func in ["deriveKey", "parseBig", "matchEvil", "readSlowPipe"] {
         let line = line_of(func);
-        let (mut stall_ns, mut truth_ns, mut measured_ns) = (0u64, 0u64, 0u64);
-        for &(_, start, end) in calls.iter().filter(|(f, ..)| *f == func) {
-            let Some(s) = rec
-                .stalls
-                .iter()
-                .find(|s| s.tid == victim.host_pid && s.start_ns < end && start < s.end_ns)
-            else {
-                continue;
-            };
-            stall_ns += s.duration_ns;
-            truth_ns += end - start;
-            measured_ns += s
-                .stacks
-                .iter()
-                .filter(|st| {
-                    st.frames.iter().any(|fr| {
-                        fr.kind == "js"
-                            && fr.name == func
-                            && fr.line == Some(line)
-                            && fr
-                                .file
-                                .as_deref()
-                                .is_some_and(|f| f.ends_with("node_noflags.js"))
-                    })
-                })
-                .map(|st| st.weight_ns)
-                .sum::<u64>();
-        }
+        let (stall_ns, truth_ns, measured_ns) =
+            node_share(&rec, victim.host_pid, &calls, func, |fr| {
+                fr.kind == "js"
+                    && fr.name == func
+                    && fr.line == Some(line)
+                    && fr
+                        .file
+                        .as_deref()
+                        .is_some_and(|f| f.ends_with("node_noflags.js"))
+            });
         let (measured, truth) = (
             measured_ns as f64 / stall_ns.max(1) as f64,
             truth_ns as f64 / stall_ns.max(1) as f64,
