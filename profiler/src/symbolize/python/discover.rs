@@ -217,23 +217,27 @@ struct Symbols {
     load_segments: Vec<(u64, u64)>,
 }
 
+/// An ELF file opened for `object` to parse in place. `Ok(None)`: missing,
+/// or refused by the read limits (a FIFO, a device, a huge file: counted):
+/// not an interpreter, keep looking.
+fn open_elf_cache(path: &Path) -> Result<Option<ReadCache<std::fs::File>>, PythonError> {
+    match crate::os::limits::open_elf(path) {
+        Ok(f) => Ok(Some(ReadCache::new(f))),
+        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::Other) => Ok(None),
+        Err(e) => Err(PythonError::Io {
+            path: path.to_owned(),
+            source: e,
+        }),
+    }
+}
+
 /// Reads the wanted symbols' link-time addresses from an ELF file, dynamic
 /// symbols first, then the static table if the file still has one.
 /// `Ok(None)`: not an ELF file we can parse (not an error: keep looking).
 fn symbols(path: &Path, wanted: &[&str]) -> Result<Option<Symbols>, PythonError> {
-    let file = match crate::os::limits::open_elf(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        // A FIFO, a device or a huge file: not an interpreter (counted).
-        Err(e) if e.kind() == io::ErrorKind::Other => return Ok(None),
-        Err(e) => {
-            return Err(PythonError::Io {
-                path: path.to_owned(),
-                source: e,
-            });
-        }
+    let Some(cache) = open_elf_cache(path)? else {
+        return Ok(None);
     };
-    let cache = ReadCache::new(file);
     let Ok(obj) = object::File::parse(&cache) else {
         return Ok(None);
     };
@@ -269,19 +273,9 @@ pub(crate) fn elf_section(
     max: u64,
 ) -> Result<Option<Vec<u8>>, PythonError> {
     use object::ObjectSection;
-    let file = match crate::os::limits::open_elf(path) {
-        Ok(f) => f,
-        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::Other) => {
-            return Ok(None);
-        }
-        Err(e) => {
-            return Err(PythonError::Io {
-                path: path.to_owned(),
-                source: e,
-            });
-        }
+    let Some(cache) = open_elf_cache(path)? else {
+        return Ok(None);
     };
-    let cache = ReadCache::new(file);
     let Ok(obj) = object::File::parse(&cache) else {
         return Ok(None);
     };
