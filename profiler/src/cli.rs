@@ -37,10 +37,23 @@ EXAMPLES:
     sudo stallprof top --pid 4242
 ";
 
+/// `stallprof --version`: the release, the commit it was built from
+/// (`unknown` from a source tarball) and the SHA-256 of the embedded eBPF
+/// object (profiler/build.rs). The recording format has its own version
+/// (stalls.json `version`, docs/format.md), independent of this one.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("STALLPROF_GIT_COMMIT"),
+    ", eBPF object sha256:",
+    env!("STALLPROF_BPF_SHA256"),
+    ")"
+);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "stallprof",
-    version,
+    version = VERSION,
     about = "Who froze the event loop, and where did the whole stall go?",
     long_about = "stallprof finds every busy period of an event-loop thread (asyncio, uvloop, \
                   libuv, tokio, plain epoll loops) longer than a threshold, and splits its time \

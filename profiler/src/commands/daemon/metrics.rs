@@ -272,7 +272,12 @@ impl Metrics {
         r.register(
             "stallprof_build",
             "stallprof build information",
-            Info::new(vec![("version", env!("CARGO_PKG_VERSION").to_string())]),
+            // What `stallprof --version` says: a fleet's builds told apart.
+            Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION").to_string()),
+                ("commit", env!("STALLPROF_GIT_COMMIT").to_string()),
+                ("bpf_sha256", env!("STALLPROF_BPF_SHA256").to_string()),
+            ]),
         );
         Metrics {
             registry: r,
