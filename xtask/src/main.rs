@@ -1,4 +1,4 @@
-//! Project automation: `cargo xtask setup | build | demo | test | bench`.
+//! Project automation: `cargo xtask setup | build | demo | test | bench | dist`.
 //!
 //! `setup` makes a fresh machine able to build the eBPF programs, and is
 //! idempotent and fast when everything is present:
@@ -23,6 +23,10 @@
 //! profiler/fuzz/ for 15 s with `cargo +nightly fuzz` (cargo-fuzz installed
 //! under ~/.cache/stallprof/cargo-fuzz when missing) and fails if one
 //! crashes.
+//!
+//! `dist` builds the release artifacts into target/dist (dist.rs); `test`
+//! builds them first when its tests include profiler/tests/dist.rs (a whole
+//! run, or `--test dist`), twice, and fails when the second packing differs.
 use std::{
     env, fs,
     path::{Path, PathBuf},
@@ -33,6 +37,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod dist;
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// The daemon tests parse /metrics with Python's prometheus_client and read
@@ -82,6 +87,9 @@ enum Cmd {
         #[arg(long, value_name = "SECTION")]
         only: Vec<String>,
     },
+    /// Build the release artifacts into target/dist: static binary tarball,
+    /// Python wheel, .deb, OCI image (podman/buildah), SHA256SUMS.
+    Dist,
 }
 
 fn root() -> PathBuf {
@@ -317,7 +325,97 @@ const TEST_TOOLS: &[Tool] = &[
         purpose: "the daemon tests (`python3 -m pip` installs their Prometheus parser)",
         present: || succeeds(Command::new("python3").args(["-m", "pip", "--version"])),
     },
+    Tool {
+        package: "python3-venv",
+        purpose: "the dist tests (the wheel is pip-installed into a fresh venv)",
+        present: python3_makes_venvs,
+    },
+    Tool {
+        package: "podman",
+        purpose: "`cargo xtask dist` (builds the OCI image) and the dist tests (run it)",
+        present: || succeeds(Command::new("podman").arg("--version")),
+    },
+    Tool {
+        package: "dpkg",
+        purpose: "`cargo xtask dist` (dpkg-deb builds the .deb) and the dist tests (dpkg installs it into a scratch root)",
+        present: || on_path("dpkg-deb") && on_path("dpkg"),
+    },
 ];
+
+/// `python3 -m venv` with pip works (Debian's python3 needs python3-venv
+/// for ensurepip).
+fn python3_makes_venvs() -> bool {
+    let dir = env::temp_dir().join(format!("stallprof-venv-probe-{}", std::process::id()));
+    let ok = succeeds(Command::new("python3").args(["-m", "venv"]).arg(&dir))
+        && dir.join("bin/pip").exists();
+    let _ = fs::remove_dir_all(&dir);
+    ok
+}
+
+/// Debian's Prometheus server and promtool for the dist tests, unpacked
+/// (never installed: installing the package would start a Prometheus
+/// service on the host) under target/dist-test-deps/prometheus.
+fn prometheus_for_tests() -> Result<()> {
+    let dir = root().join("target/dist-test-deps");
+    let tree = dir.join("prometheus");
+    let ready = |t: &Path| {
+        ["usr/bin/prometheus", "usr/bin/promtool"]
+            .iter()
+            .all(|b| succeeds(Command::new(t.join(b)).arg("--version")))
+    };
+    if ready(&tree) {
+        return Ok(());
+    }
+    if unsafe_geteuid() != 0 {
+        bail!(
+            "the dist tests need Debian's prometheus package unpacked under {} and only root \
+             can fetch it here (`apt-get update`): run `cargo xtask setup --tests` as root",
+            tree.display()
+        );
+    }
+    eprintln!(
+        "xtask: fetching Debian's prometheus package (the Prometheus server and promtool for \
+         the dist tests) and unpacking it into {} (not installed: no service is started)",
+        tree.display()
+    );
+    fs::create_dir_all(&dir)?;
+    let download = || {
+        Command::new("apt-get")
+            .args(["download", "-qq", "prometheus"])
+            .current_dir(&dir)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !download() {
+        run(Command::new("apt-get")
+            .args(["update", "-qq"])
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        if !download() {
+            bail!("`apt-get download prometheus` failed (see above): the dist tests need it");
+        }
+    }
+    let deb = fs::read_dir(&dir)?
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("prometheus_"))
+        })
+        .max()
+        .context("apt-get download left no prometheus_*.deb")?;
+    let tmp = dir.join("prometheus.tmp");
+    let _ = fs::remove_dir_all(&tmp);
+    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tmp))?;
+    let _ = fs::remove_dir_all(&tree);
+    fs::rename(&tmp, &tree)?;
+    fs::remove_file(&deb)?;
+    if !ready(&tree) {
+        bail!(
+            "{} holds no working usr/bin/prometheus and usr/bin/promtool",
+            tree.display()
+        );
+    }
+    Ok(())
+}
 
 /// Installs what the tests need beyond the build: missing system tools with
 /// apt-get (`apt-get update` only then), and the daemon tests' readers at
@@ -380,6 +478,7 @@ fn test_setup() -> Result<()> {
             .arg(&node)
             .arg(format!("pprof-format@{PPROF_FORMAT_VERSION}")))?;
     }
+    prometheus_for_tests()?;
     if unsafe_geteuid() == 0 {
         forky_root()?;
     }
@@ -587,6 +686,21 @@ fn test(args: &[String]) -> Result<()> {
     // The root tests drive the release binary (closer to what users run,
     // and faster symbolization); build it first.
     run(cargo().args(["build", "--release"]))?;
+    // tests/dist.rs checks the release artifacts: build them (one static
+    // build, reused by every artifact), then pack them again and require
+    // the same bytes (reproducibility).
+    if args.is_empty() || args.iter().any(|a| a == "dist") {
+        let first = dist::run_dist()?;
+        let sums = fs::read_to_string(first.dir.join("SHA256SUMS"))?;
+        let again = dist::run_dist()?;
+        let sums_again = fs::read_to_string(again.dir.join("SHA256SUMS"))?;
+        if sums != sums_again {
+            bail!(
+                "`cargo xtask dist` is not reproducible: packing twice gave\n{sums}and then\n{sums_again}"
+            );
+        }
+        eprintln!("xtask: dist: packing twice gave the same SHA256SUMS (reproducible)");
+    }
     // One test at a time: the root tests measure real victims against
     // their own clocks, and two CPU-bound victims on two cores would turn
     // each other's stalls into run-queue time.
@@ -704,6 +818,7 @@ fn main() -> ExitCode {
         Cmd::Demo { seconds, output } => demo(seconds, &output),
         Cmd::Test { args } => test(&args),
         Cmd::Bench { quick, only } => bench::run(quick, &only),
+        Cmd::Dist => dist::run_dist().map(|_| ()),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
