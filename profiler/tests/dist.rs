@@ -751,10 +751,18 @@ fn oci_image_runs_and_the_daemonset_names_it() {
     } else {
         // Some sandboxes (this project's development machines among them:
         // hybrid cgroups, no CAP_SYS_RESOURCE) cannot start any container
-        // with crun. The
-        // image is still run, its entrypoint on its own root filesystem,
-        // chrooted: say so loudly.
+        // with crun. Only those known refusals of the runtime itself fall
+        // back to running the image's entrypoint on its own root
+        // filesystem, chrooted, said loudly; any other failure is the
+        // image's and fails the test.
         let why = String::from_utf8_lossy(&run.stderr).into_owned();
+        let sandbox_refusal = why.contains("OCI permission denied")
+            || why.contains("cgroups in hybrid mode not supported");
+        assert!(
+            sandbox_refusal,
+            "`podman run --rm --network none {image} --version` failed ({}): {why}",
+            run.status
+        );
         eprintln!(
             "\n!!!!!!!!!! `podman run {image}` failed on this machine: {}\
              !!!!!!!!!! running the image's entrypoint chrooted into its mounted root instead\n",
