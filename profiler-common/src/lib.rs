@@ -58,7 +58,97 @@ pub mod kind {
     /// (`SchedEvent`). Preemptions of a busy loop are frequent under load,
     /// blocking switch-outs are not; this keeps the common case cheap.
     pub const PREEMPTED: u32 = 8;
+    /// A task that held the CPU a watched loop thread was waiting for
+    /// (`CpuHolderEvent`), reported at that thread's switch-in: up to
+    /// [`MAX_CPU_HOLDERS`](super::MAX_CPU_HOLDERS) of them per wait.
+    pub const CPU_HOLDER: u32 = 9;
 }
+
+/// `SchedEvent::arg` of a `PREEMPTED` event: what the kernel said about
+/// the preemption.
+pub mod preempt {
+    /// The thread was taken off the CPU because its cgroup's CPU bandwidth
+    /// (CFS quota) ran out: on 6.18+ its `task_struct.throttled` was set at
+    /// the switch; before 6.18 its `se.cfs_rq->throttle_count` was non-zero
+    /// (a task of a throttled hierarchy cannot stay on the CPU there).
+    pub const THROTTLED: u32 = 1;
+}
+
+/// `SchedEvent::arg` of a `SWITCH_IN` event after a throttled preemption:
+/// how many ns of the time off the CPU the thread's run queue was throttled
+/// (the growth of its `cfs_rq->throttled_clock_self_time`, saturated at
+/// `u32::MAX - 1`); the rest was run-queue wait after the unthrottle. Or
+/// this value when the kernel could not measure it (no such field, the
+/// thread came back on another CPU's run queue): then the whole time off
+/// the CPU counts as throttled.
+pub const THROTTLE_NOT_MEASURED: u32 = u32::MAX;
+
+/// How the running kernel takes a task off the CPU when its cgroup's CFS
+/// bandwidth runs out, told from its BTF at load (a BPF global), and what
+/// `sched_switch` must look at to tell a throttled preemption from any
+/// other: both show `prev_state` = `TASK_REPORT_MAX` (measured on 6.18).
+pub mod throttle_model {
+    /// Neither field below is in the kernel's BTF: no preemption is
+    /// flagged throttled (the agent says so at load).
+    pub const UNKNOWN: u32 = 0;
+    /// 6.18+ task-based throttling: a throttled task is dequeued on its way
+    /// back to user space, with `task_struct.throttled` set. Its cfs_rq is
+    /// marked throttled earlier, while the task may still run (and be
+    /// preempted for other reasons) in the kernel, so the cfs_rq does not
+    /// tell.
+    pub const TASK: u32 = 1;
+    /// Before 6.18: the whole cfs_rq is dequeued at once, so a runnable
+    /// task switched out with `se.cfs_rq->throttle_count > 0` (its cfs_rq
+    /// or an ancestor throttled) was throttled.
+    pub const CFS_RQ: u32 = 2;
+
+    /// The model of a kernel whose BTF has `task_struct.throttled`
+    /// (`task_flag`) and `cfs_rq.throttle_count` (`cfs_rq_count`).
+    pub const fn from_btf(task_flag: bool, cfs_rq_count: bool) -> u32 {
+        if task_flag {
+            TASK
+        } else if cfs_rq_count {
+            CFS_RQ
+        } else {
+            UNKNOWN
+        }
+    }
+
+    /// Whether a switch-out of a still-runnable task is a throttle, given
+    /// what BPF read of it at the switch: `task_throttled`
+    /// (`task_struct.throttled`, 0 when the field is absent) and
+    /// `throttle_count` (`se.cfs_rq->throttle_count`, 0 when absent).
+    pub const fn is_throttled(model: u32, task_throttled: u8, throttle_count: i32) -> bool {
+        match model {
+            TASK => task_throttled != 0,
+            CFS_RQ => throttle_count > 0,
+            _ => false,
+        }
+    }
+
+    /// The `SWITCH_IN` arg after a throttled preemption: the growth of the
+    /// thread's cfs_rq's `throttled_clock_self_time` between the switch-out
+    /// (`at_out`) and the switch-in (`at_in`), when it is still on the same
+    /// cfs_rq (`same_rq`) and the field exists (`measurable`); else
+    /// [`THROTTLE_NOT_MEASURED`](super::THROTTLE_NOT_MEASURED).
+    pub const fn switch_in_arg(measurable: bool, same_rq: bool, at_out: u64, at_in: u64) -> u32 {
+        if !measurable || !same_rq || at_in < at_out {
+            return super::THROTTLE_NOT_MEASURED;
+        }
+        let d = at_in - at_out;
+        if d >= super::THROTTLE_NOT_MEASURED as u64 {
+            super::THROTTLE_NOT_MEASURED - 1
+        } else {
+            d as u32
+        }
+    }
+}
+
+/// CPU holders reported per wait of a loop thread (the rest of the wait is
+/// left unnamed): a run-queue wait of a few ms rarely sees more than two.
+pub const MAX_CPU_HOLDERS: usize = 4;
+/// `TASK_COMM_LEN`.
+pub const COMM_LEN: usize = 16;
 
 /// Wait syscalls (x86-64 numbers) that may be an event loop's park point.
 pub mod sysno {
@@ -349,8 +439,26 @@ pub struct SchedEvent {
     pub hdr: EventHeader,
     /// Wakeup: tid of the waker (the task current at wakeup, which in interrupt
     /// context may be unrelated). Exit: 1 when the whole process exited.
+    /// Preempted: [`preempt`] flags. Switch-in: after a throttled
+    /// preemption, the ns throttled ([`THROTTLE_NOT_MEASURED`]).
     pub arg: u32,
     pub _pad: u32,
+}
+
+/// A task that ran on the CPU a loop thread was waiting for (`hdr.tid`,
+/// `hdr.tgid`: the waiting thread; `hdr.ts`: its switch-in; `hdr.cpu`: the
+/// CPU it waited on).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuHolderEvent {
+    pub hdr: EventHeader,
+    /// The holder's thread id and process id (0: the idle task).
+    pub pid: u32,
+    pub tgid: u32,
+    /// How long it ran on that CPU while the loop thread waited there.
+    pub ns: u64,
+    /// Its `comm`, NUL-padded.
+    pub comm: [u8; COMM_LEN],
 }
 
 /// An on-CPU sample or a switch-out, with the stacks at that moment.

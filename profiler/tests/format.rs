@@ -60,7 +60,7 @@ fn report_reads_version_1_and_writes_version_2() {
     let new_raw: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("stalls.json")).unwrap()).unwrap();
     assert_eq!(new_raw["format"], "stallprof-recording");
-    assert_eq!(new_raw["version"], 2);
+    assert_eq!(new_raw["version"], report::json::VERSION);
     let v2 = report::read_json(&out).unwrap();
     assert_eq!(
         v2, v1,
@@ -87,7 +87,8 @@ fn a_newer_version_is_refused_by_name() {
         &report::read_json(&fixture()).unwrap(),
     ))
     .unwrap();
-    v["version"] = 3.into();
+    let newer = report::json::VERSION + 1;
+    v["version"] = newer.into();
     std::fs::write(dir.join("stalls.json"), serde_json::to_vec(&v).unwrap()).unwrap();
     let run = run_stallprof(
         &["report".as_ref(), dir.path.as_os_str()],
@@ -95,7 +96,7 @@ fn a_newer_version_is_refused_by_name() {
     );
     assert_eq!(run.status.code(), Some(1), "{}", run.describe());
     assert!(
-        run.stderr.contains("format version 3") && run.stderr.contains("newer"),
+        run.stderr.contains(&format!("format version {newer}")) && run.stderr.contains("newer"),
         "{}",
         run.describe()
     );

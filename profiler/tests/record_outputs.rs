@@ -104,7 +104,7 @@ fn gateway_stalls_json_round_trips_and_is_20x_smaller() {
     let written = std::fs::read(out.join("stalls.json")).unwrap();
     let raw: serde_json::Value = serde_json::from_slice(&written).unwrap();
     assert_eq!(raw["format"], "stallprof-recording");
-    assert_eq!(raw["version"], 2);
+    assert_eq!(raw["version"], report::json::VERSION);
 
     // Version 2: written again from the model, byte for byte the same file,
     // and read back the same recording.

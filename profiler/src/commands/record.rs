@@ -19,6 +19,7 @@ use crate::{
     os::units::parse_duration,
     os::{
         clock::monotonic_ns,
+        cpu_quota::{self, CgroupFs},
         outdir::{OutDir, random_suffix},
         proc::{is_own_fork, process_alive, read_comm, refuse_target, refuse_thread},
         user::{self, User},
@@ -31,7 +32,7 @@ use crate::{
 };
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use log::info;
+use log::{info, warn};
 
 #[derive(Args, Debug)]
 pub struct RecordArgs {
@@ -379,6 +380,16 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
     let attach_ms = t0.elapsed().as_secs_f64() * 1e3;
     info!("attached to {pid} in {attach_ms:.0} ms");
     let started_ns = monotonic_ns();
+    // The target's CPU limit and its cgroup's throttling counters, now and
+    // at the end: the recording says how much the kernel throttled it.
+    let cgroups = CgroupFs::of_host();
+    let mut cpu_quota = match cpu_quota::of_process(pid, &cgroups) {
+        Ok(q) => q,
+        Err(e) => {
+            warn!("the target's CPU quota is not reported: {e}");
+            None
+        }
+    };
 
     if cfg.save_events {
         live.engine.save_to(&out)?;
@@ -433,6 +444,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
                         executor_threads: live.engine.executors(pid),
                         runtime_problems: live.engine.runtime_problems(),
                         process: live.engine.process(pid),
+                        cpu_quota: cpu_quota.clone(),
                     }
                 });
                 let from = journal.stalls();
@@ -481,6 +493,16 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
         kernel_filtered,
     } = live.finish();
     info!("recording ended by {ended_by}; probes detached");
+    if let Some(q) = cpu_quota.as_mut() {
+        q.read_end(&cgroups);
+        if q.end.is_none() {
+            warn!(
+                "the CPU counters of cgroup {} could not be read at the end (removed?): \
+                 the recording has their start only",
+                q.cgroup
+            );
+        }
+    }
 
     engine.finish(ended_ns);
     if cfg.save_events {
@@ -510,6 +532,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
             executor_threads: engine.executors(pid),
             runtime_problems: engine.runtime_problems(),
             process: engine.process(pid),
+            cpu_quota: cpu_quota.clone(),
         };
         let from = journal.stalls();
         if let Err(e) = journal
@@ -538,6 +561,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
         executor_threads: engine.executors(pid),
         stallprof_version: env!("CARGO_PKG_VERSION").into(),
         runtime_problems: engine.runtime_problems(),
+        cpu_quota,
         stalls,
     };
     let files = match (report::write_all_view(&rec, &out, cfg.view), journal_failed) {

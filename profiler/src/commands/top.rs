@@ -52,6 +52,7 @@ struct Split {
     blocked: u64,
     runqueue: u64,
     gil: u64,
+    throttled: u64,
 }
 
 impl Split {
@@ -61,10 +62,11 @@ impl Split {
             PartKind::OffCpu => self.blocked += ns,
             PartKind::Runqueue => self.runqueue += ns,
             PartKind::GilWait => self.gil += ns,
+            PartKind::Throttled => self.throttled += ns,
         }
     }
     fn total(&self) -> u64 {
-        self.on_cpu + self.blocked + self.runqueue + self.gil
+        self.on_cpu + self.blocked + self.runqueue + self.gil + self.throttled
     }
 }
 
@@ -161,30 +163,32 @@ fn screen(
     );
     let _ = writeln!(
         out,
-        "time in stalls: on-CPU {:.0}%, blocked {:.0}%, run-queue {:.0}%, GIL wait {:.0}%",
+        "time in stalls: on-CPU {:.0}%, blocked {:.0}%, run-queue {:.0}%, GIL wait {:.0}%, CPU throttled {:.0}%",
         pct(all.on_cpu, all.total()),
         pct(all.blocked, all.total()),
         pct(all.runqueue, all.total()),
-        pct(all.gil, all.total())
+        pct(all.gil, all.total()),
+        pct(all.throttled, all.total())
     );
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:>10} {:>6} {:>7} {:>8} {:>6} {:>6}  CULPRIT",
-        "STALL TIME", "SHARE", "ON-CPU", "BLOCKED", "RUNQ", "GIL"
+        "{:>10} {:>6} {:>7} {:>8} {:>6} {:>6} {:>6}  CULPRIT",
+        "STALL TIME", "SHARE", "ON-CPU", "BLOCKED", "RUNQ", "GIL", "THROT"
     );
     let total = all.total();
     for (label, s) in w.culprits().into_iter().take(top) {
         let t = s.total();
         let _ = writeln!(
             out,
-            "{:>10} {:>5.1}% {:>6.0}% {:>7.0}% {:>5.0}% {:>5.0}%  {}",
+            "{:>10} {:>5.1}% {:>6.0}% {:>7.0}% {:>5.0}% {:>5.0}% {:>5.0}%  {}",
             fmt_ns(t),
             pct(t, total),
             pct(s.on_cpu, t),
             pct(s.blocked, t),
             pct(s.runqueue, t),
             pct(s.gil, t),
+            pct(s.throttled, t),
             escape(&label)
         );
     }
@@ -342,6 +346,8 @@ mod tests {
 
     fn stall(end_ns: u64, dur: u64, name: &str, kind: PartKind) -> Stall {
         Stall {
+            throttled_ns: 0,
+            cpu_holders: Vec::new(),
             tid: 1,
             thread_name: "main".into(),
             ns_tid: None,
@@ -355,6 +361,7 @@ mod tests {
             coroutine: None,
             task: None,
             stacks: vec![StackPart {
+                woken: false,
                 frames: vec![Frame::new(name, FrameKind::Python)],
                 weight_ns: dur,
                 kind,

@@ -5,8 +5,9 @@
 //! same pipeline serves live recording, replay of a saved `events.jsonl`, and
 //! golden tests.
 use profiler_common::{
-    EventHeader, MAX_KSTACK, MAX_USTACK, PY_HOLDER_FRAMES, SchedEvent, StackEvent, USER_STACK_COPY,
-    UserRegs, WaitEvent, kind, python::PY_MAX_FRAMES,
+    CpuHolderEvent, EventHeader, MAX_KSTACK, MAX_USTACK, PY_HOLDER_FRAMES, SchedEvent, StackEvent,
+    THROTTLE_NOT_MEASURED, USER_STACK_COPY, UserRegs, WaitEvent, kind, preempt,
+    python::PY_MAX_FRAMES,
 };
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -73,15 +74,34 @@ pub enum Event {
         stack: RawStack,
     },
     /// A busy thread was preempted (still runnable); no stack.
+    /// `throttled`: because its cgroup's CPU quota ran out.
     Preempted {
         tid: u32,
         tgid: u32,
         ts: u64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        throttled: bool,
     },
+    /// `throttled_ns`: after a throttled preemption, how much of the time
+    /// off the CPU the kernel measured as throttled, None when it could not
+    /// measure it; after any other switch-out it is `Some(0)` and unused.
     SwitchIn {
         tid: u32,
         tgid: u32,
         ts: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        throttled_ns: Option<u64>,
+    },
+    /// A task that ran on the CPU loop thread `tid` waited for, for `ns`
+    /// (reported at `tid`'s switch-in, `ts`).
+    CpuHolder {
+        tid: u32,
+        tgid: u32,
+        ts: u64,
+        pid: u32,
+        holder_tgid: u32,
+        comm: String,
+        ns: u64,
     },
     Wakeup {
         tid: u32,
@@ -112,6 +132,7 @@ impl Event {
             | Event::SwitchOut { tid, .. }
             | Event::SwitchIn { tid, .. }
             | Event::Preempted { tid, .. }
+            | Event::CpuHolder { tid, .. }
             | Event::Wakeup { tid, .. }
             | Event::Sample { tid, .. }
             | Event::Exit { tid, .. } => tid,
@@ -125,6 +146,7 @@ impl Event {
             | Event::SwitchOut { ts, .. }
             | Event::SwitchIn { ts, .. }
             | Event::Preempted { ts, .. }
+            | Event::CpuHolder { ts, .. }
             | Event::Wakeup { ts, .. }
             | Event::Sample { ts, .. }
             | Event::Exit { ts, .. } => ts,
@@ -267,8 +289,19 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
         kind::SWITCH_IN | kind::WAKEUP | kind::EXIT | kind::PREEMPTED => {
             let s: SchedEvent = read(bytes, hdr.kind)?;
             match hdr.kind {
-                kind::SWITCH_IN => Event::SwitchIn { tid, tgid, ts },
-                kind::PREEMPTED => Event::Preempted { tid, tgid, ts },
+                kind::SWITCH_IN => Event::SwitchIn {
+                    tid,
+                    tgid,
+                    ts,
+                    // Read downstream only after a throttled preemption.
+                    throttled_ns: (s.arg != THROTTLE_NOT_MEASURED).then_some(s.arg as u64),
+                },
+                kind::PREEMPTED => Event::Preempted {
+                    tid,
+                    tgid,
+                    ts,
+                    throttled: s.arg & preempt::THROTTLED != 0,
+                },
                 kind::WAKEUP => Event::Wakeup {
                     tid,
                     tgid,
@@ -281,6 +314,19 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
                     ts,
                     process: s.arg != 0,
                 },
+            }
+        }
+        kind::CPU_HOLDER => {
+            let h: CpuHolderEvent = read(bytes, hdr.kind)?;
+            let len = h.comm.iter().position(|&b| b == 0).unwrap_or(h.comm.len());
+            Event::CpuHolder {
+                tid,
+                tgid,
+                ts,
+                pid: h.pid,
+                holder_tgid: h.tgid,
+                comm: String::from_utf8_lossy(&h.comm[..len]).into_owned(),
+                ns: h.ns,
             }
         }
         other => return Err(EventError::Kind(other)),

@@ -3,6 +3,7 @@
 //! reads the target controls.
 pub mod clock;
 pub mod container;
+pub mod cpu_quota;
 pub mod limits;
 pub mod outdir;
 pub mod proc;

@@ -41,7 +41,7 @@ use crate::{
     os::proc::{is_own_fork, read_comm, read_namespace_id},
     os::units::fmt_ns,
     pipeline::stall::{Output, Tracker, TrackerConfig},
-    report::model::{ProcessInfo, RuntimeProblem, Stall, ThreadInfo},
+    report::model::{HolderRelation, ProcessInfo, RuntimeProblem, Stall, ThreadInfo},
     symbolize::python::{self, Interpreter, PythonError},
     symbolize::{BlazeResolver, Recorder, Resolve, TableResolver, to_stall},
     unwind::{UnwindBundle, UnwindOutcome, Unwinder, UserRegs},
@@ -916,6 +916,19 @@ impl Engine {
         for h in s.stacks.iter_mut().filter_map(|p| p.gil_holder.as_mut()) {
             if let Some(tid) = h.tid {
                 h.ns_tid = self.thread(raw.tgid, tid).ns_tid;
+            }
+        }
+        // CPU holders of another process in the stalled one's container
+        // (only looked up when it is in one: on the host there is none).
+        if let Some(mine) = self.process(raw.tgid).container {
+            for h in s
+                .cpu_holders
+                .iter_mut()
+                .filter(|h| h.relation == HolderRelation::Other && h.tgid != 0)
+            {
+                if self.process(h.tgid).container.as_ref() == Some(&mine) {
+                    h.relation = HolderRelation::SameContainer;
+                }
             }
         }
         self.stall_task(raw.tgid, &mut s);

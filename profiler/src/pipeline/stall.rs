@@ -18,7 +18,16 @@
 //!   periods are not reported. When the key moves (a re-created loop), the
 //!   busy period open on the old key spans the change-over and is dropped.
 //! * Busy time splits exactly into on-CPU, off-CPU blocked (switch-out to
-//!   wakeup) and run-queue wait (wakeup, or preemption, to switch-in).
+//!   wakeup), run-queue wait (wakeup, or preemption, to switch-in) and
+//!   CPU-throttled (a preemption the kernel flagged as its cgroup's quota
+//!   running out, to switch-in: as much of it as the kernel measured as
+//!   throttled, the rest after the unthrottle is run-queue wait).
+//! * A preemption before the busy period's first stack (a sample or a
+//!   switch-out) is the loop being woken from its park and waiting for a
+//!   CPU (or throttled) before it ran its own code: its part carries the
+//!   park's wait (`woken`, with its syscall) instead of an empty stack.
+//! * The tasks that held the CPU while the thread waited for it (the
+//!   kernel names them at its switch-in) are summed per stall.
 //!   Blocked time in a wait for a CPython GIL held by another thread (the
 //!   BPF side names the holder) is its own kind, `GilWait`; it counts in
 //!   `off_cpu_ns`.
@@ -83,6 +92,8 @@ pub enum PartKind {
     Runqueue,
     /// Off-CPU waiting for a CPython GIL another thread holds.
     GilWait,
+    /// Runnable, but its cgroup's CPU bandwidth (CFS quota) was used up.
+    Throttled,
 }
 
 impl PartKind {
@@ -92,6 +103,7 @@ impl PartKind {
             PartKind::OffCpu => "off_cpu",
             PartKind::Runqueue => "runqueue",
             PartKind::GilWait => "gil_wait",
+            PartKind::Throttled => "throttled",
         }
     }
 }
@@ -106,7 +118,26 @@ pub struct RawPart {
     pub syscall: Option<u32>,
     /// Off-CPU: the thread that woke this one (the task current at wakeup).
     pub waker: Option<u32>,
+    /// Run-queue or throttled time right after the loop's park returned,
+    /// before its own code ran: `syscall` is the park's wait.
+    pub woken: bool,
 }
+
+/// A task that held the CPU while a loop thread waited for it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RawHolder {
+    /// Thread id and process id; 0 for the idle task, and for
+    /// [`OTHER_HOLDERS`] (the tasks past the per-stall cap).
+    pub pid: u32,
+    pub tgid: u32,
+    pub comm: String,
+}
+
+/// Distinct CPU holders kept per busy period; later ones are summed under
+/// one `[other tasks]` entry. A stall on a busy host sees a handful.
+pub const MAX_HOLDERS: usize = 32;
+/// The name the holders past [`MAX_HOLDERS`] are summed under.
+pub const OTHER_HOLDERS: &str = "[other tasks]";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawStall {
@@ -117,7 +148,12 @@ pub struct RawStall {
     pub on_cpu_ns: u64,
     pub off_cpu_ns: u64,
     pub runqueue_ns: u64,
+    /// Of the off-CPU time, what was CPU-throttled (not in `off_cpu_ns` or
+    /// `runqueue_ns`).
+    pub throttled_ns: u64,
     pub parts: Vec<RawPart>,
+    /// Who held the CPU while the thread waited for it, heaviest first.
+    pub cpu_holders: Vec<(RawHolder, u64)>,
     /// The recording ended (or the thread exited) before the loop parked again.
     pub incomplete: bool,
 }
@@ -168,32 +204,51 @@ pub struct TrackerStats {
 struct Pending {
     out: u64,
     runnable: bool,
+    /// A preemption because the cgroup's quota ran out.
+    throttled: bool,
+    /// A preemption before the busy period's first stack: `syscall` is the
+    /// park's wait.
+    woken: bool,
     syscall: Option<u32>,
     stack: StackId,
     wake: Option<(u64, u32)>,
 }
 
-/// An off-CPU part's key: (stack, syscall, waker).
-type OffKey = (StackId, Option<u32>, Option<u32>);
+/// An off-CPU part's key: (stack, syscall, waker, woken).
+type OffKey = (StackId, Option<u32>, Option<u32>, bool);
+
+/// Time of one off-CPU key, by kind.
+#[derive(Debug, Default, Clone, Copy)]
+struct OffTime {
+    blocked: u64,
+    runq: u64,
+    throttled: u64,
+}
 
 #[derive(Debug, Default)]
 struct Busy {
     start: u64,
+    /// The wait the busy period began by returning from (its syscall).
+    park: Option<u32>,
+    /// A sample or a switch-out was seen: the thread has run its own code.
+    stack_seen: bool,
     /// The latest on-CPU sample's stack: where a preempted thread was.
     last_sample: Option<StackId>,
     samples: HashMap<StackId, u64>,
-    /// (stack, syscall, waker) -> (blocked ns, run-queue ns)
-    offs: HashMap<OffKey, (u64, u64)>,
+    offs: HashMap<OffKey, OffTime>,
     pending: Option<Pending>,
+    holders: HashMap<RawHolder, u64>,
 }
 
 impl Busy {
     /// The thread runs again at `ts`: split the time since its switch-out
-    /// into blocked (until wakeup) and run-queue wait.
-    fn back_on_cpu(&mut self, ts: u64) {
+    /// into blocked (until wakeup), throttled (as much as the kernel
+    /// measured, `throttled_ns`; all of it when it could not) and run-queue
+    /// wait.
+    fn back_on_cpu(&mut self, ts: u64, throttled_ns: Option<u64>) {
         let Some(p) = self.pending.take() else { return };
         let end = ts.max(p.out);
-        let (blocked, runq, waker) = if p.runnable {
+        let (blocked, waiting, waker) = if p.runnable {
             (0, end - p.out, None)
         } else {
             let (w, waker) = p
@@ -201,9 +256,31 @@ impl Busy {
                 .map_or((end, None), |(w, who)| (w.clamp(p.out, end), Some(who)));
             (w - p.out, end - w, waker)
         };
-        let e = self.offs.entry((p.stack, p.syscall, waker)).or_default();
-        e.0 += blocked;
-        e.1 += runq;
+        let throttled = if p.throttled {
+            throttled_ns.map_or(waiting, |t| t.min(waiting))
+        } else {
+            0
+        };
+        let e = self
+            .offs
+            .entry((p.stack, p.syscall, waker, p.woken))
+            .or_default();
+        e.blocked += blocked;
+        e.throttled += throttled;
+        e.runq += waiting - throttled;
+    }
+
+    fn add_holder(&mut self, h: RawHolder, ns: u64) {
+        let h = if self.holders.len() >= MAX_HOLDERS && !self.holders.contains_key(&h) {
+            RawHolder {
+                pid: 0,
+                tgid: 0,
+                comm: OTHER_HOLDERS.to_string(),
+            }
+        } else {
+            h
+        };
+        *self.holders.entry(h).or_default() += ns;
     }
 }
 
@@ -272,7 +349,7 @@ impl Tracker {
             b.offs = b
                 .offs
                 .drain()
-                .map(|((id, sys, waker), v)| ((keep(id), sys, waker), v))
+                .map(|((id, sys, waker, woken), v)| ((keep(id), sys, waker, woken), v))
                 .collect();
             if let Some(p) = b.pending.as_mut() {
                 p.stack = keep(p.stack);
@@ -340,6 +417,7 @@ impl Tracker {
                 if self.loops.is_park(tid, key) && th.busy.is_none() {
                     th.busy = Some(Busy {
                         start: ts,
+                        park: Some(nr),
                         ..Default::default()
                     });
                     self.stats.busy_periods += 1;
@@ -354,9 +432,12 @@ impl Tracker {
             } => match self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
                 Some(b) => {
                     let stack = self.stacks.intern(stack);
+                    b.stack_seen = true;
                     b.pending = Some(Pending {
                         out: ts.max(b.start),
                         runnable,
+                        throttled: false,
+                        woken: false,
                         syscall,
                         stack,
                         wake: None,
@@ -364,17 +445,20 @@ impl Tracker {
                 }
                 None => self.stats.events_outside_busy += 1,
             },
-            Event::Preempted { ts, .. } => {
+            Event::Preempted { ts, throttled, .. } => {
                 match self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
                     Some(b) => {
                         let stack = match b.last_sample {
                             Some(s) => s,
                             None => self.stacks.intern(RawStack::default()),
                         };
+                        let woken = !b.stack_seen;
                         b.pending = Some(Pending {
                             out: ts.max(b.start),
                             runnable: true,
-                            syscall: None,
+                            throttled,
+                            woken,
+                            syscall: if woken { b.park } else { None },
                             stack,
                             wake: None,
                         });
@@ -393,11 +477,30 @@ impl Tracker {
                     p.wake = Some((ts, waker));
                 }
             }
-            Event::SwitchIn { ts, .. } => {
+            Event::SwitchIn {
+                ts, throttled_ns, ..
+            } => {
                 if let Some(b) = self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
-                    b.back_on_cpu(ts);
+                    b.back_on_cpu(ts, throttled_ns);
                 }
             }
+            Event::CpuHolder {
+                pid,
+                holder_tgid,
+                comm,
+                ns,
+                ..
+            } => match self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
+                Some(b) => b.add_holder(
+                    RawHolder {
+                        pid,
+                        tgid: holder_tgid,
+                        comm,
+                    },
+                    ns,
+                ),
+                None => self.stats.events_outside_busy += 1,
+            },
             Event::Sample { ts, stack, .. } => {
                 if let Some(b) = self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
                     // A sample means the thread runs: a switch-in we did not
@@ -405,8 +508,9 @@ impl Tracker {
                     // run-queue time run on until the stall's end.
                     if b.pending.is_some() {
                         self.stats.switch_ins_missed += 1;
-                        b.back_on_cpu(ts);
+                        b.back_on_cpu(ts, None);
                     }
+                    b.stack_seen = true;
                     let id = self.stacks.intern(stack);
                     *b.samples.entry(id).or_default() += 1;
                     b.last_sample = Some(id);
@@ -464,15 +568,21 @@ impl Tracker {
             if !incomplete {
                 self.stats.switch_ins_missed += 1;
             }
-            b.back_on_cpu(end);
+            b.back_on_cpu(end, None);
         }
         let mut parts = Vec::new();
-        let (mut off, mut runq) = (0u64, 0u64);
+        let (mut off, mut runq, mut throttled) = (0u64, 0u64, 0u64);
         let mut offs: Vec<_> = b.offs.into_iter().collect();
-        offs.sort();
-        for ((stack, syscall, waker), (blocked, rq)) in offs {
+        offs.sort_by_key(|(k, _)| *k);
+        for ((stack, syscall, waker, woken), t) in offs {
+            let OffTime {
+                blocked,
+                runq: rq,
+                throttled: thr,
+            } = t;
             off += blocked;
             runq += rq;
+            throttled += thr;
             if blocked > 0 {
                 let kind = if self.stacks.get(stack).gil_holder != 0 {
                     PartKind::GilWait
@@ -485,21 +595,27 @@ impl Tracker {
                     kind,
                     syscall,
                     waker,
+                    woken: false,
                 });
             }
-            if rq > 0 {
-                parts.push(RawPart {
-                    stack: Some(stack),
-                    weight_ns: rq,
-                    kind: PartKind::Runqueue,
-                    syscall: None,
-                    waker: None,
-                });
+            for (kind, ns) in [(PartKind::Runqueue, rq), (PartKind::Throttled, thr)] {
+                if ns > 0 {
+                    parts.push(RawPart {
+                        stack: Some(stack),
+                        weight_ns: ns,
+                        kind,
+                        syscall: if woken { syscall } else { None },
+                        waker: None,
+                        woken,
+                    });
+                }
             }
         }
         // Clock skew between CPUs can make the parts exceed the wall time by
         // a hair; on-CPU takes the remainder and never goes negative.
-        let on_cpu = duration.saturating_sub(off + runq);
+        let on_cpu = duration.saturating_sub(off + runq + throttled);
+        let mut cpu_holders: Vec<(RawHolder, u64)> = b.holders.into_iter().collect();
+        cpu_holders.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         parts.extend(spread(on_cpu, b.samples));
         self.stats.stalls += 1;
         out.push(Output::Stall(RawStall {
@@ -510,7 +626,9 @@ impl Tracker {
             on_cpu_ns: on_cpu,
             off_cpu_ns: off,
             runqueue_ns: runq,
+            throttled_ns: throttled,
             parts,
+            cpu_holders,
             incomplete,
         }));
     }
@@ -525,6 +643,7 @@ fn spread(total: u64, samples: HashMap<StackId, u64>) -> Vec<RawPart> {
         kind: PartKind::OnCpu,
         syscall: None,
         waker: None,
+        woken: false,
     };
     if total == 0 {
         return Vec::new();
@@ -733,6 +852,7 @@ mod tests {
                     tid: 1,
                     tgid: 1,
                     ts: 85 * MS,
+                    throttled_ns: Some(0),
                 },
                 exit(85, POLL, 9),
                 sample(87, 0xD),
@@ -772,6 +892,7 @@ mod tests {
                     tid: 1,
                     tgid: 1,
                     ts: 25 * MS,
+                    throttled_ns: Some(0),
                 },
                 enter(30, EPOLL_WAIT, 3),
             ],
@@ -1063,6 +1184,7 @@ mod tests {
                     tid: 1,
                     tgid: 1,
                     ts: 10 * MS,
+                    throttled: false,
                 },
                 sample(12, 0xA),
                 enter(60, EPOLL_WAIT, 3),
@@ -1129,6 +1251,7 @@ mod tests {
                     tid: 1,
                     tgid: 1,
                     ts: 70 * MS,
+                    throttled_ns: Some(0),
                 },
                 enter(90, EPOLL_WAIT, 3),
             ],
@@ -1163,6 +1286,250 @@ mod tests {
         let Output::Stall(s) = &out[0] else { panic!() };
         assert!(s.incomplete);
         assert_eq!((s.on_cpu_ns, s.off_cpu_ns), (MS, 199 * MS));
+    }
+
+    fn preempted(ts: u64, throttled: bool) -> Event {
+        Event::Preempted {
+            tid: 1,
+            tgid: 1,
+            ts: ts * MS,
+            throttled,
+        }
+    }
+    fn switch_in(ts: u64, throttled_ms: Option<u64>) -> Event {
+        Event::SwitchIn {
+            tid: 1,
+            tgid: 1,
+            ts: ts * MS,
+            throttled_ns: throttled_ms.map(|t| t * MS),
+        }
+    }
+    fn held_by(ts: u64, pid: u32, comm: &str, ms: u64) -> Event {
+        Event::CpuHolder {
+            tid: 1,
+            tgid: 1,
+            ts: ts * MS,
+            pid,
+            holder_tgid: pid,
+            comm: comm.into(),
+            ns: ms * MS,
+        }
+    }
+    fn kinds(s: &RawStall) -> Vec<(PartKind, u64, bool)> {
+        let mut v: Vec<_> = s
+            .parts
+            .iter()
+            .map(|p| (p.kind, p.weight_ns / MS, p.woken))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The quota runs out mid-stall: the kernel flags the preemption as
+    /// throttled and measures 75 ms of throttling; the 5 ms after the
+    /// unthrottle are run-queue wait.
+    /// ```text
+    /// busy 0 ── A ── preempted(throttled) 20 ·· throttled 75 ·· runq 5 ·· in 100 ── A ── park 120
+    /// ```
+    #[test]
+    fn throttled_preemption_is_split_as_the_kernel_measured() {
+        let mut t = warmed(50);
+        let s = run(
+            &mut t,
+            vec![
+                exit(0, EPOLL_WAIT, 3),
+                sample(10, 0xA),
+                preempted(20, true),
+                held_by(100, 0, "swapper/1", 80),
+                switch_in(100, Some(75)),
+                sample(110, 0xA),
+                enter(120, EPOLL_WAIT, 3),
+            ],
+        );
+        let s = &s[0];
+        assert_eq!(
+            (
+                s.on_cpu_ns / MS,
+                s.off_cpu_ns,
+                s.runqueue_ns / MS,
+                s.throttled_ns / MS
+            ),
+            (40, 0, 5, 75)
+        );
+        assert_eq!(
+            kinds(s),
+            [
+                (PartKind::OnCpu, 40, false),
+                (PartKind::Runqueue, 5, false),
+                (PartKind::Throttled, 75, false)
+            ]
+        );
+        let total: u64 = s.parts.iter().map(|p| p.weight_ns).sum();
+        assert_eq!(total, s.duration_ns());
+        // The throttled time is at the stack the thread was running.
+        let thr = s.parts.iter().find(|p| p.kind == PartKind::Throttled);
+        assert_eq!(t.stacks.get(thr.unwrap().stack.unwrap()).user, [0xA]);
+        assert_eq!(s.cpu_holders[0].0.comm, "swapper/1");
+    }
+
+    /// A kernel that cannot measure the throttled share (no
+    /// `throttled_clock_self_time`, or the thread came back on another
+    /// CPU): the whole wait counts as throttled, never as run queue.
+    #[test]
+    fn unmeasured_throttling_takes_the_whole_wait() {
+        let mut t = warmed(50);
+        let s = run(
+            &mut t,
+            vec![
+                exit(0, EPOLL_WAIT, 3),
+                sample(5, 0xA),
+                preempted(10, true),
+                switch_in(90, None),
+                enter(100, EPOLL_WAIT, 3),
+            ],
+        );
+        assert_eq!((s[0].runqueue_ns, s[0].throttled_ns), (0, 80 * MS));
+        // The measure never exceeds the wait.
+        let mut t = warmed(50);
+        let s = run(
+            &mut t,
+            vec![
+                exit(0, EPOLL_WAIT, 3),
+                preempted(10, true),
+                switch_in(20, Some(500)),
+                enter(100, EPOLL_WAIT, 3),
+            ],
+        );
+        assert_eq!((s[0].runqueue_ns, s[0].throttled_ns), (0, 10 * MS));
+    }
+
+    /// Without the kernel's flag a preemption is run queue, whatever the
+    /// switch-in says: a process without a quota never shows `throttled`.
+    #[test]
+    fn unflagged_preemption_is_never_throttled() {
+        let mut t = warmed(50);
+        let s = run(
+            &mut t,
+            vec![
+                exit(0, EPOLL_WAIT, 3),
+                sample(5, 0xA),
+                preempted(10, false),
+                held_by(60, 77, "cpuhog", 50),
+                switch_in(60, Some(40)),
+                enter(100, EPOLL_WAIT, 3),
+            ],
+        );
+        assert_eq!((s[0].runqueue_ns, s[0].throttled_ns), (50 * MS, 0));
+        assert!(s[0].parts.iter().all(|p| p.kind != PartKind::Throttled));
+        assert_eq!(
+            s[0].cpu_holders,
+            [(
+                RawHolder {
+                    pid: 77,
+                    tgid: 77,
+                    comm: "cpuhog".into()
+                },
+                50 * MS
+            )]
+        );
+    }
+
+    /// The loop returns from its park and is throttled before its own code
+    /// runs (6.18 throttles on the way back to user space), then waits for
+    /// a CPU once more after its first sample. The first wait carries the
+    /// park's wait, not an empty stack; the second, the sampled stack.
+    /// ```text
+    /// epoll(3) ret 0 · preempted(throttled) 0 ·· in 60 ── A ── preempted 70 ·· in 80 ── park 100
+    /// ```
+    #[test]
+    fn wait_before_the_first_stack_is_woken_from_the_park() {
+        let mut t = warmed(50);
+        let s = run(
+            &mut t,
+            vec![
+                exit(0, EPOLL_WAIT, 3),
+                preempted(0, true),
+                switch_in(60, Some(60)),
+                sample(65, 0xA),
+                preempted(70, false),
+                switch_in(80, Some(0)),
+                enter(100, EPOLL_WAIT, 3),
+            ],
+        );
+        let s = &s[0];
+        assert_eq!(
+            kinds(s),
+            [
+                (PartKind::OnCpu, 30, false),
+                (PartKind::Runqueue, 10, false),
+                (PartKind::Throttled, 60, true)
+            ]
+        );
+        let woken = s.parts.iter().find(|p| p.woken).unwrap();
+        assert_eq!(woken.syscall, Some(EPOLL_WAIT));
+        assert_eq!(t.stacks.get(woken.stack.unwrap()), &RawStack::default());
+        let rq = s.parts.iter().find(|p| p.kind == PartKind::Runqueue);
+        assert_eq!(t.stacks.get(rq.unwrap().stack.unwrap()).user, [0xA]);
+    }
+
+    /// Holders past the cap are summed under one entry: the work per stall
+    /// is bounded, the time is all there.
+    #[test]
+    fn cpu_holders_are_bounded_per_stall() {
+        let mut t = warmed(50);
+        let mut ev = vec![exit(0, EPOLL_WAIT, 3), preempted(1, false)];
+        for pid in 0..(MAX_HOLDERS as u32 + 10) {
+            ev.push(held_by(2, 1000 + pid, "w", 1));
+        }
+        ev.extend([switch_in(60, Some(0)), enter(100, EPOLL_WAIT, 3)]);
+        let s = run(&mut t, ev);
+        let h = &s[0].cpu_holders;
+        assert_eq!(h.len(), MAX_HOLDERS + 1);
+        assert_eq!(h[0].0.comm, OTHER_HOLDERS);
+        assert_eq!(h[0].1, 10 * MS);
+        assert_eq!(
+            h.iter().map(|x| x.1).sum::<u64>(),
+            (MAX_HOLDERS as u64 + 10) * MS
+        );
+    }
+
+    /// The kernel-side decision (`profiler_common::throttle_model`), on
+    /// both throttle models. This machine runs only the 6.18 one; the
+    /// pre-6.18 rows are the kernel's documented behaviour, untested here.
+    #[test]
+    fn throttle_decision_on_both_kernel_models() {
+        use profiler_common::{THROTTLE_NOT_MEASURED, throttle_model as m};
+        assert_eq!(m::from_btf(true, true), m::TASK);
+        assert_eq!(m::from_btf(false, true), m::CFS_RQ);
+        assert_eq!(m::from_btf(false, false), m::UNKNOWN);
+        // 6.18, measured: the throttled switch-out has the task's flag set.
+        assert!(m::is_throttled(m::TASK, 1, 1));
+        // 6.18, measured: a preemption while the cfs_rq is already
+        // throttled but the task still runs in the kernel is not one.
+        assert!(!m::is_throttled(m::TASK, 0, 1));
+        // Before 6.18: the cfs_rq (or an ancestor) being throttled is.
+        assert!(m::is_throttled(m::CFS_RQ, 0, 1));
+        assert!(m::is_throttled(m::CFS_RQ, 0, 2));
+        assert!(!m::is_throttled(m::CFS_RQ, 0, 0));
+        assert!(!m::is_throttled(m::UNKNOWN, 1, 1));
+        // The measured share, and when it cannot be measured.
+        assert_eq!(m::switch_in_arg(true, true, 100, 75_100), 75_000);
+        assert_eq!(
+            m::switch_in_arg(true, false, 100, 200),
+            THROTTLE_NOT_MEASURED
+        );
+        assert_eq!(
+            m::switch_in_arg(false, true, 100, 200),
+            THROTTLE_NOT_MEASURED
+        );
+        assert_eq!(
+            m::switch_in_arg(true, true, 300, 200),
+            THROTTLE_NOT_MEASURED
+        );
+        assert_eq!(
+            m::switch_in_arg(true, true, 0, 1 << 40),
+            THROTTLE_NOT_MEASURED - 1
+        );
     }
 
     #[test]

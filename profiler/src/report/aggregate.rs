@@ -150,6 +150,7 @@ pub struct Summary {
     pub on_cpu_ns: u64,
     pub off_cpu_ns: u64,
     pub runqueue_ns: u64,
+    pub throttled_ns: u64,
     pub culprits: Vec<Culprit>,
 }
 
@@ -184,7 +185,19 @@ pub fn culprit_label(p: &StackPart) -> String {
             Some(h) => format!("waiting for the GIL held by {}", h.describe()),
             None => "waiting for the GIL".to_string(),
         },
+        PartKind::Throttled => "CPU throttled".to_string(),
     };
+    // Before its own code ran: the park it was woken from is the place.
+    if p.woken {
+        let what = match p.kind {
+            PartKind::Throttled => "CPU throttled",
+            _ => "waiting for a CPU",
+        };
+        return format!(
+            "woken from {} — {what}",
+            p.syscall.as_deref().unwrap_or("its wait")
+        );
+    }
     match culprit(p) {
         Some(f) => format!("{} — {what}", f.label()),
         None => format!("[no user frame] — {what}"),
@@ -253,6 +266,7 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
         on_cpu_ns: rec.stalls.iter().map(|s| s.on_cpu_ns).sum(),
         off_cpu_ns: rec.stalls.iter().map(|s| s.off_cpu_ns).sum(),
         runqueue_ns: rec.stalls.iter().map(|s| s.runqueue_ns).sum(),
+        throttled_ns: rec.throttled_ns(),
         culprits,
     }
 }
@@ -281,6 +295,7 @@ mod tests {
     #[test]
     fn culprit_prefers_python_then_sourced_native() {
         let p = StackPart {
+            woken: false,
             frames: vec![
                 f("main", Some("m.c"), FrameKind::Native),
                 f("load", Some("tok.py"), FrameKind::Python),
@@ -309,6 +324,7 @@ mod tests {
             ..Frame::new(name, FrameKind::Js)
         };
         let p = StackPart {
+            woken: false,
             frames: vec![
                 f("uv__run_timers", Some("timer.c"), FrameKind::Native),
                 js("listOnTimeout", "node:internal/timers"),

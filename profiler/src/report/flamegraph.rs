@@ -60,11 +60,18 @@ fn color(f: &Frame, label: &str) -> Color {
             g: 120 + j,
             b: 230,
         },
-        FrameKind::Marker if f.name.starts_with("[runqueue") => Color {
-            r: 160,
-            g: 90,
-            b: 210,
+        FrameKind::Marker if f.name.starts_with("[cpu throttled") => Color {
+            r: 215,
+            g: 40 + j / 2,
+            b: 90,
         },
+        FrameKind::Marker if f.name.starts_with("[runqueue") || f.name.starts_with("[woken") => {
+            Color {
+                r: 160,
+                g: 90,
+                b: 210,
+            }
+        }
         FrameKind::Marker if f.name.starts_with("[gil") => Color {
             r: 40,
             g: 190 + j,
@@ -106,7 +113,7 @@ pub fn render(rec: &Recording, v: View) -> Result<Vec<u8>, std::io::Error> {
         fmt_ns(rec.threshold_ns),
         fmt_ns(rec.total_stall_ns())
     );
-    opts.subtitle = Some("width = stall time; blue = off-CPU (blocked), purple = run-queue wait, aqua = waiting for the GIL, gold = the asyncio task on top".into());
+    opts.subtitle = Some("width = stall time; blue = off-CPU (blocked), purple = run-queue wait, crimson = CPU throttled (cgroup quota), aqua = waiting for the GIL, gold = the asyncio task on top".into());
     opts.count_name = "us".into();
     opts.name_type = "Frame:".into();
     opts.palette_map = Some(&mut palette);

@@ -86,6 +86,8 @@ mod tests {
     fn stall(start_ms: u64, ms: u64, func: &str) -> Stall {
         let ns = ms * 1_000_000;
         Stall {
+            throttled_ns: 0,
+            cpu_holders: Vec::new(),
             tid: 7,
             thread_name: "MainThread".into(),
             ns_tid: None,
@@ -99,6 +101,7 @@ mod tests {
             coroutine: None,
             task: None,
             stacks: vec![StackPart {
+                woken: false,
                 frames: vec![Frame {
                     name: func.into(),
                     file: Some("/app/tok.py".into()),
@@ -117,6 +120,7 @@ mod tests {
 
     fn rec(stalls: Vec<Stall>) -> Recording {
         Recording {
+            cpu_quota: None,
             pid: 1,
             comm: "python3".into(),
             process: Default::default(),

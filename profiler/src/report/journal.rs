@@ -32,7 +32,7 @@ use thiserror::Error;
 use crate::{
     os::outdir::OutDir,
     report::json::{self, FormatError, WireStall},
-    report::model::{Frame, ProcessInfo, Recording, RuntimeProblem, Stall, ThreadInfo},
+    report::model::{CpuQuota, Frame, ProcessInfo, Recording, RuntimeProblem, Stall, ThreadInfo},
 };
 
 pub const NAME: &str = "stalls.journal";
@@ -92,6 +92,9 @@ pub struct Meta {
     /// The target's namespace pid and container (`stalls.json`'s fields).
     #[serde(default, flatten)]
     pub process: ProcessInfo,
+    /// The target's CPU quota and its cgroup's throttling counters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_quota: Option<CpuQuota>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -378,6 +381,7 @@ pub fn read(path: &Path) -> Result<Rebuilt, JournalError> {
             executor_threads: meta.executor_threads,
             stallprof_version: h.stallprof_version,
             runtime_problems: meta.runtime_problems,
+            cpu_quota: meta.cpu_quota,
             stalls,
         },
         damaged_tail,
@@ -391,6 +395,8 @@ mod tests {
 
     fn stall(start: u64, f: &str) -> Stall {
         Stall {
+            throttled_ns: 0,
+            cpu_holders: Vec::new(),
             tid: 7,
             thread_name: "main".into(),
             ns_tid: None,
@@ -404,6 +410,7 @@ mod tests {
             coroutine: None,
             task: None,
             stacks: vec![StackPart {
+                woken: false,
                 frames: vec![
                     Frame::new("main", FrameKind::Native),
                     Frame::new(f, FrameKind::Native),

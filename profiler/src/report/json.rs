@@ -7,10 +7,12 @@
 //! outermost first), and per stall its parts, each naming a stack id. The
 //! in-memory model keeps whole frames; only the file is compact.
 //!
-//! Versions: `format: "stallprof-recording"`, `version: 2` is written.
-//! Read: version 2, and version 1 — the layout before it, with no `format`
-//! field and whole frames in every part (the model's own serde shape). A
-//! newer version is refused by name. The wire types below are a contract of
+//! Versions: `format: "stallprof-recording"`, `version: 3` is written.
+//! Read: version 3; version 2 — the same layout without the `throttled`
+//! part kind, `throttled_ns`, `cpu_holders`, a part's `woken` and the
+//! recording's `cpu_quota` (read as none of them); and version 1 — the
+//! layout before it, with no `format` field and whole frames in every part
+//! (the model's own serde shape). A newer version is refused by name. The wire types below are a contract of
 //! their own, not the model: a change to the model does not silently change
 //! the file.
 use std::{
@@ -23,14 +25,14 @@ use serde_json::ser::Formatter;
 use thiserror::Error;
 
 use crate::report::model::{
-    Container, Frame, GilHolder, PartKind, ProcessInfo, Recording, RuntimeProblem, StackPart,
-    Stall, Task, ThreadInfo,
+    Container, CpuHolder, CpuQuota, Frame, GilHolder, HolderRelation, PartKind, ProcessInfo,
+    Recording, RuntimeProblem, StackPart, Stall, Task, ThreadInfo,
 };
 
 /// The `format` field of every stallprof recording from version 2 on.
 pub const FORMAT: &str = "stallprof-recording";
 /// The version written; readers take this one and every older one.
-pub const VERSION: u64 = 2;
+pub const VERSION: u64 = 3;
 
 #[derive(Debug, Error)]
 pub enum FormatError {
@@ -86,6 +88,9 @@ struct File {
     stallprof_version: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     runtime_problems: Vec<RuntimeProblem>,
+    /// Version 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cpu_quota: Option<CpuQuota>,
     /// Each distinct frame once; a frame's id is its index.
     frames: Vec<Frame>,
     /// Each distinct stack once, as frame ids, outermost first; a stack's
@@ -106,6 +111,11 @@ pub(crate) struct WireStall {
     on_cpu_ns: u64,
     off_cpu_ns: u64,
     runqueue_ns: u64,
+    /// Version 3.
+    #[serde(default)]
+    throttled_ns: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    cpu_holders: Vec<WireCpuHolder>,
     #[serde(default)]
     incomplete: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -126,6 +136,18 @@ struct WirePart {
     waker_tid: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     gil_holder: Option<WireHolder>,
+    /// Version 3.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    woken: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+pub(crate) struct WireCpuHolder {
+    pid: u32,
+    tgid: u32,
+    comm: String,
+    ns: u64,
+    relation: HolderRelation,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -184,6 +206,18 @@ pub(crate) fn wire_stall<'a>(s: &'a Stall, mut stack: impl FnMut(&'a [Frame]) ->
         on_cpu_ns: s.on_cpu_ns,
         off_cpu_ns: s.off_cpu_ns,
         runqueue_ns: s.runqueue_ns,
+        throttled_ns: s.throttled_ns,
+        cpu_holders: s
+            .cpu_holders
+            .iter()
+            .map(|h| WireCpuHolder {
+                pid: h.pid,
+                tgid: h.tgid,
+                comm: h.comm.clone(),
+                ns: h.ns,
+                relation: h.relation,
+            })
+            .collect(),
         incomplete: s.incomplete,
         coroutine: s.coroutine.clone(),
         task: s.task.clone(),
@@ -202,6 +236,7 @@ pub(crate) fn wire_stall<'a>(s: &'a Stall, mut stack: impl FnMut(&'a [Frame]) ->
                     thread_name: h.thread_name.clone(),
                     stack: stack(&h.frames),
                 }),
+                woken: p.woken,
             })
             .collect(),
     }
@@ -234,6 +269,7 @@ fn to_file(rec: &Recording) -> File {
         executor_threads: rec.executor_threads.clone(),
         stallprof_version: rec.stallprof_version.clone(),
         runtime_problems: rec.runtime_problems.clone(),
+        cpu_quota: rec.cpu_quota.clone(),
         frames: t.frames.into_iter().cloned().collect(),
         stacks: t.stacks,
         stalls,
@@ -289,6 +325,7 @@ fn from_file(f: File) -> Result<Recording, FormatError> {
         executor_threads: f.executor_threads,
         stallprof_version: f.stallprof_version,
         runtime_problems: f.runtime_problems,
+        cpu_quota: f.cpu_quota,
         stalls,
     })
 }
@@ -308,6 +345,18 @@ pub(crate) fn model_stall(
         on_cpu_ns: s.on_cpu_ns,
         off_cpu_ns: s.off_cpu_ns,
         runqueue_ns: s.runqueue_ns,
+        throttled_ns: s.throttled_ns,
+        cpu_holders: s
+            .cpu_holders
+            .into_iter()
+            .map(|h| CpuHolder {
+                pid: h.pid,
+                tgid: h.tgid,
+                comm: h.comm,
+                ns: h.ns,
+                relation: h.relation,
+            })
+            .collect(),
         incomplete: s.incomplete,
         coroutine: s.coroutine,
         task: s.task,
@@ -321,6 +370,7 @@ pub(crate) fn model_stall(
                     kind: p.kind,
                     syscall: p.syscall,
                     waker_tid: p.waker_tid,
+                    woken: p.woken,
                     gil_holder: match p.gil_holder {
                         Some(h) => Some(GilHolder {
                             tid: h.tid,
@@ -421,7 +471,7 @@ pub fn from_slice(bytes: &[u8]) -> Result<Recording, FormatError> {
         (Some(f), _) if f != FORMAT => Err(FormatError::NotStallprof { found: f }),
         (Some(_), None) => Err(FormatError::NoVersion),
         (Some(_), Some(v)) if v > VERSION => Err(FormatError::NewerVersion { found: v }),
-        // Versions 2..=VERSION (only 2 so far).
+        // Versions 2..=VERSION: 3 only added fields (read as absent from 2).
         (Some(_), Some(_)) => from_file(serde_json::from_slice(bytes)?),
     }
 }
@@ -463,6 +513,7 @@ mod tests {
         };
         let read = frame("read", None, None, FrameKind::Kernel);
         let part = |frames: Vec<Frame>, kind, ns| StackPart {
+            woken: false,
             frames,
             weight_ns: ns,
             kind,
@@ -473,6 +524,8 @@ mod tests {
         let stall = |start: u64, stacks: Vec<StackPart>| {
             let d = stacks.iter().map(|p| p.weight_ns).sum();
             Stall {
+                throttled_ns: 0,
+                cpu_holders: Vec::new(),
                 tid: 7,
                 thread_name: "MainThread".into(),
                 ns_tid: Some(1),
@@ -498,6 +551,7 @@ mod tests {
             ..part(vec![main.clone(), run.clone()], PartKind::GilWait, 5)
         };
         Recording {
+            cpu_quota: None,
             pid: 42,
             comm: "python3".into(),
             process: ProcessInfo {
@@ -592,6 +646,57 @@ mod tests {
         );
     }
 
+    /// Version 2 files (before the `throttled` kind, holders and quota)
+    /// read as having none of them.
+    #[test]
+    fn reads_version_2() {
+        let rec = recording();
+        let mut v: serde_json::Value = serde_json::from_slice(&to_vec(&rec)).unwrap();
+        v["version"] = 2.into();
+        for s in v["stalls"].as_array_mut().unwrap() {
+            s.as_object_mut().unwrap().remove("throttled_ns");
+        }
+        let back = from_slice(&serde_json::to_vec(&v).unwrap()).unwrap();
+        assert_eq!(back, rec);
+        assert_eq!(back.throttled_ns(), 0);
+    }
+
+    /// Throttled parts, a woken part, CPU holders and the quota survive
+    /// the file.
+    #[test]
+    fn round_trips_throttling() {
+        use crate::os::cpu_quota::{CgroupVersion, CpuQuota, Throttling};
+        let mut rec = recording();
+        let s = &mut rec.stalls[0];
+        let mut woken = s.stacks[0].clone();
+        woken.kind = PartKind::Throttled;
+        woken.woken = true;
+        woken.syscall = Some("epoll_wait".into());
+        woken.frames = vec![Frame::marker("[woken from epoll_wait]")];
+        s.stacks.push(woken);
+        s.throttled_ns = s.stacks.last().unwrap().weight_ns;
+        s.cpu_holders = vec![CpuHolder {
+            pid: 0,
+            tgid: 0,
+            comm: "swapper/0".into(),
+            ns: 7,
+            relation: HolderRelation::Idle,
+        }];
+        rec.cpu_quota = Some(CpuQuota {
+            cgroup_version: CgroupVersion::V1,
+            cgroup: "/q".into(),
+            quota_us: Some(10_000),
+            period_us: 100_000,
+            start: Throttling::default(),
+            end: Some(Throttling {
+                nr_periods: 3,
+                nr_throttled: 2,
+                throttled_ns: 150_000_000,
+            }),
+        });
+        assert_eq!(from_slice(&to_vec(&rec)).unwrap(), rec);
+    }
+
     #[test]
     fn reads_version_1() {
         let rec = recording();
@@ -603,10 +708,10 @@ mod tests {
     fn refuses_newer_versions_and_bad_ids() {
         let rec = recording();
         let mut v: serde_json::Value = serde_json::from_slice(&to_vec(&rec)).unwrap();
-        v["version"] = 3.into();
+        v["version"] = 4.into();
         let e = from_slice(&serde_json::to_vec(&v).unwrap()).unwrap_err();
-        assert!(matches!(e, FormatError::NewerVersion { found: 3 }), "{e}");
-        v["version"] = 2.into();
+        assert!(matches!(e, FormatError::NewerVersion { found: 4 }), "{e}");
+        v["version"] = 3.into();
         v["stalls"][0]["parts"][0]["stack"] = 99.into();
         let e = from_slice(&serde_json::to_vec(&v).unwrap()).unwrap_err();
         assert!(

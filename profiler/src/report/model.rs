@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::os::container::Container;
+pub use crate::os::cpu_quota::{CgroupVersion, CpuQuota, Throttling};
 pub use crate::pipeline::stall::PartKind;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -89,6 +90,99 @@ pub struct StackPart {
     /// `gil_wait`: who held the GIL, and what it was running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gil_holder: Option<GilHolder>,
+    /// `runqueue`/`throttled` right after the loop's park returned, before
+    /// its own code ran: woken from the wait `syscall`, then waiting for a
+    /// CPU (or throttled). Its frames end in a `[woken from …]` marker.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub woken: bool,
+}
+
+impl StackPart {
+    /// What this part's time was, in words: `on-CPU`, `blocked in read`,
+    /// `run queue`, `CPU throttled`, `woken from epoll_wait, waiting for a
+    /// CPU`, `GIL wait`.
+    pub fn kind_text(&self) -> String {
+        let syscall = self.syscall.as_deref().unwrap_or("?");
+        match (self.kind, self.woken) {
+            (PartKind::OnCpu, _) => "on-CPU".into(),
+            (PartKind::OffCpu, _) => format!("blocked in {syscall}"),
+            (PartKind::GilWait, _) => "GIL wait".into(),
+            (PartKind::Runqueue, false) => "run queue".into(),
+            (PartKind::Runqueue, true) => format!("woken from {syscall}, waiting for a CPU"),
+            (PartKind::Throttled, false) => "CPU throttled".into(),
+            (PartKind::Throttled, true) => format!("woken from {syscall}, CPU throttled"),
+        }
+    }
+}
+
+/// A task that held the CPU a loop thread waited for during a stall.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuHolder {
+    /// Thread id and process id; 0 for the idle task (the CPU was free:
+    /// the wait was the loop's own throttling) and for `[other tasks]`.
+    pub pid: u32,
+    pub tgid: u32,
+    pub comm: String,
+    /// How long it held the CPU while the loop thread waited.
+    pub ns: u64,
+    pub relation: HolderRelation,
+}
+
+/// Whose task held the CPU, seen from the stalled process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HolderRelation {
+    /// Another thread of the stalled process.
+    SameProcess,
+    /// A process in the same container (its cgroup path names the same one).
+    SameContainer,
+    /// Anything else on the host.
+    Other,
+    /// The idle task: nobody; the CPU was free.
+    Idle,
+}
+
+/// `cpuhog (pid 4242) 92%, idle CPU 8%`: the `top` heaviest holders with
+/// their share of the time the CPU was held (all holders' time); None when
+/// there are none.
+pub fn cpu_held_by(holders: &[CpuHolder], top: usize) -> Option<String> {
+    let total: u64 = holders.iter().map(|h| h.ns).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut v: Vec<&CpuHolder> = holders.iter().collect();
+    v.sort_by(|a, b| b.ns.cmp(&a.ns).then_with(|| a.pid.cmp(&b.pid)));
+    let mut parts: Vec<String> = v
+        .iter()
+        .take(top)
+        .map(|h| {
+            format!(
+                "{} {:.0}%",
+                h.describe(),
+                100.0 * h.ns as f64 / total as f64
+            )
+        })
+        .collect();
+    if v.len() > top {
+        parts.push(format!("{} more", v.len() - top));
+    }
+    Some(parts.join(", "))
+}
+
+impl CpuHolder {
+    /// `cpuhog (pid 4242)`, `python3 (tid 12, same process)`, `idle CPU`.
+    pub fn describe(&self) -> String {
+        let comm = crate::report::label::escape(&self.comm);
+        match self.relation {
+            HolderRelation::Idle => "idle CPU".into(),
+            HolderRelation::SameProcess => format!("{comm} (tid {}, same process)", self.pid),
+            HolderRelation::SameContainer => {
+                format!("{comm} (pid {}, same container)", self.tgid)
+            }
+            HolderRelation::Other if self.pid == 0 => comm.into_owned(),
+            HolderRelation::Other => format!("{comm} (pid {})", self.tgid),
+        }
+    }
 }
 
 /// The thread holding a CPython GIL that an executor thread waited for.
@@ -138,6 +232,14 @@ pub struct Stall {
     pub on_cpu_ns: u64,
     pub off_cpu_ns: u64,
     pub runqueue_ns: u64,
+    /// Runnable but held off the CPU by its cgroup's quota (CFS
+    /// throttling); `on_cpu_ns + off_cpu_ns + runqueue_ns + throttled_ns ==
+    /// duration_ns`.
+    #[serde(default)]
+    pub throttled_ns: u64,
+    /// Who held the CPU while the thread waited for it, heaviest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cpu_holders: Vec<CpuHolder>,
     #[serde(default)]
     pub incomplete: bool,
     /// asyncio: the coroutine the task running at the stall was started
@@ -222,6 +324,10 @@ pub struct Recording {
     /// unsupported CPython): their stalls carry native frames only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runtime_problems: Vec<RuntimeProblem>,
+    /// The target's CPU limit (its cgroup's quota) and that cgroup's
+    /// throttling counters at the start and end of the recording.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_quota: Option<CpuQuota>,
     pub stalls: Vec<Stall>,
 }
 
@@ -284,6 +390,11 @@ pub struct ThreadInfo {
 impl Recording {
     pub fn total_stall_ns(&self) -> u64 {
         self.stalls.iter().map(|s| s.duration_ns).sum()
+    }
+
+    /// The stalls' CPU-throttled time, summed.
+    pub fn throttled_ns(&self) -> u64 {
+        self.stalls.iter().map(|s| s.throttled_ns).sum()
     }
 
     /// The threads of the stalls (and the loop threads), each once, by

@@ -52,7 +52,7 @@ use crate::{
     os::outdir::OutDir,
     report::{
         RenderError, aggregate,
-        model::{FrameKind, GilHolder, PartKind, Recording, StackPart, Stall},
+        model::{FrameKind, GilHolder, PartKind, Recording, StackPart, Stall, cpu_held_by},
         write_file_with,
     },
 };
@@ -390,15 +390,22 @@ struct Group<'a> {
 }
 
 impl Group<'_> {
-    fn name(&self) -> String {
+    /// `quota`: the target's CPU quota (`10ms/100ms`), when it has one.
+    fn name(&self, quota: Option<&str>) -> String {
+        let base = match self.parts.first() {
+            Some(p) => p.kind_text(),
+            None => String::new(),
+        };
         match self.kind {
-            PartKind::OnCpu => "on-CPU".into(),
-            PartKind::OffCpu => format!("blocked in {}", self.syscall.unwrap_or("?")),
-            PartKind::Runqueue => "run queue".into(),
             PartKind::GilWait => match self.holder {
                 Some(h) => format!("GIL wait (held by {})", h.describe()),
                 None => "GIL wait".into(),
             },
+            PartKind::Throttled => match quota {
+                Some(q) => format!("{base} (quota {q})"),
+                None => base,
+            },
+            _ => base,
         }
     }
 }
@@ -413,6 +420,7 @@ fn groups(s: &Stall) -> Vec<Group<'_>> {
             .filter(|_| p.kind == PartKind::GilWait);
         let same = |g: &Group| {
             g.kind == p.kind
+                && g.parts.first().is_none_or(|f| f.woken == p.woken)
                 && g.syscall == p.syscall.as_deref()
                 && g.holder.map(|h| h.tid) == holder.map(|h| h.tid)
         };
@@ -447,6 +455,11 @@ pub fn packets(
     rec: &Recording,
     out: &mut dyn FnMut(TracePacket) -> io::Result<()>,
 ) -> io::Result<()> {
+    let quota = rec
+        .cpu_quota
+        .as_ref()
+        .filter(|q| q.quota_us.is_some())
+        .map(|q| q.describe());
     let mut w = Writer {
         out,
         names: HashMap::new(),
@@ -542,7 +555,11 @@ pub fn packets(
             annotation_uint("on_cpu_ns", s.on_cpu_ns),
             annotation_uint("off_cpu_ns", s.off_cpu_ns),
             annotation_uint("runqueue_ns", s.runqueue_ns),
+            annotation_uint("throttled_ns", s.throttled_ns),
         ];
+        if let Some(held) = cpu_held_by(&s.cpu_holders, 3) {
+            notes.push(annotation_str("cpu_held_by", &held));
+        }
         if let Some(task) = &s.coroutine {
             notes.push(annotation_str("task", task));
         }
@@ -609,7 +626,7 @@ pub fn packets(
                 g_start,
                 TrackEvent {
                     categories: vec!["stall_part".into()],
-                    name: Some(g.name()),
+                    name: Some(g.name(quota.as_deref())),
                     r#type: Some(TYPE_SLICE_BEGIN),
                     track_uuid: Some(track),
                     debug_annotations: notes,
@@ -684,6 +701,7 @@ mod tests {
 
     fn part(names: &[&str], kind: PartKind, ns: u64) -> StackPart {
         StackPart {
+            woken: false,
             frames: names
                 .iter()
                 .map(|n| Frame::new(*n, FrameKind::Native))
@@ -705,6 +723,8 @@ mod tests {
         // One stall on tid 7, 1000 µs to 1010 µs (10 ms):
         //   |--on-CPU 4 ms (spin, 2 parts)--|--blocked in read 2 ms--|--GIL wait 4 ms--|
         let s = Stall {
+            throttled_ns: 0,
+            cpu_holders: Vec::new(),
             tid: 7,
             thread_name: "loop".into(),
             ns_tid: None,
@@ -729,6 +749,7 @@ mod tests {
             ],
         };
         Recording {
+            cpu_quota: None,
             pid: 5,
             comm: "app".into(),
             process: Default::default(),
@@ -867,6 +888,69 @@ mod tests {
     ///   tid 8      |--GIL wait--|              (from 8 ms, inside it)
     ///   tid 9  |==holds the GIL==|  + an instant at 8 ms, never a second,
     ///                                 overlapping slice on 9's track
+    /// Throttled time is its own child slice, named with the quota; a wait
+    /// woken from the park is named for it; the CPU holders annotate the
+    /// stall.
+    #[test]
+    fn throttled_and_woken_children_name_the_quota_and_the_park() {
+        use crate::os::cpu_quota::{CgroupVersion, CpuQuota, Throttling};
+        use crate::report::model::{CpuHolder, HolderRelation};
+        let mut rec = recording();
+        rec.cpu_quota = Some(CpuQuota {
+            cgroup_version: CgroupVersion::V1,
+            cgroup: "/svc".into(),
+            quota_us: Some(10_000),
+            period_us: 100_000,
+            start: Throttling::default(),
+            end: None,
+        });
+        let s = &mut rec.stalls[0];
+        s.stacks = vec![
+            part(&["main", "spin"], PartKind::OnCpu, 5_000_000),
+            part(&["main", "spin"], PartKind::Throttled, 3_000_000),
+            StackPart {
+                woken: true,
+                syscall: Some("epoll_wait".into()),
+                ..part(&["[woken from epoll_wait]"], PartKind::Runqueue, 2_000_000)
+            },
+        ];
+        s.cpu_holders = vec![CpuHolder {
+            pid: 42,
+            tgid: 42,
+            comm: "cpuhog".into(),
+            ns: 2_000_000,
+            relation: HolderRelation::Other,
+        }];
+        let mut ps = Vec::new();
+        packets(&rec, &mut |p| {
+            ps.push(p);
+            Ok(())
+        })
+        .unwrap();
+        let ev = events(&ps);
+        let names: Vec<&str> = ev
+            .iter()
+            .filter(|(_, e)| e.r#type == Some(TYPE_SLICE_BEGIN))
+            .map(|(_, e)| e.name.as_deref().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "spin — on-CPU",
+                "on-CPU",
+                "CPU throttled (quota 10ms/100ms)",
+                "woken from epoll_wait, waiting for a CPU"
+            ]
+        );
+        let held = ev[0]
+            .1
+            .debug_annotations
+            .iter()
+            .find(|a| a.name.as_deref() == Some("cpu_held_by"))
+            .and_then(|a| a.string_value.clone());
+        assert_eq!(held.as_deref(), Some("cpuhog (pid 42) 100%"));
+    }
+
     #[test]
     fn overlapping_holds_become_instants() {
         let mut rec = recording();

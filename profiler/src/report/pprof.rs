@@ -8,7 +8,8 @@
 //! stall time (sample type `stall/nanoseconds`), so a profile's total is
 //! the stall time it covers. Labels: `stall` (the stall's index in the
 //! order given: for a recording, its index in `stalls.json`), `kind`
-//! (`on_cpu`, `off_cpu`, `runqueue`, `gil_wait`), `syscall` (off-CPU),
+//! (`on_cpu`, `off_cpu`, `runqueue`, `gil_wait`, `throttled`), `syscall`
+//! (off-CPU; for a part `woken` from the loop's park, the park's wait),
 //! `tid` and `thread` (name), `task` (the asyncio coroutine, when known),
 //! `task_name` (the asyncio Task's name, when read),
 //! `pid`, `comm`, `container` (daemon). `go tool pprof -tagfocus
@@ -384,6 +385,7 @@ mod tests {
     #[test]
     fn round_trip_and_totals() {
         let part = |names: &[&str], kind, ns| StackPart {
+            woken: false,
             frames: names
                 .iter()
                 .map(|n| Frame::new(*n, FrameKind::Native))
@@ -395,6 +397,8 @@ mod tests {
             gil_holder: None,
         };
         let s = Stall {
+            throttled_ns: 0,
+            cpu_holders: Vec::new(),
             tid: 7,
             thread_name: "loop".into(),
             ns_tid: None,

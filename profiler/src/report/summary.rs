@@ -1,11 +1,13 @@
 //! The end-of-recording summary printed to the terminal. Every name in it
 //! (command, frames, paths) goes through [`escape`]: a name cannot move the
 //! cursor or forge a line.
-use std::{fmt::Write, path::PathBuf};
+use std::{collections::BTreeMap, fmt::Write, path::PathBuf};
 
 use crate::{
-    os::units::fmt_ns, report::aggregate::summarize, report::label::escape,
-    report::model::Recording,
+    os::units::fmt_ns,
+    report::aggregate::summarize,
+    report::label::escape,
+    report::model::{CgroupVersion, CpuHolder, Recording, cpu_held_by},
 };
 
 fn pct(part: u64, total: u64) -> f64 {
@@ -33,6 +35,53 @@ fn in_tasks(tasks: &[String]) -> String {
             }
         }
     }
+}
+
+fn has_quota(rec: &Recording) -> bool {
+    rec.cpu_quota.as_ref().is_some_and(|q| q.quota_us.is_some())
+}
+
+/// The stalls' CPU holders summed by task, for the summary.
+fn recording_holders(rec: &Recording) -> Vec<CpuHolder> {
+    let mut by: BTreeMap<(u32, u32, &str), CpuHolder> = BTreeMap::new();
+    for h in rec.stalls.iter().flat_map(|s| &s.cpu_holders) {
+        by.entry((h.pid, h.tgid, h.comm.as_str()))
+            .and_modify(|e| e.ns += h.ns)
+            .or_insert_with(|| h.clone());
+    }
+    by.into_values().collect()
+}
+
+/// `  CPU quota: 10ms/100ms (cgroup v1 /svc): throttled in 14 of 15
+/// periods, 1.2s in all while recording; the stalls' throttled parts
+/// 1.1s (95% of it)`. None without a quota.
+fn quota_line(rec: &Recording) -> Option<String> {
+    let q = rec.cpu_quota.as_ref().filter(|q| q.quota_us.is_some())?;
+    let version = match q.cgroup_version {
+        CgroupVersion::V1 => "v1",
+        CgroupVersion::V2 => "v2",
+    };
+    let mut line = format!(
+        "  CPU quota: {} (cgroup {version} {})",
+        q.describe(),
+        escape(&q.cgroup)
+    );
+    match q.during() {
+        Some(d) => {
+            let _ = write!(
+                line,
+                ": throttled in {} of {} periods, {} in all while recording; the stalls' \
+                 throttled parts {} ({:.0}% of it)",
+                d.nr_throttled,
+                d.nr_periods,
+                fmt_ns(d.throttled_ns),
+                fmt_ns(rec.throttled_ns()),
+                pct(rec.throttled_ns(), d.throttled_ns)
+            );
+        }
+        None => line.push_str(": its counters could not be read at the end"),
+    }
+    Some(line)
 }
 
 pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
@@ -78,6 +127,9 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
             ns_tids.join(", ")
         );
     }
+    if let Some(line) = quota_line(rec) {
+        let _ = writeln!(out, "{line}");
+    }
     if s.stalls == 0 {
         let _ = writeln!(
             out,
@@ -101,13 +153,22 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
             fmt_ns(s.p99_ns),
             fmt_ns(s.max_ns)
         );
+        let throttled = if s.throttled_ns > 0 || has_quota(rec) {
+            format!(", CPU throttled {:.1}%", pct(s.throttled_ns, s.total_ns))
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "  time in stalls: on-CPU {:.1}%, off-CPU (blocked) {:.1}%, run-queue wait {:.1}%",
+            "  time in stalls: on-CPU {:.1}%, off-CPU (blocked) {:.1}%, run-queue wait {:.1}%{throttled}",
             pct(s.on_cpu_ns, s.total_ns),
             pct(s.off_cpu_ns, s.total_ns),
             pct(s.runqueue_ns, s.total_ns)
         );
+        let holders = recording_holders(rec);
+        if let Some(held) = cpu_held_by(&holders, 3) {
+            let _ = writeln!(out, "  run queue — CPU held by {held}");
+        }
         let _ = writeln!(out, "  top culprits (share of stall time):");
         for c in &s.culprits {
             let _ = writeln!(

@@ -261,6 +261,8 @@ mod tests {
     }
     fn stall(tid: u32, stacks: Vec<Vec<Frame>>) -> Stall {
         Stall {
+            throttled_ns: 0,
+            cpu_holders: Vec::new(),
             tid,
             thread_name: "main".into(),
             ns_tid: None,
@@ -276,6 +278,7 @@ mod tests {
             stacks: stacks
                 .into_iter()
                 .map(|frames| StackPart {
+                    woken: false,
                     frames,
                     weight_ns: 5,
                     kind: PartKind::OnCpu,

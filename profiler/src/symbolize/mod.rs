@@ -32,8 +32,10 @@ use log::debug;
 
 use crate::{
     os::limits,
-    pipeline::stall::{PartKind, RawStall, StackTable},
-    report::model::{Frame, FrameKind, GilHolder, StackPart, Stall, ThreadInfo},
+    pipeline::stall::{OTHER_HOLDERS, PartKind, RawHolder, RawStall, StackTable},
+    report::model::{
+        CpuHolder, Frame, FrameKind, GilHolder, HolderRelation, StackPart, Stall, ThreadInfo,
+    },
     symbolize::pyframes::PyResolver,
 };
 
@@ -831,6 +833,27 @@ fn asyncio_coroutine(frames: &[Frame]) -> Option<String> {
         .map(Frame::label)
 }
 
+/// A CPU holder as the report shows it; whether it is in the same
+/// container is the engine's to say (it knows the processes).
+fn cpu_holder(tgid: u32, h: &RawHolder, ns: u64) -> CpuHolder {
+    let relation = if h.comm == OTHER_HOLDERS {
+        HolderRelation::Other
+    } else if h.pid == 0 {
+        HolderRelation::Idle
+    } else if h.tgid == tgid {
+        HolderRelation::SameProcess
+    } else {
+        HolderRelation::Other
+    };
+    CpuHolder {
+        pid: h.pid,
+        tgid: h.tgid,
+        comm: h.comm.clone(),
+        ns,
+        relation,
+    }
+}
+
 /// Symbolize a finished stall.
 pub fn to_stall(
     raw: &RawStall,
@@ -856,8 +879,15 @@ pub fn to_stall(
                     "[off-cpu: {}]",
                     syscall.as_deref().unwrap_or("no syscall")
                 ))),
+                PartKind::Runqueue | PartKind::Throttled if p.woken => frames.push(Frame::marker(
+                    format!("[woken from {}]", syscall.as_deref().unwrap_or("its wait")),
+                )),
                 PartKind::Runqueue => frames.push(Frame::marker("[runqueue]")),
+                PartKind::Throttled => frames.push(Frame::marker("[cpu throttled]")),
                 PartKind::GilWait => {} // marked below, with the holder
+            }
+            if p.woken && p.kind == PartKind::Throttled {
+                frames.push(Frame::marker("[cpu throttled]"));
             }
             // Run-queue time after a timed GIL wait keeps the holder too:
             // the wait would not have been there without it.
@@ -882,6 +912,7 @@ pub fn to_stall(
                 syscall,
                 waker_tid: p.waker,
                 gil_holder,
+                woken: p.woken,
             }
         })
         .collect();
@@ -899,6 +930,12 @@ pub fn to_stall(
         on_cpu_ns: raw.on_cpu_ns,
         off_cpu_ns: raw.off_cpu_ns,
         runqueue_ns: raw.runqueue_ns,
+        throttled_ns: raw.throttled_ns,
+        cpu_holders: raw
+            .cpu_holders
+            .iter()
+            .map(|(h, ns)| cpu_holder(raw.tgid, h, *ns))
+            .collect(),
         incomplete: raw.incomplete,
         stacks: parts,
     }

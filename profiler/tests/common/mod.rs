@@ -588,6 +588,9 @@ pub struct Recording {
     pub sample_after_ns: u64,
     #[serde(default)]
     pub kernel_filtered: BTreeMap<String, u64>,
+    /// Version 3: the target's CPU quota and its cgroup's counters.
+    #[serde(default)]
+    pub cpu_quota: Option<serde_json::Value>,
     pub stalls: Vec<Stall>,
 }
 
@@ -601,8 +604,23 @@ pub struct Stall {
     pub on_cpu_ns: u64,
     pub off_cpu_ns: u64,
     pub runqueue_ns: u64,
+    /// Version 3: runnable but held off the CPU by its cgroup's quota.
+    #[serde(default)]
+    pub throttled_ns: u64,
+    /// Version 3: who ran on the CPU it waited for.
+    #[serde(default)]
+    pub cpu_holders: Vec<CpuHolder>,
     pub incomplete: bool,
     pub stacks: Vec<Stack>,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct CpuHolder {
+    pub pid: u32,
+    pub tgid: u32,
+    pub comm: String,
+    pub ns: u64,
+    pub relation: String,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -611,6 +629,8 @@ pub struct Stack {
     pub weight_ns: u64,
     pub kind: String,
     pub syscall: Option<String>,
+    #[serde(default)]
+    pub woken: bool,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -677,7 +697,7 @@ impl Stall {
                 .join(";")
         });
         format!(
-            "tid {} [{} .. {}] {:.2} ms (on {:.2} / off {:.2} / rq {:.2} ms){} weights {:?} heaviest stack: {}",
+            "tid {} [{} .. {}] {:.2} ms (on {:.2} / off {:.2} / rq {:.2} / throttled {:.2} ms){} weights {:?} heaviest stack: {}",
             self.tid,
             self.start_ns,
             self.end_ns,
@@ -685,6 +705,7 @@ impl Stall {
             ms(self.on_cpu_ns),
             ms(self.off_cpu_ns),
             ms(self.runqueue_ns),
+            ms(self.throttled_ns),
             if self.incomplete { " INCOMPLETE" } else { "" },
             by_kind
                 .iter()
@@ -739,7 +760,12 @@ pub fn expand_stalls_json(mut v: serde_json::Value) -> serde_json::Value {
         return v; // version 1
     };
     assert_eq!(format, "stallprof-recording", "unknown format");
-    assert_eq!(v["version"], 2, "a version these tests do not know");
+    // Version 3 only added fields (docs/format.md): expanded the same way.
+    assert!(
+        v["version"] == 2 || v["version"] == 3,
+        "a version these tests do not know: {}",
+        v["version"]
+    );
     let obj = v.as_object_mut().unwrap();
     let frames = obj
         .remove("frames")
@@ -984,8 +1010,8 @@ pub fn check_contract_at(c: &mut Checks, rec: &Recording, threshold_ns: u64, sam
             || format!("{who}: end_ns - start_ns != duration_ns"),
         );
         c.check(
-            s.on_cpu_ns + s.off_cpu_ns + s.runqueue_ns == s.duration_ns,
-            || format!("{who}: on_cpu + off_cpu + runqueue != duration"),
+            s.on_cpu_ns + s.off_cpu_ns + s.runqueue_ns + s.throttled_ns == s.duration_ns,
+            || format!("{who}: on_cpu + off_cpu + runqueue + throttled != duration"),
         );
         let w: u64 = s.stacks.iter().map(|st| st.weight_ns).sum();
         c.check(w == s.duration_ns, || {
@@ -1010,7 +1036,7 @@ pub fn check_contract_at(c: &mut Checks, rec: &Recording, threshold_ns: u64, sam
             c.check(
                 matches!(
                     st.kind.as_str(),
-                    "on_cpu" | "off_cpu" | "runqueue" | "gil_wait"
+                    "on_cpu" | "off_cpu" | "runqueue" | "throttled" | "gil_wait"
                 ),
                 || format!("{who}: stack kind {:?}", st.kind),
             );

@@ -35,11 +35,12 @@ fn histogram() -> Histogram {
     Histogram::new(BUCKETS)
 }
 
-pub const KINDS: [PartKind; 4] = [
+pub const KINDS: [PartKind; 5] = [
     PartKind::OnCpu,
     PartKind::OffCpu,
     PartKind::Runqueue,
     PartKind::GilWait,
+    PartKind::Throttled,
 ];
 
 pub struct Metrics {
@@ -126,7 +127,7 @@ impl Metrics {
         let stall_seconds = Family::<Labels, Counter<f64, AtomicU64>>::default();
         r.register_with_unit(
             "stallprof_stall",
-            "Time spent in stalls, by where it went: kind=on_cpu|off_cpu|runqueue|gil_wait",
+            "Time spent in stalls, by where it went: kind=on_cpu|off_cpu|runqueue|gil_wait|throttled",
             Unit::Seconds,
             stall_seconds.clone(),
         );
@@ -323,7 +324,7 @@ impl Metrics {
         self.stall_duration
             .get_or_create(labels)
             .observe(s.duration_ns as f64 / 1e9);
-        let mut by_kind = [0u64; 4];
+        let mut by_kind = [0u64; KINDS.len()];
         for p in &s.stacks {
             let i = KINDS.iter().position(|k| *k == p.kind).unwrap_or(0);
             by_kind[i] += p.weight_ns;
@@ -424,6 +425,7 @@ mod tests {
         let labels: Labels = vec![("pid", "1".into()), ("comm", "x".into())];
         m.add_process(&labels);
         let part = |kind, ns| StackPart {
+            woken: false,
             frames: vec![Frame::marker("[x]")],
             weight_ns: ns,
             kind,
@@ -432,6 +434,8 @@ mod tests {
             gil_holder: None,
         };
         let s = Stall {
+            throttled_ns: 0,
+            cpu_holders: Vec::new(),
             tid: 1,
             thread_name: "x".into(),
             ns_tid: None,

@@ -240,6 +240,9 @@ impl Window {
                 executor_threads: Vec::new(),
                 stallprof_version: env!("CARGO_PKG_VERSION").into(),
                 runtime_problems: p.problems.clone(),
+                // The daemon does not read quotas: its metrics count the
+                // throttled time per stall.
+                cpu_quota: None,
                 stalls: std::mem::take(&mut p.stalls),
             };
             let wrote = (|| -> Result<()> {
@@ -389,6 +392,8 @@ mod tests {
             runtime: "native".into(),
         });
         let stall = Stall {
+            throttled_ns: 0,
+            cpu_holders: Vec::new(),
             tid: 42,
             thread_name: "victim".into(),
             ns_tid: None,
@@ -402,6 +407,7 @@ mod tests {
             coroutine: None,
             task: None,
             stacks: vec![StackPart {
+                woken: false,
                 frames: vec![Frame::new("spin", FrameKind::Native)],
                 weight_ns: 59_998_000,
                 kind: PartKind::OnCpu,
