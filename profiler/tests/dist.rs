@@ -225,6 +225,7 @@ fn checksums_and_static_binary() {
         "CHANGELOG.md",
         "LICENSE-MIT",
         "LICENSE-APACHE",
+        "THIRD-PARTY.md",
         "docs/install.md",
         "docs/daemon.md",
         "docs/deploy/daemonset.yaml",
@@ -262,6 +263,28 @@ fn checksums_and_static_binary() {
         "tar xzf",
     );
     let bin = scratch.path.join(&top).join("stallprof");
+    // What is linked in, with licenses: the crates the binary is made of.
+    let third = std::fs::read_to_string(scratch.path.join(&top).join("THIRD-PARTY.md")).unwrap();
+    for want in [
+        "| tokio |",
+        "| aya |",
+        "| inferno | ",
+        "CDDL-1.0",
+        "| blazesym |",
+    ] {
+        assert!(
+            third.contains(want),
+            "THIRD-PARTY.md lacks {want:?}:\n{third}"
+        );
+    }
+    let libc_row = match d.manifest["target"].as_str() {
+        Some("x86_64-unknown-linux-musl") => "musl libc",
+        _ => "GNU C Library",
+    };
+    assert!(
+        third.contains(libc_row),
+        "THIRD-PARTY.md names no {libc_row}"
+    );
     let headers = ok(Command::new("readelf").arg("-lW").arg(&bin), "readelf -l");
     assert!(
         !headers.contains("INTERP"),
@@ -339,6 +362,7 @@ assert "Root-Is-Purelib: false" in wheel, wheel
 assert "Tag: py3-none-musllinux_1_1_x86_64" in wheel, wheel
 assert "Tag: py3-none-manylinux_2_17_x86_64" in wheel, wheel
 assert not [n for n in names if n.endswith(".py")], names
+assert [n for n in names if n.endswith(".dist-info/licenses/THIRD-PARTY.md")], names
 print("ok")
 "#;
     let scratch = Scratch::new("dist-wheel");
@@ -507,6 +531,7 @@ fn deb_contents_scripts_and_scratch_install() {
         ("/etc/stallprof/daemon.toml", "-rw-r--r--"),
         ("/usr/share/man/man1/stallprof.1.gz", "-rw-r--r--"),
         ("/usr/share/doc/stallprof/copyright", "-rw-r--r--"),
+        ("/usr/share/doc/stallprof/THIRD-PARTY.md", "-rw-r--r--"),
         ("/usr/share/doc/stallprof/changelog.gz", "-rw-r--r--"),
         ("/usr/share/doc/stallprof/README.md", "-rw-r--r--"),
         ("/usr/share/doc/stallprof/docs/daemon.md", "-rw-r--r--"),
@@ -737,7 +762,11 @@ fn oci_image_runs_and_the_daemonset_names_it() {
     found.sort();
     assert_eq!(
         found,
-        ["etc/stallprof/daemon.toml", "usr/bin/stallprof"],
+        [
+            "etc/stallprof/daemon.toml",
+            "usr/bin/stallprof",
+            "usr/share/doc/stallprof/THIRD-PARTY.md"
+        ],
         "the image's files"
     );
 

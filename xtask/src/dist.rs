@@ -46,6 +46,8 @@ const GNU: &str = "x86_64-unknown-linux-gnu";
 /// of any version, so both families are honest; `manylinux2014` is the
 /// legacy alias of `manylinux_2_17` for pip before 20.3.
 const WHEEL_PLATFORM: &str = "manylinux_2_17_x86_64.manylinux2014_x86_64.musllinux_1_1_x86_64";
+/// The licenses of what the static binary contains besides stallprof.
+const THIRD_PARTY: &str = "THIRD-PARTY.md";
 /// The image, as docs/deploy/daemonset.yaml names it (with the version).
 pub const IMAGE_NAME: &str = "localhost/stallprof";
 
@@ -110,6 +112,19 @@ fn git_commit() -> String {
 
 /// The static target: musl when rustup has or can add it, else static glibc.
 fn static_target() -> Result<&'static str> {
+    // A packager's (or a test's) choice: STALLPROF_DIST_TARGET=x86_64-unknown-linux-gnu
+    // builds the static glibc fallback on purpose.
+    match env::var("STALLPROF_DIST_TARGET").ok().as_deref() {
+        None | Some("") => {}
+        Some(MUSL) => {}
+        Some(GNU) => {
+            eprintln!("xtask: STALLPROF_DIST_TARGET={GNU}: a fully static glibc build");
+            return Ok(GNU);
+        }
+        Some(other) => bail!(
+            "STALLPROF_DIST_TARGET={other:?}: the static builds are {MUSL} (the default) and {GNU}"
+        ),
+    }
     let installed = output(Command::new("rustup").args(["target", "list", "--installed"]))
         .context("rustup is needed to pick the static target (rustup target list)")?;
     if installed.lines().any(|l| l.trim() == MUSL) {
@@ -372,10 +387,17 @@ pub fn run_dist() -> Result<Built> {
         .to_string();
     let bin_bytes = fs::read(&bin)?;
 
+    // What else is in the binary, crate by crate, for every artifact.
+    put(
+        &stage.join(THIRD_PARTY),
+        third_party(triple)?.as_bytes(),
+        0o644,
+    )?;
+
     let mut artifacts: BTreeMap<&str, String> = BTreeMap::new();
     let tarball = tarball(&stage, &bin, &version, epoch)?;
     artifacts.insert("tarball", tarball);
-    let wheel = wheel(&bin_bytes, &version, epoch)?;
+    let wheel = wheel(&stage, &bin_bytes, &version, epoch)?;
     artifacts.insert("wheel", wheel);
     let deb = deb(&stage, &bin, &version, epoch)?;
     artifacts.insert("deb", deb);
@@ -426,6 +448,89 @@ pub fn run_dist() -> Result<Built> {
     Ok(Built { dir })
 }
 
+/// THIRD-PARTY.md: every crate linked into the binary (the normal
+/// dependencies of `profiler` for `triple`, from `cargo metadata`) with its
+/// version, license and source, and the C library the target links in.
+fn third_party(triple: &str) -> Result<String> {
+    let out = output_bytes(
+        cargo()
+            .args(["metadata", "--format-version", "1", "--locked"])
+            .args(["--filter-platform", triple]),
+    )?;
+    let meta: serde_json::Value = serde_json::from_slice(&out)?;
+    let packages: BTreeMap<&str, &serde_json::Value> = meta["packages"]
+        .as_array()
+        .context("cargo metadata: no packages")?
+        .iter()
+        .filter_map(|p| Some((p["id"].as_str()?, p)))
+        .collect();
+    let nodes: BTreeMap<&str, &serde_json::Value> = meta["resolve"]["nodes"]
+        .as_array()
+        .context("cargo metadata: no resolve graph")?
+        .iter()
+        .filter_map(|n| Some((n["id"].as_str()?, n)))
+        .collect();
+    let profiler = packages
+        .iter()
+        .find(|(_, p)| p["name"] == "profiler")
+        .map(|(id, _)| *id)
+        .context("cargo metadata: no profiler package")?;
+    // Normal dependencies only (kind null): what is linked into the binary.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut todo = vec![profiler];
+    while let Some(id) = todo.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        for d in nodes[id]["deps"].as_array().into_iter().flatten() {
+            let normal = d["dep_kinds"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k["kind"].is_null()));
+            if normal && let Some(pkg) = d["pkg"].as_str() {
+                todo.push(pkg);
+            }
+        }
+    }
+    let mut rows: Vec<(String, String, String, String)> = seen
+        .iter()
+        .map(|id| packages[id])
+        .filter(|p| p["source"].is_string()) // the workspace's own crates are stallprof
+        .map(|p| {
+            let s = |k: &str| p[k].as_str().unwrap_or("").to_string();
+            let source = match s("repository") {
+                r if !r.is_empty() => r,
+                _ => format!("https://crates.io/crates/{}", s("name")),
+            };
+            let license = match s("license") {
+                l if !l.is_empty() => l,
+                _ => format!("see its license file ({})", s("license_file")),
+            };
+            (s("name"), s("version"), license, source)
+        })
+        .collect();
+    rows.sort();
+    let libc = if triple == MUSL {
+        "| musl libc (Rust's self-contained x86_64-unknown-linux-musl target) | as shipped by rustup | MIT | https://musl.libc.org |\n"
+    } else {
+        "| GNU C Library, linked statically (`+crt-static`) | the build machine's | LGPL-2.1-or-later (linked statically: whoever distributes this binary must also offer what is needed to relink it against another glibc; the musl build has no such duty) | https://www.gnu.org/software/libc/ |\n"
+    };
+    let mut text = format!(
+        "# Third-party software in the stallprof binary\n\n\
+         stallprof is statically linked: besides its own code (MIT OR Apache-2.0,\n\
+         LICENSE-MIT and LICENSE-APACHE), the binary contains the crates below,\n\
+         each under its own license, whose full text and copyright notices are\n\
+         in its source at the address given (crates.io keeps every version), and\n\
+         the C library its target links in. Generated by `cargo xtask dist` from\n\
+         `cargo metadata` for {triple}: {} crates.\n\n\
+         | crate | version | license | source |\n|---|---|---|---|\n{libc}",
+        rows.len()
+    );
+    for (name, version, license, source) in rows {
+        text.push_str(&format!("| {name} | {version} | {license} | {source} |\n"));
+    }
+    Ok(text)
+}
+
 /// stallprof-VER-x86_64-linux.tar.gz: stallprof-VER-x86_64-linux/{stallprof,
 /// README.md, CHANGELOG.md, LICENSE-*, docs/}.
 fn tarball(stage: &Path, bin: &Path, version: &str, epoch: u64) -> Result<String> {
@@ -435,6 +540,7 @@ fn tarball(stage: &Path, bin: &Path, version: &str, epoch: u64) -> Result<String
     for f in ["README.md", "CHANGELOG.md", "LICENSE-MIT", "LICENSE-APACHE"] {
         copy(&root().join(f), &t.join(f), 0o644)?;
     }
+    copy(&stage.join(THIRD_PARTY), &t.join(THIRD_PARTY), 0o644)?;
     for f in doc_files()? {
         copy(
             &root().join("docs").join(&f),
@@ -476,7 +582,7 @@ fn output_bytes(cmd: &mut Command) -> Result<Vec<u8>> {
 
 /// The wheel: `stallprof-VER.data/scripts/stallprof` (pip puts it on the
 /// environment's PATH, executable), METADATA, WHEEL, the licenses, RECORD.
-fn wheel(bin: &[u8], version: &str, epoch: u64) -> Result<String> {
+fn wheel(stage: &Path, bin: &[u8], version: &str, epoch: u64) -> Result<String> {
     let dist_info = format!("stallprof-{version}.dist-info");
     let readme = fs::read_to_string(root().join("README.md"))?;
     let metadata = format!(
@@ -528,6 +634,11 @@ fn wheel(bin: &[u8], version: &str, epoch: u64) -> Result<String> {
             0o644,
         ));
     }
+    files.push((
+        format!("{dist_info}/licenses/{THIRD_PARTY}"),
+        fs::read(stage.join(THIRD_PARTY))?,
+        0o644,
+    ));
     files.sort_by(|a, b| a.0.cmp(&b.0));
     let mut record = String::new();
     for (name, bytes, _) in &files {
@@ -737,6 +848,7 @@ fn deb(stage: &Path, bin: &Path, version: &str, epoch: u64) -> Result<String> {
         0o644,
     )?;
     put(&doc.join("copyright"), copyright()?.as_bytes(), 0o644)?;
+    copy(&stage.join(THIRD_PARTY), &doc.join(THIRD_PARTY), 0o644)?;
     copy(&root().join("README.md"), &doc.join("README.md"), 0o644)?;
     put(
         &doc.join("changelog.gz"),
@@ -836,13 +948,13 @@ fn copyright() -> Result<String> {
          Upstream-Name: stallprof\n\
          Upstream-Contact: The stallprof developers <stallprof@example.invalid>\n\
          Source: https://example.invalid/stallprof\n\
-         Comment: The binary is statically linked. It contains the Rust crates\n \
-         listed in /usr/share/doc/stallprof/docs/dependencies.md and their own\n \
-         dependencies, under their own (permissive: MIT, Apache-2.0, BSD, Zlib,\n \
-         Unicode) licenses, and, from the x86_64-unknown-linux-musl target, musl\n \
-         libc (MIT). The embedded eBPF programs declare the license \"GPL\" to\n \
-         the kernel, which reserves some BPF helpers for GPL programs; their\n \
-         source is under the terms below like the rest.\n\
+         Comment: The binary is statically linked. It contains Rust crates and\n \
+         a C library under their own licenses, each listed with its version,\n \
+         license and source in /usr/share/doc/stallprof/THIRD-PARTY.md (among\n \
+         them inferno, CDDL-1.0, whose source is at the address listed there).\n \
+         The embedded eBPF programs declare the license \"GPL\" to the kernel,\n \
+         which reserves some BPF helpers for GPL programs; their source is under\n \
+         the terms below like the rest.\n\
          \n\
          Files: *\n\
          Copyright: The stallprof developers\n\
@@ -943,6 +1055,7 @@ fn image(
         &ctx.join("daemon.toml"),
         0o644,
     )?;
+    copy(&stage.join(THIRD_PARTY), &ctx.join(THIRD_PARTY), 0o644)?;
     let containerfile = format!(
         "# stallprof {version}: the static binary and nothing else (built by `cargo xtask dist`).\n\
          FROM scratch\n\
@@ -954,6 +1067,7 @@ fn image(
          \x20     org.opencontainers.image.source=\"https://example.invalid/stallprof\"\n\
          COPY stallprof /usr/bin/stallprof\n\
          COPY daemon.toml /etc/stallprof/daemon.toml\n\
+         COPY {THIRD_PARTY} /usr/share/doc/stallprof/{THIRD_PARTY}\n\
          ENTRYPOINT [\"/usr/bin/stallprof\"]\n\
          CMD [\"daemon\", \"--config\", \"/etc/stallprof/daemon.toml\"]\n"
     );

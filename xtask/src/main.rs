@@ -689,18 +689,18 @@ fn test(args: &[String]) -> Result<()> {
     // tests/dist.rs checks the release artifacts: build them (one static
     // build, reused by every artifact), then pack them again and require
     // the same bytes (reproducibility).
-    if args.is_empty() || args.iter().any(|a| a == "dist") {
-        let first = dist::run_dist()?;
-        let sums = fs::read_to_string(first.dir.join("SHA256SUMS"))?;
-        let again = dist::run_dist()?;
-        let sums_again = fs::read_to_string(again.dir.join("SHA256SUMS"))?;
-        if sums != sums_again {
-            bail!(
-                "`cargo xtask dist` is not reproducible: packing twice gave\n{sums}and then\n{sums_again}"
-            );
+    // A failure here fails the run but not the other tests: target/dist is
+    // removed, so tests/dist.rs fails on it too instead of testing an old one.
+    let dist = if args.is_empty() || args.iter().any(|a| a == "dist") {
+        let r = dist_twice();
+        if let Err(e) = &r {
+            eprintln!("xtask: ERROR: cargo xtask dist: {e:#}");
+            let _ = fs::remove_dir_all(dist::dist_dir());
         }
-        eprintln!("xtask: dist: packing twice gave the same SHA256SUMS (reproducible)");
-    }
+        r
+    } else {
+        Ok(())
+    };
     // One test at a time: the root tests measure real victims against
     // their own clocks, and two CPU-bound victims on two cores would turn
     // each other's stalls into run-queue time.
@@ -713,7 +713,23 @@ fn test(args: &[String]) -> Result<()> {
     // A whole run (no test named) also runs the fuzz targets, whatever the
     // tests gave: both results decide the exit status.
     let fuzz = if args.is_empty() { fuzz() } else { Ok(()) };
-    tests.and(fuzz)
+    tests.and(fuzz).and(dist)
+}
+
+/// `cargo xtask dist`, then its packing again: the same SHA256SUMS, or an
+/// error (not reproducible).
+fn dist_twice() -> Result<()> {
+    let first = dist::run_dist()?;
+    let sums = fs::read_to_string(first.dir.join("SHA256SUMS"))?;
+    let again = dist::run_dist()?;
+    let sums_again = fs::read_to_string(again.dir.join("SHA256SUMS"))?;
+    if sums != sums_again {
+        bail!(
+            "`cargo xtask dist` is not reproducible: packing twice gave\n{sums}and then\n{sums_again}"
+        );
+    }
+    eprintln!("xtask: dist: packing twice gave the same SHA256SUMS (reproducible)");
+    Ok(())
 }
 
 /// The fuzz targets in profiler/fuzz/ (every parser of bytes the target
