@@ -17,7 +17,10 @@
 //! pinned versions under target/daemon-test-deps, and (as root) the
 //! container sandbox: a Debian testing root filesystem with python3.13,
 //! 3.14, 3.15 and nodejs under ~/.cache/stallprof/forky-root, built once by
-//! debootstrap (docs/containers.md). The README's test command
+//! debootstrap (docs/containers.md); for `dist` and tests/dist.rs, podman,
+//! python3-venv and dpkg with apt-get, and Debian's prometheus package
+//! fetched with `apt-get download` and unpacked (never installed) under
+//! target/dist-test-deps/prometheus. The README's test command
 //! alone prepares a fresh machine; CI's `.ci/run` adds nothing to it.
 //! A whole `test` run (no test named) then runs each fuzz target in
 //! profiler/fuzz/ for 15 s with `cargo +nightly fuzz` (cargo-fuzz installed
