@@ -385,6 +385,9 @@ counters! {
         PyTruncated = 7 => "python_stack_truncated",
         /// Copying the user stack failed (even the smallest window).
         StackCopyFailed = 8 => "user_stack_copy_failed",
+        /// Reading a task's ids at a raw scheduler tracepoint failed: that
+        /// switch or wakeup was not seen.
+        TaskReadFailed = 9 => "task_read_failed",
     }
 }
 
@@ -579,6 +582,9 @@ pub struct ThreadState {
     /// generation `loop_gen` (`LOOP_GEN`): a hash lookup saved on every wait.
     pub loop_key: u64,
     pub loop_gen: u64,
+    /// The syscall of the wait it is in (a uretprobe's return does not say).
+    pub wait_nr: u32,
+    pub _pad: u32,
 }
 
 /// Wait-key class of a runtime park function (see [`wait_key`]).

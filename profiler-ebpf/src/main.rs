@@ -16,9 +16,14 @@
 //! Modules, by what they handle:
 //! - `maps`: every map userspace sees, the counters, the ring-buffer output;
 //! - `tracepoint`: loading a field from a tracepoint's record;
-//! - `waits`: `sp_wait_enter`/`sp_wait_exit`, parked or not, the sampling gate;
+//! - `waits`: the loop's wait — per-process uprobes on the C library's wait
+//!   functions (`sp_uwait_enter`/`sp_uwait_exit`) or the syscall
+//!   tracepoints (`sp_wait_enter`/`sp_wait_exit`, the fallback) — parked or
+//!   not, the sampling gate;
 //! - `runtime`: `sp_park_enter`/`sp_park_exit`, a runtime's park function;
-//! - `sched`: `sp_sched_switch`, `sp_sched_wakeup`, `sp_exit`, `sp_sample`;
+//! - `sched`: the scheduler's raw tracepoints (`sp_raw_sched_switch`,
+//!   `sp_raw_sched_wakeup`, `sp_raw_exit`; classic ones as the fallback)
+//!   and `sp_sample`;
 //! - `stack`: the `StackEvent` a switch-out or a sample captures;
 //! - `python`: the Python frames and the GIL holder inside that event.
 #![no_std]
@@ -47,6 +52,12 @@ static TARGET_TGID: Global<u32> = Global::new(0);
 /// from costing a stack copy or a ring-buffer record.
 #[unsafe(no_mangle)]
 static SAMPLE_AFTER_NS: Global<u64> = Global::new(0);
+
+/// Offset of `task_struct.pid` (`tgid` is the next `pid_t`), taken by
+/// userspace from the kernel's BTF at load: the raw scheduler tracepoints
+/// get `task_struct` pointers, and read a task's ids there.
+#[unsafe(no_mangle)]
+static TASK_PID_OFFSET: Global<u32> = Global::new(0);
 
 #[cfg(not(test))]
 #[panic_handler]

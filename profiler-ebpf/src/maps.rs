@@ -41,6 +41,11 @@ pub(crate) static LOOP_KEYS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_T
 #[map]
 pub(crate) static LOOP_GEN: Array<u64> = Array::with_max_entries(1, 0);
 
+/// Slot 0: 1 once the wait syscalls' tracepoints serve the waits (the
+/// fallback): the wait uprobes then stand down, so no wait counts twice.
+#[map]
+pub(crate) static WAIT_TRACEPOINTS: Array<u32> = Array::with_max_entries(1, 0);
+
 /// tgid -> how to walk that process's Python stacks (set by userspace).
 #[map]
 pub(crate) static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(MAX_PY_PROCS, 0);
@@ -130,6 +135,8 @@ pub(crate) fn new_thread(tgid: u32, wait_key: u64, in_park: u32) -> ThreadState 
         exit_ret: 0,
         loop_key: 0,
         loop_gen: u64::MAX, // never a real generation: read LOOP_KEYS first
+        wait_nr: 0,
+        _pad: 0,
     }
 }
 

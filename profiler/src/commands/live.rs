@@ -27,7 +27,8 @@ use tokio::{
 };
 
 use crate::{
-    kernel::probe::Probes,
+    kernel::probe::{ProbeChoice, Probes},
+    report::model::ProbeSet,
     os::clock::monotonic_ns,
     pipeline::engine::{Engine, NoControl},
 };
@@ -64,6 +65,8 @@ pub struct Finished {
     pub drops: BTreeMap<String, u64>,
     /// What the sampling gate saved.
     pub kernel_filtered: BTreeMap<String, u64>,
+    /// Which probes served.
+    pub probes: ProbeSet,
 }
 
 impl Live {
@@ -75,8 +78,9 @@ impl Live {
         tids: Option<HashSet<u32>>,
         sample_hz: u64,
         sample_after_ns: u64,
+        choice: ProbeChoice,
     ) -> Result<Live> {
-        let mut probes = Probes::attach(pid, sample_hz, sample_after_ns)?;
+        let mut probes = Probes::attach(pid, sample_hz, sample_after_ns, choice)?;
         // SAFETY: the ring buffer owns its map fd and keeps it open,
         // unchanged, for as long as the AsyncFd holds it.
         let ring = unsafe { AsyncFd::register(probes.take_events()?)? };
@@ -142,6 +146,7 @@ impl Live {
         let ended_ns = monotonic_ns();
         let drops = self.probes.drops();
         let kernel_filtered = self.probes.filtered();
+        let probe_set = self.probes.probe_set().clone();
         let Live {
             engine,
             probes,
@@ -155,6 +160,7 @@ impl Live {
             ended_ns,
             drops,
             kernel_filtered,
+            probes: probe_set,
         }
     }
 }

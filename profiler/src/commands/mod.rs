@@ -22,4 +22,11 @@ pub struct StallArgs {
     /// CPU-clock sampling frequency in Hz for on-CPU stacks.
     #[arg(short = 'F', long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub frequency: u64,
+    /// Which kernel probes: `auto` puts raw tracepoints on the scheduler
+    /// and uprobes on the target's own wait functions (no other process
+    /// pays), falling back per part where those cannot serve; `tracepoints`
+    /// forces the classic tracepoints, which every process on the host pays
+    /// for (its syscalls and context switches) while attached.
+    #[arg(long, value_enum, default_value_t = crate::kernel::probe::ProbeChoice::Auto)]
+    pub probes: crate::kernel::probe::ProbeChoice,
 }

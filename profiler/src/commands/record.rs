@@ -91,6 +91,8 @@ pub struct RecordConfig {
     pub sample_hz: u64,
     /// The kernel's sampling gate (`--sample-after`).
     pub sample_after_ns: u64,
+    /// `--probes`.
+    pub probes: crate::kernel::probe::ProbeChoice,
     pub duration: Option<Duration>,
     pub output: PathBuf,
     /// The output directory is stallprof's own random name: it must be new.
@@ -201,6 +203,7 @@ impl RecordConfig {
             threshold_ns,
             sample_hz: a.stall.frequency,
             sample_after_ns,
+            probes: a.stall.probes,
             duration: a.duration.map(Duration::from_nanos),
             output,
             output_is_new,
@@ -371,6 +374,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
         cfg.tids.clone(),
         cfg.sample_hz,
         cfg.sample_after_ns,
+        cfg.probes,
     )?;
     if let Some(l) = launched.as_mut() {
         l.release()?;
@@ -491,6 +495,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
         ended_ns,
         mut drops,
         kernel_filtered,
+        probes,
     } = live.finish();
     info!("recording ended by {ended_by}; probes detached");
     if let Some(q) = cpu_quota.as_mut() {
@@ -561,6 +566,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
         executor_threads: engine.executors(pid),
         stallprof_version: env!("CARGO_PKG_VERSION").into(),
         runtime_problems: engine.runtime_problems(),
+        probes,
         cpu_quota,
         stalls,
     };

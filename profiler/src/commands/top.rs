@@ -272,6 +272,7 @@ async fn top(a: TopArgs) -> Result<String> {
         tids,
         a.stall.frequency,
         crate::kernel::probe::default_sample_after(threshold_ns),
+        a.stall.probes,
     )?;
     live.upkeep();
     let comm = read_comm(pid, pid).unwrap_or_else(|| "?".into());

@@ -11,7 +11,7 @@
 //! kernel's tracefs `format` file: a kernel whose layout differs is refused
 //! by name rather than recorded wrong.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashSet},
     fs, io,
     num::NonZeroU32,
     path::{Path, PathBuf},
@@ -21,9 +21,9 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{
-        PerfEvent, TracePoint, UProbe,
+        PerfEvent, RawTracePoint, TracePoint, UProbe,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        uprobe::UProbeScope,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
     },
     util::online_cpus,
 };
@@ -34,7 +34,10 @@ use profiler_common::{
 };
 use thiserror::Error;
 
-use crate::kernel::runtimes::ParkPoint;
+use crate::{
+    kernel::{btf, runtimes::ParkPoint, waits},
+    report::model::ProbeSet,
+};
 
 /// The eBPF object built by build.rs from `profiler-ebpf`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -197,9 +200,9 @@ impl Tracepoint {
     }
 }
 
-/// Every tracepoint the programs attach to, in attach order. Order matters
-/// a little: exits before enters, so that no thread is seen entering a wait
-/// whose return we would miss.
+/// Every classic tracepoint the programs may attach to, in attach order.
+/// Order matters a little: exits before enters, so that no thread is seen
+/// entering a wait whose return we would miss.
 fn tracepoints() -> Vec<Tracepoint> {
     let exits = sysno::WAITS.iter().map(|&(_, n)| {
         Tracepoint::new(
@@ -361,7 +364,32 @@ pub struct Probes {
     /// Userspace's failed map updates (full maps), by counter name; shown
     /// with the kernel's counters in `drops`.
     update_failures: BTreeMap<String, u64>,
+    /// The process watched (0: every process, the daemon).
+    tgid: u32,
+    /// `WAIT_TRACEPOINTS`: 1 once the syscall tracepoints serve the waits.
+    wait_tracepoints: Array<MapData, u32>,
+    /// Which probes serve, and why any fallback.
+    set: ProbeSet,
+    /// Wait functions probed, as (pid, file, offset): per process in a
+    /// recording, pid 0 (every process mapping the file) in the daemon.
+    waits_done: HashSet<(u32, (u64, u64), u64)>,
+    /// Daemon: processes whose mappings were looked at, by (pid, start).
+    host_scanned: HashSet<(u32, u64)>,
 }
+
+/// What the user asked for (`--probes`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProbeChoice {
+    /// Raw scheduler tracepoints and uprobes on the watched processes'
+    /// wait functions; the classic tracepoints only where those cannot serve.
+    #[default]
+    Auto,
+    /// The classic tracepoints for everything (every process on the host
+    /// pays for its syscalls and context switches while attached).
+    Tracepoints,
+}
+
+
 
 /// The default sampling gate for a stall threshold (see `SAMPLE_AFTER_NS` in
 /// `profiler-ebpf`): a twentieth of the threshold, at most 2 ms. Samples are
@@ -391,9 +419,17 @@ pub fn ring_bytes(sample_hz: u64, cpus: u64) -> u32 {
 }
 
 impl Probes {
-    /// Load the programs for `tgid` (0 = every process) and attach them all.
+    /// Load the programs for `tgid` (0 = every process) and attach the
+    /// scheduler and sampling ones; the waits are attached per process as
+    /// they are found ([`Probes::watch_waits`], [`Probes::watch_host_waits`])
+    /// unless `choice` asks for the syscall tracepoints.
     /// `sample_after_ns`: the sampling gate (0 = every sample, every busy period).
-    pub fn attach(tgid: u32, sample_hz: u64, sample_after_ns: u64) -> Result<Probes, ProbeError> {
+    pub fn attach(
+        tgid: u32,
+        sample_hz: u64,
+        sample_after_ns: u64,
+        choice: ProbeChoice,
+    ) -> Result<Probes, ProbeError> {
         if unsafe { libc::geteuid() } != 0 {
             // Capabilities may still be enough; only fail early on a clear no.
             debug!("not root; relying on capabilities");
@@ -401,6 +437,25 @@ impl Probes {
         ensure_tracefs()?;
         let tracepoints = tracepoints();
         check_layouts(&tracepoints)?;
+        let mut set = ProbeSet::default();
+        let raw = match choice {
+            ProbeChoice::Tracepoints => {
+                set.notes
+                    .push("classic tracepoints, as asked (--probes tracepoints)".into());
+                None
+            }
+            ProbeChoice::Auto => match btf::running_kernel() {
+                Ok(layout) => Some(layout),
+                Err(why) => {
+                    set.notes.push(format!(
+                        "scheduler: classic tracepoints, because {why}: every context switch \
+                         on the host builds a trace record while attached"
+                    ));
+                    None
+                }
+            },
+        };
+        let task_pid_offset = raw.map_or(0, |l| l.task_pid_offset);
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
         let ring = ring_bytes(sample_hz, cpus);
         debug!("ring buffer: {} MiB", ring >> 20);
@@ -408,6 +463,7 @@ impl Probes {
             .map_max_entries("EVENTS", ring)
             .override_global("TARGET_TGID", &tgid, true)
             .override_global("SAMPLE_AFTER_NS", &sample_after_ns, true)
+            .override_global("TASK_PID_OFFSET", &task_pid_offset, true)
             .load(EBPF_OBJECT)
             .map_err(|e| {
                 if is_eperm(&e) {
@@ -423,28 +479,65 @@ impl Probes {
         let py_threads = take_map(&mut ebpf, "PY_THREADS", BpfHashMap::try_from)?;
         let stats = take_map(&mut ebpf, "STATS", PerCpuArray::try_from)?;
         let filtered = take_map(&mut ebpf, "FILTERED", PerCpuArray::try_from)?;
-
-        let mut loaded: Vec<&str> = Vec::new();
-        for tp in &tracepoints {
-            let p: &mut TracePoint = program(&mut ebpf, tp.program)?;
-            if !loaded.contains(&tp.program) {
-                p.load().map_err(|source| load_error(tp.program, source))?;
-                loaded.push(tp.program);
-            }
-            p.attach(tp.category, &tp.name)
-                .map_err(|source| ProbeError::Attach {
-                    what: format!("tracepoint {}", tp.id()),
+        let mut wait_tracepoints = take_map(&mut ebpf, "WAIT_TRACEPOINTS", Array::try_from)?;
+        if choice == ProbeChoice::Tracepoints {
+            wait_tracepoints
+                .set(0, 1, 0)
+                .map_err(|source| ProbeError::Map {
+                    name: "WAIT_TRACEPOINTS",
                     source,
                 })?;
         }
 
-        // Loaded now, attached once a runtime's park function is found.
-        for prog in ["sp_park_enter", "sp_park_exit"] {
+        // Loaded now, attached as runtimes and wait functions are found.
+        for prog in ["sp_park_enter", "sp_park_exit", "sp_uwait_enter", "sp_uwait_exit"] {
             let p: &mut UProbe = program(&mut ebpf, prog)?;
             p.load().map_err(|source| load_error(prog, source))?;
         }
 
-        let sample: &mut PerfEvent = program(&mut ebpf, "sp_sample")?;
+        let mut probes = Probes {
+            ebpf,
+            loop_keys,
+            loop_gen,
+            generation: 0,
+            py_procs,
+            py_threads,
+            stats,
+            filtered,
+            update_failures: BTreeMap::new(),
+            tgid,
+            wait_tracepoints,
+            set,
+            waits_done: HashSet::new(),
+            host_scanned: HashSet::new(),
+        };
+        if choice == ProbeChoice::Tracepoints {
+            probes.attach_wait_tracepoints()?;
+        } else {
+            probes.set.waits = "uprobes".into();
+        }
+        if raw.is_some() {
+            for (prog, tp) in [
+                ("sp_raw_sched_wakeup", "sched_wakeup"),
+                ("sp_raw_sched_switch", "sched_switch"),
+                ("sp_raw_exit", "sched_process_exit"),
+            ] {
+                let p: &mut RawTracePoint = program(&mut probes.ebpf, prog)?;
+                p.load().map_err(|source| load_error(prog, source))?;
+                p.attach(tp).map_err(|source| ProbeError::Attach {
+                    what: format!("raw tracepoint {tp}"),
+                    source,
+                })?;
+            }
+            probes.set.scheduler = "raw_tracepoints".into();
+        } else {
+            let sched: Vec<&Tracepoint> =
+                tracepoints.iter().filter(|t| t.category == "sched").collect();
+            probes.attach_tracepoints(&sched)?;
+            probes.set.scheduler = "tracepoints".into();
+        }
+
+        let sample: &mut PerfEvent = program(&mut probes.ebpf, "sp_sample")?;
         sample
             .load()
             .map_err(|source| load_error("sp_sample", source))?;
@@ -462,18 +555,192 @@ impl Probes {
                     source,
                 })?;
         }
-        info!("probes attached (tgid {tgid}, {sample_hz} Hz)");
-        Ok(Probes {
-            ebpf,
-            loop_keys,
-            loop_gen,
-            generation: 0,
-            py_procs,
-            py_threads,
-            stats,
-            filtered,
-            update_failures: BTreeMap::new(),
-        })
+        info!(
+            "probes attached (tgid {tgid}, {sample_hz} Hz; scheduler: {}, waits: {})",
+            probes.set.scheduler, probes.set.waits
+        );
+        Ok(probes)
+    }
+
+    /// Load (once) and attach classic tracepoints.
+    fn attach_tracepoints(&mut self, tps: &[&Tracepoint]) -> Result<(), ProbeError> {
+        for tp in tps {
+            let p: &mut TracePoint = program(&mut self.ebpf, tp.program)?;
+            if p.fd().is_err() {
+                p.load().map_err(|source| load_error(tp.program, source))?;
+            }
+            p.attach(tp.category, &tp.name)
+                .map_err(|source| ProbeError::Attach {
+                    what: format!("tracepoint {}", tp.id()),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// The wait syscalls' tracepoints, host-wide: the fallback for waits no
+    /// uprobe sees (and `--probes tracepoints`). Once.
+    fn attach_wait_tracepoints(&mut self) -> Result<(), ProbeError> {
+        if self.set.waits.contains("tracepoints") {
+            return Ok(());
+        }
+        let all = tracepoints();
+        let waits: Vec<&Tracepoint> = all.iter().filter(|t| t.category == "syscalls").collect();
+        self.attach_tracepoints(&waits)?;
+        self.set.waits = if self.set.waits.is_empty() {
+            "tracepoints".into()
+        } else {
+            format!("{}+tracepoints", self.set.waits)
+        };
+        Ok(())
+    }
+
+    /// Which probes serve, and why any fallback.
+    pub fn probe_set(&self) -> &ProbeSet {
+        &self.set
+    }
+
+    /// Put uprobes on the wait functions process `pid` maps (per process:
+    /// no other process hits them), once per (process, file). True when
+    /// done; false when it maps no wait function yet (a command that has
+    /// just exec'd maps its C library a moment later). With `last_try`, a
+    /// process whose waits no uprobe can see (a static binary without
+    /// symbols, raw syscalls) gets the syscall tracepoints, host-wide, and
+    /// the reason is noted.
+    pub fn watch_waits(&mut self, pid: u32, last_try: bool) -> bool {
+        // The daemon probes whole files ([`Probes::watch_host_waits`]).
+        if self.set.waits.contains("tracepoints") || self.tgid == 0 {
+            return true;
+        }
+        let points = waits::wait_points(pid);
+        if points.is_empty() {
+            if last_try {
+                self.wait_fallback(format!(
+                    "pid {pid} maps no C library wait function (a static binary without \
+                     symbols, or raw syscalls)"
+                ));
+            }
+            return last_try;
+        }
+        let scope = NonZeroU32::new(pid).map_or(UProbeScope::AllProcesses, UProbeScope::OneProcess);
+        for p in points {
+            if self.waits_done.contains(&(pid, p.file, p.offset)) {
+                continue;
+            }
+            match self.attach_wait_point(&p, scope) {
+                Ok(()) => {
+                    self.waits_done.insert((pid, p.file, p.offset));
+                }
+                // A command that has just exec'd is still mapping its
+                // libraries (a mapping read a moment ago may be gone): again
+                // at the next upkeep, unless this was the last try.
+                Err(why) if last_try => {
+                    self.wait_fallback(format!("pid {pid}: {why}"));
+                    return true;
+                }
+                Err(why) => {
+                    debug!("pid {pid}: {why}; trying again");
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// The daemon: uprobes on the wait functions of every file a process on
+    /// the host maps, for every process mapping that file (so one scan of
+    /// the host's C library covers every process started later); new
+    /// processes are looked at on each call (a container brings its own C
+    /// library).
+    pub fn watch_host_waits(&mut self) {
+        if self.set.waits == "tracepoints" {
+            return;
+        }
+        let Ok(dir) = fs::read_dir("/proc") else {
+            return;
+        };
+        let mut live = HashSet::new();
+        for entry in dir.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Some(start) = crate::os::proc::start_ticks(pid) else {
+                continue;
+            };
+            live.insert((pid, start));
+            if self.host_scanned.contains(&(pid, start)) {
+                continue;
+            }
+            for p in waits::wait_points(pid) {
+                if self.waits_done.contains(&(0, p.file, p.offset)) {
+                    continue;
+                }
+                match self.attach_wait_point(&p, UProbeScope::AllProcesses) {
+                    Ok(()) => {
+                        self.waits_done.insert((0, p.file, p.offset));
+                    }
+                    // Looked at again with the next new process mapping it.
+                    Err(why) => debug!("pid {pid}: {why}"),
+                }
+            }
+        }
+        self.host_scanned = live;
+    }
+
+    /// One wait function's uretprobe, then its uprobe (cookie: the
+    /// syscall), or why not.
+    fn attach_wait_point(&mut self, p: &waits::WaitPoint, scope: UProbeScope) -> Result<(), String> {
+        if !p.emulated {
+            self.set.notes.push(format!(
+                "{} in {} is probed at its entry (single-stepped: ~10x the cost of an emulated \
+                 probe on each call)",
+                p.function, p.path
+            ));
+        }
+        for prog in ["sp_uwait_exit", "sp_uwait_enter"] {
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(p.offset),
+                cookie: Some(p.nr as u64),
+            };
+            let res = program::<UProbe>(&mut self.ebpf, prog)
+                .and_then(|u| u.attach(point, &p.path, scope).map_err(|source| ProbeError::Attach {
+                    what: format!("uprobe on {} in {}", p.function, p.path),
+                    source,
+                }));
+            if let Err(e) = res {
+                let mut why = e.to_string();
+                let mut src = std::error::Error::source(&e);
+                while let Some(s) = src {
+                    why.push_str(&format!(": {s}"));
+                    src = s.source();
+                }
+                return Err(why);
+            }
+        }
+        debug!("wait probes on {} (+{:#x}) in {}", p.function, p.delta, p.path);
+        Ok(())
+    }
+
+    /// Waits some process makes cannot be seen by uprobes: the syscall
+    /// tracepoints serve from now on, and the reason is noted.
+    fn wait_fallback(&mut self, why: String) {
+        if self.set.waits.contains("tracepoints") {
+            return;
+        }
+        log::warn!(
+            "{why}; falling back to the wait syscalls' tracepoints (every process on the host \
+             pays for its syscalls while attached)"
+        );
+        self.set.notes.push(format!("waits: syscall tracepoints, because {why}"));
+        // The tracepoints see every wait: the uprobes stand down, so no
+        // wait is reported twice.
+        if let Err(e) = self.wait_tracepoints.set(0, 1, 0) {
+            log::warn!("WAIT_TRACEPOINTS update: {e}");
+        }
+        if let Err(e) = self.attach_wait_tracepoints() {
+            log::warn!("wait tracepoints unavailable too: {e}");
+            self.set.notes.push(format!("wait tracepoints failed: {e}"));
+        }
     }
 
     /// Count a failed map update (`what`: the counter's name); warn once.

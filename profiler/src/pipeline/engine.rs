@@ -62,6 +62,9 @@ pub trait Control {
     fn set_python_threads(&mut self, fresh: &[(u32, u64)], gone: &[u32]);
     /// A runtime's park function, for one process or all.
     fn attach_park(&mut self, point: &ParkPoint, pid: Option<u32>) -> Result<(), ProbeError>;
+    /// Watch process `pid`'s loop waits (uprobes on its wait functions):
+    /// false while it maps none yet; `last_try` falls back.
+    fn watch_waits(&mut self, pid: u32, last_try: bool) -> bool;
 }
 
 impl Control for Probes {
@@ -83,6 +86,9 @@ impl Control for Probes {
     fn attach_park(&mut self, point: &ParkPoint, pid: Option<u32>) -> Result<(), ProbeError> {
         Probes::attach_park(self, point, pid)
     }
+    fn watch_waits(&mut self, pid: u32, last_try: bool) -> bool {
+        Probes::watch_waits(self, pid, last_try)
+    }
 }
 
 /// The control of a replay, and of a live engine's last drain after the
@@ -95,6 +101,9 @@ impl Control for NoControl {
     fn set_python_proc(&mut self, _: u32, _: PyProc) {}
     fn forget_python_proc(&mut self, _: u32, _: &[u32]) {}
     fn set_python_threads(&mut self, _: &[(u32, u64)], _: &[u32]) {}
+    fn watch_waits(&mut self, _: u32, _: bool) -> bool {
+        true
+    }
     fn attach_park(&mut self, _: &ParkPoint, _: Option<u32>) -> Result<(), ProbeError> {
         Ok(())
     }
@@ -342,10 +351,30 @@ struct RuntimeWatch {
     attempts: u32,
     done: bool,
     scanned_exe: Option<PathBuf>,
+    /// The image whose wait functions were probed.
+    waits_exe: Option<PathBuf>,
+    /// Looks at an image that mapped no wait function yet.
+    waits_tries: u32,
 }
+
+/// Upkeeps (50 ms apart at first) before a process that maps no wait
+/// function is given the syscall tracepoints.
+const WAITS_TRIES: u32 = 20;
 
 impl RuntimeWatch {
     fn poll(&mut self, pid: u32, probes: &mut dyn Control, per_process: bool) {
+        // The loop's waits, once per executable image (a launched command
+        // is still our own fork until it execs).
+        if !is_own_fork(pid) {
+            let exe = fs::read_link(format!("/proc/{pid}/exe")).ok();
+            if exe.is_some() && exe != self.waits_exe {
+                self.waits_tries += 1;
+                if probes.watch_waits(pid, self.waits_tries >= WAITS_TRIES) {
+                    self.waits_exe = exe;
+                    self.waits_tries = 0;
+                }
+            }
+        }
         if self.done {
             return;
         }

@@ -137,6 +137,7 @@ mod tests {
             executor_threads: Vec::new(),
             stallprof_version: String::new(),
             runtime_problems: Vec::new(),
+            probes: Default::default(),
             stalls,
         }
     }

@@ -381,6 +381,7 @@ pub fn read(path: &Path) -> Result<Rebuilt, JournalError> {
             executor_threads: meta.executor_threads,
             stallprof_version: h.stallprof_version,
             runtime_problems: meta.runtime_problems,
+            probes: Default::default(),
             cpu_quota: meta.cpu_quota,
             stalls,
         },

@@ -25,8 +25,8 @@ use serde_json::ser::Formatter;
 use thiserror::Error;
 
 use crate::report::model::{
-    Container, CpuHolder, CpuQuota, Frame, GilHolder, HolderRelation, PartKind, ProcessInfo,
-    Recording, RuntimeProblem, StackPart, Stall, Task, ThreadInfo,
+    Container, CpuHolder, CpuQuota, Frame, GilHolder, HolderRelation, PartKind, ProbeSet,
+    ProcessInfo, Recording, RuntimeProblem, StackPart, Stall, Task, ThreadInfo,
 };
 
 /// The `format` field of every stallprof recording from version 2 on.
@@ -88,6 +88,8 @@ struct File {
     stallprof_version: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     runtime_problems: Vec<RuntimeProblem>,
+    #[serde(default)]
+    probes: ProbeSet,
     /// Version 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cpu_quota: Option<CpuQuota>,
@@ -269,6 +271,7 @@ fn to_file(rec: &Recording) -> File {
         executor_threads: rec.executor_threads.clone(),
         stallprof_version: rec.stallprof_version.clone(),
         runtime_problems: rec.runtime_problems.clone(),
+        probes: rec.probes.clone(),
         cpu_quota: rec.cpu_quota.clone(),
         frames: t.frames.into_iter().cloned().collect(),
         stacks: t.stacks,
@@ -325,6 +328,7 @@ fn from_file(f: File) -> Result<Recording, FormatError> {
         executor_threads: f.executor_threads,
         stallprof_version: f.stallprof_version,
         runtime_problems: f.runtime_problems,
+        probes: f.probes,
         cpu_quota: f.cpu_quota,
         stalls,
     })
@@ -577,6 +581,11 @@ mod tests {
                 ns_tid: None,
             }],
             stallprof_version: "0.1.0".into(),
+            probes: ProbeSet {
+                scheduler: "raw_tracepoints".into(),
+                waits: "uprobes+tracepoints".into(),
+                notes: vec!["waits: syscall tracepoints, because pid 4 maps none".into()],
+            },
             runtime_problems: vec![RuntimeProblem {
                 pid: 42,
                 runtime: "cpython 3.16.0".into(),

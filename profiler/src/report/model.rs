@@ -324,11 +324,38 @@ pub struct Recording {
     /// unsupported CPython): their stalls carry native frames only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runtime_problems: Vec<RuntimeProblem>,
+    /// Which kernel probes the recording ran on (empty: a recording from
+    /// before they were recorded).
+    #[serde(default)]
+    pub probes: ProbeSet,
     /// The target's CPU limit (its cgroup's quota) and that cgroup's
     /// throttling counters at the start and end of the recording.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_quota: Option<CpuQuota>,
     pub stalls: Vec<Stall>,
+}
+
+/// Which kernel probes a recording ran on, and why any part fell back:
+/// the summary says it, since the fallbacks cost every process on the host.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeSet {
+    /// `raw_tracepoints`, or `tracepoints` (classic: the fallback).
+    pub scheduler: String,
+    /// `uprobes` (on the watched processes' C library wait functions),
+    /// `tracepoints` (the wait syscalls' tracepoints, host-wide), or
+    /// `uprobes+tracepoints` when some process needed the fallback later.
+    pub waits: String,
+    /// Why any part fell back, and wait functions probed at their entry
+    /// (single-stepped: dearer), one line each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+impl ProbeSet {
+    /// True when some part costs every process on the host.
+    pub fn host_wide(&self) -> bool {
+        self.scheduler == "tracepoints" || self.waits.contains("tracepoints")
+    }
 }
 
 /// A runtime stallprof found but could not read, said plainly.

@@ -770,6 +770,7 @@ mod tests {
             }],
             stallprof_version: String::new(),
             runtime_problems: Vec::new(),
+            probes: Default::default(),
             stalls: vec![s],
         }
     }

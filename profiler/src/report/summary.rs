@@ -181,6 +181,23 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
             );
         }
     }
+    if rec.probes.host_wide() || !rec.probes.notes.is_empty() {
+        let _ = writeln!(
+            out,
+            "  probes: scheduler {}, waits {}{}",
+            escape(&rec.probes.scheduler),
+            escape(&rec.probes.waits),
+            if rec.probes.host_wide() {
+                " — every process on the host paid for its syscalls or context switches \
+                 while attached (docs/architecture.md, \"What runs in the kernel\")"
+            } else {
+                ""
+            }
+        );
+        for n in &rec.probes.notes {
+            let _ = writeln!(out, "    {}", escape(n));
+        }
+    }
     for p in &rec.runtime_problems {
         let _ = writeln!(
             out,

@@ -48,6 +48,8 @@ pub struct FileConfig {
     pub threshold: Option<String>,
     pub frequency: Option<u64>,
     pub window: Option<String>,
+    /// `auto` (default) or `tracepoints` (see `record --probes`).
+    pub probes: Option<String>,
     #[serde(default)]
     pub retention: RetentionFile,
     #[serde(default)]
@@ -125,6 +127,7 @@ pub struct Overrides {
     pub threshold: Option<String>,
     pub frequency: Option<u64>,
     pub window: Option<String>,
+    pub probes: Option<crate::kernel::probe::ProbeChoice>,
 }
 
 /// Validated settings.
@@ -137,6 +140,8 @@ pub struct DaemonConfig {
     pub data_group: Option<(String, u32)>,
     pub threshold_ns: u64,
     pub sample_hz: u64,
+    /// Which kernel probes (`probes`).
+    pub probes: crate::kernel::probe::ProbeChoice,
     /// Length of one rolling report window.
     pub window: Duration,
     /// Report windows older than this are deleted.
@@ -281,6 +286,17 @@ impl DaemonConfig {
                 message: format!("{sample_hz} Hz is not in 1..=10000"),
             });
         }
+        let probes = match (o.probes, f.probes.as_deref()) {
+            (Some(p), _) => p,
+            (None, None | Some("auto")) => crate::kernel::probe::ProbeChoice::Auto,
+            (None, Some("tracepoints")) => crate::kernel::probe::ProbeChoice::Tracepoints,
+            (None, Some(other)) => {
+                return Err(ConfigError::Value {
+                    key: "probes",
+                    message: format!("'{other}' is neither \"auto\" nor \"tracepoints\""),
+                });
+            }
+        };
         let window = match o.window.as_deref().or(f.window.as_deref()) {
             Some(s) => duration("window", s)?,
             None => Duration::from_secs(60),
@@ -347,6 +363,7 @@ impl DaemonConfig {
                 .unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
             threshold_ns,
             sample_hz,
+            probes,
             window,
             max_age,
             max_bytes,
@@ -394,6 +411,7 @@ impl DaemonConfig {
         ));
         s.push_str(&format!("  threshold     {}\n", fmt_ns(self.threshold_ns)));
         s.push_str(&format!("  frequency     {} Hz\n", self.sample_hz));
+        s.push_str(&format!("  probes        {:?}\n", self.probes).to_lowercase());
         s.push_str(&format!(
             "  window        {}\n",
             fmt_ns(self.window.as_nanos() as u64)

@@ -102,6 +102,9 @@ pub struct DaemonArgs {
     /// Length of one report window [default: 60s].
     #[arg(long, value_name = "DURATION")]
     pub window: Option<String>,
+    /// Which kernel probes [default: auto] (see `record --probes`).
+    #[arg(long, value_enum)]
+    pub probes: Option<crate::kernel::probe::ProbeChoice>,
     /// Validate the configuration, print the effective settings and exit.
     #[arg(long)]
     pub check_config: bool,
@@ -195,6 +198,7 @@ pub fn run(a: DaemonArgs) -> Result<String> {
         threshold: a.threshold,
         frequency: a.frequency,
         window: a.window,
+        probes: a.probes,
     };
     let cfg =
         DaemonConfig::load(a.config.as_deref(), &o).context("invalid daemon configuration")?;
@@ -351,6 +355,8 @@ struct Collector {
     ring: RingBuf<MapData>,
     probes: Probes,
     engine: Engine,
+    /// Upkeep ticks since start.
+    ticks: u64,
     /// Monitored live processes, by pid.
     procs: HashMap<u32, Tracked>,
     /// Live processes left out (rules, the daemon itself, over the limit):
@@ -378,7 +384,9 @@ impl Collector {
             0,
             cfg.sample_hz,
             crate::kernel::probe::default_sample_after(cfg.threshold_ns),
+            cfg.probes,
         )?;
+        probes.watch_host_waits();
         let ring = probes.take_events()?;
         let engine = Engine::new(cfg.threshold_ns, None);
         let now = monotonic_ns();
@@ -389,6 +397,7 @@ impl Collector {
             fmt_ns(cfg.threshold_ns)
         );
         Ok(Collector {
+            ticks: 0,
             window: Window::new(SystemTime::now(), now),
             unwritten: VecDeque::new(),
             next_roll_mono,
@@ -602,6 +611,11 @@ impl Collector {
     }
 
     fn tick(&mut self) {
+        // New processes' C libraries (a container brings its own), every 2 s.
+        self.ticks += 1;
+        if self.ticks.is_multiple_of(8) {
+            self.probes.watch_host_waits();
+        }
         for pid in self.engine.executor_pids() {
             self.observe(pid);
         }
@@ -713,7 +727,13 @@ impl Collector {
         self.unwritten.push_back(w);
         let mut failed = VecDeque::new();
         while let Some(mut w) = self.unwritten.pop_front() {
-            let (written, r) = w.write(&self.data, now, self.cfg.threshold_ns, self.cfg.sample_hz);
+            let (written, r) = w.write(
+                &self.data,
+                now,
+                self.cfg.threshold_ns,
+                self.cfg.sample_hz,
+                self.probes.probe_set(),
+            );
             self.note_written(written);
             if let Err(e) = r {
                 self.sh.metrics.report_write_failures.inc();

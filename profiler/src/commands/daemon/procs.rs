@@ -24,17 +24,7 @@ pub struct ProcInfo {
     pub runtime: String,
 }
 
-/// Start time (clock ticks after boot) of a live process, or None if gone
-/// (or a zombie).
-pub fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = crate::os::limits::read_proc(&format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
-    if fields.first() == Some(&"Z") {
-        return None;
-    }
-    fields.get(19)?.parse().ok()
-}
+pub use crate::os::proc::start_ticks;
 
 pub fn exe_of(pid: u32) -> String {
     fs::read_link(format!("/proc/{pid}/exe"))

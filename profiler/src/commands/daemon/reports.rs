@@ -22,7 +22,7 @@ use anyhow::{Context, Result};
 use super::procs::ProcInfo;
 use crate::{
     os::outdir::OutDir,
-    report::model::{Recording, RuntimeProblem, Stall},
+    report::model::{ProbeSet, Recording, RuntimeProblem, Stall},
     report::{self, flamegraph, pprof},
 };
 
@@ -174,9 +174,10 @@ impl Window {
         end_mono: u64,
         threshold_ns: u64,
         sample_hz: u64,
+        probes: &ProbeSet,
     ) -> (Vec<Written>, Result<()>) {
         let mut out = Vec::new();
-        let r = self.write_procs(data_dir, end_mono, threshold_ns, sample_hz, &mut out);
+        let r = self.write_procs(data_dir, end_mono, threshold_ns, sample_hz, probes, &mut out);
         (out, r)
     }
 
@@ -186,6 +187,7 @@ impl Window {
         end_mono: u64,
         threshold_ns: u64,
         sample_hz: u64,
+        probes: &ProbeSet,
         out: &mut Vec<Written>,
     ) -> Result<()> {
         if self.procs.is_empty() {
@@ -236,6 +238,7 @@ impl Window {
                 ),
                 ended_ns: end_mono.max(p.stalls.iter().map(|s| s.end_ns).max().unwrap_or(0)),
                 lost_events: 0,
+                probes: probes.clone(),
                 drops: Default::default(),
                 executor_threads: Vec::new(),
                 stallprof_version: env!("CARGO_PKG_VERSION").into(),
@@ -419,12 +422,12 @@ mod tests {
         assert!(w.add(&info, stall, Vec::new()));
         // The data directory is gone: the write fails, the stalls stay.
         fs::remove_dir(&root).unwrap();
-        let (written, r) = w.write(&data, 70_000_000, 50_000_000, 199);
+        let (written, r) = w.write(&data, 70_000_000, 50_000_000, 199, &ProbeSet::default());
         assert!(r.is_err() && written.is_empty());
         assert_eq!(w.pending(), 1);
         // Back: the retry writes them.
         let data = OutDir::create_new(&root).unwrap();
-        let (written, r) = w.write(&data, 80_000_000, 50_000_000, 199);
+        let (written, r) = w.write(&data, 80_000_000, 50_000_000, 199, &ProbeSet::default());
         r.unwrap();
         assert_eq!((written.len(), w.pending()), (1, 0));
         assert!(written[0].dir.join("stalls.json").is_file());

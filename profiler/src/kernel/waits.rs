@@ -1,0 +1,295 @@
+//! Where a process's event loop parks, as uprobe points: the C library's
+//! wait functions (`epoll_wait`, `poll`, `select`, …) in the files it maps.
+//!
+//! In: a pid. Out: [`WaitPoint`]s — the mapped file (opened as the mapping,
+//! `/proc/PID/map_files/…`), its device and inode, the function, the file
+//! offset to probe and the syscall it makes — or why there are none.
+//!
+//! Why a function's first branch and not its entry: a uprobe replaces an
+//! instruction with a breakpoint; on return the kernel either emulates the
+//! original instruction (jumps, calls, nops) or single-steps a copy of it.
+//! On the 2-vCPU bench VM a single-stepped hit costs ~10 µs and an
+//! emulated one ~0.7 µs (docs/benchmarks.md), and glibc's `epoll_wait`
+//! starts with a RIP-relative `cmpb`. So the probe goes on the first
+//! instruction that transfers control, if every instruction before it
+//! leaves the argument registers the program reads (`rdi`, `rsi`) and the
+//! stack pointer alone: there, the arguments are the call's, and `[rsp]` is
+//! still the return address the uretprobe takes. A function without such a
+//! point is probed at its entry (correct, dearer) and counted.
+//!
+//! Constraints: every byte read here is the target's (a container ships
+//! its own C library): files are read as mapped, bounded, and a decode
+//! looks at most [`SCAN_BYTES`] of a function.
+use std::{
+    collections::HashSet,
+    io::{Read, Seek, SeekFrom},
+    os::unix::fs::MetadataExt,
+};
+
+use iced_x86::{
+    Code, Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, OpAccess, OpKind,
+    Register,
+};
+use object::{Object, ObjectSection, ObjectSymbol};
+use profiler_common::sysno;
+
+use crate::os::limits;
+
+/// The C library wait functions, and the syscall each makes.
+pub const WAIT_FUNCTIONS: [(&str, u32); 7] = [
+    ("epoll_wait", sysno::EPOLL_WAIT),
+    ("epoll_pwait", sysno::EPOLL_PWAIT),
+    ("epoll_pwait2", sysno::EPOLL_PWAIT2),
+    ("poll", sysno::POLL),
+    ("ppoll", sysno::PPOLL),
+    ("select", sysno::SELECT),
+    ("pselect", sysno::PSELECT6),
+];
+
+/// How far into a function the probe point is looked for.
+pub const SCAN_BYTES: usize = 64;
+
+/// A uprobe on one wait function of one mapped file.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WaitPoint {
+    /// The file as the target maps it (`/proc/PID/map_files/START-END`).
+    pub path: String,
+    /// (device, inode) of that file: one file, whoever maps it.
+    pub file: (u64, u64),
+    pub function: &'static str,
+    /// The syscall the function makes (the attach cookie).
+    pub nr: u32,
+    /// File offset of the probed instruction.
+    pub offset: u64,
+    /// Bytes past the function's start.
+    pub delta: u64,
+    /// Probed at an instruction the kernel emulates (else its entry,
+    /// single-stepped).
+    pub emulated: bool,
+}
+
+/// Executable file mappings of `pid`: (map_files path, device, inode, path
+/// as the process sees it), one per file.
+fn mapped_files(pid: u32) -> Vec<(String, (u64, u64), String)> {
+    let Ok(maps) = limits::read_proc(&format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for line in maps.lines() {
+        let mut it = line.split_ascii_whitespace();
+        let (Some(range), Some(perms)) = (it.next(), it.next()) else {
+            continue;
+        };
+        let path = it.nth(3).unwrap_or("");
+        if !perms.contains('x') || !path.starts_with('/') {
+            continue;
+        }
+        let via = format!("/proc/{pid}/map_files/{range}");
+        let Ok(meta) = std::fs::metadata(&via) else {
+            continue;
+        };
+        let file = (meta.dev(), meta.ino());
+        if seen.insert(file) {
+            out.push((via, file, path.to_string()));
+        }
+    }
+    out
+}
+
+/// The wait functions `pid` can call, with their probe points; empty when
+/// it maps no file that defines one (a static binary without symbols, a
+/// runtime making raw syscalls).
+pub fn wait_points(pid: u32) -> Vec<WaitPoint> {
+    let mut points = Vec::new();
+    for (path, file, _) in mapped_files(pid) {
+        points.extend(points_in(&path, file));
+    }
+    points
+}
+
+/// The wait functions defined in one mapped file.
+fn points_in(path: &str, file: (u64, u64)) -> Vec<WaitPoint> {
+    let Ok(f) = limits::open_elf(std::path::Path::new(path)) else {
+        return Vec::new();
+    };
+    let data = object::ReadCache::new(f);
+    let Ok(obj) = object::File::parse(&data) else {
+        return Vec::new();
+    };
+    if obj.architecture() != object::Architecture::X86_64 || limits::elf_symbols_too_large(&obj)
+    {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut addrs = HashSet::new();
+    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
+        let Ok(name) = sym.name() else { continue };
+        let Some(&(function, nr)) = WAIT_FUNCTIONS.iter().find(|(n, _)| *n == name) else {
+            continue;
+        };
+        if !sym.is_definition() || sym.kind() != object::SymbolKind::Text {
+            continue;
+        }
+        if !addrs.insert((function, sym.address())) {
+            continue;
+        }
+        let Some(start) = file_offset(&obj, &sym) else {
+            continue;
+        };
+        let mut code = [0u8; SCAN_BYTES];
+        let mut f = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(_) => continue,
+        };
+        let n = match f.seek(SeekFrom::Start(start)).and_then(|_| f.read(&mut code)) {
+            Ok(n) => n,
+            Err(_) => continue,
+        };
+        let point = emulated_point(&code[..n], sym.address());
+        let delta = point.unwrap_or(0);
+        out.push(WaitPoint {
+            path: path.to_string(),
+            file,
+            function,
+            nr,
+            offset: start + delta,
+            delta,
+            emulated: point.is_some(),
+        });
+    }
+    out
+}
+
+/// File offset of a symbol's first byte.
+fn file_offset<'d, R: object::ReadRef<'d>>(
+    obj: &object::File<'d, R>,
+    sym: &object::Symbol<'d, '_, R>,
+) -> Option<u64> {
+    let section = obj.section_by_index(sym.section_index()?).ok()?;
+    let (off, size) = section.file_range()?;
+    let rel = sym.address().checked_sub(section.address())?;
+    (rel < size).then_some(off + rel)
+}
+
+/// Registers a probe point must find as the call left them: the arguments
+/// the program reads, and the stack pointer (the uretprobe takes the
+/// return address at `[rsp]`).
+const KEPT: [Register; 3] = [Register::RDI, Register::RSI, Register::RSP];
+
+/// Bytes from the function's start (at `ip`) to its first direct jump,
+/// conditional jump or call — instructions the kernel emulates — when
+/// nothing before it writes a [`KEPT`] register or leaves the straight
+/// line; None otherwise.
+pub fn emulated_point(code: &[u8], ip: u64) -> Option<u64> {
+    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    let mut info = InstructionInfoFactory::new();
+    while decoder.can_decode() {
+        let insn = decoder.decode();
+        if insn.is_invalid() {
+            return None;
+        }
+        // A register push first (a function saving callee-saved registers):
+        // the kernel emulates it, and nothing has moved yet.
+        if insn.ip() == ip && insn.code() == Code::Push_r64 {
+            return Some(0);
+        }
+        match insn.flow_control() {
+            FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch | FlowControl::Call
+                if insn.op0_kind() == OpKind::NearBranch64 =>
+            {
+                return Some(insn.ip() - ip);
+            }
+            FlowControl::Next => {}
+            _ => return None, // syscall, ret, an indirect jump: no point before it
+        }
+        if insn.code() == Code::Endbr64 {
+            continue;
+        }
+        let writes_kept = info.info(&insn).used_registers().iter().any(|r| {
+            !matches!(r.access(), OpAccess::Read | OpAccess::CondRead | OpAccess::None)
+                && KEPT.contains(&r.register().full_register())
+        });
+        if writes_kept {
+            return None;
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// glibc 2.36's `epoll_wait` (Debian 12): a RIP-relative `cmpb`, a
+    /// register move, then the branch that picks the cancellable path.
+    const GLIBC_EPOLL_WAIT: &[u8] = &[
+        0x80, 0x3d, 0xf1, 0x26, 0x0d, 0x00, 0x00, // cmpb $0,__libc_single_threaded(%rip)
+        0x41, 0x89, 0xca, // mov %ecx,%r10d
+        0x74, 0x14, // je +0x14
+        0xb8, 0xe8, 0x00, 0x00, 0x00, // mov $0xe8,%eax
+        0x0f, 0x05, // syscall
+    ];
+
+    #[test]
+    fn glibc_epoll_wait_is_probed_at_its_first_branch() {
+        assert_eq!(emulated_point(GLIBC_EPOLL_WAIT, 0x108ee0), Some(0xa));
+    }
+
+    #[test]
+    fn a_write_to_an_argument_or_the_stack_before_the_branch_means_entry() {
+        // mov $0, %edi ; je
+        assert_eq!(emulated_point(&[0xbf, 0, 0, 0, 0, 0x74, 0x02], 0x1000), None);
+        // sub $0x28,%rsp ; je
+        assert_eq!(emulated_point(&[0x48, 0x83, 0xec, 0x28, 0x74, 0x02], 0x1000), None);
+        // mov %edi,%eax ; push %rbx ; call
+        assert_eq!(emulated_point(&[0x89, 0xf8, 0x53, 0xe8, 0, 0, 0, 0], 0x1000), None);
+    }
+
+    /// glibc's `ppoll` and `select` save registers first: `push` at the
+    /// entry is emulated.
+    #[test]
+    fn a_push_at_the_entry_is_the_point() {
+        assert_eq!(emulated_point(&[0x41, 0x54, 0x45, 0x31, 0xe4], 0x1000), Some(0));
+        assert_eq!(emulated_point(&[0x55, 0x48, 0x89, 0xe5], 0x1000), Some(0));
+    }
+
+    #[test]
+    fn a_syscall_before_any_branch_means_entry() {
+        // mov $7,%eax ; syscall ; ret
+        assert_eq!(
+            emulated_point(&[0xb8, 7, 0, 0, 0, 0x0f, 0x05, 0xc3], 0x1000),
+            None
+        );
+    }
+
+    #[test]
+    fn a_branch_first_is_the_entry_and_endbr64_is_skipped() {
+        assert_eq!(emulated_point(&[0xeb, 0x00], 0x1000), Some(0));
+        // endbr64 ; xor %r8d,%r8d ; jmp rel32 (musl's epoll_wait shape)
+        let code = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0x45, 0x31, 0xc0, 0xe9, 0, 0, 0, 0,
+        ];
+        assert_eq!(emulated_point(&code, 0x1000), Some(7));
+    }
+
+    #[test]
+    fn garbage_is_no_point_not_a_panic() {
+        assert_eq!(emulated_point(&[], 0), None);
+        assert_eq!(emulated_point(&[0xff; 64], 0), None);
+        assert_eq!(emulated_point(&[0x0f], 0), None);
+    }
+
+    /// This process's own C library: every wait function it defines is
+    /// found, `epoll_wait` among them at an emulated point.
+    #[test]
+    fn this_process_c_library_has_wait_points() {
+        let points = wait_points(std::process::id());
+        let names: Vec<_> = points.iter().map(|p| p.function).collect();
+        for f in ["epoll_wait", "poll", "select"] {
+            assert!(names.contains(&f), "{f} not found in {names:?}");
+        }
+        let ew = points.iter().find(|p| p.function == "epoll_wait").unwrap();
+        assert!(ew.emulated, "{ew:?}");
+    }
+}
