@@ -28,6 +28,8 @@
 //! - `python`: the Python frames and the GIL holder inside that event.
 #![no_std]
 #![no_main]
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
 use aya_ebpf::Global;
 

@@ -41,6 +41,12 @@ pub(crate) static LOOP_KEYS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_T
 #[map]
 pub(crate) static LOOP_GEN: Array<u64> = Array::with_max_entries(1, 0);
 
+/// Slot 0: how many tracked threads were switched out in a busy period and
+/// have not run since (their `off_reported`). While 0, the scheduler
+/// programs skip every other task's switch-in and wakeup.
+#[map]
+pub(crate) static OFF_CPU: Array<i64> = Array::with_max_entries(1, 0);
+
 /// Slot 0: 1 once the wait syscalls' tracepoints serve the waits (the
 /// fallback): the wait uprobes then stand down, so no wait counts twice.
 #[map]

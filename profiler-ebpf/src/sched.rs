@@ -25,12 +25,14 @@ use aya_ebpf::{
     macros::{perf_event, raw_tracepoint, tracepoint},
     programs::{PerfEventContext, RawTracePointContext, TracePointContext},
 };
+use core::intrinsics::AtomicOrdering;
+
 use profiler_common::{Drop, SchedEvent, TASK_REPORT_MAX, kind, tracepoint};
 
 use crate::{
     TARGET_TGID, TASK_PID_OFFSET,
     maps::{
-        LOOP_KEYS, THREADS, count, current_target, current_tracked, emit, header, is_target,
+        LOOP_KEYS, OFF_CPU, THREADS, count, current_target, current_tracked, emit, header, is_target,
     },
     stack::emit_stack_event,
     tracepoint::tp_field,
@@ -60,6 +62,9 @@ fn on_switch<C: EbpfContext>(ctx: &C, runnable: bool, state: i64, next: Option<u
             } else {
                 emit_stack_event(ctx, kind::SWITCH_OUT, prev, tgid, state);
             }
+            if st.off_reported == 0 {
+                off_cpu_add(1);
+            }
             st.off_reported = 1;
         }
     }
@@ -68,6 +73,7 @@ fn on_switch<C: EbpfContext>(ctx: &C, runnable: bool, state: i64, next: Option<u
         let st = unsafe { &mut *st };
         if st.off_reported != 0 {
             st.off_reported = 0;
+            off_cpu_add(-1);
             emit(SchedEvent {
                 hdr: header(kind::SWITCH_IN, next, st.tgid),
                 arg: 0,
@@ -103,7 +109,12 @@ fn on_exit(group_dead: u32) {
     };
     let tracked = match THREADS.get_ptr_mut(&tid) {
         Some(st) => {
-            flush_exit(tid, tgid, unsafe { &mut *st });
+            let st = unsafe { &mut *st };
+            flush_exit(tid, tgid, st);
+            if st.off_reported != 0 {
+                st.off_reported = 0;
+                off_cpu_add(-1);
+            }
             true
         }
         None => false,
@@ -118,6 +129,27 @@ fn on_exit(group_dead: u32) {
             arg: group_dead,
             _pad: 0,
         });
+    }
+}
+
+/// Tracked threads switched out in a busy period and not back yet
+/// (`OFF_CPU`): while there are none, no other task's switch-in or wakeup
+/// can be one the programs report, and they cost one array read.
+#[inline(always)]
+fn any_off_cpu() -> bool {
+    OFF_CPU.get(0).is_some_and(|n| *n != 0)
+}
+
+#[inline(always)]
+fn off_cpu_add(d: i64) {
+    if let Some(p) = OFF_CPU.get_ptr_mut(0) {
+        // Switch-outs and switch-ins of different threads run on different
+        // CPUs at once: an atomic add.
+        // (The BPF target has no `AtomicI64::fetch_add`; the intrinsic is
+        // one BPF atomic add.)
+        unsafe {
+            core::intrinsics::atomic_xadd::<i64, i64, { AtomicOrdering::Relaxed }>(p, d);
+        }
     }
 }
 
@@ -170,7 +202,9 @@ pub fn sp_raw_sched_switch(ctx: RawTracePointContext) -> u32 {
     // report bit: blocked is any non-zero state of a task not preempted.
     let runnable = preempt as u8 != 0 || prev_state as u32 == 0;
     let state = if prev_state & 2 != 0 { 2 } else { 1 }; // D, else S
-    on_switch(&ctx, runnable, state, candidate(next));
+    // `next` matters only while some tracked thread waits to come back.
+    let next = if any_off_cpu() { candidate(next) } else { None };
+    on_switch(&ctx, runnable, state, next);
     0
 }
 
@@ -184,6 +218,9 @@ pub fn sp_sched_wakeup(ctx: TracePointContext) -> u32 {
 /// `sched_wakeup`, raw tracepoint: `(struct task_struct *p)`.
 #[raw_tracepoint(tracepoint = "sched_wakeup")]
 pub fn sp_raw_sched_wakeup(ctx: RawTracePointContext) -> u32 {
+    if !any_off_cpu() {
+        return 0;
+    }
     let task: u64 = ctx.arg(0);
     if let Some(tid) = candidate(task) {
         on_wakeup(tid);
