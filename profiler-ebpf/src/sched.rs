@@ -32,7 +32,8 @@ use profiler_common::{Drop, SchedEvent, TASK_REPORT_MAX, kind, tracepoint};
 use crate::{
     TARGET_TGID, TASK_PID_OFFSET,
     maps::{
-        LOOP_KEYS, OFF_CPU, THREADS, count, current_target, current_tracked, emit, header, is_target,
+        LOOP_KEYS, OFF_CPU, THREADS, count, current_target, current_tracked, emit, header,
+        is_target,
     },
     stack::emit_stack_event,
     tracepoint::tp_field,

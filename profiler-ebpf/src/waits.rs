@@ -33,8 +33,8 @@ use profiler_common::{Drop, Filtered, ThreadState, WaitEvent, kind, sysno, trace
 use crate::{
     SAMPLE_AFTER_NS,
     maps::{
-        LOOP_GEN, LOOP_KEYS, THREADS, WAIT_TRACEPOINTS, count, current_target, current_tracked, emit, header,
-        is_target, new_thread, note,
+        LOOP_GEN, LOOP_KEYS, THREADS, WAIT_TRACEPOINTS, count, current_target, current_tracked,
+        emit, header, is_target, new_thread, note,
     },
     tracepoint::tp_field,
 };

@@ -385,6 +385,137 @@ fn record_command_c_loop_matches_victim_clock() {
     let pid = ready["pid"].as_u64().unwrap() as u32;
     // The default gate: threshold / 20.
     check_c_loop_recording(&out, &log, pid, "record -- c_loop", THRESHOLD_NS / 20);
+    // The default probes: nothing the rest of the host pays for.
+    let (sched, waits, notes) = probes_of(&out);
+    assert_eq!(
+        (sched.as_str(), waits.as_str()),
+        ("raw_tracepoints", "uprobes"),
+        "{notes:?}"
+    );
+    assert!(
+        !run.stdout.clone().contains("probes:"),
+        "no fallback, nothing to say:\n{}",
+        run.describe()
+    );
+}
+
+/// The probes a recording ran on, from its stalls.json: (scheduler, waits,
+/// notes).
+fn probes_of(out: &Path) -> (String, String, Vec<String>) {
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("stalls.json")).unwrap()).unwrap();
+    let p = &v["probes"];
+    let notes = p["notes"]
+        .as_array()
+        .map(|a| a.iter().map(|n| n.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default();
+    (
+        p["scheduler"].as_str().unwrap_or("").into(),
+        p["waits"].as_str().unwrap_or("").into(),
+        notes,
+    )
+}
+
+/// `record -- c_loop` with `args` before `--`: the run and its out dir.
+fn record_c_loop(dir: &Scratch, exe: &Path, args: &[&str]) -> (RunOutput, std::path::PathBuf, u32) {
+    let log = dir.join("victim.jsonl");
+    let out = dir.join("out");
+    let mut argv: Vec<&std::ffi::OsStr> = vec![
+        "record".as_ref(),
+        "--threshold".as_ref(),
+        THRESHOLD.as_ref(),
+    ];
+    argv.extend(args.iter().map(|a| std::ffi::OsStr::new(a)));
+    argv.extend([
+        "-o".as_ref(),
+        out.as_os_str(),
+        "--".as_ref(),
+        exe.as_os_str(),
+        log.as_os_str(),
+    ]);
+    let run = run_stallprof(&argv, Duration::from_secs(90));
+    assert!(
+        run.status.success(),
+        "stallprof record {args:?} -- c_loop failed:\n{}",
+        run.describe()
+    );
+    let ready = wait_for_log_kind(&log, "ready", Duration::from_secs(1));
+    let pid = ready["pid"].as_u64().unwrap() as u32;
+    (run, out, pid)
+}
+
+/// Issue 18: the default probes are the raw scheduler tracepoints and
+/// uprobes on the target's own wait functions; `--probes tracepoints`
+/// forces the classic tracepoints everywhere, and the recording is as
+/// accurate and says so.
+#[test]
+fn record_c_loop_on_forced_tracepoints_matches_victim_clock() {
+    if !require_root_and_bpf("record_c_loop_on_forced_tracepoints_matches_victim_clock") {
+        return;
+    }
+    let _serial = serial();
+    let dir = Scratch::new("c-tracepoints");
+    let exe = build_c_loop(&dir.path, true);
+    let (run, out, pid) = record_c_loop(&dir, &exe, &["--probes", "tracepoints"]);
+    check_c_loop_recording(
+        &out,
+        &dir.join("victim.jsonl"),
+        pid,
+        "record --probes tracepoints",
+        THRESHOLD_NS / 20,
+    );
+    let (sched, waits, notes) = probes_of(&out);
+    assert_eq!(
+        (sched.as_str(), waits.as_str()),
+        ("tracepoints", "tracepoints"),
+        "{notes:?}"
+    );
+    let stdout = run.stdout.clone();
+    assert!(
+        stdout.contains("probes: scheduler tracepoints, waits tracepoints")
+            && stdout.contains("every process on the host paid"),
+        "the summary must say the fallback and its cost:\n{stdout}"
+    );
+}
+
+/// Issue 18: a process whose waits no uprobe can see (static, its wait
+/// functions' symbols gone, as with raw syscalls) gets the syscall
+/// tracepoints by itself, is recorded as accurately, and the summary says
+/// why; the scheduler stays on raw tracepoints.
+#[test]
+fn record_c_loop_without_wait_symbols_falls_back_to_syscall_tracepoints() {
+    if !require_root_and_bpf("record_c_loop_without_wait_symbols_falls_back_to_syscall_tracepoints")
+    {
+        return;
+    }
+    let _serial = serial();
+    let dir = Scratch::new("c-static");
+    let exe = build_c_loop_without_wait_symbols(&dir.path);
+    let (run, out, pid) = record_c_loop(&dir, &exe, &[]);
+    check_c_loop_recording(
+        &out,
+        &dir.join("victim.jsonl"),
+        pid,
+        "record -- static c_loop",
+        THRESHOLD_NS / 20,
+    );
+    let (sched, waits, notes) = probes_of(&out);
+    assert_eq!(
+        (sched.as_str(), waits.as_str()),
+        ("raw_tracepoints", "tracepoints"),
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("maps no C library wait function")),
+        "the reason must be noted: {notes:?}"
+    );
+    let stdout = run.stdout.clone();
+    assert!(
+        stdout.contains("maps no C library wait function"),
+        "summary:\n{stdout}"
+    );
 }
 
 /// `stallprof record --pid`: attach to a victim that is already running,

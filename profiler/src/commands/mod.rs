@@ -27,6 +27,6 @@ pub struct StallArgs {
     /// pays), falling back per part where those cannot serve; `tracepoints`
     /// forces the classic tracepoints, which every process on the host pays
     /// for (its syscalls and context switches) while attached.
-    #[arg(long, value_enum, default_value_t = crate::kernel::probe::ProbeChoice::Auto)]
+    #[arg(long, env = "STALLPROF_PROBES", value_enum, default_value_t = crate::kernel::probe::ProbeChoice::Auto)]
     pub probes: crate::kernel::probe::ProbeChoice,
 }

@@ -315,9 +315,7 @@ pub fn raw_layout(data: &[u8]) -> Result<RawLayout, Unusable> {
     let pid = btf.member(task, "pid", 0);
     let tgid = btf.member(task, "tgid", 0);
     match (pid, tgid) {
-        (Some((p, 4)), Some((t, 4))) if t == p + 4 => Ok(RawLayout {
-            task_pid_offset: p,
-        }),
+        (Some((p, 4)), Some((t, 4))) if t == p + 4 => Ok(RawLayout { task_pid_offset: p }),
         _ => Err(Unusable(format!(
             "task_struct.pid/tgid are not two adjacent 4-byte fields on this kernel \
              (pid {pid:?}, tgid {tgid:?}: offset, size)"
@@ -407,13 +405,7 @@ mod tests {
         let pid_t = b.ty(KIND_TYPEDEF, 0, "pid_t", int, &[]);
         let m1 = b.member("pid", pid_t, 0);
         let m2 = b.member("tgid", pid_t, 32 + tgid_gap);
-        let anon = b.ty(
-            KIND_STRUCT,
-            2,
-            "",
-            16,
-            &[m1, m2].concat(),
-        );
+        let anon = b.ty(KIND_STRUCT, 2, "", 16, &[m1, m2].concat());
         let m3 = b.member("state", uint, 0);
         let m4 = b.member("", anon, 0x100 * 8);
         let task = b.ty(KIND_STRUCT, 2, "task_struct", 0x200, &[m3, m4].concat());

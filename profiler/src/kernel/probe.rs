@@ -389,8 +389,6 @@ pub enum ProbeChoice {
     Tracepoints,
 }
 
-
-
 /// The default sampling gate for a stall threshold (see `SAMPLE_AFTER_NS` in
 /// `profiler-ebpf`): a twentieth of the threshold, at most 2 ms. Samples are
 /// skipped only in the first `gate` of a busy period, so at most
@@ -490,7 +488,12 @@ impl Probes {
         }
 
         // Loaded now, attached as runtimes and wait functions are found.
-        for prog in ["sp_park_enter", "sp_park_exit", "sp_uwait_enter", "sp_uwait_exit"] {
+        for prog in [
+            "sp_park_enter",
+            "sp_park_exit",
+            "sp_uwait_enter",
+            "sp_uwait_exit",
+        ] {
             let p: &mut UProbe = program(&mut ebpf, prog)?;
             p.load().map_err(|source| load_error(prog, source))?;
         }
@@ -531,8 +534,10 @@ impl Probes {
             }
             probes.set.scheduler = "raw_tracepoints".into();
         } else {
-            let sched: Vec<&Tracepoint> =
-                tracepoints.iter().filter(|t| t.category == "sched").collect();
+            let sched: Vec<&Tracepoint> = tracepoints
+                .iter()
+                .filter(|t| t.category == "sched")
+                .collect();
             probes.attach_tracepoints(&sched)?;
             probes.set.scheduler = "tracepoints".into();
         }
@@ -587,10 +592,12 @@ impl Probes {
         let all = tracepoints();
         let waits: Vec<&Tracepoint> = all.iter().filter(|t| t.category == "syscalls").collect();
         self.attach_tracepoints(&waits)?;
-        self.set.waits = if self.set.waits.is_empty() {
+        // Uprobes already serving some process stand down now (see
+        // `WAIT_TRACEPOINTS`), but they did serve until here.
+        self.set.waits = if self.waits_done.is_empty() {
             "tracepoints".into()
         } else {
-            format!("{}+tracepoints", self.set.waits)
+            "uprobes+tracepoints".into()
         };
         Ok(())
     }
@@ -612,15 +619,15 @@ impl Probes {
         if self.set.waits.contains("tracepoints") || self.tgid == 0 {
             return true;
         }
-        let points = waits::wait_points(pid);
+        let (points, more_may_come) = waits::wait_points(pid);
         if points.is_empty() {
-            if last_try {
+            if last_try || !more_may_come {
                 self.wait_fallback(format!(
                     "pid {pid} maps no C library wait function (a static binary without \
                      symbols, or raw syscalls)"
                 ));
             }
-            return last_try;
+            return last_try || !more_may_come;
         }
         let scope = NonZeroU32::new(pid).map_or(UProbeScope::AllProcesses, UProbeScope::OneProcess);
         for p in points {
@@ -661,7 +668,11 @@ impl Probes {
         };
         let mut live = HashSet::new();
         for entry in dir.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
                 continue;
             };
             let Some(start) = crate::os::proc::start_ticks(pid) else {
@@ -671,7 +682,7 @@ impl Probes {
             if self.host_scanned.contains(&(pid, start)) {
                 continue;
             }
-            for p in waits::wait_points(pid) {
+            for p in waits::wait_points(pid).0 {
                 if self.waits_done.contains(&(0, p.file, p.offset)) {
                     continue;
                 }
@@ -689,7 +700,11 @@ impl Probes {
 
     /// One wait function's uretprobe, then its uprobe (cookie: the
     /// syscall), or why not.
-    fn attach_wait_point(&mut self, p: &waits::WaitPoint, scope: UProbeScope) -> Result<(), String> {
+    fn attach_wait_point(
+        &mut self,
+        p: &waits::WaitPoint,
+        scope: UProbeScope,
+    ) -> Result<(), String> {
         if !p.emulated {
             self.set.notes.push(format!(
                 "{} in {} is probed at its entry (single-stepped: ~10x the cost of an emulated \
@@ -702,11 +717,13 @@ impl Probes {
                 location: UProbeAttachLocation::AbsoluteOffset(p.offset),
                 cookie: Some(p.nr as u64),
             };
-            let res = program::<UProbe>(&mut self.ebpf, prog)
-                .and_then(|u| u.attach(point, &p.path, scope).map_err(|source| ProbeError::Attach {
-                    what: format!("uprobe on {} in {}", p.function, p.path),
-                    source,
-                }));
+            let res = program::<UProbe>(&mut self.ebpf, prog).and_then(|u| {
+                u.attach(point, &p.path, scope)
+                    .map_err(|source| ProbeError::Attach {
+                        what: format!("uprobe on {} in {}", p.function, p.path),
+                        source,
+                    })
+            });
             if let Err(e) = res {
                 let mut why = e.to_string();
                 let mut src = std::error::Error::source(&e);
@@ -717,7 +734,10 @@ impl Probes {
                 return Err(why);
             }
         }
-        debug!("wait probes on {} (+{:#x}) in {}", p.function, p.delta, p.path);
+        debug!(
+            "wait probes on {} (+{:#x}) in {}",
+            p.function, p.delta, p.path
+        );
         Ok(())
     }
 
@@ -731,7 +751,9 @@ impl Probes {
             "{why}; falling back to the wait syscalls' tracepoints (every process on the host \
              pays for its syscalls while attached)"
         );
-        self.set.notes.push(format!("waits: syscall tracepoints, because {why}"));
+        self.set
+            .notes
+            .push(format!("waits: syscall tracepoints, because {why}"));
         // The tracepoints see every wait: the uprobes stand down, so no
         // wait is reported twice.
         if let Err(e) = self.wait_tracepoints.set(0, 1, 0) {

@@ -27,8 +27,7 @@ use std::{
 };
 
 use iced_x86::{
-    Code, Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, OpAccess, OpKind,
-    Register,
+    Code, Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, OpAccess, OpKind, Register,
 };
 use object::{Object, ObjectSection, ObjectSymbol};
 use profiler_common::sysno;
@@ -97,15 +96,20 @@ fn mapped_files(pid: u32) -> Vec<(String, (u64, u64), String)> {
     out
 }
 
-/// The wait functions `pid` can call, with their probe points; empty when
-/// it maps no file that defines one (a static binary without symbols, a
-/// runtime making raw syscalls).
-pub fn wait_points(pid: u32) -> Vec<WaitPoint> {
+/// The wait functions `pid` can call, with their probe points, or none;
+/// and whether more may come: a dynamic loader is mapped, so the C library
+/// may not be yet (a command that has just exec'd). A process that maps no
+/// loader and no wait function (a static binary without symbols, a runtime
+/// making raw syscalls) never will.
+pub fn wait_points(pid: u32) -> (Vec<WaitPoint>, bool) {
     let mut points = Vec::new();
-    for (path, file, _) in mapped_files(pid) {
+    let mut loader = false;
+    for (path, file, seen_as) in mapped_files(pid) {
+        let name = seen_as.rsplit('/').next().unwrap_or("");
+        loader |= name.starts_with("ld-") && name.contains(".so");
         points.extend(points_in(&path, file));
     }
-    points
+    (points, loader)
 }
 
 /// The wait functions defined in one mapped file.
@@ -117,8 +121,7 @@ fn points_in(path: &str, file: (u64, u64)) -> Vec<WaitPoint> {
     let Ok(obj) = object::File::parse(&data) else {
         return Vec::new();
     };
-    if obj.architecture() != object::Architecture::X86_64 || limits::elf_symbols_too_large(&obj)
-    {
+    if obj.architecture() != object::Architecture::X86_64 || limits::elf_symbols_too_large(&obj) {
         return Vec::new();
     }
     let mut out = Vec::new();
@@ -142,7 +145,10 @@ fn points_in(path: &str, file: (u64, u64)) -> Vec<WaitPoint> {
             Ok(f) => f,
             Err(_) => continue,
         };
-        let n = match f.seek(SeekFrom::Start(start)).and_then(|_| f.read(&mut code)) {
+        let n = match f
+            .seek(SeekFrom::Start(start))
+            .and_then(|_| f.read(&mut code))
+        {
             Ok(n) => n,
             Err(_) => continue,
         };
@@ -195,7 +201,9 @@ pub fn emulated_point(code: &[u8], ip: u64) -> Option<u64> {
             return Some(0);
         }
         match insn.flow_control() {
-            FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch | FlowControl::Call
+            FlowControl::ConditionalBranch
+            | FlowControl::UnconditionalBranch
+            | FlowControl::Call
                 if insn.op0_kind() == OpKind::NearBranch64 =>
             {
                 return Some(insn.ip() - ip);
@@ -207,8 +215,10 @@ pub fn emulated_point(code: &[u8], ip: u64) -> Option<u64> {
             continue;
         }
         let writes_kept = info.info(&insn).used_registers().iter().any(|r| {
-            !matches!(r.access(), OpAccess::Read | OpAccess::CondRead | OpAccess::None)
-                && KEPT.contains(&r.register().full_register())
+            !matches!(
+                r.access(),
+                OpAccess::Read | OpAccess::CondRead | OpAccess::None
+            ) && KEPT.contains(&r.register().full_register())
         });
         if writes_kept {
             return None;
@@ -239,18 +249,30 @@ mod tests {
     #[test]
     fn a_write_to_an_argument_or_the_stack_before_the_branch_means_entry() {
         // mov $0, %edi ; je
-        assert_eq!(emulated_point(&[0xbf, 0, 0, 0, 0, 0x74, 0x02], 0x1000), None);
+        assert_eq!(
+            emulated_point(&[0xbf, 0, 0, 0, 0, 0x74, 0x02], 0x1000),
+            None
+        );
         // sub $0x28,%rsp ; je
-        assert_eq!(emulated_point(&[0x48, 0x83, 0xec, 0x28, 0x74, 0x02], 0x1000), None);
+        assert_eq!(
+            emulated_point(&[0x48, 0x83, 0xec, 0x28, 0x74, 0x02], 0x1000),
+            None
+        );
         // mov %edi,%eax ; push %rbx ; call
-        assert_eq!(emulated_point(&[0x89, 0xf8, 0x53, 0xe8, 0, 0, 0, 0], 0x1000), None);
+        assert_eq!(
+            emulated_point(&[0x89, 0xf8, 0x53, 0xe8, 0, 0, 0, 0], 0x1000),
+            None
+        );
     }
 
     /// glibc's `ppoll` and `select` save registers first: `push` at the
     /// entry is emulated.
     #[test]
     fn a_push_at_the_entry_is_the_point() {
-        assert_eq!(emulated_point(&[0x41, 0x54, 0x45, 0x31, 0xe4], 0x1000), Some(0));
+        assert_eq!(
+            emulated_point(&[0x41, 0x54, 0x45, 0x31, 0xe4], 0x1000),
+            Some(0)
+        );
         assert_eq!(emulated_point(&[0x55, 0x48, 0x89, 0xe5], 0x1000), Some(0));
     }
 
@@ -267,9 +289,7 @@ mod tests {
     fn a_branch_first_is_the_entry_and_endbr64_is_skipped() {
         assert_eq!(emulated_point(&[0xeb, 0x00], 0x1000), Some(0));
         // endbr64 ; xor %r8d,%r8d ; jmp rel32 (musl's epoll_wait shape)
-        let code = [
-            0xf3, 0x0f, 0x1e, 0xfa, 0x45, 0x31, 0xc0, 0xe9, 0, 0, 0, 0,
-        ];
+        let code = [0xf3, 0x0f, 0x1e, 0xfa, 0x45, 0x31, 0xc0, 0xe9, 0, 0, 0, 0];
         assert_eq!(emulated_point(&code, 0x1000), Some(7));
     }
 
@@ -284,7 +304,8 @@ mod tests {
     /// found, `epoll_wait` among them at an emulated point.
     #[test]
     fn this_process_c_library_has_wait_points() {
-        let points = wait_points(std::process::id());
+        let (points, loader) = wait_points(std::process::id());
+        assert!(loader, "a test binary maps the dynamic loader");
         let names: Vec<_> = points.iter().map(|p| p.function).collect();
         for f in ["epoll_wait", "poll", "select"] {
             assert!(names.contains(&f), "{f} not found in {names:?}");

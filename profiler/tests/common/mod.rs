@@ -182,6 +182,59 @@ pub fn build_c_loop(dir: &Path, frame_pointers: bool) -> PathBuf {
     out
 }
 
+/// c_loop linked statically, with the C library's wait functions' symbols
+/// removed: a process whose waits no uprobe can find (as one making raw
+/// syscalls), so stallprof must fall back to the syscall tracepoints.
+pub fn build_c_loop_without_wait_symbols(dir: &Path) -> PathBuf {
+    // Named c_loop too: the checks compare the process's name.
+    let sub = dir.join("static");
+    std::fs::create_dir_all(&sub).unwrap();
+    let out = sub.join("c_loop");
+    let result = Command::new("cc")
+        .args([
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-pthread",
+            "-static",
+            "-o",
+        ])
+        .arg(&out)
+        .arg(c_loop_source())
+        .output()
+        .unwrap_or_else(|e| panic!("running cc: {e} (is a C compiler installed?)"));
+    assert!(
+        result.status.success(),
+        "cc -static failed to build {} (is libc6-dev's libc.a installed?):\n{}",
+        c_loop_source().display(),
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let mut strip = Command::new("objcopy");
+    for f in [
+        "epoll_wait",
+        "epoll_pwait",
+        "epoll_pwait2",
+        "poll",
+        "__poll",
+        "ppoll",
+        "select",
+        "__select",
+        "pselect",
+    ] {
+        strip.arg(format!("--strip-symbol={f}"));
+    }
+    let result = strip
+        .arg(&out)
+        .output()
+        .unwrap_or_else(|e| panic!("running objcopy: {e} (is binutils installed?)"));
+    assert!(
+        result.status.success(),
+        "objcopy failed: {}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    out
+}
+
 /// Line range [first, last] of a top-level C function's definition in
 /// c_loop.c: from the line naming it with an opening brace to the next line
 /// that is exactly "}".

@@ -177,7 +177,14 @@ impl Window {
         probes: &ProbeSet,
     ) -> (Vec<Written>, Result<()>) {
         let mut out = Vec::new();
-        let r = self.write_procs(data_dir, end_mono, threshold_ns, sample_hz, probes, &mut out);
+        let r = self.write_procs(
+            data_dir,
+            end_mono,
+            threshold_ns,
+            sample_hz,
+            probes,
+            &mut out,
+        );
         (out, r)
     }
 
