@@ -425,7 +425,7 @@ fn record_c_loop(dir: &Scratch, exe: &Path, args: &[&str]) -> (RunOutput, std::p
         "--threshold".as_ref(),
         THRESHOLD.as_ref(),
     ];
-    argv.extend(args.iter().map(|a| std::ffi::OsStr::new(a)));
+    argv.extend(args.iter().map(std::ffi::OsStr::new));
     argv.extend([
         "-o".as_ref(),
         out.as_os_str(),

@@ -117,6 +117,18 @@ pub fn refuse_thread(pid: u32, tid: u32) -> Option<String> {
     })
 }
 
+/// Start time (clock ticks after boot) of a live process, or None if gone
+/// (or a zombie).
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = crate::os::limits::read_proc(&format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,16 +142,4 @@ mod tests {
         let me = std::process::id();
         assert_eq!(namespace_id(me, me), me);
     }
-}
-
-/// Start time (clock ticks after boot) of a live process, or None if gone
-/// (or a zombie).
-pub fn start_ticks(pid: u32) -> Option<u64> {
-    let stat = crate::os::limits::read_proc(&format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
-    if fields.first() == Some(&"Z") {
-        return None;
-    }
-    fields.get(19)?.parse().ok()
 }
