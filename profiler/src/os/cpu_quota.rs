@@ -9,7 +9,8 @@
 //! (`nr_periods`, `nr_throttled`, `throttled_time` in ns). Out: a
 //! [`CpuQuota`] — the cgroup that limits the process (its own, or the
 //! nearest ancestor with a quota: a limit set on a pod's cgroup throttles
-//! its containers) and a [`Throttling`] snapshot of its counters.
+//! its containers) and a [`Throttling`] snapshot of its counters — or
+//! nothing when no cgroup on the way up sets a quota.
 //!
 //! Read twice by `record` (at attach and at the end), so the recording
 //! says how often and how long the kernel throttled that cgroup while it
@@ -19,8 +20,8 @@
 //! when the loop thread is what uses the quota.
 //!
 //! The v2 line (`0::PATH`) of `/proc/PID/cgroup` is used when the unified
-//! hierarchy has the cpu controller there (`cpu.max` exists); else the v1
-//! line whose controller list has `cpu`. Paths are taken below the mount
+//! hierarchy has the cpu controller (its root's `cgroup.controllers` lists
+//! `cpu`); else the v1 line whose controller list has `cpu`. Paths are taken below the mount
 //! whose root they start with (`/proc/self/mountinfo`), never outside it.
 
 use std::path::{Path, PathBuf};
@@ -162,6 +163,15 @@ impl CgroupFs {
             }
         }
         fs
+    }
+
+    /// The unified hierarchy has the cpu controller (its root's
+    /// `cgroup.controllers` lists `cpu`).
+    pub fn v2_has_cpu(&self) -> bool {
+        self.v2.as_ref().is_some_and(|(_, point)| {
+            std::fs::read_to_string(point.join("cgroup.controllers"))
+                .is_ok_and(|c| c.split_whitespace().any(|w| w == "cpu"))
+        })
     }
 
     /// The directory of `cgroup` (a path as `/proc/PID/cgroup` gives it) in
@@ -316,9 +326,9 @@ fn read_limit(dir: &Path, version: CgroupVersion) -> Result<(Option<u64>, u64), 
 }
 
 /// The CPU limit of `pid`: the innermost cgroup from its own up that has a
-/// quota, else its own cgroup with no quota (its counters still read).
-/// Ok(None) when the process has no cpu-controlled cgroup we can see (no
-/// cpu controller mounted, or it is gone).
+/// quota, with its counters. Ok(None) when none has one, or the process
+/// has no cpu-controlled cgroup we can see (no cpu controller mounted, or
+/// it is gone).
 pub fn of_process(pid: u32, fs: &CgroupFs) -> Result<Option<CpuQuota>, QuotaError> {
     let Ok(text) = super::limits::read_proc(&format!("/proc/{pid}/cgroup")) else {
         return Ok(None);
@@ -327,16 +337,17 @@ pub fn of_process(pid: u32, fs: &CgroupFs) -> Result<Option<CpuQuota>, QuotaErro
     let candidates = [(CgroupVersion::V2, v2), (CgroupVersion::V1, v1)];
     for (version, path) in candidates {
         let Some(path) = path else { continue };
-        let Some(own) = fs.dir(version, &path) else {
+        if fs.dir(version, &path).is_none() {
             continue;
-        };
+        }
         let probe = match version {
             CgroupVersion::V2 => "cpu.max",
             CgroupVersion::V1 => "cpu.cfs_quota_us",
         };
-        // The unified hierarchy without the cpu controller enabled (a v1
-        // host's /sys/fs/cgroup/unified) has no cpu files: try v1.
-        if !own.join(probe).exists() && !own.join("cpu.stat").exists() {
+        // The unified hierarchy without the cpu controller (a hybrid
+        // host's /sys/fs/cgroup/unified: its root lists other controllers)
+        // has a `cpu.stat` of usage only and no quota files: try v1.
+        if version == CgroupVersion::V2 && !fs.v2_has_cpu() {
             continue;
         }
         let mut limited = None;
@@ -349,16 +360,10 @@ pub fn of_process(pid: u32, fs: &CgroupFs) -> Result<Option<CpuQuota>, QuotaErro
                 break;
             }
         }
-        let (cgroup, dir, quota, period) = match limited {
-            Some(l) => l,
-            None => {
-                let (q, p) = if own.join(probe).exists() {
-                    read_limit(&own, version)?
-                } else {
-                    (None, 0)
-                };
-                (path, own, q, p)
-            }
+        // No quota on the way up: nothing limits it (the root cgroup's
+        // counters, if any, are not a limit's).
+        let Some((cgroup, dir, quota, period)) = limited else {
+            return Ok(None);
         };
         let start = read_throttling(&dir, version)?;
         return Ok(Some(CpuQuota {
