@@ -304,7 +304,7 @@ fn check_against(c: &mut Checks, t: &Value, rec: &Recording) {
                 )
             },
         );
-        let culprit = aggregate::stall_culprit(s).unwrap_or_else(|| "stall".into());
+        let culprit = aggregate::stall_culprit(s, &rec.app()).unwrap_or_else(|| "stall".into());
         c.check(slice.name == culprit, || {
             format!(
                 "{who}: named {:?}, want the summary's culprit {culprit:?}",
@@ -549,7 +549,7 @@ fn stalls_table_of(rec: &Recording) -> String {
                 s.start_ns,
                 s.end_ns,
                 s.stacks.len(),
-                aggregate::stall_culprit(s)
+                aggregate::stall_culprit(s, &rec.app())
             )
         })
         .collect::<Vec<_>>()

@@ -30,3 +30,16 @@ pub struct StallArgs {
     #[arg(long, env = "STALLPROF_PROBES", value_enum, default_value_t = crate::kernel::probe::ProbeChoice::Auto)]
     pub probes: crate::kernel::probe::ProbeChoice,
 }
+
+/// Which code is the application's: shared by `record`, `report` and `top`
+/// (flattened).
+#[derive(Args, Debug, Clone, Default)]
+pub struct AppArgs {
+    /// The application's code is under this path prefix (repeatable): its
+    /// innermost frame is a stall's culprit and its outermost the entry
+    /// point. Default: a guess — every Python/JavaScript file outside the
+    /// runtime's standard library, site-packages/dist-packages and
+    /// node_modules. Given, the prefixes replace the guess.
+    #[arg(long = "app-path", value_name = "PREFIX")]
+    pub app_paths: Vec<String>,
+}

@@ -13,8 +13,8 @@ use std::{
 };
 
 use crate::{
-    commands::StallArgs,
     commands::live::{Finished, Live, Step},
+    commands::{AppArgs, StallArgs},
     os::units::fmt_ns,
     os::units::parse_duration,
     os::{
@@ -41,6 +41,8 @@ pub struct RecordArgs {
     pub pid: Option<u32>,
     #[command(flatten)]
     pub stall: StallArgs,
+    #[command(flatten)]
+    pub app: AppArgs,
     /// Skip CPU samples in the first DUR of every busy period, and do not
     /// report busy periods shorter than DUR at all, inside the kernel: the
     /// loop's short iterations then cost no stack copy. 0 takes every sample.
@@ -103,6 +105,8 @@ pub struct RecordConfig {
     pub fail_on_stall_ns: Option<u64>,
     /// How stalls.folded and stalls.svg show stacks (`--native`).
     pub view: View,
+    /// `--app-path` prefixes (the recording's `app_paths`).
+    pub app_paths: Vec<String>,
 }
 
 /// Exit status of `record --fail-on-stall` when a stall reached the
@@ -211,6 +215,7 @@ impl RecordConfig {
             live_status: !a.quiet && std::io::stderr().is_terminal(),
             fail_on_stall_ns: a.fail_on_stall,
             view: View { native: a.native },
+            app_paths: a.app.app_paths,
         })
     }
 }
@@ -422,6 +427,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
             clock: "monotonic".into(),
             started_ns,
             stallprof_version: env!("CARGO_PKG_VERSION").into(),
+            app_paths: cfg.app_paths.clone(),
         },
     )?;
     let mut journal_failed = None;
@@ -568,6 +574,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
         runtime_problems: engine.runtime_problems(),
         probes,
         cpu_quota,
+        app_paths: cfg.app_paths.clone(),
         stalls,
     };
     let files = match (report::write_all_view(&rec, &out, cfg.view), journal_failed) {

@@ -9,6 +9,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 
 use crate::{
+    commands::AppArgs,
     os::outdir::{OutDir, random_suffix},
     os::units::fmt_ns,
     os::units::parse_duration,
@@ -37,6 +38,10 @@ pub struct ReportArgs {
     /// common root; `all` keeps every frame (stalls.json always does).
     #[arg(long, value_enum, default_value_t = Native::User)]
     pub native: Native,
+    /// Replaces the recording's `--app-path` prefixes (and the guess, when
+    /// it had none).
+    #[command(flatten)]
+    pub app: AppArgs,
     /// A differential flamegraph of two recordings into -o DIR: diff.svg
     /// (AFTER's stacks, red where stall time grew, blue where it shrank),
     /// diff-before.svg (BEFORE's stacks, same colours: what went away) and
@@ -58,7 +63,7 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 pub fn run(a: ReportArgs) -> Result<String> {
     let view = View { native: a.native };
     if let (Some(d), Some(o)) = (&a.diff, &a.output) {
-        return diff(&d[0], &d[1], o, view);
+        return diff(&d[0], &d[1], o, view, &a.app.app_paths);
     }
     let Some(input) = a.input.clone() else {
         bail!(
@@ -66,6 +71,9 @@ pub fn run(a: ReportArgs) -> Result<String> {
         );
     };
     let mut rec = report::read_json(&input)?;
+    if !a.app.app_paths.is_empty() {
+        rec.app_paths = a.app.app_paths.clone();
+    }
     if let Some(t) = a.threshold {
         if t < rec.threshold_ns {
             let dir = if input.is_dir() {
@@ -143,8 +151,18 @@ pub fn run(a: ReportArgs) -> Result<String> {
 /// `report --diff BEFORE AFTER -o OUT`: diff.svg, diff-before.svg and
 /// diff.folded (`stack before_us after_us`, unscaled), and a line with
 /// each recording's count and stall time.
-fn diff(before: &Path, after: &Path, out: &Path, view: View) -> Result<String> {
-    let (b, a) = (report::read_json(before)?, report::read_json(after)?);
+fn diff(
+    before: &Path,
+    after: &Path,
+    out: &Path,
+    view: View,
+    app_paths: &[String],
+) -> Result<String> {
+    let (mut b, mut a) = (report::read_json(before)?, report::read_json(after)?);
+    if !app_paths.is_empty() {
+        b.app_paths = app_paths.to_vec();
+        a.app_paths = app_paths.to_vec();
+    }
     if same_dir(out, before) || same_dir(out, after) {
         bail!(
             "-o {} is one of the recordings being compared; give a new directory with -o DIR",

@@ -19,14 +19,15 @@ use anyhow::{Result, bail};
 use clap::Args;
 
 use crate::{
-    commands::StallArgs,
     commands::live::{Live, Step},
+    commands::{AppArgs, StallArgs},
     os::clock::monotonic_ns,
     os::proc::{process_alive, read_comm, refuse_target, refuse_thread},
     os::units::{fmt_ns, parse_duration},
-    report::aggregate::culprit,
+    report::aggregate::culprit_name,
     report::label::escape,
     report::model::{PartKind, Stall},
+    report::origin::AppPaths,
 };
 
 #[derive(Args, Debug)]
@@ -36,6 +37,8 @@ pub struct TopArgs {
     pub pid: u32,
     #[command(flatten)]
     pub stall: StallArgs,
+    #[command(flatten)]
+    pub app: AppArgs,
     /// Rates, percentiles and culprits cover the stalls that ended in this
     /// last stretch of time.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
@@ -76,6 +79,8 @@ struct Window {
     stalls: VecDeque<Stall>,
     /// When watching began: the rate's denominator until a window has passed.
     since_ns: u64,
+    /// Which frames are the application's (`--app-path`).
+    app: AppPaths,
 }
 
 impl Window {
@@ -102,7 +107,7 @@ impl Window {
         let mut by: HashMap<String, Split> = HashMap::new();
         for s in &self.stalls {
             for p in &s.stacks {
-                let label = culprit(p).map_or_else(|| "[no user frame]".to_string(), |f| f.label());
+                let label = culprit_name(p, &self.app);
                 by.entry(label).or_default().add(p.kind, p.weight_ns);
             }
         }
@@ -286,6 +291,7 @@ async fn top(a: TopArgs) -> Result<String> {
         window_ns: a.window,
         stalls: VecDeque::new(),
         since_ns: monotonic_ns(),
+        app: AppPaths::new(&a.app.app_paths),
     };
     let term = RawTerm::new();
     let mut keys = keys();
@@ -380,6 +386,7 @@ mod tests {
             window_ns: 60 * s,
             stalls: VecDeque::new(),
             since_ns: 0,
+            app: AppPaths::default(),
         };
         w.push(stall(5 * s, 100_000_000, "old", PartKind::OnCpu));
         w.push(stall(70 * s, 200_000_000, "load", PartKind::OnCpu));

@@ -2,10 +2,17 @@
 //!
 //! In: [`Recording`]. Out: folded stacks (one weight per distinct stack, in
 //! microseconds of stall time) and [`Summary`] (duration percentiles, time
-//! split, top culprits).
+//! split, top culprits in the app's terms, entry points). Which frames are
+//! the app's is [`origin`]'s answer; the culprit of a part is its innermost
+//! app frame past the loop, with the library call it went through
+//! ([`blame`]), else the older rule ([`fallback_culprit`]).
 use std::collections::{BTreeMap, HashMap};
 
-use crate::report::model::{Frame, FrameKind, PartKind, Recording, StackPart, Stall};
+use crate::report::{
+    model::{Frame, FrameKind, PartKind, Recording, StackPart, Stall},
+    origin::{self, AppPaths, is_perf_map_js},
+    view,
+};
 
 /// Stall time per distinct folded stack, in nanoseconds, sorted by stack.
 pub fn folded_ns(stalls: &[Stall]) -> BTreeMap<String, u64> {
@@ -77,16 +84,6 @@ fn is_runtime_frame(f: &Frame) -> bool {
     .any(|p| n.starts_with(p))
 }
 
-/// A JavaScript function named by a perf map (`--perf-basic-prof`):
-/// `JS:*parseBig /app/app.js:11:19` (`LazyCompile:`, `Function:` in older V8).
-fn is_perf_map_js(f: &Frame) -> bool {
-    f.kind == FrameKind::Native
-        && f.module.as_deref() == Some("[jit]")
-        && ["JS:", "LazyCompile:", "Function:"]
-            .iter()
-            .any(|p| f.name.starts_with(p))
-}
-
 /// Node's own JavaScript (`node:internal/...`, `node:fs`): like libc, the
 /// means, not the culprit.
 fn is_node_internal_js(f: &Frame) -> bool {
@@ -99,13 +96,14 @@ fn is_node_internal_js(f: &Frame) -> bool {
     }
 }
 
-/// The frame to blame for a part: the innermost Python frame if any, else
-/// the innermost JavaScript frame of the user's code (Node: read from
-/// memory or named by a perf map; Node's own `node:` modules and builtins
-/// without a script are skipped, then taken if there is nothing else),
-/// else the innermost native frame outside the C runtime and the Rust
-/// standard library / async runtime, preferring one with source information.
-pub fn culprit(p: &StackPart) -> Option<&Frame> {
+/// The frame to blame when a part has no app frame ([`AppPaths::is_app`]):
+/// the innermost Python frame if any, else the innermost JavaScript frame
+/// outside Node's own modules (Node: read from memory or named by a perf
+/// map; Node's own `node:` modules and builtins without a script are
+/// skipped, then taken if there is nothing else), else the innermost
+/// native frame outside the C runtime and the Rust standard library /
+/// async runtime, preferring one with source information.
+fn fallback_culprit(p: &StackPart) -> Option<&Frame> {
     let user = || {
         p.frames
             .iter()
@@ -127,6 +125,109 @@ pub fn culprit(p: &StackPart) -> Option<&Frame> {
         .or_else(|| user().find(|f| f.file.is_some()))
         .or_else(|| user().next())
         .or_else(|| p.frames.iter().rev().find(|f| f.kind == FrameKind::Native))
+}
+
+/// Who a part's time is blamed on: its culprit frame and, when that is the
+/// app's, the library call it went through.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Blame<'a> {
+    pub frame: &'a Frame,
+    /// `pypdf … PageObject.extract_text`, `time_sleep`: the first frame the
+    /// app frame called that is not the interpreter's call machinery
+    /// (`_PyObject_Vectorcall*`, …), with its library
+    /// ([`AppPaths::library`]). None when the app's code itself ran, or the
+    /// culprit is not the app's.
+    pub via: Option<String>,
+}
+
+impl Blame<'_> {
+    /// `parse_resume (app.py:31) → pypdf … PageObject.extract_text`, or the
+    /// frame's label alone. Escaped like every label.
+    pub fn label(&self) -> String {
+        match &self.via {
+            Some(v) => format!(
+                "{} → {}",
+                self.frame.label(),
+                crate::report::label::escape(v).replace(';', ":")
+            ),
+            None => self.frame.label(),
+        }
+    }
+}
+
+/// The library call an app frame at `i` went through (see [`Blame::via`]).
+fn via(p: &StackPart, i: usize, app: &AppPaths) -> Option<String> {
+    let f = p.frames[i + 1..].iter().find(|f| {
+        matches!(
+            f.kind,
+            FrameKind::Python | FrameKind::Js | FrameKind::Native
+        ) && !view::is_interpreter_frame(f)
+    })?;
+    Some(match app.library(f) {
+        Some(lib) => format!("{lib} … {}", f.name),
+        None => f.name.clone(),
+    })
+}
+
+/// The blame for a part: its innermost app frame ([`AppPaths::is_app`])
+/// past the loop ([`origin::work_start`]: not the `main` that started the
+/// loop) with the library call it went through, so that a library's time
+/// spread over many of its functions adds up under the app function that
+/// called it; without an app frame there, [`fallback_culprit`] (no `via`).
+pub fn blame<'a>(p: &'a StackPart, app: &AppPaths) -> Option<Blame<'a>> {
+    let from = origin::work_start(&p.frames);
+    match p.frames[from..].iter().rposition(|f| app.is_app(f)) {
+        Some(i) => Some(Blame {
+            frame: &p.frames[from + i],
+            via: via(p, from + i, app),
+        }),
+        None => fallback_culprit(p).map(|frame| Blame { frame, via: None }),
+    }
+}
+
+/// A part's blame as one name ([`Blame::label`]), `[no user frame]` when
+/// it has none: what `top`, the daemon's pages and the CI gate name.
+pub fn culprit_name(p: &StackPart, app: &AppPaths) -> String {
+    blame(p, app).map_or_else(|| "[no user frame]".to_string(), |b| b.label())
+}
+
+/// The frame to blame for a part ([`blame`]).
+pub fn culprit<'a>(p: &'a StackPart, app: &AppPaths) -> Option<&'a Frame> {
+    blame(p, app).map(|b| b.frame)
+}
+
+/// A part's entry point: the outermost app frame past the loop's last
+/// dispatch point (asyncio's or uvloop's `Handle._run`: the handler a
+/// server's framework called; [`origin::work_start`]), or the outermost
+/// app frame of a stack without a loop. None without an app frame there.
+pub fn entry<'a>(p: &'a StackPart, app: &AppPaths) -> Option<&'a Frame> {
+    p.frames[origin::work_start(&p.frames)..]
+        .iter()
+        .find(|f| app.is_app(f))
+}
+
+/// A stall's entry point, `parse_resume (app.py)`: the [`entry`] with the
+/// most of its time, by function and file (not line: one handler is one
+/// entry). None when no part has one.
+pub fn stall_entry(s: &Stall, app: &AppPaths) -> Option<String> {
+    let mut by: BTreeMap<String, u64> = BTreeMap::new();
+    for p in &s.stacks {
+        if let Some(f) = entry(p, app) {
+            *by.entry(f.function_label()).or_default() += p.weight_ns;
+        }
+    }
+    let best = by.values().copied().max()?;
+    by.into_iter().find(|&(_, ns)| ns == best).map(|(l, _)| l)
+}
+
+/// One line of the summary's entry points: a handler and its stall time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// `parse_resume (app.py)` ([`stall_entry`]).
+    pub label: String,
+    pub ns: u64,
+    pub share: f64,
+    pub stalls: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -152,6 +253,9 @@ pub struct Summary {
     pub runqueue_ns: u64,
     pub throttled_ns: u64,
     pub culprits: Vec<Culprit>,
+    /// Stall time by entry point ([`stall_entry`]), heaviest first; empty
+    /// when no stall has one.
+    pub entries: Vec<Entry>,
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -163,9 +267,9 @@ fn percentile(sorted: &[u64], q: f64) -> u64 {
     sorted[rank - 1]
 }
 
-/// The summary's culprit text for a part: its culprit frame and how it
-/// spent the time, e.g. `load_tokenizer (tok.py:41) — off-CPU in read`.
-pub fn culprit_label(p: &StackPart) -> String {
+/// The summary's culprit text for a part: its [`blame`] and how it spent
+/// the time, e.g. `load_tokenizer (tok.py:41) → json … loads — on-CPU`.
+pub fn culprit_label(p: &StackPart, app: &AppPaths) -> String {
     let gc = p
         .frames
         .iter()
@@ -198,32 +302,46 @@ pub fn culprit_label(p: &StackPart) -> String {
             p.syscall.as_deref().unwrap_or("its wait")
         );
     }
-    match culprit(p) {
-        Some(f) => format!("{} — {what}", f.label()),
+    match blame(p, app) {
+        Some(b) => format!("{} — {what}", b.label()),
         None => format!("[no user frame] — {what}"),
     }
 }
 
 /// A stall's top culprit: the [`culprit_label`] with the most of its
 /// time (ties: the first in label order), None for a stall with no parts.
-pub fn stall_culprit(s: &Stall) -> Option<String> {
+pub fn stall_culprit(s: &Stall, app: &AppPaths) -> Option<String> {
     let mut by: BTreeMap<String, u64> = BTreeMap::new();
     for p in &s.stacks {
-        *by.entry(culprit_label(p)).or_default() += p.weight_ns;
+        *by.entry(culprit_label(p, app)).or_default() += p.weight_ns;
     }
     let best = by.values().copied().max()?;
     by.into_iter().find(|&(_, ns)| ns == best).map(|(l, _)| l)
 }
 
 pub fn summarize(rec: &Recording, top: usize) -> Summary {
+    let app = rec.app();
     let mut d: Vec<u64> = rec.stalls.iter().map(|s| s.duration_ns).collect();
     d.sort_unstable();
     let total: u64 = d.iter().sum();
+    let share = |ns: u64| {
+        if total > 0 {
+            ns as f64 / total as f64
+        } else {
+            0.0
+        }
+    };
     let mut by: HashMap<String, u64> = HashMap::new();
     let mut tasks: HashMap<String, HashMap<String, u64>> = HashMap::new();
+    let mut entries: HashMap<String, (u64, usize)> = HashMap::new();
     for s in &rec.stalls {
+        if let Some(e) = stall_entry(s, &app) {
+            let v = entries.entry(e).or_default();
+            v.0 += s.duration_ns;
+            v.1 += 1;
+        }
         for p in &s.stacks {
-            let label = culprit_label(p);
+            let label = culprit_label(p, &app);
             if let Some(t) = &s.task {
                 *tasks
                     .entry(label.clone())
@@ -248,15 +366,22 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
             },
             label,
             ns,
-            share: if total > 0 {
-                ns as f64 / total as f64
-            } else {
-                0.0
-            },
+            share: share(ns),
         })
         .collect();
     culprits.sort_by(|a, b| b.ns.cmp(&a.ns).then_with(|| a.label.cmp(&b.label)));
     culprits.truncate(top);
+    let mut entries: Vec<Entry> = entries
+        .into_iter()
+        .map(|(label, (ns, stalls))| Entry {
+            label,
+            ns,
+            share: share(ns),
+            stalls,
+        })
+        .collect();
+    entries.sort_by(|a, b| b.ns.cmp(&a.ns).then_with(|| a.label.cmp(&b.label)));
+    entries.truncate(top);
     Summary {
         stalls: d.len(),
         total_ns: total,
@@ -268,6 +393,7 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
         runqueue_ns: rec.stalls.iter().map(|s| s.runqueue_ns).sum(),
         throttled_ns: rec.throttled_ns(),
         culprits,
+        entries,
     }
 }
 
@@ -308,12 +434,18 @@ mod tests {
             waker_tid: None,
             gil_holder: None,
         };
-        assert_eq!(culprit(&p).unwrap().name, "load");
+        assert_eq!(culprit(&p, &AppPaths::default()).unwrap().name, "load");
         let mut q = p.clone();
         q.frames.remove(1);
-        assert_eq!(culprit(&q).unwrap().name, "spin_for_ms");
+        assert_eq!(
+            culprit(&q, &AppPaths::default()).unwrap().name,
+            "spin_for_ms"
+        );
         q.frames.retain(|f| f.file.is_none());
-        assert_eq!(culprit(&q).unwrap().name, "clock_gettime");
+        assert_eq!(
+            culprit(&q, &AppPaths::default()).unwrap().name,
+            "clock_gettime"
+        );
     }
 
     #[test]
@@ -338,11 +470,14 @@ mod tests {
             waker_tid: None,
             gil_holder: None,
         };
-        assert_eq!(culprit(&p).unwrap().name, "deriveKey");
+        assert_eq!(culprit(&p, &AppPaths::default()).unwrap().name, "deriveKey");
         // Only Node's own JavaScript: the innermost of it.
         let mut q = p.clone();
         q.frames.remove(2);
-        assert_eq!(culprit(&q).unwrap().name, "pbkdf2Sync");
+        assert_eq!(
+            culprit(&q, &AppPaths::default()).unwrap().name,
+            "pbkdf2Sync"
+        );
         // A perf map's JS frames count as JavaScript too (not as `[jit]` noise).
         let mut r = p.clone();
         r.frames[2] = Frame {
@@ -351,7 +486,119 @@ mod tests {
         };
         r.frames.remove(3);
         r.frames.remove(1);
-        assert_eq!(culprit(&r).unwrap().name, "JS:*deriveKey /srv/app.js:11:19");
+        assert_eq!(
+            culprit(&r, &AppPaths::default()).unwrap().name,
+            "JS:*deriveKey /srv/app.js:11:19"
+        );
+    }
+
+    /// Issue 19: a library's time adds up under the app function that
+    /// called it; the handler is the entry point; without an app frame,
+    /// the older rule.
+    #[test]
+    fn the_culprit_is_the_apps_innermost_frame_issue_19() {
+        let py = |name: &str, file: &str| Frame {
+            file: Some(file.into()),
+            line: Some(31),
+            ..Frame::new(name, FrameKind::Python)
+        };
+        let site = "/venv/lib/python3.11/site-packages";
+        let part = |frames: Vec<Frame>, weight_ns| StackPart {
+            frames,
+            weight_ns,
+            kind: PartKind::OnCpu,
+            syscall: None,
+            waker_tid: None,
+            gil_holder: None,
+            woken: false,
+        };
+        let head = || {
+            vec![
+                py("<module>", "/srv/app.py"),
+                py("Handle._run", "/usr/lib/python3.11/asyncio/events.py"),
+                py("Router.__call__", &format!("{site}/starlette/routing.py")),
+                py("parse_resume", "/srv/app.py"),
+                Frame {
+                    module: Some("libpython3.11.so.1.0".into()),
+                    ..Frame::new("_PyObject_VectorcallTstate", FrameKind::Native)
+                },
+                py("PageObject.extract_text", &format!("{site}/pypdf/_page.py")),
+            ]
+        };
+        let deep = |leaf: &str| {
+            let mut v = head();
+            v.push(py(leaf, &format!("{site}/pypdf/_text_extractor.py")));
+            v
+        };
+        let app = AppPaths::default();
+        let a = part(deep("TextExtraction.process_operation"), 6);
+        let b = part(deep("Font.get_text_width"), 5);
+        for p in [&a, &b] {
+            assert_eq!(
+                culprit_label(p, &app),
+                "parse_resume (app.py:31) → pypdf … PageObject.extract_text — on-CPU"
+            );
+            assert_eq!(entry(p, &app).unwrap().name, "parse_resume");
+        }
+        // The interpreter's own C function: named without a library.
+        let mut sleep = head();
+        sleep.truncate(4);
+        sleep.push(Frame {
+            module: Some("libpython3.11.so.1.0".into()),
+            ..Frame::new("time_sleep", FrameKind::Native)
+        });
+        assert_eq!(
+            blame(&part(sleep, 1), &app).unwrap().label(),
+            "parse_resume (app.py:31) → time_sleep"
+        );
+        // The app's own code running: no library call.
+        let mut own = head();
+        own.truncate(4);
+        assert_eq!(
+            blame(&part(own, 1), &app).unwrap().label(),
+            "parse_resume (app.py:31)"
+        );
+        // No app frame past the dispatch: no entry; the culprit is the
+        // innermost Python frame, as before.
+        let fw = part(head()[..3].to_vec(), 1);
+        assert_eq!(entry(&fw, &app), None);
+        assert_eq!(
+            culprit_label(&fw, &app),
+            "Router.__call__ (routing.py:31) — on-CPU"
+        );
+        // The summary adds the library's functions up under the app's.
+        let s = Stall {
+            tid: 1,
+            ns_tid: None,
+            thread_name: "main".into(),
+            start_ns: 0,
+            end_ns: 12,
+            duration_ns: 12,
+            on_cpu_ns: 12,
+            off_cpu_ns: 0,
+            runqueue_ns: 0,
+            throttled_ns: 0,
+            cpu_holders: Vec::new(),
+            incomplete: false,
+            coroutine: None,
+            task: None,
+            stacks: vec![a, b, fw],
+        };
+        assert_eq!(
+            stall_entry(&s, &app).as_deref(),
+            Some("parse_resume (app.py)")
+        );
+        assert_eq!(
+            stall_culprit(&s, &app).as_deref(),
+            Some("parse_resume (app.py:31) → pypdf … PageObject.extract_text — on-CPU")
+        );
+        // --app-path naming only the framework: it is the app now, and
+        // /srv/app.py a library called from it.
+        let fw_app = AppPaths::new(&[format!("{site}/starlette/")]);
+        assert_eq!(
+            stall_culprit(&s, &fw_app).as_deref(),
+            Some("Router.__call__ (routing.py:31) → app … parse_resume — on-CPU")
+        );
     }
 
     #[test]

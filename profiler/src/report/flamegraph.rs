@@ -87,11 +87,16 @@ fn color(f: &Frame, label: &str) -> Color {
             g: 160,
             b: 160,
         },
+        FrameKind::EventLoop => Color {
+            r: 190,
+            g: 190,
+            b: 200,
+        },
     }
 }
 
 pub fn render(rec: &Recording, v: View) -> Result<Vec<u8>, std::io::Error> {
-    let shown = view::with_tasks(view::apply(&rec.stalls, v));
+    let shown = view::with_tasks(view::apply(&rec.stalls, v, &rec.app()));
     let lines = aggregate::folded_lines(&shown);
     let mut palette = PaletteMap::default();
     let mut seen: HashMap<String, ()> = HashMap::new();
@@ -159,7 +164,7 @@ pub fn render_diff(
     before_widths: bool,
 ) -> std::io::Result<Vec<u8>> {
     let folded = |r: &Recording| {
-        let mut t = aggregate::folded_lines(&view::apply(&r.stalls, v)).join("\n");
+        let mut t = aggregate::folded_lines(&view::apply(&r.stalls, v, &r.app())).join("\n");
         t.push('\n');
         t
     };
@@ -208,8 +213,8 @@ pub fn render_diff(
 /// The folded lines of [`render_diff`]: `stack before_us after_us`, BEFORE
 /// not scaled.
 pub fn diff_lines(before: &Recording, after: &Recording, v: View) -> Vec<String> {
-    let b = aggregate::folded_ns(&view::apply(&before.stalls, v));
-    let a = aggregate::folded_ns(&view::apply(&after.stalls, v));
+    let b = aggregate::folded_ns(&view::apply(&before.stalls, v, &before.app()));
+    let a = aggregate::folded_ns(&view::apply(&after.stalls, v, &after.app()));
     let mut keys: Vec<&String> = b.keys().chain(a.keys()).collect();
     keys.sort();
     keys.dedup();

@@ -19,7 +19,8 @@ pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
 
 pub fn write_view(rec: &Recording, dir: &OutDir, v: View) -> Result<PathBuf, RenderError> {
     let mut text =
-        aggregate::folded_lines(&view::with_tasks(view::apply(&rec.stalls, v))).join("\n");
+        aggregate::folded_lines(&view::with_tasks(view::apply(&rec.stalls, v, &rec.app())))
+            .join("\n");
     text.push('\n');
     write_file(dir, "stalls.folded", text.as_bytes())
 }

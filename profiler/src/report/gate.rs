@@ -11,8 +11,9 @@ use std::collections::HashMap;
 use crate::{
     os::units::fmt_ns,
     report::{
-        aggregate::culprit,
+        aggregate::blame,
         model::{Recording, Stall},
+        origin::AppPaths,
     },
 };
 
@@ -25,13 +26,14 @@ pub struct Gate {
     pub line: String,
 }
 
-/// The frame that took most of a stall's time (by the same rule as the
-/// summary's culprits), as `name (file:line)`.
-fn stall_culprit(s: &Stall) -> Option<String> {
+/// The culprit that took most of a stall's time (by the same rule as the
+/// summary's culprits), as `name (file:line)` with the library call it
+/// went through.
+fn stall_culprit(s: &Stall, app: &AppPaths) -> Option<String> {
     let mut by: HashMap<String, u64> = HashMap::new();
     for p in &s.stacks {
-        if let Some(f) = culprit(p) {
-            *by.entry(f.label()).or_default() += p.weight_ns;
+        if let Some(b) = blame(p, app) {
+            *by.entry(b.label()).or_default() += p.weight_ns;
         }
     }
     by.into_iter()
@@ -62,7 +64,7 @@ pub fn check(rec: &Recording, limit_ns: u64) -> Gate {
         worst.thread_name,
         worst.tid
     );
-    let what = stall_culprit(worst)
+    let what = stall_culprit(worst, &rec.app())
         .map(|c| format!(", in {c}"))
         .unwrap_or_default();
     Gate {
@@ -138,6 +140,7 @@ mod tests {
             stallprof_version: String::new(),
             runtime_problems: Vec::new(),
             probes: Default::default(),
+            app_paths: Vec::new(),
             stalls,
         }
     }

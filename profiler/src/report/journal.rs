@@ -76,6 +76,9 @@ pub struct Header {
     pub clock: String,
     pub started_ns: u64,
     pub stallprof_version: String,
+    /// `--app-path` prefixes (`stalls.json`'s `app_paths`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub app_paths: Vec<String>,
 }
 
 /// What is known of the recording so far.
@@ -201,7 +204,8 @@ impl JournalWriter {
                 }
             }
             let mut it = ids.into_iter();
-            let wire = json::wire_stall(s, |_| it.next().expect("one id per stack, in order"));
+            let wire =
+                json::wire_stall(s, None, |_| it.next().expect("one id per stack, in order"));
             for line in [
                 (!frames.is_empty()).then_some(Line::Frames(frames)),
                 (!stacks.is_empty()).then_some(Line::Stacks(stacks)),
@@ -383,6 +387,7 @@ pub fn read(path: &Path) -> Result<Rebuilt, JournalError> {
             runtime_problems: meta.runtime_problems,
             probes: Default::default(),
             cpu_quota: meta.cpu_quota,
+            app_paths: h.app_paths,
             stalls,
         },
         damaged_tail,
@@ -443,6 +448,7 @@ mod tests {
             clock: "monotonic".into(),
             started_ns: 10,
             stallprof_version: "t".into(),
+            app_paths: Vec::new(),
         };
         let mut j = JournalWriter::create(&dir, header).unwrap();
         let (a, b, c) = (stall(300, "spin"), stall(100, "spin"), stall(500, "sleep"));

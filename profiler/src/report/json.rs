@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::ser::Formatter;
 use thiserror::Error;
 
+use crate::report::aggregate;
 use crate::report::model::{
     Container, CpuHolder, CpuQuota, Frame, GilHolder, HolderRelation, PartKind, ProbeSet,
     ProcessInfo, Recording, RuntimeProblem, StackPart, Stall, Task, ThreadInfo,
@@ -93,6 +94,8 @@ struct File {
     /// Version 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cpu_quota: Option<CpuQuota>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    app_paths: Vec<String>,
     /// Each distinct frame once; a frame's id is its index.
     frames: Vec<Frame>,
     /// Each distinct stack once, as frame ids, outermost first; a stack's
@@ -124,6 +127,11 @@ pub(crate) struct WireStall {
     coroutine: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     task: Option<Task>,
+    /// Derived from the parts for readers of the file
+    /// ([`crate::report::aggregate::stall_entry`]); not read back: a
+    /// re-render derives it again with its own `--app-path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    entry: Option<String>,
     parts: Vec<WirePart>,
 }
 
@@ -197,7 +205,12 @@ impl<'a> Tables<'a> {
 
 /// A stall as on disk, its stacks interned by `stack` (also the journal's,
 /// [`crate::report::journal`]).
-pub(crate) fn wire_stall<'a>(s: &'a Stall, mut stack: impl FnMut(&'a [Frame]) -> u32) -> WireStall {
+/// `entry`: the stall's entry point, when the writer derives it.
+pub(crate) fn wire_stall<'a>(
+    s: &'a Stall,
+    entry: Option<String>,
+    mut stack: impl FnMut(&'a [Frame]) -> u32,
+) -> WireStall {
     WireStall {
         tid: s.tid,
         ns_tid: s.ns_tid,
@@ -223,6 +236,7 @@ pub(crate) fn wire_stall<'a>(s: &'a Stall, mut stack: impl FnMut(&'a [Frame]) ->
         incomplete: s.incomplete,
         coroutine: s.coroutine.clone(),
         task: s.task.clone(),
+        entry,
         parts: s
             .stacks
             .iter()
@@ -246,10 +260,11 @@ pub(crate) fn wire_stall<'a>(s: &'a Stall, mut stack: impl FnMut(&'a [Frame]) ->
 
 fn to_file(rec: &Recording) -> File {
     let mut t = Tables::default();
+    let app = rec.app();
     let stalls = rec
         .stalls
         .iter()
-        .map(|s| wire_stall(s, |f| t.stack(f)))
+        .map(|s| wire_stall(s, aggregate::stall_entry(s, &app), |f| t.stack(f)))
         .collect();
     File {
         format: FORMAT.into(),
@@ -273,6 +288,7 @@ fn to_file(rec: &Recording) -> File {
         runtime_problems: rec.runtime_problems.clone(),
         probes: rec.probes.clone(),
         cpu_quota: rec.cpu_quota.clone(),
+        app_paths: rec.app_paths.clone(),
         frames: t.frames.into_iter().cloned().collect(),
         stacks: t.stacks,
         stalls,
@@ -330,6 +346,7 @@ fn from_file(f: File) -> Result<Recording, FormatError> {
         runtime_problems: f.runtime_problems,
         probes: f.probes,
         cpu_quota: f.cpu_quota,
+        app_paths: f.app_paths,
         stalls,
     })
 }
@@ -593,6 +610,7 @@ mod tests {
                 why: "unsupported version".into(),
                 remedy: "upgrade stallprof".into(),
             }],
+            app_paths: vec!["/srv/".into()],
             stalls: vec![
                 stall(
                     0,

@@ -23,6 +23,7 @@ pub mod journal;
 pub mod json;
 pub mod label;
 pub mod model;
+pub mod origin;
 pub mod perfetto;
 pub mod pprof;
 pub mod summary;

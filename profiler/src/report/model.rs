@@ -20,6 +20,10 @@ pub enum FrameKind {
     Js,
     /// Not a function: `[off-cpu: read]`, `[runqueue]`, `[unknown]`, ...
     Marker,
+    /// The event loop's own dispatch, folded to one frame `[event loop]` by
+    /// the default view ([`crate::report::view`]) for a sample taken inside
+    /// it; never in `stalls.json`.
+    EventLoop,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -71,6 +75,17 @@ impl Frame {
             }
         }
         crate::report::label::escape(&s).replace(';', ":")
+    }
+
+    /// The function without the line: `parse_resume (app.py)`, escaped as
+    /// [`Frame::label`]. One function is one entry point whichever line
+    /// of it was running.
+    pub fn function_label(&self) -> String {
+        Frame {
+            line: None,
+            ..self.clone()
+        }
+        .label()
     }
 }
 
@@ -332,6 +347,10 @@ pub struct Recording {
     /// throttling counters at the start and end of the recording.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_quota: Option<CpuQuota>,
+    /// `--app-path` prefixes: where the application's code is; empty for
+    /// the guess ([`crate::report::origin`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub app_paths: Vec<String>,
     pub stalls: Vec<Stall>,
 }
 
@@ -415,6 +434,11 @@ pub struct ThreadInfo {
 }
 
 impl Recording {
+    /// Which frames are the application's in this recording.
+    pub fn app(&self) -> crate::report::origin::AppPaths {
+        crate::report::origin::AppPaths::new(&self.app_paths)
+    }
+
     pub fn total_stall_ns(&self) -> u64 {
         self.stalls.iter().map(|s| s.duration_ns).sum()
     }

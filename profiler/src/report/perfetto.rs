@@ -13,8 +13,9 @@
 //!   `end_ns`, named by its top culprit (the summary's culprit text,
 //!   [`aggregate::stall_culprit`]), with debug annotations (`stall`: its
 //!   index in `stalls.json`, `task`: the asyncio coroutine, `task_name`
-//!   and `awaited_by`: the asyncio Task and, 3.14+, its await chain, the
-//!   time split);
+//!   and `awaited_by`: the asyncio Task and, 3.14+, its await chain,
+//!   `entry`: the handler it ran in, [`aggregate::stall_entry`], the time
+//!   split);
 //! - inside it, one child slice per part group: on-CPU, blocked in each
 //!   syscall, run queue, GIL wait per holder. `stalls.json` keeps parts as
 //!   aggregated weights, not intervals, so the children are laid end to end
@@ -547,6 +548,7 @@ pub fn packets(
         DEFAULT_HZ
     };
     let mut links: Vec<GilLink> = Vec::new();
+    let app = rec.app();
     for (index, s) in rec.stalls.iter().enumerate() {
         let track = thread_uuid(s.tid);
         let mut notes = vec![
@@ -569,6 +571,9 @@ pub fn packets(
                 notes.push(annotation_str("awaited_by", &t.awaited_by.join(" ← ")));
             }
         }
+        if let Some(e) = aggregate::stall_entry(s, &app) {
+            notes.push(annotation_str("entry", &e));
+        }
         if s.incomplete {
             notes.push(DebugAnnotation {
                 name: Some("incomplete".into()),
@@ -580,7 +585,7 @@ pub fn packets(
             s.start_ns,
             TrackEvent {
                 categories: vec!["stall".into()],
-                name: Some(aggregate::stall_culprit(s).unwrap_or_else(|| "stall".into())),
+                name: Some(aggregate::stall_culprit(s, &app).unwrap_or_else(|| "stall".into())),
                 r#type: Some(TYPE_SLICE_BEGIN),
                 track_uuid: Some(track),
                 debug_annotations: notes,
@@ -771,6 +776,7 @@ mod tests {
             stallprof_version: String::new(),
             runtime_problems: Vec::new(),
             probes: Default::default(),
+            app_paths: Vec::new(),
             stalls: vec![s],
         }
     }

@@ -11,8 +11,10 @@
 //! (`on_cpu`, `off_cpu`, `runqueue`, `gil_wait`, `throttled`), `syscall`
 //! (off-CPU; for a part `woken` from the loop's park, the park's wait),
 //! `tid` and `thread` (name), `task` (the asyncio coroutine, when known),
-//! `task_name` (the asyncio Task's name, when read),
-//! `pid`, `comm`, `container` (daemon). `go tool pprof -tagfocus
+//! `task_name` (the asyncio Task's name, when read), `culprit` (the
+//! part's culprit, as the summary names it without the part kind:
+//! `parse_resume (app.py:31) → pypdf … PageObject.extract_text`), `entry`
+//! (the stall's entry point, the handler: `parse_resume (app.py)`), `pid`, `comm`, `container` (daemon). `go tool pprof -tagfocus
 //! kind=gil_wait` or `-tags` slices by them. Frames are already
 //! symbolized: every location carries its function, file and line, and the
 //! one mapping says so (`has_functions`), so no tool tries to symbolize again.
@@ -27,8 +29,9 @@ use flate2::{Compression, write::GzEncoder};
 use crate::{
     os::outdir::OutDir,
     report::{
-        RenderError,
+        RenderError, aggregate,
         model::{Frame, FrameKind, Recording, Stall},
+        origin::AppPaths,
         write_file,
     },
 };
@@ -238,11 +241,13 @@ impl Builder {
 }
 
 /// Build the profile of `stalls`, covering [`time_nanos`, +`duration_nanos`)
-/// of wall-clock time.
+/// of wall-clock time; `app` tells the application's frames (the
+/// `culprit` and `entry` labels).
 pub fn profile<'a>(
     stalls: impl IntoIterator<Item = (ProcLabel<'a>, &'a Stall)>,
     time_nanos: i64,
     duration_nanos: i64,
+    app: &AppPaths,
 ) -> Profile {
     let mut b = Builder::default();
     b.s("");
@@ -258,7 +263,9 @@ pub fn profile<'a>(
     );
     let (k_stall, k_tid, k_task) = (b.s("stall"), b.s("tid"), b.s("task"));
     let k_task_name = b.s("task_name");
+    let (k_culprit, k_entry) = (b.s("culprit"), b.s("entry"));
     for (index, (p, s)) in stalls.into_iter().enumerate() {
+        let entry = aggregate::stall_entry(s, app);
         for part in &s.stacks {
             // pprof lists the leaf first; our frames are outermost first.
             let locs: Vec<u64> = part.frames.iter().rev().map(|f| b.location(f)).collect();
@@ -278,6 +285,11 @@ pub fn profile<'a>(
             }
             if let Some(sc) = &part.syscall {
                 labels.push((k_syscall, b.s(sc), 0));
+            }
+            let culprit = aggregate::culprit_name(part, app);
+            labels.push((k_culprit, b.s(&culprit), 0));
+            if let Some(e) = &entry {
+                labels.push((k_entry, b.s(e), 0));
             }
             if !p.container.is_empty() {
                 labels.push((k_container, b.s(p.container), 0));
@@ -372,6 +384,7 @@ pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
         rec.stalls.iter().map(|s| (proc.clone(), s)),
         0,
         rec.ended_ns.saturating_sub(rec.started_ns) as i64,
+        &rec.app(),
     );
     write_file(dir, "stalls.pb.gz", &encode_gz(&p))
 }
@@ -432,7 +445,12 @@ mod tests {
             comm: "c",
             container: "",
         };
-        let p = profile([(proc.clone(), &s), (proc, &second)], 0, 1);
+        let p = profile(
+            [(proc.clone(), &s), (proc, &second)],
+            0,
+            1,
+            &AppPaths::default(),
+        );
         assert_eq!(p.string_table[0], "");
         assert_eq!(
             p.sample.len(),

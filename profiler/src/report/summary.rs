@@ -180,6 +180,22 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
                 escape(&in_tasks(&c.tasks))
             );
         }
+        // The same time grouped by request handler: what each entry point
+        // (the outermost app frame past the loop's dispatch) cost.
+        if !s.entries.is_empty() {
+            let _ = writeln!(out, "  by entry point (share of stall time):");
+            for e in &s.entries {
+                let _ = writeln!(
+                    out,
+                    "    {:5.1}%  {:>9}  {} ({} stall{})",
+                    100.0 * e.share,
+                    fmt_ns(e.ns),
+                    escape(&e.label),
+                    e.stalls,
+                    if e.stalls == 1 { "" } else { "s" }
+                );
+            }
+        }
     }
     if rec.probes.host_wide() || !rec.probes.notes.is_empty() {
         let _ = writeln!(

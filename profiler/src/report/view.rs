@@ -15,12 +15,16 @@
 //!   kernel stay under the Python function that called them. The module is
 //!   what decides: a frame named `_PyEval_EvalFrameDefault` in another
 //!   object is not the interpreter's.
-//! - **the loop's root trimmed**: in a stack through asyncio's dispatch
-//!   point (`Handle._run`) everything up to and including it; and in
-//!   every stack the frames all stacks of that thread share (when it has
-//!   two different ones), but never the frame the summary blames
-//!   ([`aggregate::culprit`]) nor anything above it, and never a stack's
-//!   last frame.
+//! - **the loop's root trimmed**: in every stack the frames all stacks of
+//!   that thread share (when it has two different ones), but never the
+//!   frame the summary blames ([`aggregate::culprit`]) nor anything above
+//!   it, and never a stack's last frame; then, in an interpreter's stack,
+//!   the loop's dispatch ([`dispatch_end`]: asyncio's `Handle._run`,
+//!   uvloop's Cython/libuv machinery) and past it the framework's frames
+//!   down to the entry point (the handler, [`aggregate::entry`]). A stack
+//!   with nothing of the program's past the dispatch (a sample inside the
+//!   loop itself) is one [`FrameKind::EventLoop`] frame, `[event loop]`:
+//!   a typed marker, so no renderer matches its name.
 //!
 //! Weights are untouched: the view moves no time, it only drops frames (so
 //! distinct stacks may merge). `pprof` and `stalls.json` keep every frame.
@@ -31,6 +35,7 @@ use clap::ValueEnum;
 use crate::report::{
     aggregate,
     model::{Frame, FrameKind, Stall},
+    origin::{self, AppPaths},
 };
 
 /// Which native frames a view keeps (`--native`).
@@ -58,7 +63,7 @@ impl View {
 
 /// Is `module` the CPython interpreter: its shared library or an executable
 /// with it linked in (`libpython3.11.so.1.0`, `python3.11`, `python3`)?
-fn is_interpreter_module(module: &str) -> bool {
+pub fn is_interpreter_module(module: &str) -> bool {
     module.starts_with("libpython") || module.starts_with("python")
 }
 
@@ -124,11 +129,6 @@ pub fn is_interpreter_frame(f: &Frame) -> bool {
     is_interpreter_module(module) && is_interpreter_machinery(&f.name)
 }
 
-/// asyncio's dispatch point: every callback the loop runs starts here.
-fn is_dispatch_frame(f: &Frame) -> bool {
-    f.name == "Handle._run" || f.name.ends_with(".Handle._run")
-}
-
 /// The view of one stack before trimming: interpreter frames folded away
 /// when it is the interpreter's (it holds Python frames, or native frames
 /// of the interpreter: start-up and finalization run no Python code).
@@ -148,8 +148,74 @@ fn fold(frames: &[Frame]) -> Vec<Frame> {
         .collect()
 }
 
-/// The stalls as `view` shows them.
-pub fn apply(stalls: &[Stall], view: View) -> Vec<Stall> {
+/// Where the loop's dispatch ends in a (folded) interpreter stack: the
+/// index of the first frame after it, 0 when the stack has none.
+/// - asyncio: after the last `Handle._run`;
+/// - a Cython/libuv loop (uvloop): from the first frame of its machinery
+///   ([`origin::is_loop_machinery`]: libuv, the Cython functions of the
+///   object file libuv is linked into, asyncio's C task step) through
+///   every machinery or dispatch frame that follows it without a break.
+///   Only that first run: a handler calling back into the loop
+///   (`loop.call_later`) further up keeps its frames.
+fn dispatch_end(frames: &[Frame]) -> usize {
+    let asyncio = frames
+        .iter()
+        .rposition(|f| f.kind == FrameKind::Python && origin::is_dispatch_frame(f))
+        .map_or(0, |i| i + 1);
+    if !frames.iter().any(|f| f.kind == FrameKind::Python) {
+        return asyncio;
+    }
+    let libuv = frames
+        .iter()
+        .find(|f| f.kind == FrameKind::Native && f.name.starts_with("uv_"))
+        .and_then(|f| f.module.as_deref());
+    let machinery = |f: &Frame| origin::is_loop_machinery(f, libuv) || origin::is_dispatch_frame(f);
+    let uv = match frames.iter().position(|f| libuv.is_some() && machinery(f)) {
+        Some(first) => first + frames[first..].iter().take_while(|f| machinery(f)).count(),
+        None => 0,
+    };
+    asyncio.max(uv)
+}
+
+/// One stack with the loop's dispatch trimmed ([`dispatch_end`]) and,
+/// where it has an entry point ([`aggregate::entry`]: the handler), the
+/// framework's frames between the two; a stack with nothing of the
+/// program's after the dispatch (a sample inside the loop itself) becomes
+/// one [`FrameKind::EventLoop`] frame, followed by its kernel frames and
+/// markers.
+fn trim_dispatch(frames: &mut Vec<Frame>, app: &AppPaths) {
+    if !frames.iter().any(|f| f.kind == FrameKind::Python) {
+        return;
+    }
+    // Past the loop's run too ([`origin::work_start`]): a stack whose
+    // native frames were not unwound shows uvloop's run only as
+    // `Runner.run` before the task's Python frames.
+    let end = dispatch_end(frames).max(origin::work_start(frames));
+    if end == 0 {
+        return;
+    }
+    let code = |f: &Frame| {
+        matches!(
+            f.kind,
+            FrameKind::Native | FrameKind::Python | FrameKind::Js
+        )
+    };
+    if !frames[end..].iter().any(code) {
+        let rest = frames.split_off(end);
+        *frames = std::iter::once(Frame::new("[event loop]", FrameKind::EventLoop))
+            .chain(rest)
+            .collect();
+        return;
+    }
+    let handler = frames[end..]
+        .iter()
+        .position(|f| app.is_app(f))
+        .map_or(end, |i| end + i);
+    frames.drain(..handler);
+}
+
+/// The stalls as `view` shows them, the application's frames told by `app`.
+pub fn apply(stalls: &[Stall], view: View, app: &AppPaths) -> Vec<Stall> {
     let mut out = stalls.to_vec();
     if view.native == Native::All {
         return out;
@@ -181,7 +247,7 @@ pub fn apply(stalls: &[Stall], view: View) -> Vec<Stall> {
             {
                 continue;
             }
-            let limit = aggregate::culprit(p)
+            let limit = aggregate::culprit(p, app)
                 .and_then(|c| p.frames.iter().position(|f| std::ptr::eq(f, c)))
                 .unwrap_or(usize::MAX)
                 .min(p.frames.len().saturating_sub(1));
@@ -208,17 +274,10 @@ pub fn apply(stalls: &[Stall], view: View) -> Vec<Stall> {
             _ => (0, &[]),
         };
         for p in s.stacks.iter_mut() {
-            let dispatch = match p.frames.iter().rposition(is_dispatch_frame) {
-                Some(i) if i + 1 < p.frames.len() => i + 1,
-                _ => 0,
-            };
-            let common = if p.frames.len() > shared && p.frames.starts_with(prefix) {
-                shared
-            } else {
-                0
-            };
-            let cut = dispatch.max(common);
-            p.frames.drain(..cut);
+            if p.frames.len() > shared && p.frames.starts_with(prefix) {
+                p.frames.drain(..shared);
+            }
+            trim_dispatch(&mut p.frames, app);
         }
     }
     out
@@ -329,7 +388,7 @@ mod tests {
             1,
             vec![asyncio_stack("Gateway.compress_payload", &zlib)],
         )];
-        let v = apply(&stalls, View::default());
+        let v = apply(&stalls, View::default(), &AppPaths::default());
         assert_eq!(
             names(&v[0], 0),
             [
@@ -339,7 +398,7 @@ mod tests {
                 "deflate"
             ]
         );
-        let all = apply(&stalls, View::ALL);
+        let all = apply(&stalls, View::ALL, &AppPaths::default());
         assert_eq!(all, stalls);
         // The loop's own stack (its selector) loses the root it shares
         // with the callbacks' stacks, no more.
@@ -355,7 +414,7 @@ mod tests {
             1,
             vec![asyncio_stack("Gateway.compress_payload", &zlib), selector],
         )];
-        let v = apply(&stalls, View::default());
+        let v = apply(&stalls, View::default(), &AppPaths::default());
         assert_eq!(
             names(&v[0], 0)[..2],
             ["handle_request", "Gateway.compress_payload"]
@@ -382,7 +441,7 @@ mod tests {
             ]],
         )];
         assert_eq!(
-            names(&apply(&stalls, View::default())[0], 0),
+            names(&apply(&stalls, View::default(), &AppPaths::default())[0], 0),
             ["f", "_PyEval_helper"]
         );
         // Finalization runs no Python code: still the interpreter's.
@@ -396,13 +455,13 @@ mod tests {
             ]],
         )];
         assert_eq!(
-            names(&apply(&stalls, View::default())[0], 0),
+            names(&apply(&stalls, View::default(), &AppPaths::default())[0], 0),
             ["Py_FinalizeEx", "gc_collect_main"]
         );
         // No Python frame: a native program keeps its frames.
         let stalls = vec![stall(1, vec![vec![n("_start", "app"), n("main", "app")]])];
         assert_eq!(
-            names(&apply(&stalls, View::default())[0], 0),
+            names(&apply(&stalls, View::default(), &AppPaths::default())[0], 0),
             ["_start", "main"]
         );
     }
@@ -424,7 +483,7 @@ mod tests {
             stall(1, vec![a, b, between.clone(), cut_short.clone()]),
             stall(2, vec![other_thread.clone()]),
         ];
-        let v = apply(&stalls, View::default());
+        let v = apply(&stalls, View::default(), &AppPaths::default());
         assert_eq!(names(&v[0], 0), ["spin"]);
         assert_eq!(names(&v[0], 1), ["parse"]);
         // A part without code frames neither stops the trim nor is cut.
@@ -457,6 +516,148 @@ mod tests {
         assert!(
             lines.iter().any(|l| l.ends_with(";[task conn:7] 1")),
             "{lines:?}"
+        );
+    }
+
+    fn lib_py(name: &str, file: &str) -> Frame {
+        Frame {
+            file: Some(file.into()),
+            line: Some(9),
+            ..Frame::new(name, FrameKind::Python)
+        }
+    }
+
+    /// Issue 19's flake: a sample taken inside asyncio's `Handle._run`
+    /// itself (its innermost Python frame, the rest folded away) kept
+    /// `Handle._run` in the default view, depending on which other stacks
+    /// the thread had. Now a stack that ends in the dispatch is one
+    /// `[event loop]` frame whatever else the recording holds.
+    #[test]
+    fn a_sample_inside_the_dispatch_is_the_event_loop_issue_19() {
+        let events = "/usr/lib/python3.11/asyncio/events.py";
+        let inside = || {
+            vec![
+                n("_start", "python3.11"),
+                n("Py_RunMain", "python3.11"),
+                lib_py(
+                    "BaseEventLoop.run_forever",
+                    "/usr/lib/python3.11/asyncio/base_events.py",
+                ),
+                lib_py("Handle._run", events),
+                n("context_run", "python3.11"),
+            ]
+        };
+        let handler = || {
+            let mut v = inside();
+            v.push(py("handle_request"));
+            v
+        };
+        // Alone, with a handler's stack, and with an off-CPU marker: the
+        // same answer each time (before the fix it depended on the others).
+        for others in [vec![], vec![handler()]] {
+            let mut stacks = vec![inside()];
+            stacks.extend(others);
+            let v = apply(&[stall(1, stacks)], View::default(), &AppPaths::default());
+            assert_eq!(names(&v[0], 0), ["[event loop]"]);
+            assert_eq!(v[0].stacks[0].frames[0].kind, FrameKind::EventLoop);
+        }
+        let mut blocked = inside();
+        blocked.push(Frame {
+            ..Frame::new("do_syscall_64", FrameKind::Kernel)
+        });
+        blocked.push(Frame::marker("[off-cpu: read]"));
+        let v = apply(
+            &[stall(1, vec![blocked])],
+            View::default(),
+            &AppPaths::default(),
+        );
+        assert_eq!(
+            names(&v[0], 0),
+            ["[event loop]", "do_syscall_64", "[off-cpu: read]"]
+        );
+    }
+
+    /// uvloop (Cython + libuv) under uvicorn and FastAPI, as recorded: the
+    /// default view starts at the handler; a sample in libuv's own poll is
+    /// `[event loop]`.
+    #[test]
+    fn uvloop_dispatch_and_the_framework_trimmed_to_the_handler() {
+        let so = "loop.cpython-311-x86_64-linux-gnu.so";
+        let aio = "_asyncio.cpython-311-x86_64-linux-gnu.so";
+        let site = "/venv/lib/python3.11/site-packages";
+        let root = || {
+            vec![
+                n("_start", "python3.11"),
+                n("Py_BytesMain", "libpython3.11.so.1.0"),
+                py("<module>"),
+                lib_py("Server.run", &format!("{site}/uvicorn/server.py")),
+                lib_py("Runner.run", "/usr/lib/python3.11/asyncio/runners.py"),
+                n("_PyObject_VectorcallTstate", "libpython3.11.so.1.0"),
+                n("__pyx_pw_6uvloop_4loop_4Loop_45run_until_complete", so),
+                n("PyObject_VectorcallMethod", "libpython3.11.so.1.0"),
+                n("__pyx_f_6uvloop_4loop_4Loop__run", so),
+                n("uv_run", so),
+            ]
+        };
+        let mut handler = root();
+        handler.extend([
+            n("uv__run_idle", so),
+            n("__pyx_f_6uvloop_4loop_cb_idle_callback", so),
+            n("__pyx_f_6uvloop_4loop_6Handle__run", so),
+            n("__Pyx_PyObject_Call", so),
+            n("TaskStepMethWrapper_call", aio),
+            n("task_step", aio),
+            n("gen_send_ex2", "libpython3.11.so.1.0"),
+            lib_py(
+                "RequestResponseCycle.run_asgi",
+                &format!("{site}/uvicorn/protocols/http/httptools_impl.py"),
+            ),
+            lib_py("Router.__call__", &format!("{site}/starlette/routing.py")),
+            lib_py(
+                "run_endpoint_function",
+                &format!("{site}/fastapi/routing.py"),
+            ),
+            py("parse_resume"),
+            lib_py("PageObject.extract_text", &format!("{site}/pypdf/_page.py")),
+        ]);
+        let mut poll = root();
+        poll.extend([n("uv__io_poll", so), n("uv__epoll_ctl_flush", so)]);
+        let mut framework = root();
+        framework.extend([
+            n("uv__io_poll", so),
+            n("uv__stream_io", so),
+            n("__pyx_f_6uvloop_4loop_9UVStream__on_read", so),
+            lib_py(
+                "HttpToolsProtocol.data_received",
+                &format!("{site}/uvicorn/protocols/http/httptools_impl.py"),
+            ),
+        ]);
+        let stalls = vec![stall(1, vec![handler, poll, framework])];
+        let v = apply(&stalls, View::default(), &AppPaths::default());
+        assert_eq!(names(&v[0], 0), ["parse_resume", "PageObject.extract_text"]);
+        assert_eq!(names(&v[0], 1), ["[event loop]"]);
+        assert_eq!(names(&v[0], 2), ["HttpToolsProtocol.data_received"]);
+        // --native all keeps it all.
+        assert_eq!(apply(&stalls, View::ALL, &AppPaths::default()), stalls);
+        // Native frames not unwound (a truncated stack copy): uvloop shows
+        // only as asyncio's `Runner.run` before the task's Python frames;
+        // still trimmed to the handler, which is still the entry.
+        let bare = vec![
+            py("<module>"),
+            lib_py("Runner.run", "/usr/lib/python3.11/asyncio/runners.py"),
+            lib_py(
+                "RequestResponseCycle.run_asgi",
+                &format!("{site}/uvicorn/protocols/http/httptools_impl.py"),
+            ),
+            py("parse_resume"),
+            lib_py("PageObject.extract_text", &format!("{site}/pypdf/_page.py")),
+        ];
+        let stalls = vec![stall(1, vec![bare])];
+        let v = apply(&stalls, View::default(), &AppPaths::default());
+        assert_eq!(names(&v[0], 0), ["parse_resume", "PageObject.extract_text"]);
+        assert_eq!(
+            aggregate::stall_entry(&stalls[0], &AppPaths::default()).as_deref(),
+            Some("parse_resume (gw.py)")
         );
     }
 }

@@ -50,6 +50,10 @@ pub struct FileConfig {
     pub window: Option<String>,
     /// `auto` (default) or `tracepoints` (see `record --probes`).
     pub probes: Option<String>,
+    /// Path prefixes of the application's code (`record --app-path`);
+    /// absent or empty: the guess.
+    #[serde(default)]
+    pub app_paths: Vec<String>,
     #[serde(default)]
     pub retention: RetentionFile,
     #[serde(default)]
@@ -156,6 +160,9 @@ pub struct DaemonConfig {
     /// bound; see `Engine::rebuild`).
     pub max_stacks: usize,
     pub rules: Rules,
+    /// `app_paths`: where the application's code is (empty: the guess;
+    /// [`crate::report::origin`]).
+    pub app_paths: Vec<String>,
 }
 
 fn duration(key: &'static str, s: &str) -> Result<Duration, ConfigError> {
@@ -371,6 +378,7 @@ impl DaemonConfig {
             forget_after,
             max_stacks,
             rules,
+            app_paths: f.app_paths,
         })
     }
 
@@ -428,6 +436,14 @@ impl DaemonConfig {
             self.max_stacks
         ));
         s.push_str(&format!("  rules         {}\n", self.rules.describe()));
+        s.push_str(&format!(
+            "  app_paths     {}\n",
+            if self.app_paths.is_empty() {
+                "none (the guess: outside the standard library, site-packages, node_modules)".into()
+            } else {
+                self.app_paths.join(", ")
+            }
+        ));
         s
     }
 }
@@ -490,5 +506,15 @@ mod tests {
         let f: FileConfig = toml::from_str("window = \"soon\"").unwrap();
         let e = DaemonConfig::from_file(f, &Overrides::default()).unwrap_err();
         assert!(e.to_string().contains("window"), "{e}");
+    }
+
+    #[test]
+    fn app_paths_are_read_and_shown() {
+        let f: FileConfig = toml::from_str("app_paths = [\"/srv/app/\", \"/opt/svc/\"]").unwrap();
+        let c = DaemonConfig::from_file(f, &Overrides::default()).unwrap();
+        assert_eq!(c.app_paths, ["/srv/app/", "/opt/svc/"]);
+        assert!(c.describe().contains("app_paths     /srv/app/, /opt/svc/"));
+        let none = DaemonConfig::from_file(FileConfig::default(), &Overrides::default()).unwrap();
+        assert!(none.app_paths.is_empty() && none.describe().contains("the guess"));
     }
 }

@@ -470,6 +470,7 @@ async fn profile(req: &Request<hyper::body::Incoming>, sh: &Shared) -> Resp {
         }),
         time_nanos,
         duration,
+        &sh.app,
     );
     drop(recent);
     let mut r = resp(
@@ -680,9 +681,7 @@ fn index(sh: &Shared) -> String {
     for r in recent.q.iter().rev().take(50) {
         let s = &r.stall;
         let top = s.stacks.iter().max_by_key(|p| p.weight_ns).map(|p| {
-            let who = aggregate::culprit(p)
-                .map(|f| f.label())
-                .unwrap_or_else(|| "[no user frame]".into());
+            let who = aggregate::culprit_name(p, &sh.app);
             format!(
                 "{who} ({})",
                 p.syscall.as_deref().unwrap_or(p.kind.as_str())

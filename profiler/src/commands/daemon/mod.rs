@@ -180,6 +180,8 @@ pub struct Shared {
     pub metrics: Metrics,
     pub data_dir: PathBuf,
     pub threshold_ns: u64,
+    /// Which frames are the application's (`app_paths`).
+    pub app: crate::report::origin::AppPaths,
     pub recent: Mutex<Recent>,
     pub index: Mutex<Index>,
 }
@@ -235,6 +237,7 @@ async fn daemon(cfg: DaemonConfig, data: OutDir) -> Result<String> {
         metrics: Metrics::new(),
         data_dir: cfg.data_dir.clone(),
         threshold_ns: cfg.threshold_ns,
+        app: crate::report::origin::AppPaths::new(&cfg.app_paths),
         recent: Mutex::new(Recent::default()),
         index: Mutex::new(Index::default()),
     });
@@ -730,9 +733,12 @@ impl Collector {
             let (written, r) = w.write(
                 &self.data,
                 now,
-                self.cfg.threshold_ns,
-                self.cfg.sample_hz,
-                self.probes.probe_set(),
+                &reports::Made {
+                    threshold_ns: self.cfg.threshold_ns,
+                    sample_hz: self.cfg.sample_hz,
+                    probes: self.probes.probe_set(),
+                    app_paths: &self.cfg.app_paths,
+                },
             );
             self.note_written(written);
             if let Err(e) = r {

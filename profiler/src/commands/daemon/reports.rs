@@ -26,6 +26,16 @@ use crate::{
     report::{self, flamegraph, pprof},
 };
 
+/// How the daemon records: what each window's recordings say of it.
+#[derive(Clone, Copy)]
+pub struct Made<'a> {
+    pub threshold_ns: u64,
+    pub sample_hz: u64,
+    pub probes: &'a ProbeSet,
+    /// Where the application's code is (`app_paths`; empty: the guess).
+    pub app_paths: &'a [String],
+}
+
 /// Memory budget of one window's buffered stalls (approximate bytes); past
 /// it, stalls still count in the metrics but are left out of the reports.
 pub const WINDOW_BUDGET: usize = 32 << 20;
@@ -172,19 +182,10 @@ impl Window {
         &mut self,
         data_dir: &OutDir,
         end_mono: u64,
-        threshold_ns: u64,
-        sample_hz: u64,
-        probes: &ProbeSet,
+        how: &Made,
     ) -> (Vec<Written>, Result<()>) {
         let mut out = Vec::new();
-        let r = self.write_procs(
-            data_dir,
-            end_mono,
-            threshold_ns,
-            sample_hz,
-            probes,
-            &mut out,
-        );
+        let r = self.write_procs(data_dir, end_mono, how, &mut out);
         (out, r)
     }
 
@@ -192,11 +193,15 @@ impl Window {
         &mut self,
         data_dir: &OutDir,
         end_mono: u64,
-        threshold_ns: u64,
-        sample_hz: u64,
-        probes: &ProbeSet,
+        how: &Made,
         out: &mut Vec<Written>,
     ) -> Result<()> {
+        let Made {
+            threshold_ns,
+            sample_hz,
+            probes,
+            app_paths,
+        } = *how;
         if self.procs.is_empty() {
             return Ok(());
         }
@@ -253,6 +258,7 @@ impl Window {
                 // The daemon does not read quotas: its metrics count the
                 // throttled time per stall.
                 cpu_quota: None,
+                app_paths: app_paths.to_vec(),
                 stalls: std::mem::take(&mut p.stalls),
             };
             let wrote = (|| -> Result<()> {
@@ -268,6 +274,7 @@ impl Window {
                     rec.stalls.iter().map(|s| (label.clone(), s)),
                     time_nanos,
                     duration_nanos,
+                    &rec.app(),
                 );
                 report::write_file(&dir, "stalls.pb.gz", &pprof::encode_gz(&prof))?;
                 report::perfetto::write(&rec, &dir)?;
@@ -426,15 +433,22 @@ mod tests {
                 gil_holder: None,
             }],
         };
+        let probes = ProbeSet::default();
+        let how = Made {
+            threshold_ns: 50_000_000,
+            sample_hz: 199,
+            probes: &probes,
+            app_paths: &[],
+        };
         assert!(w.add(&info, stall, Vec::new()));
         // The data directory is gone: the write fails, the stalls stay.
         fs::remove_dir(&root).unwrap();
-        let (written, r) = w.write(&data, 70_000_000, 50_000_000, 199, &ProbeSet::default());
+        let (written, r) = w.write(&data, 70_000_000, &how);
         assert!(r.is_err() && written.is_empty());
         assert_eq!(w.pending(), 1);
         // Back: the retry writes them.
         let data = OutDir::create_new(&root).unwrap();
-        let (written, r) = w.write(&data, 80_000_000, 50_000_000, 199, &ProbeSet::default());
+        let (written, r) = w.write(&data, 80_000_000, &how);
         r.unwrap();
         assert_eq!((written.len(), w.pending()), (1, 0));
         assert!(written[0].dir.join("stalls.json").is_file());

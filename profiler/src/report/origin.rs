@@ -1,0 +1,359 @@
+//! Whose code a frame is: the application's, a library's, or the event
+//! loop's dispatch.
+//!
+//! In: a [`Frame`] (and the recording's `--app-path` prefixes). Out: is it
+//! the app's ([`AppPaths::is_app`]), which library it belongs to
+//! ([`AppPaths::library`]), is it the loop's dispatch machinery
+//! ([`is_dispatch_frame`], [`is_loop_machinery`]). The culprit and entry
+//! rules ([`crate::report::aggregate`]) and the default view
+//! ([`crate::report::view`]) ask here; nothing else decides it.
+//!
+//! The guess, by the path the runtime reports for the code (a Python code
+//! object's file, a JavaScript script's name):
+//! - **library**: the runtime's standard library (a path under
+//!   `…/lib/pythonX.Y/` or `…/lib64/pythonX.Y/`, frozen and generated code
+//!   such as `<frozen importlib._bootstrap>` and dataclasses' `<string>`;
+//!   Node's `node:` modules and builtins without a script), installed
+//!   packages (`site-packages`, `dist-packages`, `node_modules`), and
+//!   every native frame (the interpreter, libpython, C extensions, libc);
+//! - **app**: every other Python or JavaScript frame.
+//!
+//! Native frames are never the app's here: a native program's own code is
+//! found by the older rule the culprit falls back to when a stack has no
+//! app frame. Where the guess is wrong (an app installed into
+//! site-packages, a library vendored into the app's tree) `--app-path
+//! PREFIX` (repeatable; the daemon's `app_paths`) replaces it: then a
+//! Python or JavaScript frame is the app's exactly when its file starts
+//! with one of the prefixes.
+use crate::report::model::{Frame, FrameKind};
+
+/// Which code is the application's: the guess, or the user's prefixes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AppPaths {
+    prefixes: Vec<String>,
+}
+
+impl AppPaths {
+    /// `prefixes` empty: the guess (module docs).
+    pub fn new(prefixes: &[String]) -> AppPaths {
+        AppPaths {
+            prefixes: prefixes.to_vec(),
+        }
+    }
+
+    /// The source path of an interpreted frame: a Python or JavaScript
+    /// frame's file, or the script of a perf map's JavaScript entry
+    /// (`JS:*deriveKey /srv/app.js:11:19`).
+    fn script(f: &Frame) -> Option<&str> {
+        match f.kind {
+            FrameKind::Python | FrameKind::Js => f.file.as_deref(),
+            FrameKind::Native if is_perf_map_js(f) => f.name.rsplit_once(' ').map(|(_, path)| path),
+            _ => None,
+        }
+    }
+
+    /// Is this frame the application's own code?
+    pub fn is_app(&self, f: &Frame) -> bool {
+        let Some(file) = Self::script(f) else {
+            return false;
+        };
+        if !self.prefixes.is_empty() {
+            return self.prefixes.iter().any(|p| file.starts_with(p.as_str()));
+        }
+        library_of_path(file).is_none()
+    }
+
+    /// The library a non-app frame belongs to, as the user names it:
+    /// `pypdf`, `requests`, `json` (the standard library's module),
+    /// `express`, `node:internal/crypto/pbkdf2`, `libz` (a native frame's
+    /// object file); None for the interpreter's own native code (its
+    /// function name says enough: `time_sleep`) and for frames without a
+    /// file.
+    pub fn library(&self, f: &Frame) -> Option<String> {
+        if self.is_app(f) {
+            return None;
+        }
+        if let Some(file) = Self::script(f) {
+            return library_of_path(file).or_else(|| {
+                // Outside the user's prefixes but not a known library
+                // layout: its file's name.
+                let base = file.rsplit('/').next().unwrap_or(file);
+                Some(base.trim_end_matches(".py").to_string())
+            });
+        }
+        let module = f.module.as_deref()?;
+        if f.kind != FrameKind::Native || crate::report::view::is_interpreter_module(module) {
+            return None;
+        }
+        Some(module.split('.').next().unwrap_or(module).to_string())
+    }
+}
+
+/// A JavaScript function named by a perf map (`--perf-basic-prof`):
+/// `JS:*parseBig /app/app.js:11:19` (`LazyCompile:`, `Function:` in older V8).
+pub fn is_perf_map_js(f: &Frame) -> bool {
+    f.kind == FrameKind::Native
+        && f.module.as_deref() == Some("[jit]")
+        && ["JS:", "LazyCompile:", "Function:"]
+            .iter()
+            .any(|p| f.name.starts_with(p))
+}
+
+/// The first path component after `marker` (`/x/site-packages/pypdf/_page.py`
+/// → `pypdf`), a `.py` module's name without its suffix.
+fn component_after<'a>(path: &'a str, marker: &str) -> Option<&'a str> {
+    let i = path.rfind(marker)?;
+    let rest = &path[i + marker.len()..];
+    let first = rest.split('/').next().filter(|c| !c.is_empty())?;
+    Some(first.strip_suffix(".py").unwrap_or(first))
+}
+
+/// The library a script path belongs to, None for the app's.
+fn library_of_path(path: &str) -> Option<String> {
+    if let Some(rest) = path.strip_prefix("node:") {
+        return Some(format!("node:{rest}"));
+    }
+    if let Some(rest) = path.strip_prefix("<frozen ") {
+        return Some(rest.trim_end_matches('>').to_string());
+    }
+    if path.starts_with('<') {
+        // Generated code: dataclasses' and namedtuple's `<string>`.
+        return Some(path.to_string());
+    }
+    if let Some(i) = path.rfind("/node_modules/") {
+        let rest = &path[i + "/node_modules/".len()..];
+        let mut parts = rest.split('/');
+        let first = parts.next().unwrap_or("");
+        return Some(match (first.starts_with('@'), parts.next()) {
+            (true, Some(name)) => format!("{first}/{name}"),
+            _ => first.to_string(),
+        });
+    }
+    for marker in ["/site-packages/", "/dist-packages/"] {
+        if let Some(c) = component_after(path, marker) {
+            return Some(c.to_string());
+        }
+    }
+    // The standard library: `…/lib/python3.11/json/decoder.py`.
+    for lib in ["/lib/python", "/lib64/python"] {
+        let mut from = 0;
+        while let Some(i) = path[from..].find(lib) {
+            let at = from + i + lib.len();
+            let rest = &path[at..];
+            let version_len = rest
+                .find('/')
+                .filter(|&n| n > 0 && rest[..n].chars().all(|c| c.is_ascii_digit() || c == '.'));
+            if let Some(n) = version_len {
+                let module = rest[n + 1..].split('/').next().unwrap_or("");
+                return Some(module.strip_suffix(".py").unwrap_or(module).to_string());
+            }
+            from = at;
+        }
+    }
+    None
+}
+
+/// A Cython function (`__pyx_f_6uvloop_4loop_6Handle__run`) or one of
+/// Cython's call helpers (`__Pyx_PyObject_Call`).
+fn is_cython(f: &Frame) -> bool {
+    f.kind == FrameKind::Native && (f.name.starts_with("__pyx_") || f.name.starts_with("__Pyx_"))
+}
+
+/// libuv's own functions (`uv_run`, `uv__io_poll`, `uv__run_idle`), linked
+/// into uvloop's extension or a shared libuv.
+fn is_libuv(f: &Frame) -> bool {
+    f.kind == FrameKind::Native && (f.name.starts_with("uv_") || f.name.starts_with("uv__"))
+}
+
+/// The point where a loop hands over to a callback: asyncio's
+/// `Handle._run` (Python), uvloop's `Handle._run`/`TimerHandle._run`
+/// (Cython: `__pyx_f_…Handle__run`).
+pub fn is_dispatch_frame(f: &Frame) -> bool {
+    match f.kind {
+        FrameKind::Python => f.name == "Handle._run" || f.name.ends_with(".Handle._run"),
+        FrameKind::Native => is_cython(f) && f.name.ends_with("Handle__run"),
+        _ => false,
+    }
+}
+
+/// Where a loop starts running: asyncio's `BaseEventLoop.run_forever`
+/// and the standard library's calls into it (`asyncio.run`,
+/// `Runner.run`, `run_until_complete`: in a stack whose native frames
+/// could not be unwound, uvloop's run shows only as these), uvloop's
+/// (`__pyx_…Loop_…run_forever`), libuv's `uv_run`.
+fn is_loop_run_frame(f: &Frame) -> bool {
+    match f.kind {
+        FrameKind::Python => {
+            f.name.ends_with("EventLoop.run_forever")
+                || (f.file.as_deref().is_some_and(|p| p.contains("/asyncio/"))
+                    && matches!(
+                        f.name.as_str(),
+                        "run" | "Runner.run" | "BaseEventLoop.run_until_complete"
+                    ))
+        }
+        FrameKind::Native => f.name == "uv_run" || (is_cython(f) && f.name.contains("run_forever")),
+        _ => false,
+    }
+}
+
+/// Where the program's own work starts in a stack: past the loop's last
+/// dispatch point or, in a stack inside the loop that dispatched nothing
+/// (its selector, its timers), past the loop itself; 0 for a stack with no
+/// loop in it. Frames before it ran the loop (`<module>` → `main` →
+/// `asyncio.run`): they are not what a callback's time is blamed on.
+pub fn work_start(frames: &[Frame]) -> usize {
+    frames
+        .iter()
+        .rposition(|f| is_dispatch_frame(f) || is_loop_run_frame(f))
+        .map_or(0, |i| i + 1)
+}
+
+/// A frame of a Cython/libuv loop's machinery (uvloop): libuv, the
+/// Cython functions and call helpers of the object file libuv is in
+/// (`module_of_libuv`), and asyncio's C task stepping it calls into.
+pub fn is_loop_machinery(f: &Frame, module_of_libuv: Option<&str>) -> bool {
+    if is_libuv(f) {
+        return true;
+    }
+    if is_cython(f) && module_of_libuv.is_some() && f.module.as_deref() == module_of_libuv {
+        return true;
+    }
+    f.kind == FrameKind::Native
+        && f.module
+            .as_deref()
+            .is_some_and(|m| m.starts_with("_asyncio"))
+        && (f.name.starts_with("task_step") || f.name.starts_with("TaskStepMethWrapper"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn py(name: &str, file: &str) -> Frame {
+        Frame {
+            file: Some(file.into()),
+            line: Some(3),
+            ..Frame::new(name, FrameKind::Python)
+        }
+    }
+    fn js(name: &str, file: &str) -> Frame {
+        Frame {
+            file: Some(file.into()),
+            line: Some(3),
+            ..Frame::new(name, FrameKind::Js)
+        }
+    }
+
+    #[test]
+    fn the_guess_by_path() {
+        let g = AppPaths::default();
+        let lib = |f: &Frame| (g.is_app(f), g.library(f));
+        assert_eq!(lib(&py("parse_resume", "/srv/app/main.py")), (true, None));
+        assert_eq!(lib(&py("handler", "app.py")), (true, None));
+        assert_eq!(
+            lib(&py(
+                "PageObject.extract_text",
+                "/venv/lib/python3.11/site-packages/pypdf/_page.py"
+            )),
+            (false, Some("pypdf".into()))
+        );
+        assert_eq!(
+            lib(&py("f", "/usr/lib/python3/dist-packages/six.py")),
+            (false, Some("six".into()))
+        );
+        assert_eq!(
+            lib(&py(
+                "JSONDecoder.raw_decode",
+                "/root/.pyenv/versions/3.11.7/lib/python3.11/json/decoder.py"
+            )),
+            (false, Some("json".into()))
+        );
+        assert_eq!(
+            lib(&py(
+                "SSLContext.load_default_certs",
+                "/usr/lib/python3.13/ssl.py"
+            )),
+            (false, Some("ssl".into()))
+        );
+        assert_eq!(
+            lib(&py("_find_and_load", "<frozen importlib._bootstrap>")),
+            (false, Some("importlib._bootstrap".into()))
+        );
+        // A directory merely named lib/python… without a version is the app's.
+        assert!(g.is_app(&py("f", "/home/u/lib/pythonic/app.py")));
+        assert_eq!(
+            lib(&js("pbkdf2Sync", "node:internal/crypto/pbkdf2")),
+            (false, Some("node:internal/crypto/pbkdf2".into()))
+        );
+        assert_eq!(
+            lib(&js("parse", "/srv/node_modules/@babel/parser/lib/index.js")),
+            (false, Some("@babel/parser".into()))
+        );
+        assert_eq!(lib(&js("deriveKey", "/srv/app.js")), (true, None));
+        assert!(
+            !g.is_app(&Frame::new("Math.max", FrameKind::Js)),
+            "a builtin"
+        );
+        let native = Frame {
+            module: Some("libz.so.1".into()),
+            ..Frame::new("deflate", FrameKind::Native)
+        };
+        assert_eq!(lib(&native), (false, Some("libz".into())));
+        let interp = Frame {
+            module: Some("libpython3.11.so.1.0".into()),
+            ..Frame::new("time_sleep", FrameKind::Native)
+        };
+        assert_eq!(lib(&interp), (false, None));
+        let perf = Frame {
+            module: Some("[jit]".into()),
+            ..Frame::new("JS:*deriveKey /srv/app.js:11:19", FrameKind::Native)
+        };
+        assert!(g.is_app(&perf));
+    }
+
+    #[test]
+    fn app_paths_replace_the_guess() {
+        let a = AppPaths::new(&["/venv/lib/python3.11/site-packages/myapp/".into()]);
+        assert!(a.is_app(&py(
+            "handler",
+            "/venv/lib/python3.11/site-packages/myapp/api.py"
+        )));
+        assert!(!a.is_app(&py("vendored", "/srv/app/vendor/x.py")));
+        assert_eq!(
+            a.library(&py("vendored", "/srv/app/vendor/x.py")),
+            Some("x".into())
+        );
+    }
+
+    #[test]
+    fn dispatch_and_machinery() {
+        let n = |name: &str, module: &str| Frame {
+            module: Some(module.into()),
+            ..Frame::new(name, FrameKind::Native)
+        };
+        let so = "loop.cpython-311-x86_64-linux-gnu.so";
+        assert!(is_dispatch_frame(&py(
+            "Handle._run",
+            "/x/lib/python3.11/asyncio/events.py"
+        )));
+        assert!(is_dispatch_frame(&n(
+            "__pyx_f_6uvloop_4loop_6Handle__run",
+            so
+        )));
+        assert!(is_dispatch_frame(&n(
+            "__pyx_f_6uvloop_4loop_11TimerHandle__run",
+            so
+        )));
+        assert!(!is_dispatch_frame(&n("Handle__run", "app")));
+        assert!(is_loop_machinery(&n("uv__io_poll", so), Some(so)));
+        assert!(is_loop_machinery(&n("__Pyx_PyObject_Call", so), Some(so)));
+        assert!(!is_loop_machinery(
+            &n("__pyx_f_5other_f", "other.so"),
+            Some(so)
+        ));
+        assert!(is_loop_machinery(
+            &n("task_step", "_asyncio.cpython-311-x86_64-linux-gnu.so"),
+            Some(so)
+        ));
+    }
+}
