@@ -14,7 +14,8 @@
 //! way (idempotent; no network when everything is present): the system tools
 //! the root tests run (bpftool, cc, objdump, tmux, Debian's /usr/bin/python3.11,
 //! /usr/bin/node, npm, pip) with apt-get, and the daemon tests' readers at
-//! pinned versions under target/daemon-test-deps, and (as root) the
+//! pinned versions under target/daemon-test-deps, the FastAPI victim's
+//! packages (pinned) in a CPython 3.11 venv at target/asgi-venv, and (as root) the
 //! container sandbox: a Debian testing root filesystem with python3.13,
 //! 3.14, 3.15 and nodejs under ~/.cache/stallprof/forky-root, built once by
 //! debootstrap (docs/containers.md); for `dist` and tests/dist.rs, podman,
@@ -47,6 +48,37 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// pprof files with npm's pprof-format (target/daemon-test-deps/{py,node}).
 const PROMETHEUS_CLIENT_VERSION: &str = "0.26.0";
 const PPROF_FORMAT_VERSION: &str = "2.3.2";
+/// The FastAPI victim's packages (tests/record_frameworks.rs), every one
+/// pinned, installed with `--no-deps` into a CPython 3.11 venv at
+/// target/asgi-venv: uvicorn[standard] (uvloop, httptools), FastAPI and
+/// the libraries its handlers block in (pypdf, requests).
+const ASGI_PACKAGES: &[&str] = &[
+    "fastapi==0.165.0",
+    "starlette==1.10.0",
+    "pydantic==2.14.4",
+    "pydantic_core==2.50.5",
+    "annotated-types==0.8.0",
+    "annotated-doc==0.0.7",
+    "typing_extensions==4.16.0",
+    "typing-inspection==0.4.5",
+    "anyio==4.16.0",
+    "idna==3.20",
+    "uvicorn==0.54.0",
+    "click==8.5.1",
+    "h11==0.16.0",
+    "uvloop==0.23.0",
+    "httptools==0.9.0",
+    "python-dotenv==1.2.4",
+    "PyYAML==6.0.4",
+    "watchfiles==1.3.0",
+    "websockets==17.4",
+    "opentelemetry-api==1.45.2",
+    "pypdf==7.1.1",
+    "requests==2.34.2",
+    "urllib3==2.8.0",
+    "certifi==2026.10.19.post1",
+    "charset-normalizer==3.5.3",
+];
 
 #[derive(Parser)]
 #[command(name = "xtask", about = "stallprof project automation")]
@@ -450,17 +482,8 @@ fn test_setup() -> Result<()> {
             "xtask: installing prometheus-client {PROMETHEUS_CLIENT_VERSION} for the daemon tests (their Prometheus parser) into {}",
             py.display()
         );
-        run(Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--root-user-action",
-                "ignore",
-                "--upgrade",
-            ])
+        run(pip_install("python3")
+            .args(["--root-user-action", "ignore", "--upgrade"])
             .arg("--target")
             .arg(&py)
             .arg(format!("prometheus-client=={PROMETHEUS_CLIENT_VERSION}")))?;
@@ -482,9 +505,87 @@ fn test_setup() -> Result<()> {
             .arg(format!("pprof-format@{PPROF_FORMAT_VERSION}")))?;
     }
     prometheus_for_tests()?;
+    asgi_venv()?;
     if unsafe_geteuid() == 0 {
         forky_root()?;
     }
+    Ok(())
+}
+
+/// `PYTHON -m pip install --quiet --disable-pip-version-check`, for more
+/// arguments.
+fn pip_install(python: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new(python);
+    c.args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+    ]);
+    c
+}
+
+/// CPython 3.11 as the tests find it (tests/common `find_python`): the
+/// newest pyenv 3.11.x, else `python3.11` on PATH.
+fn python311() -> Option<PathBuf> {
+    let pyenv = env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| Path::new(&h).join(".pyenv")))?;
+    let newest = fs::read_dir(pyenv.join("versions"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let patch: u32 = name.strip_prefix("3.11.")?.parse().ok()?;
+            let exe = e.path().join("bin/python3");
+            exe.is_file().then_some((patch, exe))
+        })
+        .max_by_key(|(patch, _)| *patch)
+        .map(|(_, exe)| exe);
+    newest.or_else(|| {
+        env::split_paths(&env::var_os("PATH")?)
+            .map(|d| d.join("python3.11"))
+            .find(|p| p.is_file())
+    })
+}
+
+/// target/asgi-venv: a CPython 3.11 venv with [`ASGI_PACKAGES`] (the
+/// FastAPI victim's), made again when the pins change. A venv, not
+/// `--target`: the packages must sit in a real `site-packages`, as in a
+/// deployed service, for stallprof's guess of the app's code.
+fn asgi_venv() -> Result<()> {
+    let venv = root().join("target/asgi-venv");
+    let stamp = venv.join("stallprof-pins.txt");
+    let want = ASGI_PACKAGES.join("\n");
+    if fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
+        return Ok(());
+    }
+    let Some(python) = python311() else {
+        eprintln!(
+            "xtask: WARNING: no CPython 3.11 (pyenv 3.11.x or python3.11 on PATH) for the FastAPI \
+             victim's venv; install one (`pyenv install 3.11`) or the tests that need it will FAIL"
+        );
+        return Ok(());
+    };
+    eprintln!(
+        "xtask: installing FastAPI, uvicorn[standard], pypdf and requests (pinned) for the framework tests into {}",
+        venv.display()
+    );
+    if venv.exists() {
+        fs::remove_dir_all(&venv).with_context(|| format!("removing {}", venv.display()))?;
+    }
+    run(Command::new(&python).args(["-m", "venv"]).arg(&venv)).with_context(|| {
+        format!(
+            "{} -m venv failed: on Debian install python3.11-venv",
+            python.display()
+        )
+    })?;
+    run(pip_install(venv.join("bin/python"))
+        .arg("--no-deps")
+        .args(ASGI_PACKAGES))?;
+    fs::write(&stamp, want).with_context(|| format!("writing {}", stamp.display()))?;
     Ok(())
 }
 
