@@ -338,18 +338,20 @@ fn check_against(c: &mut Checks, t: &Value, rec: &Recording) {
             .stacks
             .iter()
             .filter(|p| p.weight_ns > 0)
-            .map(|p| match p.kind.as_str() {
-                "on_cpu" => "on-CPU".to_string(),
-                "off_cpu" => format!("blocked in {}", p.syscall.as_deref().unwrap_or("?")),
-                "runqueue" => "run queue".to_string(),
-                _ => "GIL wait".to_string(),
-            })
+            // The part's own words (`woken from epoll_wait, waiting for
+            // a CPU` for a part woken from the park).
+            .map(|p| p.kind_text())
             .collect();
         let got: BTreeSet<String> = kids
             .iter()
-            .map(|k| match k.name.split_once(" (held by") {
-                Some((gil, _)) => gil.to_string(),
-                None => k.name.clone(),
+            .map(|k| {
+                let name = k
+                    .name
+                    .split_once(" (held by")
+                    .map_or(k.name.as_str(), |(n, _)| n);
+                name.split_once(" (quota")
+                    .map_or(name, |(n, _)| n)
+                    .to_string()
             })
             .collect();
         c.check(got == want, || {
