@@ -48,19 +48,6 @@ fn build_hostile_loop(dir: &Path) -> PathBuf {
     out
 }
 
-/// `VmHWM` (peak resident set) of a live process, in KiB.
-fn vm_hwm_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()
-}
-
 struct Run {
     peak_kib: u64,
     elapsed: Duration,

@@ -40,10 +40,13 @@ use crate::{
     os::outdir::{OutDir, PendingFile},
     os::proc::{is_own_fork, read_comm, read_namespace_id},
     os::units::fmt_ns,
-    pipeline::stall::{Output, Tracker, TrackerConfig},
-    report::model::{HolderRelation, ProcessInfo, RuntimeProblem, Stall, ThreadInfo},
+    pipeline::stall::{Output, RawStall, Tracker, TrackerConfig},
+    pipeline::symbolizer::{self, Done, Job, Native, Symbolizer, Worker},
+    report::model::{ProcessInfo, RuntimeProblem, Stall, Task, ThreadInfo},
     symbolize::python::{self, Interpreter, PythonError},
-    symbolize::{BlazeResolver, Recorder, Resolve, TableResolver, to_stall},
+    symbolize::{
+        Answers, Recorder, ResolveRuntime, RuntimeReader, SharedMaps, TableResolver, Unnamed,
+    },
     unwind::{UnwindBundle, UnwindOutcome, Unwinder, UserRegs},
 };
 
@@ -109,40 +112,37 @@ impl Control for NoControl {
     }
 }
 
-/// Where symbols come from.
+/// Where the drain thread's answers from the target's memory come from
+/// (Python frames, GIL holders, V8 functions, asyncio tasks).
 enum Symbols {
-    /// The live process; `recorded`: every answer also kept for a recording.
+    /// The live processes; `recorded`: every answer also kept for a
+    /// recording (the symbolizer keeps its own, merged at the end).
     Live {
-        blaze: Box<BlazeResolver>,
+        reader: Box<RuntimeReader>,
         recorded: Option<TableResolver>,
     },
-    /// A recording's symbol table.
+    /// A recording's symbol table (its runtime half).
     Saved(TableResolver),
 }
 
 impl Symbols {
-    fn live(&mut self) -> Option<&mut BlazeResolver> {
+    fn live(&mut self) -> Option<&mut RuntimeReader> {
         match self {
-            Symbols::Live { blaze, .. } => Some(blaze),
+            Symbols::Live { reader, .. } => Some(reader),
             Symbols::Saved(_) => None,
         }
     }
 
-    fn resolve<R>(&mut self, f: impl FnOnce(&mut dyn Resolve) -> R) -> R {
+    fn resolve<R>(&mut self, f: impl FnOnce(&mut dyn ResolveRuntime) -> R) -> R {
         match self {
             Symbols::Live {
-                blaze,
+                reader,
                 recorded: Some(table),
-            } => {
-                let mut rec = Recorder {
-                    inner: blaze.as_mut(),
-                    table: std::mem::take(table),
-                };
-                let r = f(&mut rec);
-                *table = rec.table;
-                r
-            }
-            Symbols::Live { blaze, .. } => f(blaze.as_mut()),
+            } => f(&mut Recorder {
+                inner: reader.as_mut(),
+                table,
+            }),
+            Symbols::Live { reader, .. } => f(reader.as_mut()),
             Symbols::Saved(t) => f(t),
         }
     }
@@ -404,23 +404,31 @@ impl RuntimeWatch {
     }
 }
 
+/// Time one upkeep tick may take before the rest of the processes wait for
+/// the next (see [`Engine::tick`]).
+const UPKEEP_BUDGET: std::time::Duration = std::time::Duration::from_millis(30);
+
 /// Age after which periodic upkeep re-reads a process's maps.
 const MAPS_UPKEEP: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long stalls of a process with a perf map wait before symbolization.
 const JIT_NAME_DELAY: std::time::Duration = std::time::Duration::from_secs(2);
+/// Stalls held back for JIT names at most; past it the oldest goes now.
+const MAX_PENDING: usize = 64;
 
 /// The pipeline's state: one per recording, daemon (rebuilt now and then
 /// to bound memory, see [`Engine::rebuild`]) or replay.
 pub struct Engine {
-    /// Stalls held back for JIT names: (due, thread, stall).
-    pending: Vec<(
-        std::time::Instant,
-        ThreadInfo,
-        crate::pipeline::stall::RawStall,
-    )>,
+    /// Stalls held back for JIT names: (due, job).
+    pending: Vec<(std::time::Instant, Box<Job>)>,
     tracker: Tracker,
     symbols: Symbols,
+    /// Native names, on the symbolizer thread (inline in a replay).
+    symbolizer: Symbolizer,
+    /// Maps snapshots, kept fresh here and read by the symbolizer.
+    maps: SharedMaps,
+    /// The last process upkeep reached (the next tick starts after it).
+    upkeep_after: u32,
     unwinder: Unwinder,
     stalls: Vec<(u32, Stall)>,
     /// Every thread seen, by tid: read once ([`Engine::thread`]).
@@ -459,7 +467,7 @@ enum BusyTask {
 /// Why a busy period has no task name (the `drops` counter it becomes
 /// when the period turns out to be a stall that ran a task step).
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum TaskMiss {
+pub enum TaskMiss {
     /// No task was running at the reads (a plain callback).
     NoTask,
     /// A task ran, but its coroutine was not on the stall's stack.
@@ -476,21 +484,34 @@ const MAX_BUSY_TASKS: usize = 4096;
 impl Engine {
     /// A live engine: runtimes, maps and symbols read from `/proc`.
     pub fn new(threshold_ns: u64, tids: Option<HashSet<u32>>) -> Engine {
+        let maps = SharedMaps::default();
+        let worker = Worker::new(Native::Blaze, maps.clone());
         Self::with(
             TrackerConfig { threshold_ns, tids },
             Symbols::Live {
-                blaze: Box::new(BlazeResolver::new()),
+                reader: Box::default(),
                 recorded: None,
             },
+            Symbolizer::threaded(worker),
+            maps,
             Unwinder::new(),
         )
     }
 
-    fn with(cfg: TrackerConfig, symbols: Symbols, unwinder: Unwinder) -> Engine {
+    fn with(
+        cfg: TrackerConfig,
+        symbols: Symbols,
+        symbolizer: Symbolizer,
+        maps: SharedMaps,
+        unwinder: Unwinder,
+    ) -> Engine {
         Engine {
             pending: Vec::new(),
             tracker: Tracker::new(cfg),
             symbols,
+            symbolizer,
+            maps,
+            upkeep_after: 0,
             unwinder,
             stalls: Vec::new(),
             threads: HashMap::new(),
@@ -516,11 +537,15 @@ impl Engine {
             .with_context(|| format!("{} is not an unwind bundle", path.display()))?;
         let path = dir.join(SYMBOLS_FILE);
         let bytes = fs::read(&path).with_context(|| format!("opening {}", path.display()))?;
-        let table: TableResolver = serde_json::from_slice(&bytes)
+        let mut table: TableResolver = serde_json::from_slice(&bytes)
             .with_context(|| format!("{} is not a symbol table", path.display()))?;
+        let maps = SharedMaps::default();
+        let worker = Worker::new(Native::Saved(Box::new(table.take_native())), maps.clone());
         Ok(Self::with(
             cfg,
             Symbols::Saved(table),
+            Symbolizer::inline(worker),
+            maps,
             Unwinder::replaying(bundle),
         ))
     }
@@ -530,10 +555,17 @@ impl Engine {
     /// What must survive is carried over: the loop-thread registry (the
     /// kernel keeps using the published keys), the busy periods still open
     /// with the stacks they hold (nothing is cut), the thread and process
-    /// descriptors and the runtime park probes already attached.
-    pub fn rebuild(self) -> Engine {
+    /// descriptors and the runtime park probes already attached, the
+    /// symbolizer thread with its queue (told to rebuild its caches), the
+    /// stalls not yet taken.
+    pub fn rebuild(mut self) -> Engine {
         let cfg = self.tracker.config().clone();
         let mut next = Engine::new(cfg.threshold_ns, cfg.tids);
+        self.symbolizer.reset();
+        next.symbolizer = self.symbolizer;
+        next.maps = self.maps;
+        next.pending = self.pending;
+        next.stalls = self.stalls;
         next.tracker = self.tracker.compacted();
         next.runtimes = self.runtimes;
         next.threads = self.threads;
@@ -557,6 +589,7 @@ impl Engine {
         if let Symbols::Live { recorded, .. } = &mut self.symbols {
             *recorded = Some(TableResolver::default());
         }
+        self.symbolizer.record();
         Ok(())
     }
 
@@ -582,8 +615,17 @@ impl Engine {
         if let Symbols::Live {
             recorded: Some(table),
             ..
-        } = &self.symbols
+        } = &mut self.symbols
         {
+            // The symbolizer's answers (after [`Engine::finish`], it has
+            // stopped) over the drain's own unnamed ones.
+            if let Some(native) = self.symbolizer.worker().and_then(|w| w.recorded()) {
+                table.merge_native(TableResolver {
+                    user: native.user.clone(),
+                    kernel: native.kernel.clone(),
+                    ..TableResolver::default()
+                });
+            }
             dir.write(SYMBOLS_FILE, &serde_json::to_vec(table)?)
                 .with_context(|| format!("writing {}", dir.join(SYMBOLS_FILE).display()))?;
         }
@@ -632,14 +674,33 @@ impl Engine {
     }
 
     /// Periodic upkeep for live processes: maps snapshots for symbolization
-    /// and the Python thread tables BPF walks from.
+    /// and the Python thread tables BPF walks from, runtimes found.
+    ///
+    /// Bounded: it runs on the thread that drains the ring buffer, and a
+    /// process seen for the first time costs ELF reads (its interpreter,
+    /// its runtimes: tens of ms). Past [`UPKEEP_BUDGET`] the rest of `pids`
+    /// waits for the next tick, which starts where this one stopped: under
+    /// a churn of new processes, finding their runtimes is late, never the
+    /// drain.
     pub fn tick(&mut self, pids: &[u32], probes: &mut dyn Control) {
         self.flush_pending(false);
-        for &pid in pids {
-            // Symbolization refreshes on its own (and on an unknown address);
-            // this keeps a recent snapshot for a process that exits mid-stall.
-            if let Some(blaze) = self.symbols.live() {
-                blaze.refresh_if_older(pid, MAPS_UPKEEP);
+        self.collect();
+        let started = std::time::Instant::now();
+        let mut order: Vec<u32> = pids.to_vec();
+        order.sort_unstable();
+        let first = order.partition_point(|&p| p <= self.upkeep_after);
+        order.rotate_left(first);
+        for (i, pid) in order.into_iter().enumerate() {
+            if i > 0 && started.elapsed() >= UPKEEP_BUDGET {
+                *self.agent_drops.entry("upkeep_deferred").or_default() += 1;
+                break;
+            }
+            self.upkeep_after = pid;
+            // The symbolizer refreshes on an unknown address; this keeps a
+            // recent snapshot for a process that exits mid-stall, or before
+            // the symbolizer gets to its stalls.
+            if self.symbols.live().is_some() {
+                self.maps.refresh_if_older(pid, MAPS_UPKEEP);
             }
             self.process(pid);
             self.python
@@ -664,8 +725,8 @@ impl Engine {
             .values()
             .filter_map(|w| w.problem.clone())
             .collect();
-        if let Symbols::Live { blaze, .. } = &self.symbols {
-            v.extend(blaze.js_problems());
+        if let Symbols::Live { reader, .. } = &self.symbols {
+            v.extend(reader.js_problems());
         }
         v.extend(self.task_problems.iter().map(|(&pid, why)| {
             RuntimeProblem {
@@ -691,7 +752,8 @@ impl Engine {
         self.exited.drain().collect()
     }
 
-    /// Decode, unwind and track every record in the ring buffer.
+    /// Decode, unwind and track every record in the ring buffer; take the
+    /// stalls the symbolizer has finished.
     pub fn drain(
         &mut self,
         ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
@@ -700,6 +762,7 @@ impl Engine {
         while let Some(item) = ring.next() {
             self.handle_record(&item, probes);
         }
+        self.collect();
     }
 
     /// One record from the source: decode, unwind, assemble (and symbolize
@@ -867,44 +930,43 @@ impl Engine {
     }
 
     /// The task of a finished stall: the live reads' (also kept for a
-    /// recording), or the recording's. A stall without a name is counted by
-    /// why when a task was seen (`asyncio_task_unverified`) or could not be
-    /// read (`asyncio_task_unreadable`, and the reason becomes a runtime
-    /// problem of the process), or when its stack shows a task step
-    /// (`coroutine`) but no read found a task (`asyncio_task_unknown`).
-    fn stall_task(&mut self, tgid: u32, s: &mut Stall) {
-        let key = (s.tid, s.start_ns);
-        let saved_key = format!("{}:{}", s.tid, s.start_ns);
-        let state = self.tasks.remove(&key);
+    /// recording), or the recording's; and, live, why it has none.
+    fn stall_task(&mut self, tid: u32, start_ns: u64) -> (Option<Task>, Option<TaskMiss>) {
+        let saved_key = format!("{tid}:{start_ns}");
+        let state = self.tasks.remove(&(tid, start_ns));
         match &mut self.symbols {
-            Symbols::Saved(table) => s.task = table.tasks.get(&saved_key).cloned(),
-            Symbols::Live { recorded, .. } => {
-                if let Some(BusyTask::Named(t)) = &state {
-                    s.task = Some(t.clone());
+            Symbols::Saved(table) => (table.tasks.get(&saved_key).cloned(), None),
+            Symbols::Live { recorded, .. } => match state {
+                Some(BusyTask::Named(t)) => {
                     if let Some(table) = recorded {
                         table.tasks.insert(saved_key, t.clone());
                     }
+                    (Some(t), None)
                 }
-                let counter = match state {
-                    Some(BusyTask::Named(_)) => None,
-                    Some(BusyTask::Tried {
-                        last: TaskMiss::Unverified,
-                        ..
-                    }) => Some("asyncio_task_unverified"),
-                    Some(BusyTask::Tried {
-                        last: TaskMiss::Unreadable(why),
-                        ..
-                    }) => {
-                        self.task_problems.insert(tgid, why);
-                        Some("asyncio_task_unreadable")
-                    }
-                    _ if s.coroutine.is_some() => Some("asyncio_task_unknown"),
-                    _ => None,
-                };
-                if let Some(c) = counter {
-                    *self.agent_drops.entry(c).or_default() += 1;
-                }
+                Some(BusyTask::Tried { last, .. }) => (None, Some(last)),
+                None => (None, Some(TaskMiss::NoTask)),
+            },
+        }
+    }
+
+    /// A stall without a task name is counted by why when a task was seen
+    /// (`asyncio_task_unverified`) or could not be read
+    /// (`asyncio_task_unreadable`, and the reason becomes a runtime problem
+    /// of the process), or when its stack shows a task step (`coroutine`)
+    /// but no read found a task (`asyncio_task_unknown`).
+    fn count_task_miss(&mut self, tgid: u32, s: &Stall, miss: Option<TaskMiss>) {
+        let counter = match miss {
+            None => None,
+            Some(TaskMiss::Unverified) => Some("asyncio_task_unverified"),
+            Some(TaskMiss::Unreadable(why)) => {
+                self.task_problems.insert(tgid, why);
+                Some("asyncio_task_unreadable")
             }
+            Some(TaskMiss::NoTask) if s.coroutine.is_some() => Some("asyncio_task_unknown"),
+            Some(TaskMiss::NoTask) => None,
+        };
+        if let Some(c) = counter {
+            *self.agent_drops.entry(c).or_default() += 1;
         }
     }
 
@@ -921,54 +983,121 @@ impl Engine {
                     probes.forget_loop_thread(tid);
                 }
                 Output::Stall(raw) => {
-                    let thread = self.thread(raw.tgid, raw.tid);
+                    let job = self.prepare(raw);
                     // A JIT runtime writes its perf map through a buffer:
                     // names of code compiled just before the stall may not
                     // be in the file yet. Give it a moment.
                     if self.symbols.live().is_some()
-                        && Path::new(&crate::symbolize::perf_map_path(raw.tgid)).exists()
+                        && Path::new(&crate::symbolize::perf_map_path(job.raw.tgid)).exists()
                     {
+                        if self.pending.len() >= MAX_PENDING {
+                            let (_, oldest) = self.pending.remove(0);
+                            self.submit(oldest);
+                        }
                         let due = std::time::Instant::now() + JIT_NAME_DELAY;
-                        self.pending.push((due, thread, raw));
+                        let mut job = job;
+                        job.refresh = true;
+                        self.pending.push((due, job));
                     } else {
-                        self.symbolize(raw, &thread);
+                        self.submit(job);
                     }
                 }
             }
         }
     }
 
-    fn symbolize(&mut self, raw: crate::pipeline::stall::RawStall, thread: &ThreadInfo) {
-        let stacks = &self.tracker.stacks;
-        let mut s = self.symbols.resolve(|r| to_stall(&raw, stacks, r, thread));
-        // GIL holders: their namespace ids from their descriptors too.
-        for h in s.stacks.iter_mut().filter_map(|p| p.gil_holder.as_mut()) {
-            if let Some(tid) = h.tid {
-                h.ns_tid = self.thread(raw.tgid, tid).ns_tid;
-            }
-        }
+    /// What a finished stall needs from the target, read now while the
+    /// target holds it: Python frames, GIL holders (their thread
+    /// descriptors too), V8 functions, the asyncio task. The native names
+    /// are the symbolizer's.
+    fn prepare(&mut self, raw: RawStall) -> Box<Job> {
+        let thread = self.thread(raw.tgid, raw.tid);
+        let stacks = self.tracker.stacks.of_stall(&raw);
+        let answers = self.symbols.resolve(|r| Answers::read(&raw, &stacks, r));
+        let holders: Vec<u32> = answers.holder_tids().collect();
+        let holders = holders
+            .into_iter()
+            .map(|tid| (tid, self.thread(raw.tgid, tid).ns_tid))
+            .collect();
+        let (task, miss) = self.stall_task(raw.tid, raw.start_ns);
         // CPU holders of another process in the stalled one's container
         // (only looked up when it is in one: on the host there is none).
+        let mut same_container = Vec::new();
         if let Some(mine) = self.process(raw.tgid).container {
-            for h in s
-                .cpu_holders
-                .iter_mut()
-                .filter(|h| h.relation == HolderRelation::Other && h.tgid != 0)
-            {
-                if self.process(h.tgid).container.as_ref() == Some(&mine) {
-                    h.relation = HolderRelation::SameContainer;
+            for h in raw.cpu_holders.iter().map(|(h, _)| h) {
+                if h.tgid != 0
+                    && h.tgid != raw.tgid
+                    && self.process(h.tgid).container.as_ref() == Some(&mine)
+                {
+                    same_container.push(h.tgid);
                 }
             }
         }
-        self.stall_task(raw.tgid, &mut s);
+        Box::new(Job {
+            raw,
+            stacks,
+            answers,
+            thread,
+            holders,
+            task,
+            miss,
+            same_container,
+            refresh: false,
+        })
+    }
+
+    /// Hand a stall to the symbolizer; if it is too far behind to take it,
+    /// finish it here without native names (`symbolizer_behind`): the drain
+    /// never waits.
+    fn submit(&mut self, job: Box<Job>) {
+        let Err(job) = self.symbolizer.submit(job) else {
+            return;
+        };
+        let n = self.agent_drops.entry("symbolizer_behind").or_default();
+        *n += 1;
+        if *n == 1 {
+            warn!(
+                "the symbolizer is behind (a large binary's first symbolization, or more stalls than \
+                 it names): stalls keep their native frames unnamed until it catches up \
+                 (drops: symbolizer_behind); a higher --threshold makes fewer stalls"
+            );
+        }
+        let done = match &mut self.symbols {
+            Symbols::Live {
+                recorded: Some(table),
+                ..
+            } => symbolizer::finish(
+                *job,
+                &mut Recorder {
+                    inner: &mut Unnamed(&self.maps),
+                    table,
+                },
+            ),
+            _ => symbolizer::finish(*job, &mut Unnamed(&self.maps)),
+        };
+        self.done(done);
+    }
+
+    /// Take the stalls the symbolizer has finished.
+    fn collect(&mut self) {
+        let mut out = Vec::new();
+        self.symbolizer.take_done(&mut out);
+        for d in out {
+            self.done(d);
+        }
+    }
+
+    fn done(&mut self, d: Done) {
+        let Done { tgid, stall, miss } = d;
+        self.count_task_miss(tgid, &stall, miss);
         info!(
             "stall on {} ({}) of {}: {}",
-            raw.tid,
-            thread.name,
-            raw.tgid,
-            fmt_ns(s.duration_ns)
+            stall.tid,
+            stall.thread_name,
+            tgid,
+            fmt_ns(stall.duration_ns)
         );
-        self.stalls.push((raw.tgid, s));
+        self.stalls.push((tgid, stall));
     }
 
     /// Symbolize held-back stalls that are due (all of them with `all`).
@@ -978,20 +1107,31 @@ impl Engine {
             .into_iter()
             .partition(|p| all || p.0 <= now);
         self.pending = keep;
-        for (_, thread, raw) in due {
-            if let Some(blaze) = self.symbols.live() {
-                blaze.refresh(raw.tgid);
-            }
-            self.symbolize(raw, &thread);
+        for (_, job) in due {
+            self.submit(job);
         }
     }
 
-    /// Close busy periods still open (end of recording).
+    /// Close busy periods still open (end of recording), and wait for the
+    /// symbolizer to finish every stall.
     pub fn finish(&mut self, ts: u64) {
         let mut out = Vec::new();
         self.tracker.finish(ts, &mut out);
         self.outputs(out, &mut NoControl);
         self.flush_pending(true);
+        let mut done = Vec::new();
+        self.symbolizer.close(&mut done);
+        for d in done {
+            self.done(d);
+        }
+        info!(
+            "memory: {} stacks interned ({} KiB), {} stalls held ({} frames, {} KiB of frame slots)",
+            self.tracker.stacks.len(),
+            self.tracker.stacks.bytes() / 1024,
+            self.stalls.len(),
+            self.frames_held(),
+            self.frames_held() * std::mem::size_of::<crate::report::model::Frame>() / 1024
+        );
         let (resolved, moved) = crate::symbolize::v8::counts();
         if resolved > 0 {
             info!(
@@ -1001,8 +1141,18 @@ impl Engine {
         }
     }
 
+    /// Frames in the stalls not yet taken (memory accounting).
+    fn frames_held(&self) -> usize {
+        self.stalls
+            .iter()
+            .flat_map(|(_, s)| &s.stacks)
+            .map(|p| p.frames.len() + p.gil_holder.as_ref().map_or(0, |h| h.frames.len()))
+            .sum()
+    }
+
     /// Stalls finished since the last call, with their process id.
     pub fn take_stalls(&mut self) -> Vec<(u32, Stall)> {
+        self.collect();
         std::mem::take(&mut self.stalls)
     }
 
@@ -1098,17 +1248,19 @@ impl Engine {
             probes.forget_python_proc(pid, &tids);
         }
         // A process that is gone writes no more JIT names: its held-back
-        // stalls are symbolized now, before its maps are let go.
+        // stalls go to the symbolizer now, before its maps are let go (the
+        // symbolizer forgets them after its last stall).
         let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
             .into_iter()
-            .partition(|p| p.2.tgid == pid);
+            .partition(|p| p.1.raw.tgid == pid);
         self.pending = others;
-        for (_, name, raw) in mine {
-            self.symbolize(raw, &name);
+        for (_, job) in mine {
+            self.submit(job);
         }
-        if let Some(blaze) = self.symbols.live() {
-            blaze.forget(pid);
+        if let Some(reader) = self.symbols.live() {
+            reader.forget(pid);
         }
+        self.symbolizer.forget(pid);
         self.runtimes.remove(&pid);
         self.unwinder.forget(pid);
         self.exited.remove(&pid);
@@ -1141,6 +1293,7 @@ impl Engine {
             }
             self.handle_record(&item, probes);
         }
+        self.collect();
         skipped
     }
 }
@@ -1220,6 +1373,123 @@ pub fn replay_named(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::event::RawStack;
+    use profiler_common::sysno::EPOLL_WAIT;
+
+    const MS: u64 = 1_000_000;
+
+    fn wait(enter: bool, ts_ms: u64) -> Event {
+        if enter {
+            Event::WaitEnter {
+                tid: 7,
+                tgid: 7,
+                ts: ts_ms * MS,
+                nr: EPOLL_WAIT,
+                fd: 3,
+            }
+        } else {
+            Event::WaitExit {
+                tid: 7,
+                tgid: 7,
+                ts: ts_ms * MS,
+                nr: EPOLL_WAIT,
+                fd: 3,
+                ret: 0,
+            }
+        }
+    }
+
+    /// A symbolizer that takes 200 ms a stall (the first symbolization of a
+    /// large binary takes seconds) does not hold up the drain: 100 stalls
+    /// are assembled in far less than the 20 s it would take to name them
+    /// all, none is lost, and the ones the full queue would not take keep
+    /// unnamed native frames, counted in `symbolizer_behind`.
+    #[test]
+    fn a_slow_symbolizer_does_not_block_the_drain() {
+        const STALLS: u64 = 100;
+        let mut table = TableResolver::default();
+        table.user.insert(
+            "0x10".into(),
+            vec![crate::report::model::Frame::new(
+                "handler",
+                crate::report::model::FrameKind::Native,
+            )],
+        );
+        let maps = SharedMaps::default();
+        let mut symbolizer =
+            Symbolizer::threaded(Worker::new(Native::Saved(Box::new(table)), maps.clone()));
+        symbolizer.set_delay(std::time::Duration::from_millis(200));
+        let mut engine = Engine::with(
+            TrackerConfig {
+                threshold_ns: 10 * MS,
+                tids: None,
+            },
+            Symbols::Saved(TableResolver::default()),
+            symbolizer,
+            maps,
+            Unwinder::new(),
+        );
+        let started = std::time::Instant::now();
+        // Two waits on epoll fd 3 make it the loop; then a 30 ms busy period
+        // with a sample, every 50 ms.
+        for (i, enter) in [(0, true), (1, false), (2, true), (3, false), (4, true)] {
+            engine.handle(wait(enter, i), &mut NoControl);
+        }
+        for i in 0..STALLS {
+            let t = 100 + i * 50;
+            engine.handle(wait(false, t), &mut NoControl);
+            engine.handle(
+                Event::Sample {
+                    tid: 7,
+                    tgid: 7,
+                    ts: (t + 15) * MS,
+                    stack: RawStack {
+                        user: vec![0x10],
+                        ..RawStack::default()
+                    },
+                },
+                &mut NoControl,
+            );
+            engine.handle(wait(true, t + 30), &mut NoControl);
+            engine.collect();
+        }
+        let drained = started.elapsed();
+        assert!(
+            drained < std::time::Duration::from_secs(3),
+            "the drain waited for the symbolizer: {drained:?}"
+        );
+        let behind = engine
+            .agent_drops()
+            .get("symbolizer_behind")
+            .copied()
+            .unwrap_or(0);
+        assert!(behind > 0, "the queue never filled");
+        engine.finish((100 + STALLS * 50) * MS);
+        let stalls = engine.take_stalls();
+        assert_eq!(stalls.len() as u64, STALLS, "a stall was lost");
+        let named = stalls
+            .iter()
+            .filter(|(_, s)| {
+                s.stacks
+                    .iter()
+                    .any(|p| p.frames.iter().any(|f| f.name == "handler"))
+            })
+            .count() as u64;
+        let unnamed = stalls
+            .iter()
+            .filter(|(_, s)| {
+                s.stacks
+                    .iter()
+                    .any(|p| p.frames.iter().any(|f| f.name == "[unknown 0x10]"))
+            })
+            .count() as u64;
+        assert_eq!(named + unnamed, STALLS);
+        assert_eq!(unnamed, behind, "every unnamed stall is counted");
+        assert!(
+            named >= symbolizer::QUEUE as u64,
+            "the symbolizer named {named}"
+        );
+    }
 
     #[test]
     fn unreadable_interpreters_are_said_plainly() {

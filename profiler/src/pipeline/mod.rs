@@ -1,6 +1,8 @@
 //! The engine and the stages it owns: loop identity (`loops`), stall
-//! assembly (`stall`), and the engine that drives decode -> unwind ->
-//! assemble -> symbolize (`engine`).
+//! assembly (`stall`), the engine that drives decode -> unwind -> assemble
+//! on the drain thread (`engine`), and the symbolizer thread it hands
+//! finished stalls to (`symbolizer`).
 pub mod engine;
 pub mod loops;
 pub mod stall;
+pub mod symbolizer;

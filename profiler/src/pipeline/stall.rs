@@ -37,7 +37,10 @@
 //! * Busy periods shorter than the threshold are dropped with their samples,
 //!   and so are busy periods of a thread whose loop key is not known yet
 //!   (a thread that waited once is not yet an event loop).
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use profiler_common::wait_key;
 use serde::{Deserialize, Serialize};
@@ -50,10 +53,12 @@ use crate::{
 pub type StackId = u32;
 
 /// Interns stacks: a busy period holds counts per stack id, not copies.
+/// Each stack is stored once, shared by the index and the list (and by the
+/// stalls handed to the symbolizer, [`StallStacks`]).
 #[derive(Default, Debug)]
 pub struct StackTable {
-    stacks: Vec<RawStack>,
-    index: HashMap<RawStack, StackId>,
+    stacks: Vec<Arc<RawStack>>,
+    index: HashMap<Arc<RawStack>, StackId>,
 }
 
 impl StackTable {
@@ -62,6 +67,7 @@ impl StackTable {
             return id;
         }
         let id = self.stacks.len() as StackId;
+        let s = Arc::new(s);
         self.stacks.push(s.clone());
         self.index.insert(s, id);
         id
@@ -75,12 +81,60 @@ impl StackTable {
         &self.stacks[id as usize]
     }
 
+    /// The stacks one stall uses, shared (no copy), for the symbolizer.
+    pub fn of_stall(&self, raw: &RawStall) -> StallStacks {
+        StallStacks(
+            raw.parts
+                .iter()
+                .filter_map(|p| p.stack)
+                .map(|id| (id, self.stacks[id as usize].clone()))
+                .collect(),
+        )
+    }
+
     pub fn len(&self) -> usize {
         self.stacks.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.stacks.is_empty()
+    }
+
+    /// Bytes the interned stacks hold (their address lists and the table's
+    /// own entries), for the memory accounting at the end of a recording.
+    pub fn bytes(&self) -> usize {
+        let per = std::mem::size_of::<RawStack>() + 2 * std::mem::size_of::<usize>();
+        self.stacks
+            .iter()
+            .map(|s| {
+                per + 8 * (s.kernel.len() + s.user.len())
+                    + 12 * s.js.len()
+                    + 16 * (s.python.len() + s.holder_python.len())
+            })
+            .sum::<usize>()
+            + self.index.capacity() * (std::mem::size_of::<(Arc<RawStack>, StackId)>() + 1)
+            + self.stacks.capacity() * std::mem::size_of::<Arc<RawStack>>()
+    }
+}
+
+/// Stacks by id: the tracker's whole table, or one stall's share of it.
+pub trait Stacks {
+    fn get(&self, id: StackId) -> &RawStack;
+}
+
+impl Stacks for StackTable {
+    fn get(&self, id: StackId) -> &RawStack {
+        StackTable::get(self, id)
+    }
+}
+
+/// The stacks of one stall ([`StackTable::of_stall`]).
+#[derive(Debug, Default)]
+pub struct StallStacks(HashMap<StackId, Arc<RawStack>>);
+
+impl Stacks for StallStacks {
+    fn get(&self, id: StackId) -> &RawStack {
+        &self.0[&id]
     }
 }
 

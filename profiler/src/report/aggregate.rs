@@ -165,7 +165,7 @@ fn via(p: &StackPart, i: usize, app: &AppPaths) -> Option<String> {
     })?;
     Some(match app.library(f) {
         Some(lib) => format!("{lib} … {}", f.name),
-        None => f.name.clone(),
+        None => f.name.to_string(),
     })
 }
 

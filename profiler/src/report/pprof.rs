@@ -198,7 +198,7 @@ impl Builder {
     fn location(&mut self, f: &Frame) -> u64 {
         let name = match f.kind {
             FrameKind::Kernel => format!("{} [k]", f.name),
-            _ => f.name.clone(),
+            _ => f.name.to_string(),
         };
         let name = self.s(&name);
         let file = f.file.as_deref().or(f.module.as_deref()).unwrap_or("");

@@ -1,7 +1,7 @@
 //! Symbolization: raw stalls (interned address stacks) -> [`Stall`]s with
 //! named frames.
 //!
-//! In: [`RawStall`] + [`StackTable`]. Out: [`Stall`] (outermost frame first).
+//! In: [`RawStall`] + its stacks ([`Stacks`]). Out: [`Stall`] (outermost frame first).
 //!
 //! User addresses are *normalized* first — mapped to (file, file offset)
 //! through a snapshot of `/proc/PID/maps` taken while the process lives —
@@ -32,18 +32,26 @@ use log::debug;
 
 use crate::{
     os::limits,
-    pipeline::stall::{OTHER_HOLDERS, PartKind, RawHolder, RawStall, StackTable},
+    pipeline::stall::{OTHER_HOLDERS, PartKind, RawHolder, RawStall, Stacks},
     report::model::{
         CpuHolder, Frame, FrameKind, GilHolder, HolderRelation, StackPart, Stall, ThreadInfo,
     },
     symbolize::pyframes::PyResolver,
 };
 
-/// Turns addresses into frames. Frames come back outermost first.
-pub trait Resolve {
+/// Native and kernel symbols: what needs the target's ELF files and their
+/// symbol tables and debug info, slow the first time a file is seen (the
+/// engine's symbolizer thread). Frames come back outermost first.
+pub trait ResolveNative {
     /// Frames for one user address (several when functions were inlined).
     fn user(&mut self, pid: u32, addr: u64) -> Vec<Frame>;
     fn kernel(&mut self, addr: u64) -> Frame;
+}
+
+/// What is read from the target's memory: valid only while the stack it
+/// came from is current (the engine's drain thread, when a stack is first
+/// seen and when its stall ends).
+pub trait ResolveRuntime {
     /// Python frame from a code object address and instruction value.
     fn python(&mut self, pid: u32, code: u64, instr: u64) -> Frame;
     /// The thread id and name of the thread owning a `PyThreadState*`.
@@ -55,6 +63,10 @@ pub trait Resolve {
     /// (`None`: it was not one when the stack was first seen).
     fn js(&mut self, pid: u32, func: u64) -> Option<Frame>;
 }
+
+/// Turns addresses into frames: both halves.
+pub trait Resolve: ResolveNative + ResolveRuntime {}
+impl<T: ResolveNative + ResolveRuntime + ?Sized> Resolve for T {}
 
 #[derive(Clone, Debug)]
 struct Mapping {
@@ -341,24 +353,74 @@ pub(crate) fn fuzz_perf_map(bytes: &[u8], piece: usize, addrs: &[u64]) -> usize 
     pm.len()
 }
 
-/// The real resolver: blazesym over ELF files and kallsyms.
+/// The maps snapshots of every process, shared by the engine's drain
+/// thread, which keeps them fresh while the processes live (a snapshot
+/// outlives its process), and its symbolizer thread, which reads them and
+/// refreshes one on a miss (a `dlopen` since). The lock is held for a
+/// lookup or an insert, never while `/proc` is read.
+#[derive(Clone, Default)]
+pub struct SharedMaps(std::sync::Arc<std::sync::Mutex<HashMap<u32, std::sync::Arc<Maps>>>>);
+
+impl SharedMaps {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, std::sync::Arc<Maps>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Take (or refresh) the snapshot of a live process.
+    pub fn refresh(&self, pid: u32) {
+        if let Some(m) = Maps::read(pid) {
+            self.lock().insert(pid, std::sync::Arc::new(m));
+        }
+    }
+
+    /// [`refresh`](Self::refresh) when the snapshot is older than `age`:
+    /// periodic upkeep, which must stay cheap (reading a large process's maps
+    /// costs the kernel a walk of every mapping).
+    pub fn refresh_if_older(&self, pid: u32, age: std::time::Duration) {
+        let stale = self.get(pid).is_none_or(|m| m.taken.elapsed() >= age);
+        if stale {
+            self.refresh(pid);
+        }
+    }
+
+    fn get(&self, pid: u32) -> Option<std::sync::Arc<Maps>> {
+        self.lock().get(&pid).cloned()
+    }
+
+    pub fn forget(&self, pid: u32) {
+        self.lock().remove(&pid);
+    }
+}
+
+/// The native resolver: blazesym over ELF files and kallsyms, and perf maps
+/// for JIT code. It runs on the engine's symbolizer thread: the first
+/// lookup in a large binary (Node's symbol table, libpython's DWARF) takes
+/// seconds.
 pub struct BlazeResolver {
     perf_maps: HashMap<u32, PerfMap>,
-    /// Python frames resolved while their code objects were certainly alive
-    /// (when a new stack was first seen), by (pid, code, instr).
-    py_frames: HashMap<(u32, u64, u64), Frame>,
     blaze: Symbolizer,
-    maps: HashMap<u32, Maps>,
+    maps: SharedMaps,
     /// By (device, inode, file offset): two containers' `/usr/bin/python3`
     /// are different files.
     user_cache: HashMap<((u32, u32), u64, u64), Vec<Frame>>,
     kernel_cache: HashMap<u64, Frame>,
-    python: HashMap<u32, Option<PyResolver>>,
     /// Files blazesym has opened (and keeps parsed and mapped for the life
     /// of `blaze`), by the process whose path (`/proc/PID/...`) named them.
     blaze_files: HashMap<PathBuf, u32>,
     /// Of those, files of processes forgotten since `blaze` was built.
     blaze_stale: usize,
+}
+
+/// What is read from the targets' memory: Python code objects, thread
+/// states and asyncio tasks, V8's functions. It runs on the engine's drain
+/// thread, when a stack is first seen and when its stall ends, while what
+/// the stack points at is still there.
+#[derive(Default)]
+pub struct RuntimeReader {
+    /// Python frames resolved while their code objects were certainly alive
+    /// (when a new stack was first seen), by (pid, code, instr).
+    py_frames: HashMap<(u32, u64, u64), Frame>,
+    python: HashMap<u32, Option<PyResolver>>,
     v8: HashMap<u32, v8::V8Watch>,
 }
 
@@ -376,27 +438,11 @@ const ANSWER_CACHE_MAX: usize = 1 << 18;
 
 impl Default for BlazeResolver {
     fn default() -> Self {
-        Self::new()
+        Self::new(SharedMaps::default())
     }
 }
 
-impl BlazeResolver {
-    pub fn new() -> Self {
-        let blaze = Self::symbolizer();
-        BlazeResolver {
-            perf_maps: HashMap::new(),
-            py_frames: HashMap::new(),
-            blaze,
-            maps: HashMap::new(),
-            user_cache: HashMap::new(),
-            kernel_cache: HashMap::new(),
-            python: HashMap::new(),
-            blaze_files: HashMap::new(),
-            blaze_stale: 0,
-            v8: HashMap::new(),
-        }
-    }
-
+impl RuntimeReader {
     /// Resolve the JavaScript functions of a new stack now, while they are
     /// where the stack says (see [`v8`]).
     pub fn warm_js(&mut self, pid: u32, funcs: &[(u32, u64)]) {
@@ -411,14 +457,6 @@ impl BlazeResolver {
             .values()
             .filter_map(|w| w.problem().cloned())
             .collect()
-    }
-
-    fn symbolizer() -> Symbolizer {
-        Symbolizer::builder()
-            .enable_code_info(true)
-            .enable_inlined_fns(true)
-            .enable_demangling(true)
-            .build()
     }
 
     /// Resolve Python frames now, while the process and its code objects
@@ -456,7 +494,7 @@ impl BlazeResolver {
             .or_insert_with(|| PyResolver::for_pid(pid));
         match resolver.as_mut().and_then(|r| r.resolve(code, instr)) {
             Some(info) => Frame {
-                file: Some(info.filename),
+                file: Some(info.filename.into()),
                 line: (info.line > 0).then_some(info.line),
                 ..Frame::new(info.qualname, FrameKind::Python)
             },
@@ -483,14 +521,42 @@ impl BlazeResolver {
         }
     }
 
-    /// Forget everything held for a process (it exited or exec'd; its pid
-    /// may be reused): maps, perf map, Python and V8 state; the files blazesym
-    /// opened through its paths count towards a rebuild.
+    /// Forget everything read from a process (it exited or exec'd; its pid
+    /// may be reused): Python and V8 state.
     pub fn forget(&mut self, pid: u32) {
         self.v8.remove(&pid);
         self.python.remove(&pid);
         self.py_frames.retain(|k, _| k.0 != pid);
-        self.maps.remove(&pid);
+    }
+}
+
+impl BlazeResolver {
+    pub fn new(maps: SharedMaps) -> Self {
+        let blaze = Self::symbolizer();
+        BlazeResolver {
+            perf_maps: HashMap::new(),
+            blaze,
+            maps,
+            user_cache: HashMap::new(),
+            kernel_cache: HashMap::new(),
+            blaze_files: HashMap::new(),
+            blaze_stale: 0,
+        }
+    }
+
+    fn symbolizer() -> Symbolizer {
+        Symbolizer::builder()
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(true)
+            .build()
+    }
+
+    /// Forget everything held for a process (it exited or exec'd; its pid
+    /// may be reused): its perf map; the files blazesym opened through its
+    /// paths count towards a rebuild. (Its maps snapshot is the engine's to
+    /// drop, once its last stall is named.)
+    pub fn forget(&mut self, pid: u32) {
         self.perf_maps.remove(&pid);
         let before = self.blaze_files.len();
         self.blaze_files.retain(|_, p| *p != pid);
@@ -512,38 +578,48 @@ impl BlazeResolver {
         self.blaze_stale = 0;
     }
 
+    /// Let go of every file blazesym parsed (their symbol tables, DWARF and
+    /// mappings), keeping the answers: the symbolizer is idle. Freed heap is
+    /// handed back to the kernel (glibc keeps it in its arenas otherwise).
+    pub fn release_files(&mut self) {
+        if self.blaze_files.is_empty() {
+            return;
+        }
+        debug!(
+            "symbolizer idle: releasing {} parsed files",
+            self.blaze_files.len()
+        );
+        self.blaze = Self::symbolizer();
+        self.blaze_files.clear();
+        self.blaze_stale = 0;
+        #[cfg(target_env = "gnu")]
+        // SAFETY: malloc_trim only returns free heap pages to the kernel.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+
     /// Files blazesym holds now (tests, memory accounting).
     pub fn files_held(&self) -> usize {
         self.blaze_files.len()
     }
 
-    /// Take (or refresh) the maps snapshot of a live process. Call at attach
-    /// and whenever stalls are about to be symbolized.
+    /// Refresh the maps snapshot and the perf map of a live process: before
+    /// stalls held back for JIT names are symbolized.
     pub fn refresh(&mut self, pid: u32) {
-        if let Some(m) = Maps::read(pid) {
-            self.maps.insert(pid, m);
-        }
+        self.maps.refresh(pid);
         if let Some(pm) = self.perf_maps.get_mut(&pid) {
             pm.refresh(pid);
         }
     }
 
-    /// [`refresh`](Self::refresh) when the snapshot is older than `age`:
-    /// periodic upkeep, which must stay cheap (reading a large process's maps
-    /// costs the kernel a walk of every mapping).
-    pub fn refresh_if_older(&mut self, pid: u32, age: std::time::Duration) {
-        if self.maps.get(&pid).is_none_or(|m| m.taken.elapsed() >= age) {
-            self.refresh(pid);
-        }
-    }
-
     fn mapping(&mut self, pid: u32, addr: u64) -> Option<Mapping> {
-        if let Some(m) = self.maps.get(&pid).and_then(|m| m.find(addr)) {
-            return Some(m.clone());
+        if let Some(m) = self.maps.get(pid).and_then(|m| m.find(addr).cloned()) {
+            return Some(m);
         }
         // A mapping made after the last snapshot (dlopen): refresh once.
-        self.refresh(pid);
-        self.maps.get(&pid).and_then(|m| m.find(addr)).cloned()
+        self.maps.refresh(pid);
+        self.maps.get(pid).and_then(|m| m.find(addr).cloned())
     }
 
     fn symbolize_file(&mut self, pid: u32, path: &Path, offset: u64) -> Vec<Frame> {
@@ -567,9 +643,9 @@ impl BlazeResolver {
         };
         let loc = |ci: Option<&blazesym::symbolize::CodeInfo>| {
             ci.map(|c| {
-                let file = match &c.dir {
-                    Some(d) => d.join(&c.file).to_string_lossy().into_owned(),
-                    None => c.file.to_string_lossy().into_owned(),
+                let file: crate::report::model::Name = match &c.dir {
+                    Some(d) => d.join(&c.file).to_string_lossy().into_owned().into(),
+                    None => c.file.to_string_lossy().into_owned().into(),
                 };
                 (Some(file), c.line)
             })
@@ -577,7 +653,7 @@ impl BlazeResolver {
         };
         let (file, line) = loc(sym.code_info.as_deref());
         let mut frames = vec![Frame {
-            name: sym.name.to_string(),
+            name: sym.name.to_string().into(),
             file,
             line,
             kind: FrameKind::Native,
@@ -586,7 +662,7 @@ impl BlazeResolver {
         for f in sym.inlined.iter() {
             let (file, line) = loc(f.code_info.as_ref());
             frames.push(Frame {
-                name: f.name.to_string(),
+                name: f.name.to_string().into(),
                 file,
                 line,
                 kind: FrameKind::Native,
@@ -597,7 +673,31 @@ impl BlazeResolver {
     }
 }
 
-impl Resolve for BlazeResolver {
+/// The mapping of a user address when it is a file's; else the frame it
+/// gets: `[unknown 0x…]` outside every mapping, the mapping's own name for
+/// `[vdso]`, `[heap]` and anonymous (JIT) memory.
+fn unfiled(m: Option<Mapping>, addr: u64) -> Result<Mapping, Vec<Frame>> {
+    let Some(m) = m else {
+        return Err(vec![Frame::new(
+            format!("[unknown {addr:#x}]"),
+            FrameKind::Native,
+        )]);
+    };
+    if m.path.starts_with('/') {
+        return Ok(m);
+    }
+    let name = if m.path.is_empty() {
+        "[anon]".to_string()
+    } else {
+        m.path.clone()
+    };
+    Err(vec![Frame {
+        module: Some(name.as_str().into()),
+        ..Frame::new(name, FrameKind::Native)
+    }])
+}
+
+impl ResolveNative for BlazeResolver {
     fn user(&mut self, pid: u32, addr: u64) -> Vec<Frame> {
         let m = self.mapping(pid, addr);
         if m.as_ref().is_none_or(|m| !m.path.starts_with('/')) {
@@ -613,24 +713,10 @@ impl Resolve for BlazeResolver {
                 }];
             }
         }
-        let Some(m) = m else {
-            return vec![Frame::new(
-                format!("[unknown {addr:#x}]"),
-                FrameKind::Native,
-            )];
+        let m = match unfiled(m, addr) {
+            Ok(m) => m,
+            Err(frames) => return frames,
         };
-        if !m.path.starts_with('/') {
-            // [vdso], [heap], anonymous (JIT) memory.
-            let name = if m.path.is_empty() {
-                "[anon]".to_string()
-            } else {
-                m.path.clone()
-            };
-            return vec![Frame {
-                module: Some(name.clone()),
-                ..Frame::new(name, FrameKind::Native)
-            }];
-        }
         let offset = addr - m.start + m.offset;
         let key = (m.dev, m.inode, offset);
         if let Some(f) = self.user_cache.get(&key) {
@@ -671,7 +757,7 @@ impl Resolve for BlazeResolver {
             ));
         }
         for f in frames.iter_mut() {
-            f.module = Some(base.clone());
+            f.module = Some(base.as_str().into());
         }
         // A file not opened now may open later (the snapshot outlives the
         // process, but a refresh may find it): only answers are kept.
@@ -702,7 +788,9 @@ impl Resolve for BlazeResolver {
         self.kernel_cache.insert(addr, f.clone());
         f
     }
+}
 
+impl ResolveRuntime for RuntimeReader {
     fn python(&mut self, pid: u32, code: u64, instr: u64) -> Frame {
         if let Some(f) = self.py_frames.get(&(pid, code, instr)) {
             return f.clone();
@@ -745,7 +833,7 @@ pub fn syscall_name(nr: u32) -> String {
 
 /// Frames of one raw stack, outermost first: user (with Python frames merged
 /// in, see `python::merge`), then kernel.
-pub fn frames_of(res: &mut dyn Resolve, pid: u32, stacks: &StackTable, id: u32) -> Vec<Frame> {
+pub fn frames_of(res: &mut dyn Resolve, pid: u32, stacks: &dyn Stacks, id: u32) -> Vec<Frame> {
     let raw = stacks.get(id);
     let mut user: Vec<Frame> = Vec::new();
     // Innermost first in the raw stack; return addresses (all but the
@@ -801,7 +889,7 @@ pub fn frames_of(res: &mut dyn Resolve, pid: u32, stacks: &StackTable, id: u32) 
     frames
 }
 
-fn gil_holder(res: &mut dyn Resolve, pid: u32, stacks: &StackTable, id: u32) -> GilHolder {
+fn gil_holder(res: &mut dyn Resolve, pid: u32, stacks: &dyn Stacks, id: u32) -> GilHolder {
     let raw = stacks.get(id);
     let who = res.python_thread(pid, raw.gil_holder);
     GilHolder {
@@ -857,7 +945,7 @@ fn cpu_holder(tgid: u32, h: &RawHolder, ns: u64) -> CpuHolder {
 /// Symbolize a finished stall.
 pub fn to_stall(
     raw: &RawStall,
-    stacks: &StackTable,
+    stacks: &dyn Stacks,
     res: &mut dyn Resolve,
     thread: &ThreadInfo,
 ) -> Stall {
@@ -971,12 +1059,12 @@ pub struct TableResolver {
 
 /// Wraps a resolver and records every answer into a [`TableResolver`], so
 /// a recording can be replayed later without the target.
-pub struct Recorder<'a> {
-    pub inner: &'a mut dyn Resolve,
-    pub table: TableResolver,
+pub struct Recorder<'a, R: ?Sized> {
+    pub inner: &'a mut R,
+    pub table: &'a mut TableResolver,
 }
 
-impl Resolve for Recorder<'_> {
+impl<R: ResolveNative + ?Sized> ResolveNative for Recorder<'_, R> {
     fn user(&mut self, pid: u32, addr: u64) -> Vec<Frame> {
         let f = self.inner.user(pid, addr);
         self.table.user.insert(format!("{addr:#x}"), f.clone());
@@ -986,9 +1074,12 @@ impl Resolve for Recorder<'_> {
         let f = self.inner.kernel(addr);
         self.table
             .kernel
-            .insert(format!("{addr:#x}"), f.name.clone());
+            .insert(format!("{addr:#x}"), f.name.to_string());
         f
     }
+}
+
+impl<R: ResolveRuntime + ?Sized> ResolveRuntime for Recorder<'_, R> {
     fn python(&mut self, pid: u32, code: u64, instr: u64) -> Frame {
         let f = self.inner.python(pid, code, instr);
         self.table
@@ -1021,7 +1112,147 @@ impl Resolve for Recorder<'_> {
     }
 }
 
-impl Resolve for TableResolver {
+impl TableResolver {
+    /// Take the native half (user and kernel addresses) out of the table:
+    /// a replay's symbolizer gets it, the drain keeps the rest.
+    pub fn take_native(&mut self) -> TableResolver {
+        TableResolver {
+            user: std::mem::take(&mut self.user),
+            kernel: std::mem::take(&mut self.kernel),
+            ..TableResolver::default()
+        }
+    }
+
+    /// Put a native half back (the symbolizer's recorded answers, at the end
+    /// of a recording).
+    pub fn merge_native(&mut self, native: TableResolver) {
+        self.user.extend(native.user);
+        self.kernel.extend(native.kernel);
+    }
+}
+
+/// The answers read from the target's memory for one stall, taken on the
+/// drain thread when the stall ends ([`Answers::read`]) so that the
+/// symbolizer thread, later, needs nothing from the target but its files.
+#[derive(Debug, Default)]
+pub struct Answers {
+    python: HashMap<(u64, u64), Frame>,
+    threads: HashMap<u64, (u32, String)>,
+    js: HashMap<u64, Frame>,
+}
+
+impl Answers {
+    /// Everything [`to_stall`] will ask of the runtime half for `raw`, asked
+    /// of `res` now, in the order `to_stall` would (a recording's table gets
+    /// the same entries either way).
+    pub fn read(raw: &RawStall, stacks: &dyn Stacks, res: &mut dyn ResolveRuntime) -> Answers {
+        let pid = raw.tgid;
+        let mut a = Answers::default();
+        for p in &raw.parts {
+            let Some(id) = p.stack else { continue };
+            let st = stacks.get(id);
+            for &(_, func) in st.js.iter().rev() {
+                if !a.js.contains_key(&func)
+                    && let Some(f) = res.js(pid, func)
+                {
+                    a.js.insert(func, f);
+                }
+            }
+            for &(c, i) in st.python.iter().chain(&st.holder_python) {
+                if c != 0 && !a.python.contains_key(&(c, i)) {
+                    a.python.insert((c, i), res.python(pid, c, i));
+                }
+            }
+            if matches!(p.kind, PartKind::GilWait | PartKind::Runqueue)
+                && st.gil_holder != 0
+                && !a.threads.contains_key(&st.gil_holder)
+                && let Some(t) = res.python_thread(pid, st.gil_holder)
+            {
+                a.threads.insert(st.gil_holder, t);
+            }
+        }
+        a
+    }
+
+    /// The GIL holders' thread ids.
+    pub fn holder_tids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.threads.values().map(|t| t.0)
+    }
+}
+
+impl ResolveRuntime for Answers {
+    fn python(&mut self, _pid: u32, code: u64, instr: u64) -> Frame {
+        self.python
+            .get(&(code, instr))
+            .cloned()
+            .unwrap_or_else(|| Frame::marker("[python ?]"))
+    }
+    fn python_thread(&mut self, _pid: u32, tstate: u64) -> Option<(u32, String)> {
+        self.threads.get(&tstate).cloned()
+    }
+    fn js_layout(&mut self, _pid: u32) -> Option<v8::FrameLayout> {
+        None
+    }
+    fn js(&mut self, _pid: u32, func: u64) -> Option<Frame> {
+        self.js.get(&func).cloned()
+    }
+}
+
+/// A native half and a runtime half as one [`Resolve`].
+pub struct Joined<'a> {
+    pub native: &'a mut dyn ResolveNative,
+    pub runtime: &'a mut dyn ResolveRuntime,
+}
+
+impl ResolveNative for Joined<'_> {
+    fn user(&mut self, pid: u32, addr: u64) -> Vec<Frame> {
+        self.native.user(pid, addr)
+    }
+    fn kernel(&mut self, addr: u64) -> Frame {
+        self.native.kernel(addr)
+    }
+}
+
+impl ResolveRuntime for Joined<'_> {
+    fn python(&mut self, pid: u32, code: u64, instr: u64) -> Frame {
+        self.runtime.python(pid, code, instr)
+    }
+    fn python_thread(&mut self, pid: u32, tstate: u64) -> Option<(u32, String)> {
+        self.runtime.python_thread(pid, tstate)
+    }
+    fn js_layout(&mut self, pid: u32) -> Option<v8::FrameLayout> {
+        self.runtime.js_layout(pid)
+    }
+    fn js(&mut self, pid: u32, func: u64) -> Option<Frame> {
+        self.runtime.js(pid, func)
+    }
+}
+
+/// Native frames without symbols: `[libfoo.so+0x1234]` from the maps
+/// snapshot, `[kernel 0x…]`. What a stall gets when the symbolizer thread
+/// is too far behind to take it (`drops.symbolizer_behind`): its Python
+/// and JavaScript frames, read on the drain thread, keep their names.
+pub struct Unnamed<'a>(pub &'a SharedMaps);
+
+impl ResolveNative for Unnamed<'_> {
+    fn user(&mut self, pid: u32, addr: u64) -> Vec<Frame> {
+        let m = match unfiled(self.0.get(pid).and_then(|m| m.find(addr).cloned()), addr) {
+            Ok(m) => m,
+            Err(frames) => return frames,
+        };
+        let offset = addr - m.start + m.offset;
+        let base = m.path.rsplit('/').next().unwrap_or(&m.path).to_string();
+        vec![Frame {
+            module: Some(base.as_str().into()),
+            ..Frame::new(format!("[{base}+{offset:#x}]"), FrameKind::Native)
+        }]
+    }
+    fn kernel(&mut self, addr: u64) -> Frame {
+        Frame::new(format!("[kernel {addr:#x}]"), FrameKind::Kernel)
+    }
+}
+
+impl ResolveNative for TableResolver {
     fn user(&mut self, _pid: u32, addr: u64) -> Vec<Frame> {
         self.user
             .get(&format!("{addr:#x}"))
@@ -1036,6 +1267,9 @@ impl Resolve for TableResolver {
             .unwrap_or_else(|| format!("[kernel {addr:#x}]"));
         Frame::new(name, FrameKind::Kernel)
     }
+}
+
+impl ResolveRuntime for TableResolver {
     fn python(&mut self, _pid: u32, code: u64, instr: u64) -> Frame {
         self.python
             .get(&format!("{code:#x}:{instr:#x}"))
@@ -1057,6 +1291,7 @@ impl Resolve for TableResolver {
 mod tests {
     use super::*;
     use crate::kernel::event::RawStack;
+    use crate::pipeline::stall::StackTable;
 
     /// JavaScript frames replace their native symbol (not a perf map's
     /// name), an unreadable one in JIT code is said, V8's collector gets
@@ -1125,7 +1360,7 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         let exe = Path::new("/bin/true");
-        let mut r = BlazeResolver::new();
+        let mut r = BlazeResolver::default();
         let resets = || {
             limits::counts()
                 .into_iter()
@@ -1238,7 +1473,7 @@ mod tests {
             marker_fn_for_symbolize_test as *const () as u64
         }
         let addr = marker_fn_for_symbolize_test();
-        let mut r = BlazeResolver::new();
+        let mut r = BlazeResolver::default();
         let frames = r.user(std::process::id(), addr);
         assert!(
             frames

@@ -23,7 +23,7 @@ fn is_eval_frame(f: &Frame) -> bool {
 fn is_gc_frame(f: &Frame) -> bool {
     f.kind == FrameKind::Native
         && matches!(
-            f.name.as_str(),
+            &*f.name,
             "collect_with_callback"
                 | "collect_generations"
                 | "gc_collect_main"

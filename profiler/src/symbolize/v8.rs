@@ -667,7 +667,10 @@ impl JsResolver {
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| "(anonymous)".into());
         let frame = Frame {
-            file: script.and_then(|s| s.name).filter(|n| !n.is_empty()),
+            file: script
+                .and_then(|s| s.name)
+                .filter(|n| !n.is_empty())
+                .map(Into::into),
             line,
             module: None,
             ..Frame::new(name, FrameKind::Js)

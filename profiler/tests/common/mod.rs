@@ -1573,3 +1573,16 @@ impl Drop for RemoveOnDrop {
         }
     }
 }
+
+/// `VmHWM` (peak resident set) of a live process, in KiB.
+pub fn vm_hwm_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}

@@ -48,7 +48,7 @@ use std::{
 use anyhow::{Context, Result};
 use aya::maps::{MapData, RingBuf};
 use clap::Args;
-use log::{info, warn};
+use log::{debug, info, warn};
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::{oneshot, watch},
@@ -112,6 +112,9 @@ pub struct DaemonArgs {
 
 /// Drain period of the ring buffer.
 const DRAIN_EVERY: Duration = Duration::from_millis(100);
+/// A loop iteration this long is logged (`-vv`) with where its time went:
+/// the ring buffer waits that long for its next drain.
+const SLOW_LOOP: Duration = Duration::from_millis(50);
 /// Engine upkeep (maps snapshots, CPython thread tables).
 const TICK_EVERY: Duration = Duration::from_millis(250);
 /// Exits, exec, pid reuse, counters, memory bounds.
@@ -427,17 +430,31 @@ impl Collector {
         let mut last_tick = Instant::now() - TICK_EVERY;
         let mut last_house = Instant::now();
         while !stop.load(Ordering::SeqCst) {
+            let t0 = Instant::now();
             self.drain();
+            let t1 = Instant::now();
             if last_tick.elapsed() >= TICK_EVERY {
                 last_tick = Instant::now();
                 self.tick();
             }
+            let t2 = Instant::now();
             if last_house.elapsed() >= HOUSEKEEP_EVERY {
                 last_house = Instant::now();
                 self.housekeep();
             }
+            let t3 = Instant::now();
             if monotonic_ns() >= self.next_roll_mono {
                 self.roll();
+            }
+            let busy = t0.elapsed();
+            if busy >= SLOW_LOOP {
+                debug!(
+                    "slow loop: {busy:?} (drain {:?}, upkeep {:?}, housekeeping {:?}, reports {:?})",
+                    t1 - t0,
+                    t2 - t1,
+                    t3 - t2,
+                    t3.elapsed()
+                );
             }
             std::thread::sleep(DRAIN_EVERY);
         }
