@@ -388,6 +388,13 @@ counters! {
         /// Reading a task's ids at a raw scheduler tracepoint failed: that
         /// switch or wakeup was not seen.
         TaskReadFailed = 9 => "task_read_failed",
+        /// Reading a task's cfs_rq (throttling) failed.
+        ThrottleReadFailed = 10 => "throttle_read_failed",
+        /// A loop thread waited for a CPU another loop thread already
+        /// waited for: its CPU holders are not recorded.
+        CpuWaitSlotBusy = 11 => "cpu_wait_slot_busy",
+        /// A CPU number past `MAX_CPUS`: no CPU holders recorded there.
+        CpuWaitNoSlot = 12 => "cpu_wait_no_slot",
     }
 }
 
@@ -584,8 +591,71 @@ pub struct ThreadState {
     pub loop_gen: u64,
     /// The syscall of the wait it is in (a uretprobe's return does not say).
     pub wait_nr: u32,
-    pub _pad: u32,
+    /// The CPU whose `CPU_WAITS` slot holds this thread's wait for a CPU
+    /// (valid while `off_reported`).
+    pub wait_cpu: u32,
+    /// A throttled preemption whose switch-in is pending: the thread's
+    /// `task_struct`, its cfs_rq, and that cfs_rq's
+    /// `throttled_clock_self_time` at the switch-out (`thr_rq` 0: none).
+    pub thr_task: u64,
+    pub thr_rq: u64,
+    pub thr_self: u64,
+    /// Leaving its park: when it was woken there (0: not seen) and when it
+    /// got a CPU after that; when it was throttled on its way back to user
+    /// space (6.18 throttles there, before a uretprobe on the wait sees the
+    /// return; 0: not), back in after that, and that `SWITCH_IN` arg. The
+    /// wait's return reports these as its busy period's first waits
+    /// (`throttle::report_park_waits`).
+    pub park_woke: u64,
+    pub park_in: u64,
+    pub park_thr_out: u64,
+    pub park_thr_in: u64,
+    pub park_thr_arg: u32,
+    /// 1 while counted in `OFF_CPU` for a switch-in still to come.
+    pub park_off: u32,
 }
+
+/// A loop thread woken from its park that waits at least this long for a
+/// CPU has the wait reported as its busy period's first part (shorter
+/// ones are left out: two more events on every loop iteration of a busy
+/// host would cost more than they say).
+pub const WOKEN_WAIT_MIN_NS: u64 = 1_000_000;
+
+/// One task that held a CPU while a loop thread waited there.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuHeld {
+    pub pid: u32,
+    pub tgid: u32,
+    pub ns: u64,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// Per CPU (`CPU_WAITS`, indexed by CPU number): the loop thread waiting
+/// for this CPU, if any, and who has held it since.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuWait {
+    /// The waiting loop thread (0: none) and its process.
+    pub tid: u32,
+    pub tgid: u32,
+    /// When the task now on the CPU got it (the last switch here).
+    pub since: u64,
+    /// Holders recorded in `held`.
+    pub n: u32,
+    pub _pad: u32,
+    /// Time of the tasks past `MAX_CPU_HOLDERS`.
+    pub others_ns: u64,
+    pub held: [CpuHeld; MAX_CPU_HOLDERS],
+}
+
+/// Slots of `CPU_WAITS`: CPU numbers this many and above get no holders
+/// (counted, `cpu_wait_no_slot`).
+pub const MAX_CPUS: u32 = 1024;
+
+/// `CpuHolderEvent::pid` of the summed time of the tasks past
+/// `MAX_CPU_HOLDERS` (no comm).
+pub const CPU_HOLDER_OTHERS: u32 = u32::MAX;
 
 /// Wait-key class of a runtime park function (see [`wait_key`]).
 pub const WAIT_CLASS_PARK: u64 = 3;
@@ -616,5 +686,6 @@ mod pod {
     use super::*;
     unsafe impl aya::Pod for PyProc {}
     unsafe impl aya::Pod for ThreadState {}
+    unsafe impl aya::Pod for CpuWait {}
     unsafe impl aya::Pod for EventHeader {}
 }

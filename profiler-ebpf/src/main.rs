@@ -38,6 +38,7 @@ mod python;
 mod runtime;
 mod sched;
 mod stack;
+mod throttle;
 mod tracepoint;
 mod waits;
 
@@ -60,6 +61,23 @@ static SAMPLE_AFTER_NS: Global<u64> = Global::new(0);
 /// get `task_struct` pointers, and read a task's ids there.
 #[unsafe(no_mangle)]
 static TASK_PID_OFFSET: Global<u32> = Global::new(0);
+
+/// How this kernel throttles a task whose cgroup's CFS quota ran out
+/// (`profiler_common::throttle_model`), and where the fields that tell are:
+/// `task_struct.throttled` (6.18+), `task_struct.se.cfs_rq`,
+/// `cfs_rq.throttle_count`, `cfs_rq.throttled_clock_self_time` (0: absent).
+/// Taken by userspace from the kernel's BTF at load; model 0 = unknown,
+/// nothing is read.
+#[unsafe(no_mangle)]
+static THROTTLE_MODEL: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_THROTTLED_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_CFS_RQ_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CFS_RQ_THROTTLE_COUNT_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CFS_RQ_SELF_TIME_OFFSET: Global<u32> = Global::new(0);
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -17,8 +17,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
-    Drop, EventHeader, Filtered, MAX_PY_PROCS, MAX_THREADS, PyProc, RINGBUF_BYTES,
-    RINGBUF_WAKEUP_BYTES, ThreadState,
+    CpuWait, Drop, EventHeader, Filtered, MAX_CPUS, MAX_PY_PROCS, MAX_THREADS, PyProc,
+    RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, ThreadState,
 };
 
 use crate::TARGET_TGID;
@@ -46,6 +46,12 @@ pub(crate) static LOOP_GEN: Array<u64> = Array::with_max_entries(1, 0);
 /// programs skip every other task's switch-in and wakeup.
 #[map]
 pub(crate) static OFF_CPU: Array<i64> = Array::with_max_entries(1, 0);
+
+/// CPU number -> the loop thread waiting for that CPU and who has held it
+/// since (`throttle::cpu_switch`). One slot per CPU: looked at by every
+/// switch on that CPU, written only while a loop thread waits there.
+#[map]
+pub(crate) static CPU_WAITS: Array<CpuWait> = Array::with_max_entries(MAX_CPUS, 0);
 
 /// Slot 0: 1 once the wait syscalls' tracepoints serve the waits (the
 /// fallback): the wait uprobes then stand down, so no wait counts twice.
@@ -142,7 +148,16 @@ pub(crate) fn new_thread(tgid: u32, wait_key: u64, in_park: u32) -> ThreadState 
         loop_key: 0,
         loop_gen: u64::MAX, // never a real generation: read LOOP_KEYS first
         wait_nr: 0,
-        _pad: 0,
+        wait_cpu: 0,
+        thr_task: 0,
+        thr_rq: 0,
+        thr_self: 0,
+        park_woke: 0,
+        park_in: 0,
+        park_thr_out: 0,
+        park_thr_in: 0,
+        park_thr_arg: 0,
+        park_off: 0,
     }
 }
 

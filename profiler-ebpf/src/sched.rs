@@ -36,6 +36,7 @@ use crate::{
         is_target,
     },
     stack::emit_stack_event,
+    throttle,
     tracepoint::tp_field,
     waits::{before_gate, flush_exit, parked},
 };
@@ -48,18 +49,31 @@ use crate::{
 fn on_switch<C: EbpfContext>(ctx: &C, runnable: bool, state: i64, next: Option<u32>) {
     let id = bpf_get_current_pid_tgid();
     let (tgid, prev) = ((id >> 32) as u32, id as u32);
+    throttle::cpu_switch(prev, tgid);
     if is_target(tgid)
         && let Some(st) = THREADS.get_ptr_mut(&prev)
     {
         let st = unsafe { &mut *st };
-        if !parked(prev, st) {
+        if parked(prev, st) {
+            if runnable {
+                throttle::parked_preempted(st);
+            } else {
+                throttle::parked_slept(st);
+            }
+        } else {
             flush_exit(prev, tgid, st);
             if runnable {
+                let arg = throttle::preempted(st);
                 emit(SchedEvent {
                     hdr: header(kind::PREEMPTED, prev, tgid),
-                    arg: 0,
+                    arg,
                     _pad: 0,
                 });
+                // Who holds the CPU matters to a run-queue wait; a
+                // throttled one is the quota's, whoever runs meanwhile.
+                if arg == 0 {
+                    throttle::wait_here(prev, tgid, st);
+                }
             } else {
                 emit_stack_event(ctx, kind::SWITCH_OUT, prev, tgid, state);
             }
@@ -72,12 +86,15 @@ fn on_switch<C: EbpfContext>(ctx: &C, runnable: bool, state: i64, next: Option<u
     let Some(next) = next else { return };
     if let Some(st) = THREADS.get_ptr_mut(&next) {
         let st = unsafe { &mut *st };
-        if st.off_reported != 0 {
+        // A parked loop thread back on a CPU after its wakeup or a throttle
+        // is noted there (it leaves `OFF_CPU` itself); it reports nothing yet.
+        if !throttle::parked_switched_in(st) && st.off_reported != 0 {
             st.off_reported = 0;
             off_cpu_add(-1);
+            throttle::report_holders(next, st.tgid, st);
             emit(SchedEvent {
                 hdr: header(kind::SWITCH_IN, next, st.tgid),
-                arg: 0,
+                arg: throttle::switched_in(st),
                 _pad: 0,
             });
         }
@@ -89,8 +106,10 @@ fn on_switch<C: EbpfContext>(ctx: &C, runnable: bool, state: i64, next: Option<u
 #[inline(always)]
 fn on_wakeup(tid: u32) {
     if let Some(st) = THREADS.get_ptr_mut(&tid) {
-        let st = unsafe { &*st };
-        if st.off_reported != 0 {
+        let st = unsafe { &mut *st };
+        if st.off_reported == 0 && parked(tid, st) {
+            throttle::parked_woken(st);
+        } else if st.off_reported != 0 {
             let waker = bpf_get_current_pid_tgid() as u32;
             emit(SchedEvent {
                 hdr: header(kind::WAKEUP, tid, st.tgid),
@@ -112,6 +131,7 @@ fn on_exit(group_dead: u32) {
         Some(st) => {
             let st = unsafe { &mut *st };
             flush_exit(tid, tgid, st);
+            throttle::forget(tid, st);
             if st.off_reported != 0 {
                 st.off_reported = 0;
                 off_cpu_add(-1);
@@ -142,7 +162,7 @@ fn any_off_cpu() -> bool {
 }
 
 #[inline(always)]
-fn off_cpu_add(d: i64) {
+pub(crate) fn off_cpu_add(d: i64) {
     if let Some(p) = OFF_CPU.get_ptr_mut(0) {
         // Switch-outs and switch-ins of different threads run on different
         // CPUs at once: an atomic add.
@@ -219,9 +239,9 @@ pub fn sp_sched_wakeup(ctx: TracePointContext) -> u32 {
 /// `sched_wakeup`, raw tracepoint: `(struct task_struct *p)`.
 #[raw_tracepoint(tracepoint = "sched_wakeup")]
 pub fn sp_raw_sched_wakeup(ctx: RawTracePointContext) -> u32 {
-    if !any_off_cpu() {
-        return 0;
-    }
+    // Not gated on `OFF_CPU`: a parked loop thread's wakeup starts its
+    // wait for a CPU (`throttle::parked_woken`), so every wakeup costs the
+    // read of the wakee's ids.
     let task: u64 = ctx.arg(0);
     if let Some(tid) = candidate(task) {
         on_wakeup(tid);

@@ -36,6 +36,7 @@ use crate::{
         LOOP_GEN, LOOP_KEYS, THREADS, WAIT_TRACEPOINTS, count, current_target, current_tracked,
         emit, header, is_target, new_thread, note,
     },
+    throttle,
     tracepoint::tp_field,
 };
 
@@ -189,6 +190,13 @@ fn on_wait_exit(nr: Option<u32>, ret: i64) -> u32 {
     }
     st.wait_key = 0;
     let nr = nr.unwrap_or(st.wait_nr);
+    if is_loop_key(tid, st, key)
+        && throttle::report_park_waits(tid, tgid, st, nr, key as u32 as i32, ret)
+    {
+        // The busy period began when it left the wait (woken, then
+        // waiting for a CPU or throttled), reported with those waits.
+        return 0;
+    }
     if is_loop_key(tid, st, key) {
         if defer_exit(
             st,

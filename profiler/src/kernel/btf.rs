@@ -323,9 +323,76 @@ pub fn raw_layout(data: &[u8]) -> Result<RawLayout, Unusable> {
     }
 }
 
+/// Where the fields that tell a CFS-throttled task are, for
+/// `profiler_common::throttle_model` (BPF globals `THROTTLE_MODEL`,
+/// `TASK_THROTTLED_OFFSET`, `TASK_CFS_RQ_OFFSET`,
+/// `CFS_RQ_THROTTLE_COUNT_OFFSET`, `CFS_RQ_SELF_TIME_OFFSET`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThrottleLayout {
+    pub model: u32,
+    pub task_throttled: u32,
+    /// `task_struct.se` + `sched_entity.cfs_rq`.
+    pub task_cfs_rq: u32,
+    pub cfs_rq_throttle_count: u32,
+    /// 0: the kernel has no `throttled_clock_self_time` (before 6.7): the
+    /// throttled share of a wait is not measured.
+    pub cfs_rq_self_time: u32,
+}
+
+/// The throttling layout of a BTF blob: `Err` says why throttled
+/// preemptions cannot be told apart on this kernel.
+pub fn throttle_layout(data: &[u8]) -> Result<ThrottleLayout, Unusable> {
+    use profiler_common::throttle_model;
+    let btf = Btf::parse(data)?;
+    let st = |name: &str| {
+        btf.named(name, KIND_STRUCT)
+            .ok_or_else(|| Unusable(format!("the kernel's BTF has no struct {name}")))
+    };
+    let (task, se, rq) = (st("task_struct")?, st("sched_entity")?, st("cfs_rq")?);
+    let field = |id: u32, name: &str, size: Option<u32>| match btf.member(id, name, 0) {
+        Some((off, s)) if size.is_none_or(|want| want == s) => Some(off),
+        _ => None,
+    };
+    let (Some(se_off), Some(cfs_rq)) = (field(task, "se", None), field(se, "cfs_rq", Some(8)))
+    else {
+        return Err(Unusable(
+            "task_struct.se.cfs_rq is not where stallprof reads it (no CFS group scheduling?)"
+                .into(),
+        ));
+    };
+    let task_throttled = field(task, "throttled", Some(1));
+    let throttle_count = field(rq, "throttle_count", Some(4));
+    let model = throttle_model::from_btf(task_throttled.is_some(), throttle_count.is_some());
+    if model == throttle_model::UNKNOWN {
+        return Err(Unusable(
+            "neither task_struct.throttled (6.18+) nor cfs_rq.throttle_count is in the \
+             kernel's BTF (no CONFIG_CFS_BANDWIDTH?)"
+                .into(),
+        ));
+    }
+    Ok(ThrottleLayout {
+        model,
+        task_throttled: task_throttled.unwrap_or(0),
+        task_cfs_rq: se_off + cfs_rq,
+        cfs_rq_throttle_count: throttle_count.unwrap_or(0),
+        cfs_rq_self_time: field(rq, "throttled_clock_self_time", Some(8)).unwrap_or(0),
+    })
+}
+
+/// [`throttle_layout`] of the running kernel.
+pub fn running_kernel_throttle() -> Result<ThrottleLayout, Unusable> {
+    let data = std::fs::read(VMLINUX).map_err(|e| {
+        Unusable(format!(
+            "cannot read {VMLINUX} ({e}): the kernel has no BTF"
+        ))
+    })?;
+    throttle_layout(&data)
+}
+
+const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+
 /// [`raw_layout`] of the running kernel.
 pub fn running_kernel() -> Result<RawLayout, Unusable> {
-    const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
     let data = std::fs::read(VMLINUX).map_err(|e| {
         Unusable(format!(
             "cannot read {VMLINUX} ({e}): the kernel has no BTF (CONFIG_DEBUG_INFO_BTF)"
@@ -458,6 +525,13 @@ mod tests {
     }
 
     /// The running kernel (6.18 here) is given raw tracepoints.
+    #[test]
+    fn this_kernel_tells_throttled_tasks_by_their_flag() {
+        let l = running_kernel_throttle().expect("this 6.18 kernel has CFS bandwidth in its BTF");
+        assert_eq!(l.model, profiler_common::throttle_model::TASK);
+        assert!(l.task_throttled > 0 && l.task_cfs_rq > 0 && l.cfs_rq_self_time > 0);
+    }
+
     #[test]
     fn this_kernel_has_a_usable_layout() {
         if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {

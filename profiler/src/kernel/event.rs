@@ -319,13 +319,18 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
         kind::CPU_HOLDER => {
             let h: CpuHolderEvent = read(bytes, hdr.kind)?;
             let len = h.comm.iter().position(|&b| b == 0).unwrap_or(h.comm.len());
+            let others = h.pid == profiler_common::CPU_HOLDER_OTHERS;
             Event::CpuHolder {
                 tid,
                 tgid,
                 ts,
-                pid: h.pid,
-                holder_tgid: h.tgid,
-                comm: String::from_utf8_lossy(&h.comm[..len]).into_owned(),
+                pid: if others { 0 } else { h.pid },
+                holder_tgid: if others { 0 } else { h.tgid },
+                comm: if others {
+                    crate::pipeline::stall::OTHER_HOLDERS.to_string()
+                } else {
+                    String::from_utf8_lossy(&h.comm[..len]).into_owned()
+                },
                 ns: h.ns,
             }
         }

@@ -457,6 +457,17 @@ impl Probes {
             },
         };
         let task_pid_offset = raw.map_or(0, |l| l.task_pid_offset);
+        // CPU throttling is told apart by task fields, whatever probes run.
+        let throttle = match btf::running_kernel_throttle() {
+            Ok(l) => l,
+            Err(why) => {
+                set.notes.push(format!(
+                    "CPU throttling (cgroup CPU quota) is not told apart from run-queue \
+                     waits, because {why}"
+                ));
+                btf::ThrottleLayout::default()
+            }
+        };
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
         let ring = ring_bytes(sample_hz, cpus);
         debug!("ring buffer: {} MiB", ring >> 20);
@@ -465,6 +476,15 @@ impl Probes {
             .override_global("TARGET_TGID", &tgid, true)
             .override_global("SAMPLE_AFTER_NS", &sample_after_ns, true)
             .override_global("TASK_PID_OFFSET", &task_pid_offset, true)
+            .override_global("THROTTLE_MODEL", &throttle.model, true)
+            .override_global("TASK_THROTTLED_OFFSET", &throttle.task_throttled, true)
+            .override_global("TASK_CFS_RQ_OFFSET", &throttle.task_cfs_rq, true)
+            .override_global(
+                "CFS_RQ_THROTTLE_COUNT_OFFSET",
+                &throttle.cfs_rq_throttle_count,
+                true,
+            )
+            .override_global("CFS_RQ_SELF_TIME_OFFSET", &throttle.cfs_rq_self_time, true)
             .load(EBPF_OBJECT)
             .map_err(|e| {
                 if is_eperm(&e) {
