@@ -156,8 +156,16 @@ impl Blame<'_> {
 }
 
 /// The library call an app frame at `i` went through (see [`Blame::via`]).
+/// Under a JavaScript frame only JavaScript counts (`test`, `node:fs …
+/// readFileSync`): the native frames V8 runs a builtin through
+/// (`Builtins_CEntry_…` trampolines) name no call the app made.
 fn via(p: &StackPart, i: usize, app: &AppPaths) -> Option<String> {
+    let js = |f: &Frame| f.kind == FrameKind::Js || is_perf_map_js(f);
+    let under_js = js(&p.frames[i]);
     let f = p.frames[i + 1..].iter().find(|f| {
+        if under_js {
+            return js(f);
+        }
         matches!(
             f.kind,
             FrameKind::Python | FrameKind::Js | FrameKind::Native
@@ -471,6 +479,24 @@ mod tests {
             gil_holder: None,
         };
         assert_eq!(culprit(&p, &AppPaths::default()).unwrap().name, "deriveKey");
+        assert_eq!(
+            blame(&p, &AppPaths::default()).unwrap().label(),
+            "deriveKey (app.js:11) → node:internal/crypto/pbkdf2 … pbkdf2Sync"
+        );
+        // V8's trampolines under a JS frame are no call of the app's.
+        let mut b = p.clone();
+        b.frames.truncate(3);
+        b.frames.push(Frame {
+            module: Some("node".into()),
+            ..Frame::new(
+                "Builtins_CEntry_Return1_ArgvOnStack_BuiltinExit",
+                FrameKind::Native,
+            )
+        });
+        assert_eq!(
+            blame(&b, &AppPaths::default()).unwrap().label(),
+            "deriveKey (app.js:11)"
+        );
         // Only Node's own JavaScript: the innermost of it.
         let mut q = p.clone();
         q.frames.remove(2);
