@@ -110,6 +110,7 @@ fn record(
     wrap: &[&str],
     setup: impl FnOnce(u32),
     rounds: u32,
+    settle_ms: u32,
 ) -> Recorded {
     let python = require_python(3, 11);
     let log_path = dir.join("victim.jsonl");
@@ -126,7 +127,8 @@ fn record(
     cmd.arg(victims_dir().join("py_throttle.py"))
         .arg(&log_path)
         .arg(&go)
-        .args(["--rounds", &rounds.to_string()]);
+        .args(["--rounds", &rounds.to_string()])
+        .args(["--settle-ms", &settle_ms.to_string()]);
     let mut victim = Victim::spawn(&mut cmd);
     setup(victim.pid());
     let ready = wait_for_log_kind(&log_path, "ready", Duration::from_secs(20));
@@ -209,7 +211,7 @@ fn throttled_by_its_own_quota() {
     let _serial = serial();
     let dir = Scratch::new(test);
     let cg = QuotaCgroup::new("quota", 10_000, 100_000);
-    let r = record(test, &dir, &[], |pid| cg.enter(pid), 6);
+    let r = record(test, &dir, &[], |pid| cg.enter(pid), 6, 200);
     let ctx = format!("{}\n{}", stalls_table(&r.rec), r.summary);
 
     let (coverage, lag) = lag_coverage(&r);
@@ -278,7 +280,9 @@ fn run_queue_names_the_cpu_holder() {
     let dir = Scratch::new(test);
     let python = require_python(3, 11);
     let hog = cpu_hog(&python, 1);
-    let r = record(test, &dir, &["taskset", "-c", "1"], |_| {}, 4);
+    // Starved by the hog, the loop parks seldom: a longer settle lets the
+    // profiler find its wait before the first burn.
+    let r = record(test, &dir, &["taskset", "-c", "1"], |_| {}, 4, 1500);
     let ctx = format!("{}\n{}", stalls_table(&r.rec), r.summary);
     let (coverage, lag) = lag_coverage(&r);
     assert!(
@@ -303,9 +307,16 @@ fn run_queue_names_the_cpu_holder() {
         .filter(|h| h.comm == "cpuhog")
         .map(|h| h.ns)
         .sum();
+    // Other tasks may run on that CPU too (a build on a shared machine):
+    // the hog must be the heaviest holder, and hold at least half.
+    let mut by: std::collections::BTreeMap<&str, u64> = Default::default();
+    for h in r.rec.stalls.iter().flat_map(|s| &s.cpu_holders) {
+        *by.entry(h.comm.as_str()).or_default() += h.ns;
+    }
+    let top = by.iter().max_by_key(|(_, ns)| **ns).map(|(c, _)| *c);
     assert!(
-        held * 10 >= runq * 8,
-        "cpuhog is named for {:.0} ms of {:.0} ms of run-queue time\n{ctx}",
+        top == Some("cpuhog") && held * 2 >= runq,
+        "cpuhog is named for {:.0} ms of {:.0} ms of run-queue time (heaviest: {top:?})\n{ctx}",
         ms(held),
         ms(runq)
     );
@@ -330,7 +341,7 @@ fn no_quota_is_never_throttled() {
     }
     let _serial = serial();
     let dir = Scratch::new(test);
-    let r = record(test, &dir, &[], |_| {}, 4);
+    let r = record(test, &dir, &[], |_| {}, 4, 200);
     let ctx = format!("{}\n{}", stalls_table(&r.rec), r.summary);
     assert!(!r.rec.stalls.is_empty(), "no stalls\n{ctx}");
     assert_eq!(

@@ -4,9 +4,11 @@ stalls are mostly the kernel throttling it; pin it to a CPU a
 higher-priority busy process also runs on, and they are run-queue waits.
 
 Usage: python3 py_throttle.py LOG_PATH GO_PATH [--rounds N] [--burn-ms MS] [--gap-ms MS]
+                                                [--settle-ms MS]
 
 Timeline: the loop runs a 10 ms heartbeat and waits (idle) until the file
-GO_PATH exists (the test creates it once the profiler is attached), then N
+GO_PATH exists (the test creates it once the profiler is attached), idles
+--settle-ms more (default 200: the profiler finds the loop's wait), then N
 (default 8) rounds of: burn() — spin until this thread has used MS
 (default 30) ms of CPU — then asyncio.sleep(gap, default 150 ms). Then
 "done" and exit 0.
@@ -64,14 +66,14 @@ async def heartbeat(log, tid, stop):
         due = now + int(HEARTBEAT_S * 1e9)
 
 
-async def main(log, go, rounds, burn_ms, gap_ms):
+async def main(log, go, rounds, burn_ms, gap_ms, settle_ms):
     tid = threading.get_native_id()
     log.write(kind="ready", pid=os.getpid(), tid=tid, python=sys.version.split()[0])
     stop = asyncio.Event()
     beat = asyncio.create_task(heartbeat(log, tid, stop))
     while not os.path.exists(go):
         await asyncio.sleep(0.02)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(settle_ms / 1000)
     for r in range(rounds):
         start = time.monotonic_ns()
         c0 = time.thread_time_ns()
@@ -105,5 +107,6 @@ if __name__ == "__main__":
             arg("--rounds", 8),
             arg("--burn-ms", 30),
             arg("--gap-ms", 150),
+            arg("--settle-ms", 200),
         )
     )
