@@ -38,7 +38,9 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-const SECTIONS: &[&str] = &["accuracy", "overhead", "agent", "scaling"];
+mod host;
+
+const SECTIONS: &[&str] = &["accuracy", "overhead", "host", "agent", "scaling"];
 /// Threshold for the accuracy section (the tests' and victims' scale).
 const ACC_THRESHOLD_MS: u32 = 20;
 /// py-spy's rate in the accuracy section (its default).
@@ -114,6 +116,9 @@ pub fn run(quick: bool, only: &[String]) -> Result<()> {
     }
     if want("overhead") {
         doc.push_str(&overhead(&env, &plan)?);
+    }
+    if want("host") {
+        doc.push_str(&host::host(&env, &plan)?);
     }
     if want("agent") {
         doc.push_str(&agent(&env, &plan)?);

@@ -117,7 +117,7 @@ enum Cmd {
         /// Fewer repetitions and shorter runs (a smoke run, ~5 min).
         #[arg(long)]
         quick: bool,
-        /// Only this section (repeatable): accuracy, overhead, agent, scaling.
+        /// Only this section (repeatable): accuracy, overhead, host, agent, scaling.
         /// A partial run writes target/bench/benchmarks-partial.md instead.
         #[arg(long, value_name = "SECTION")]
         only: Vec<String>,

@@ -50,6 +50,7 @@ pub struct Metrics {
     incomplete: Family<Labels, Counter>,
     loop_threads: Family<Labels, Gauge>,
     runtime_problems: Family<Labels, Gauge>,
+    probes: Family<Labels, Gauge>,
     lost_events: Counter,
     probe_drops: Family<Labels, Counter>,
     agent_drops: Family<Labels, Counter>,
@@ -150,6 +151,14 @@ impl Metrics {
              its stalls show native frames only; what, why and what to do are in its reports' \
              runtime_problems and the daemon's log",
             runtime_problems.clone(),
+        );
+        let probes = Family::<Labels, Gauge>::default();
+        r.register(
+            "stallprof_probes",
+            "Which kernel probes serve (1 per part): part=scheduler mode=raw_tracepoints|tracepoints, \
+             part=waits mode=uprobes|tracepoints|uprobes+tracepoints. A tracepoints mode costs every \
+             process on the host its syscalls or context switches; the reason is in the daemon's log",
+            probes.clone(),
         );
         let lost_events = Counter::default();
         r.register(
@@ -287,6 +296,7 @@ impl Metrics {
             incomplete,
             loop_threads,
             runtime_problems,
+            probes,
             lost_events,
             probe_drops,
             agent_drops,
@@ -341,6 +351,16 @@ impl Metrics {
 
     pub fn set_loop_threads(&self, labels: &Labels, n: usize) {
         self.loop_threads.get_or_create(labels).set(n as i64);
+    }
+
+    /// Which probes serve now (a part can fall back while the daemon runs).
+    pub fn set_probes(&self, set: &crate::report::model::ProbeSet) {
+        self.probes.clear();
+        for (part, mode) in [("scheduler", &set.scheduler), ("waits", &set.waits)] {
+            self.probes
+                .get_or_create(&vec![("part", part.to_string()), ("mode", mode.clone())])
+                .set(1);
+        }
     }
 
     pub fn set_runtime_problems(&self, labels: &Labels, n: usize) {

@@ -636,6 +636,7 @@ impl Collector {
         if self.ticks.is_multiple_of(8) {
             self.probes.watch_host_waits();
         }
+        self.sh.metrics.set_probes(self.probes.probe_set());
         for pid in self.engine.executor_pids() {
             self.observe(pid);
         }
