@@ -373,8 +373,10 @@ pub struct Probes {
     /// Wait functions probed, as (pid, file, offset): per process in a
     /// recording, pid 0 (every process mapping the file) in the daemon.
     waits_done: HashSet<(u32, (u64, u64), u64)>,
-    /// Daemon: processes whose mappings were looked at, by (pid, start).
-    host_scanned: HashSet<(u32, u64)>,
+    /// Daemon: processes whose mappings were looked at (live ones only),
+    /// and the files (device, inode) read for wait functions.
+    host_scanned: HashSet<u32>,
+    host_files: HashSet<(u64, u64)>,
 }
 
 /// What the user asked for (`--probes`).
@@ -537,6 +539,7 @@ impl Probes {
             set,
             waits_done: HashSet::new(),
             host_scanned: HashSet::new(),
+            host_files: HashSet::new(),
         };
         if choice == ProbeChoice::Tracepoints {
             probes.attach_wait_tracepoints()?;
@@ -692,30 +695,29 @@ impl Probes {
         };
         let mut live = HashSet::new();
         for entry in dir.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
+            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
             };
-            let Some(start) = crate::os::proc::start_ticks(pid) else {
-                continue;
-            };
-            live.insert((pid, start));
-            if self.host_scanned.contains(&(pid, start)) {
+            live.insert(pid);
+            if self.host_scanned.contains(&pid) {
                 continue;
             }
-            for p in waits::wait_points(pid).0 {
-                if self.waits_done.contains(&(0, p.file, p.offset)) {
+            for (path, file, _) in waits::mapped_files(pid) {
+                // Each file is read once, whoever maps it.
+                if !self.host_files.insert(file) {
                     continue;
                 }
-                match self.attach_wait_point(&p, UProbeScope::AllProcesses) {
-                    Ok(()) => {
-                        self.waits_done.insert((0, p.file, p.offset));
+                for p in waits::points_in(&path, file) {
+                    match self.attach_wait_point(&p, UProbeScope::AllProcesses) {
+                        Ok(()) => {
+                            self.waits_done.insert((0, p.file, p.offset));
+                        }
+                        // Looked at again with the next process mapping it.
+                        Err(why) => {
+                            debug!("pid {pid}: {why}");
+                            self.host_files.remove(&file);
+                        }
                     }
-                    // Looked at again with the next new process mapping it.
-                    Err(why) => debug!("pid {pid}: {why}"),
                 }
             }
         }

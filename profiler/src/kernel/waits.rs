@@ -69,7 +69,7 @@ pub struct WaitPoint {
 
 /// Executable file mappings of `pid`: (map_files path, device, inode, path
 /// as the process sees it), one per file.
-fn mapped_files(pid: u32) -> Vec<(String, (u64, u64), String)> {
+pub fn mapped_files(pid: u32) -> Vec<(String, (u64, u64), String)> {
     let Ok(maps) = limits::read_proc(&format!("/proc/{pid}/maps")) else {
         return Vec::new();
     };
@@ -113,7 +113,7 @@ pub fn wait_points(pid: u32) -> (Vec<WaitPoint>, bool) {
 }
 
 /// The wait functions defined in one mapped file.
-fn points_in(path: &str, file: (u64, u64)) -> Vec<WaitPoint> {
+pub fn points_in(path: &str, file: (u64, u64)) -> Vec<WaitPoint> {
     let Ok(f) = limits::open_elf(std::path::Path::new(path)) else {
         return Vec::new();
     };

@@ -361,8 +361,6 @@ struct Collector {
     ring: RingBuf<MapData>,
     probes: Probes,
     engine: Engine,
-    /// Upkeep ticks since start.
-    ticks: u64,
     /// Monitored live processes, by pid.
     procs: HashMap<u32, Tracked>,
     /// Live processes left out (rules, the daemon itself, over the limit):
@@ -403,7 +401,6 @@ impl Collector {
             fmt_ns(cfg.threshold_ns)
         );
         Ok(Collector {
-            ticks: 0,
             window: Window::new(SystemTime::now(), now),
             unwritten: VecDeque::new(),
             next_roll_mono,
@@ -631,11 +628,9 @@ impl Collector {
     }
 
     fn tick(&mut self) {
-        // New processes' C libraries (a container brings its own), every 2 s.
-        self.ticks += 1;
-        if self.ticks.is_multiple_of(8) {
-            self.probes.watch_host_waits();
-        }
+        // New processes' C libraries (a container brings its own): each
+        // new pid's mappings once, at the tick after it appears.
+        self.probes.watch_host_waits();
         self.sh.metrics.set_probes(self.probes.probe_set());
         for pid in self.engine.executor_pids() {
             self.observe(pid);
