@@ -702,9 +702,11 @@ impl Probes {
             if self.host_scanned.contains(&pid) {
                 continue;
             }
-            for (path, file, _) in waits::mapped_files(pid) {
-                // Each file is read once, whoever maps it.
-                if !self.host_files.insert(file) {
+            for (path, file, seen_as) in waits::mapped_files(pid) {
+                // Each C library is read once, whoever maps it. (A static
+                // binary's own waits are served by the fallback only when
+                // recorded by pid.)
+                if !waits::is_c_library(&seen_as) || !self.host_files.insert(file) {
                     continue;
                 }
                 for p in waits::points_in(&path, file) {

@@ -102,14 +102,33 @@ pub fn mapped_files(pid: u32) -> Vec<(String, (u64, u64), String)> {
 /// loader and no wait function (a static binary without symbols, a runtime
 /// making raw syscalls) never will.
 pub fn wait_points(pid: u32) -> (Vec<WaitPoint>, bool) {
+    let files = mapped_files(pid);
+    let loader = files.iter().any(|(_, _, seen_as)| is_loader(seen_as));
     let mut points = Vec::new();
-    let mut loader = false;
-    for (path, file, seen_as) in mapped_files(pid) {
-        let name = seen_as.rsplit('/').next().unwrap_or("");
-        loader |= name.starts_with("ld-") && name.contains(".so");
-        points.extend(points_in(&path, file));
+    for (i, (path, file, seen_as)) in files.iter().enumerate() {
+        // The first mapping is the executable: a static one carries its own
+        // C library.
+        if is_c_library(seen_as) || (i == 0 && !loader) {
+            points.extend(points_in(path, *file));
+        }
     }
     (points, loader)
+}
+
+/// The dynamic loader (glibc's `ld-linux-*.so.2`, musl's `ld-musl-*.so.1`).
+fn is_loader(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or("");
+    name.starts_with("ld-") && name.contains(".so")
+}
+
+/// A file that is the C library (glibc's `libc.so.6`, musl's
+/// `ld-musl-*.so.1` / `libc.musl-*.so.1`, a `libc.so`): only those are
+/// read for wait functions. Reading every mapped file's symbols would mean
+/// a runtime's own (Node's `node` carries ~100k) on each new process.
+pub fn is_c_library(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or("");
+    (name.starts_with("libc.") || name.starts_with("libc-") || name.starts_with("ld-musl"))
+        && name.contains(".so")
 }
 
 /// The wait functions defined in one mapped file.
@@ -304,6 +323,9 @@ mod tests {
     /// found, `epoll_wait` among them at an emulated point.
     #[test]
     fn this_process_c_library_has_wait_points() {
+        assert!(is_c_library("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+        assert!(is_c_library("/lib/ld-musl-x86_64.so.1"));
+        assert!(!is_c_library("/usr/lib/libcrypto.so.3"));
         let (points, loader) = wait_points(std::process::id());
         assert!(loader, "a test binary maps the dynamic loader");
         let names: Vec<_> = points.iter().map(|p| p.function).collect();
