@@ -303,7 +303,16 @@ impl Symbolizer {
         let (tx, done) = mpsc::sync_channel(DONE_QUEUE);
         let spawned = std::thread::Builder::new()
             .name("symbolizer".into())
-            .spawn(move || w.run(rx, tx));
+            .spawn(move || {
+                // Background work: on a small machine the drain (and the
+                // target) must win the CPU over a first parse of a large
+                // binary, or the ring buffer fills while both run.
+                // SAFETY: setpriority on this thread's own id.
+                unsafe {
+                    libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+                }
+                w.run(rx, tx)
+            });
         match spawned {
             Ok(thread) => {
                 self.state = State::Running { jobs, done, thread };
