@@ -649,10 +649,20 @@ impl Probes {
         let (points, more_may_come) = waits::wait_points(pid);
         if points.is_empty() {
             if last_try || !more_may_come {
-                self.wait_fallback(format!(
-                    "pid {pid} maps no C library wait function (a static binary without \
-                     symbols, or raw syscalls)"
-                ));
+                let why = if fs::read_link(format!("/proc/{pid}/map_files")).is_err()
+                    && fs::read_dir(format!("/proc/{pid}/map_files")).is_err()
+                {
+                    format!(
+                        "pid {pid}'s mappings cannot be read (another user's process: \
+                         stallprof lacks CAP_SYS_PTRACE, or CAP_SYS_ADMIN for map_files)"
+                    )
+                } else {
+                    format!(
+                        "pid {pid} maps no C library wait function (a static binary without \
+                         symbols, or raw syscalls)"
+                    )
+                };
+                self.wait_fallback(why);
             }
             return last_try || !more_may_come;
         }

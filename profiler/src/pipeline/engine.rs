@@ -366,8 +366,14 @@ impl RuntimeWatch {
         // The loop's waits, once per executable image (a launched command
         // is still our own fork until it execs).
         if !is_own_fork(pid) {
-            let exe = fs::read_link(format!("/proc/{pid}/exe")).ok();
-            if exe.is_some() && exe != self.waits_exe {
+            // An image we may not read (another user's process without
+            // CAP_SYS_PTRACE) is looked at once too: its waits then need
+            // the fallback, which does not read the process.
+            let exe = Some(
+                fs::read_link(format!("/proc/{pid}/exe"))
+                    .unwrap_or_else(|_| PathBuf::from("[unreadable]")),
+            );
+            if exe != self.waits_exe {
                 self.waits_tries += 1;
                 if probes.watch_waits(pid, self.waits_tries >= WAITS_TRIES) {
                     self.waits_exe = exe;
