@@ -38,7 +38,7 @@ use crate::{
     kernel::probe::{ProbeError, Probes},
     kernel::runtimes::{self, ParkPoint},
     os::outdir::{OutDir, PendingFile},
-    os::proc::{is_own_fork, read_comm, read_namespace_id},
+    os::proc::{is_own_fork, process_alive, read_comm, read_namespace_id},
     os::units::fmt_ns,
     pipeline::stall::{Output, RawStall, Tracker, TrackerConfig},
     pipeline::symbolizer::{self, Done, Job, Native, Symbolizer, Worker},
@@ -365,7 +365,7 @@ impl RuntimeWatch {
     fn poll(&mut self, pid: u32, probes: &mut dyn Control, per_process: bool) {
         // The loop's waits, once per executable image (a launched command
         // is still our own fork until it execs).
-        if !is_own_fork(pid) {
+        if !is_own_fork(pid) && process_alive(pid) {
             // An image we may not read (another user's process without
             // CAP_SYS_PTRACE) is looked at once too: its waits then need
             // the fallback, which does not read the process.
