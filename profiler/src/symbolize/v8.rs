@@ -376,8 +376,13 @@ fn may_be_v8(path: &str) -> bool {
 /// Finds the V8 metadata of process `pid`. `Ok(None)`: no Node binary is
 /// mapped.
 pub fn discover(pid: u32) -> Result<Option<V8Meta>, MetaError> {
-    let text = crate::os::limits::read_proc(&format!("/proc/{pid}/maps"))
-        .map_err(|e| MetaError(format!("reading /proc/{pid}/maps: {e}")))?;
+    let text = match crate::os::limits::read_proc(&format!("/proc/{pid}/maps")) {
+        Ok(t) => t,
+        // Gone (an upkeep that raced the target's exit): nothing to read,
+        // and nothing to report as a runtime problem.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(MetaError(format!("reading /proc/{pid}/maps: {e}"))),
+    };
     let maps = parse_maps(&text);
     let mut seen: Vec<&Mapping> = Vec::new();
     for m in &maps {
