@@ -600,14 +600,18 @@ pub struct ThreadState {
     pub thr_task: u64,
     pub thr_rq: u64,
     pub thr_self: u64,
-    /// Leaving its park: when it was woken there (0: not seen) and when it
-    /// got a CPU after that; when it was throttled on its way back to user
-    /// space (6.18 throttles there, before a uretprobe on the wait sees the
-    /// return; 0: not), back in after that, and that `SWITCH_IN` arg. The
-    /// wait's return reports these as its busy period's first waits
-    /// (`throttle::report_park_waits`).
-    pub park_woke: u64,
-    pub park_in: u64,
+    /// Leaving its park: the thread's `sched_info.run_delay` (ns it ever
+    /// waited runnable for a CPU) when it last went to sleep there
+    /// ([`NO_RUN_DELAY`]: it did not sleep, or the kernel does not keep it),
+    /// and at a throttled switch-out there; when it was throttled on its way
+    /// back to user space (6.18 throttles there, before a uretprobe on the
+    /// wait sees the return; 0: not), back in after that, and that
+    /// `SWITCH_IN` arg. The wait's return reports these as its busy
+    /// period's first waits (`throttle::report_park_waits`): the run delay
+    /// grown since the sleep is the wait from its wakeup to a CPU, measured
+    /// without a program on the host's wakeups.
+    pub park_rd: u64,
+    pub park_rd_thr: u64,
     pub park_thr_out: u64,
     pub park_thr_in: u64,
     pub park_thr_arg: u32,
@@ -620,6 +624,9 @@ pub struct ThreadState {
 /// ones are left out: two more events on every loop iteration of a busy
 /// host would cost more than they say).
 pub const WOKEN_WAIT_MIN_NS: u64 = 1_000_000;
+
+/// `ThreadState::park_rd` when there is no run delay to compare with.
+pub const NO_RUN_DELAY: u64 = u64::MAX;
 
 /// One task that held a CPU while a loop thread waited there.
 #[repr(C)]

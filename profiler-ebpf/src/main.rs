@@ -79,6 +79,13 @@ static CFS_RQ_THROTTLE_COUNT_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static CFS_RQ_SELF_TIME_OFFSET: Global<u32> = Global::new(0);
 
+/// Offset of `task_struct.sched_info.run_delay` (the ns a task ever waited
+/// runnable for a CPU; `CONFIG_SCHED_INFO`), from the kernel's BTF at load;
+/// 0: absent, a loop thread's wait for a CPU after its wakeup in its park
+/// is not measured.
+#[unsafe(no_mangle)]
+static TASK_RUN_DELAY_OFFSET: Global<u32> = Global::new(0);
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

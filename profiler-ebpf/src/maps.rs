@@ -17,7 +17,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
-    CpuWait, Drop, EventHeader, Filtered, MAX_CPUS, MAX_PY_PROCS, MAX_THREADS, PyProc,
+    CpuWait, Drop, EventHeader, Filtered, MAX_CPUS, MAX_PY_PROCS, MAX_THREADS, NO_RUN_DELAY, PyProc,
     RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, ThreadState,
 };
 
@@ -152,8 +152,8 @@ pub(crate) fn new_thread(tgid: u32, wait_key: u64, in_park: u32) -> ThreadState 
         thr_task: 0,
         thr_rq: 0,
         thr_self: 0,
-        park_woke: 0,
-        park_in: 0,
+        park_rd: NO_RUN_DELAY,
+        park_rd_thr: NO_RUN_DELAY,
         park_thr_out: 0,
         park_thr_in: 0,
         park_thr_arg: 0,

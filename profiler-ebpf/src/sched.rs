@@ -12,8 +12,10 @@
 //!
 //! Constraints: `sched_switch` and `sched_wakeup` run at every context
 //! switch and wakeup on the host. The raw tracepoints build no record: a
-//! task that is not the target's costs one 8-byte read of its ids and a
-//! compare (daemon mode: a hash lookup). A classic tracepoint's record is
+//! task that is not the target's costs a tgid compare when it leaves a CPU
+//! (daemon mode: a hash lookup), and one array read when it takes a CPU or
+//! is woken (plus one 8-byte read of its ids while a tracked thread is off
+//! its CPU mid-stall, `OFF_CPU`). A classic tracepoint's record is
 //! built before the program runs, whatever it decides. Parked threads report
 //! nothing. A preemption (still runnable) is a small event without stacks;
 //! only a blocking switch-out copies stacks. Samples in a busy period's
@@ -102,14 +104,13 @@ fn on_switch<C: EbpfContext>(ctx: &C, runnable: bool, state: i64, next: Option<u
 }
 
 /// A blocked busy thread became runnable (woken by the current task); the
-/// rest of its time off-CPU is run-queue wait.
+/// rest of its time off-CPU is run-queue wait. (A parked loop thread's
+/// wakeup is not needed: its wait for a CPU is read from its run delay.)
 #[inline(always)]
 fn on_wakeup(tid: u32) {
     if let Some(st) = THREADS.get_ptr_mut(&tid) {
         let st = unsafe { &mut *st };
-        if st.off_reported == 0 && parked(tid, st) {
-            throttle::parked_woken(st);
-        } else if st.off_reported != 0 {
+        if st.off_reported != 0 {
             let waker = bpf_get_current_pid_tgid() as u32;
             emit(SchedEvent {
                 hdr: header(kind::WAKEUP, tid, st.tgid),
@@ -153,9 +154,10 @@ fn on_exit(group_dead: u32) {
     }
 }
 
-/// Tracked threads switched out in a busy period and not back yet
-/// (`OFF_CPU`): while there are none, no other task's switch-in or wakeup
-/// can be one the programs report, and they cost one array read.
+/// Tracked threads switched out in a busy period, or throttled in their
+/// park, and not back yet (`OFF_CPU`): while there are none, no other
+/// task's switch-in or wakeup can be one the programs report, and they
+/// cost one array read.
 #[inline(always)]
 fn any_off_cpu() -> bool {
     OFF_CPU.get(0).is_some_and(|n| *n != 0)
@@ -232,16 +234,21 @@ pub fn sp_raw_sched_switch(ctx: RawTracePointContext) -> u32 {
 /// `sched:sched_wakeup`, classic tracepoint (the fallback).
 #[tracepoint]
 pub fn sp_sched_wakeup(ctx: TracePointContext) -> u32 {
-    on_wakeup(tp_field(&ctx, tracepoint::WAKEUP_PID) as u32);
+    if any_off_cpu() {
+        on_wakeup(tp_field(&ctx, tracepoint::WAKEUP_PID) as u32);
+    }
     0
 }
 
-/// `sched_wakeup`, raw tracepoint: `(struct task_struct *p)`.
+/// `sched_wakeup`, raw tracepoint: `(struct task_struct *p)`. Only a
+/// tracked thread switched out mid-busy (`OFF_CPU`) has a wakeup to
+/// report: while none is, every other wakeup on the host costs one array
+/// read.
 #[raw_tracepoint(tracepoint = "sched_wakeup")]
 pub fn sp_raw_sched_wakeup(ctx: RawTracePointContext) -> u32 {
-    // Not gated on `OFF_CPU`: a parked loop thread's wakeup starts its
-    // wait for a CPU (`throttle::parked_woken`), so every wakeup costs the
-    // read of the wakee's ids.
+    if !any_off_cpu() {
+        return 0;
+    }
     let task: u64 = ctx.arg(0);
     if let Some(tid) = candidate(task) {
         on_wakeup(tid);

@@ -22,13 +22,13 @@ use aya_ebpf::helpers::{
     bpf_probe_read_kernel,
 };
 use profiler_common::{
-    CPU_HOLDER_OTHERS, CpuHolderEvent, CpuWait, Drop, MAX_CPU_HOLDERS, SchedEvent, ThreadState,
-    WOKEN_WAIT_MIN_NS, WaitEvent, kind, preempt, throttle_model,
+    CPU_HOLDER_OTHERS, CpuHolderEvent, CpuWait, Drop, MAX_CPU_HOLDERS, NO_RUN_DELAY, SchedEvent,
+    ThreadState, WOKEN_WAIT_MIN_NS, WaitEvent, kind, preempt, throttle_model,
 };
 
 use crate::{
     CFS_RQ_SELF_TIME_OFFSET, CFS_RQ_THROTTLE_COUNT_OFFSET, TASK_CFS_RQ_OFFSET,
-    TASK_THROTTLED_OFFSET, THROTTLE_MODEL,
+    TASK_RUN_DELAY_OFFSET, TASK_THROTTLED_OFFSET, THROTTLE_MODEL,
     maps::{CPU_WAITS, count, emit, header},
 };
 
@@ -250,25 +250,41 @@ fn park_on(st: &mut ThreadState) {
     }
 }
 
-/// A loop thread in its park (the kernel's side of its loop wait) is woken:
-/// its wait for a CPU starts now.
+/// The current task's `sched_info.run_delay`: the ns it ever waited
+/// runnable for a CPU (`NO_RUN_DELAY` when this kernel does not keep it or
+/// the read failed, counted).
 #[inline(always)]
-pub(crate) fn parked_woken(st: &mut ThreadState) {
-    if st.in_park != 0 || st.park_woke != 0 {
-        return;
+fn run_delay() -> u64 {
+    match TASK_RUN_DELAY_OFFSET.load() {
+        0 => NO_RUN_DELAY,
+        off => {
+            let task = unsafe { bpf_get_current_task() };
+            read::<u64>(task + off as u64).unwrap_or(NO_RUN_DELAY)
+        }
     }
-    st.park_woke = unsafe { bpf_ktime_get_ns() };
-    st.park_in = 0;
-    park_off(st);
 }
 
-/// A loop thread in its park sleeps again (a wakeup that did not end the
-/// wait): what was noted of leaving it is void.
+/// A loop thread in its park (the current task) goes to sleep there: what
+/// was noted of leaving it is void, and its wait for a CPU once woken is
+/// the run delay it accrues from now (read at the wait's return, so no
+/// program has to run on the host's wakeups).
 #[inline(always)]
 pub(crate) fn parked_slept(st: &mut ThreadState) {
-    st.park_woke = 0;
     st.park_thr_out = 0;
     park_on(st);
+    // A runtime's park function (tokio) returns through its own probe.
+    st.park_rd = if st.in_park != 0 {
+        NO_RUN_DELAY
+    } else {
+        run_delay()
+    };
+}
+
+/// The thread enters a wait: nothing of a previous one carries over.
+#[inline(always)]
+pub(crate) fn wait_entered(st: &mut ThreadState) {
+    st.park_rd = NO_RUN_DELAY;
+    st.park_thr_out = 0;
 }
 
 /// A loop thread still in its park is switched out runnable: if throttled,
@@ -282,25 +298,39 @@ pub(crate) fn parked_preempted(st: &mut ThreadState) {
     }
     st.park_thr_out = unsafe { bpf_ktime_get_ns() };
     st.park_thr_in = 0;
+    st.park_rd_thr = run_delay();
     park_off(st);
 }
 
-/// A parked loop thread woken or throttled is switched in: when, and the
-/// measured throttled share. True when it was one.
+/// A parked loop thread throttled on its way back is switched in: when,
+/// and the measured throttled share. True when it was one.
 #[inline(always)]
 pub(crate) fn parked_switched_in(st: &mut ThreadState) -> bool {
     if st.park_off == 0 {
         return false;
     }
-    let now = unsafe { bpf_ktime_get_ns() };
     if st.park_thr_out != 0 && st.park_thr_in == 0 {
-        st.park_thr_in = now;
+        st.park_thr_in = unsafe { bpf_ktime_get_ns() };
         st.park_thr_arg = switched_in(st);
-    } else if st.park_woke != 0 && st.park_in == 0 {
-        st.park_in = now;
     }
     park_on(st);
     true
+}
+
+/// The wait for a CPU of a loop thread woken in its park, from the run
+/// delay it accrued since it slept there, up to `end`'s (the wait's
+/// return, or a throttled switch-out on the way): `(woken, back)`, the
+/// second approximated by the time that run delay was read (the kernel's
+/// return path lies between). None when it did not sleep there, the
+/// kernel keeps no run delay, or the wait was shorter than
+/// `WOKEN_WAIT_MIN_NS`.
+#[inline(always)]
+fn woken_wait(slept_rd: u64, end_rd: u64, end: u64) -> Option<(u64, u64)> {
+    if slept_rd == NO_RUN_DELAY || end_rd == NO_RUN_DELAY || end_rd < slept_rd {
+        return None;
+    }
+    let waited = end_rd - slept_rd;
+    (waited >= WOKEN_WAIT_MIN_NS && waited < end).then(|| (end - waited, end))
 }
 
 /// The loop's wait returns (`nr`, `fd`, `ret`). When the thread was woken
@@ -317,15 +347,23 @@ pub(crate) fn report_park_waits(
     fd: i32,
     ret: i64,
 ) -> bool {
-    let (woke, back) = (st.park_woke, st.park_in);
+    let (slept_rd, thr_rd) = (st.park_rd, st.park_rd_thr);
     let (thr_out, thr_in) = (st.park_thr_out, st.park_thr_in);
-    st.park_woke = 0;
+    st.park_rd = NO_RUN_DELAY;
     st.park_thr_out = 0;
     park_on(st);
-    let waited = woke != 0 && back > woke && back - woke >= WOKEN_WAIT_MIN_NS;
+    let woken = if slept_rd == NO_RUN_DELAY {
+        None
+    } else if thr_out != 0 {
+        woken_wait(slept_rd, thr_rd, thr_out)
+    } else {
+        woken_wait(slept_rd, run_delay(), unsafe { bpf_ktime_get_ns() })
+    };
+    let waited = woken.is_some();
     if !waited && thr_out == 0 {
         return false;
     }
+    let (woke, back) = woken.unwrap_or((0, 0));
     let start = if waited { woke } else { thr_out };
     st.busy_since = start;
     st.exit_pending = 0;

@@ -155,6 +155,7 @@ fn on_wait_enter(nr: u32, fd: i32) -> u32 {
             }
             st.wait_key = key;
             st.wait_nr = nr;
+            throttle::wait_entered(st);
             if quiet_busy(tid, st, key) {
                 return 0;
             }

@@ -381,24 +381,46 @@ pub fn throttle_layout(data: &[u8]) -> Result<ThrottleLayout, Unusable> {
 
 /// [`throttle_layout`] of the running kernel.
 pub fn running_kernel_throttle() -> Result<ThrottleLayout, Unusable> {
-    let data = std::fs::read(VMLINUX).map_err(|e| {
+    throttle_layout(&vmlinux()?)
+}
+
+/// Offset of `task_struct.sched_info.run_delay` (an 8-byte count of the ns
+/// a task ever waited runnable for a CPU, kept with `CONFIG_SCHED_INFO`):
+/// how long a loop thread woken in its park waited for a CPU, read at the
+/// wait's return (BPF global `TASK_RUN_DELAY_OFFSET`).
+pub fn run_delay_offset(data: &[u8]) -> Result<u32, Unusable> {
+    let btf = Btf::parse(data)?;
+    let in_task = btf
+        .named("task_struct", KIND_STRUCT)
+        .and_then(|task| btf.member(task, "sched_info", 0));
+    let info = btf.named("sched_info", KIND_STRUCT);
+    match (in_task, info.and_then(|i| btf.member(i, "run_delay", 0))) {
+        (Some((at, _)), Some((off, 8))) => Ok(at + off),
+        _ => Err(Unusable(
+            "task_struct.sched_info.run_delay is not in the kernel's BTF (no CONFIG_SCHED_INFO)"
+                .into(),
+        )),
+    }
+}
+
+/// [`run_delay_offset`] of the running kernel.
+pub fn running_kernel_run_delay() -> Result<u32, Unusable> {
+    run_delay_offset(&vmlinux()?)
+}
+
+fn vmlinux() -> Result<Vec<u8>, Unusable> {
+    std::fs::read(VMLINUX).map_err(|e| {
         Unusable(format!(
-            "cannot read {VMLINUX} ({e}): the kernel has no BTF"
+            "cannot read {VMLINUX} ({e}): the kernel has no BTF (CONFIG_DEBUG_INFO_BTF)"
         ))
-    })?;
-    throttle_layout(&data)
+    })
 }
 
 const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 /// [`raw_layout`] of the running kernel.
 pub fn running_kernel() -> Result<RawLayout, Unusable> {
-    let data = std::fs::read(VMLINUX).map_err(|e| {
-        Unusable(format!(
-            "cannot read {VMLINUX} ({e}): the kernel has no BTF (CONFIG_DEBUG_INFO_BTF)"
-        ))
-    })?;
-    raw_layout(&data)
+    raw_layout(&vmlinux()?)
 }
 
 #[cfg(test)]
@@ -530,6 +552,16 @@ mod tests {
         let l = running_kernel_throttle().expect("this 6.18 kernel has CFS bandwidth in its BTF");
         assert_eq!(l.model, profiler_common::throttle_model::TASK);
         assert!(l.task_throttled > 0 && l.task_cfs_rq > 0 && l.cfs_rq_self_time > 0);
+    }
+
+    /// This kernel keeps run delays (`/proc/PID/schedstat`'s second field).
+    #[test]
+    fn this_kernel_keeps_run_delays() {
+        let off = running_kernel_run_delay().expect("CONFIG_SCHED_INFO=y here");
+        let pid = running_kernel().unwrap().task_pid_offset;
+        assert!(off > 0 && off != pid, "run_delay at {off}");
+        assert!(run_delay_offset(b"").is_err());
+        assert!(run_delay_offset(&kernel(true, 0)).is_err(), "no sched_info in it");
     }
 
     #[test]

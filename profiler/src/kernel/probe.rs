@@ -471,6 +471,12 @@ impl Probes {
                 btf::ThrottleLayout::default()
             }
         };
+        let run_delay = btf::running_kernel_run_delay().unwrap_or_else(|why| {
+            set.notes.push(format!(
+                "a loop thread's wait for a CPU after its wakeup is not measured, because {why}"
+            ));
+            0
+        });
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
         let ring = ring_bytes(sample_hz, cpus);
         debug!("ring buffer: {} MiB", ring >> 20);
@@ -488,6 +494,7 @@ impl Probes {
                 true,
             )
             .override_global("CFS_RQ_SELF_TIME_OFFSET", &throttle.cfs_rq_self_time, true)
+            .override_global("TASK_RUN_DELAY_OFFSET", &run_delay, true)
             .load(EBPF_OBJECT)
             .map_err(|e| {
                 if is_eperm(&e) {
