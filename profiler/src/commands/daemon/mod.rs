@@ -735,7 +735,8 @@ impl Collector {
     fn roll(&mut self) {
         let now = monotonic_ns();
         let next = Window::new(SystemTime::now(), now);
-        let w = std::mem::replace(&mut self.window, next);
+        let mut w = std::mem::replace(&mut self.window, next);
+        w.note_problems(&self.engine.runtime_problems());
         self.next_roll_mono = now + until_boundary(self.cfg.window);
         // A closed window is never dropped on a failed write: it is kept
         // (its stalls are already in memory, within the window budget) and

@@ -110,8 +110,19 @@ pub fn parse_stamp(name: &str) -> Option<u64> {
 pub struct ProcWindow {
     pub info: Arc<ProcInfo>,
     pub stalls: Vec<Stall>,
-    /// Its runtimes that could not be read, as of its latest stall.
+    /// Its runtimes that could not be read, as of its latest stall and the
+    /// window's close.
     pub problems: Vec<RuntimeProblem>,
+}
+
+impl ProcWindow {
+    fn merge_problems(&mut self, found: impl IntoIterator<Item = RuntimeProblem>) {
+        for f in found {
+            if !self.problems.contains(&f) {
+                self.problems.push(f);
+            }
+        }
+    }
 }
 
 /// The window being filled.
@@ -170,8 +181,17 @@ impl Window {
                 problems: Vec::new(),
             });
         p.stalls.push(s);
-        p.problems = problems;
+        p.merge_problems(problems);
         true
+    }
+
+    /// The runtime problems known when the window closes, for each of its
+    /// processes: one found after a process's stalls (its discovery waited
+    /// behind a busy host) is in that process's report all the same.
+    pub fn note_problems(&mut self, known: &[RuntimeProblem]) {
+        for ((pid, _), p) in &mut self.procs {
+            p.merge_problems(known.iter().filter(|k| k.pid == *pid).cloned());
+        }
     }
 
     /// Write every process's report for this window, ending at `end_mono`
