@@ -155,12 +155,20 @@ fn check_c_loop_recording(
             format!("{who}: thread_name {:?}", s.thread_name)
         });
         c.check(!s.incomplete, || format!("{who}: marked incomplete"));
-        c.check(s.start_ns.abs_diff(t.start_ns) <= TOLERANCE_NS, || {
-            format!(
-                "{who}: starts {:+.2} ms from the victim's busy_start",
-                (s.start_ns as f64 - t.start_ns as f64) / 1e6
-            )
-        });
+        // A loop woken from its wait that waited for a CPU (a loaded
+        // machine) starts its stall there, before the victim's clock can.
+        let woken = s.woken_ns();
+        c.check(
+            (s.start_ns + woken).abs_diff(t.start_ns) <= TOLERANCE_NS,
+            || {
+                format!(
+                    "{who}: starts {:+.2} ms from the victim's busy_start ({:.2} ms of it woken, \
+                     waiting for a CPU)",
+                    (s.start_ns as f64 - t.start_ns as f64) / 1e6,
+                    ms(woken)
+                )
+            },
+        );
         c.check(s.end_ns.abs_diff(t.end_ns) <= TOLERANCE_NS, || {
             format!(
                 "{who}: ends {:+.2} ms from the victim's busy_end",
@@ -168,11 +176,13 @@ fn check_c_loop_recording(
             )
         });
         c.check(
-            s.duration_ns.abs_diff(t.duration_ns()) <= TOLERANCE_NS,
+            (s.duration_ns - woken).abs_diff(t.duration_ns()) <= TOLERANCE_NS,
             || {
                 format!(
-                    "{who}: duration {:.2} ms, victim measured {:.2} ms",
+                    "{who}: duration {:.2} ms ({:.2} ms woken, waiting for a CPU), victim \
+                     measured {:.2} ms",
                     ms(s.duration_ns),
+                    ms(woken),
                     ms(t.duration_ns())
                 )
             },
@@ -194,7 +204,8 @@ fn check_c_loop_recording(
         });
 
         let cul = culprit(&t.kind);
-        let share = |w: u64| w as f64 / s.duration_ns.max(1) as f64;
+        // Shares of the victim's own part (the woken wait is not its doing).
+        let share = |w: u64| w as f64 / (s.duration_ns - woken).max(1) as f64;
         match cul.syscalls {
             None => {
                 // On-CPU work. A busy 2-core machine may preempt the spinner, so
@@ -237,8 +248,12 @@ fn check_c_loop_recording(
 
     // Nothing else: between and around the victim's stalls the loop only
     // handles 10 ms timer ticks in microseconds.
+    // A stall that is all waiting for a CPU after a wakeup is the loaded
+    // machine's, not the victim's (it cannot log it): allowed, and it must
+    // say so (its woken part).
     for s in &rec.stalls {
-        if !truth.iter().any(|t| s.overlaps(t.start_ns, t.end_ns)) {
+        let machines = s.woken_ns() * 10 >= s.duration_ns * 9;
+        if !machines && !truth.iter().any(|t| s.overlaps(t.start_ns, t.end_ns)) {
             c.fail(format!(
                 "extra stall matching no victim stall: {}",
                 s.summary()
@@ -385,18 +400,27 @@ fn record_command_c_loop_matches_victim_clock() {
     let pid = ready["pid"].as_u64().unwrap() as u32;
     // The default gate: threshold / 20.
     check_c_loop_recording(&out, &log, pid, "record -- c_loop", THRESHOLD_NS / 20);
-    // The default probes: nothing the rest of the host pays for.
+    // The default probes: nothing the rest of the host pays for (or the
+    // fallback, on the pass that forces it everywhere).
     let (sched, waits, notes) = probes_of(&out);
-    assert_eq!(
-        (sched.as_str(), waits.as_str()),
-        ("raw_tracepoints", "uprobes"),
-        "{notes:?}"
-    );
-    assert!(
-        !run.stdout.clone().contains("probes:"),
-        "no fallback, nothing to say:\n{}",
-        run.describe()
-    );
+    if expected_probes().0 == "raw_tracepoints" {
+        assert_eq!(
+            (sched.as_str(), waits.as_str()),
+            ("raw_tracepoints", "uprobes"),
+            "{notes:?}"
+        );
+        assert!(
+            !run.stdout.clone().contains("probes:"),
+            "no fallback, nothing to say:\n{}",
+            run.describe()
+        );
+    } else {
+        assert_eq!(
+            (sched.as_str(), waits.as_str()),
+            ("tracepoints", "tracepoints"),
+            "STALLPROF_PROBES=tracepoints: {notes:?}"
+        );
+    }
 }
 
 /// The probes a recording ran on, from its stalls.json: (scheduler, waits,
@@ -500,6 +524,12 @@ fn record_c_loop_without_wait_symbols_falls_back_to_syscall_tracepoints() {
         THRESHOLD_NS / 20,
     );
     let (sched, waits, notes) = probes_of(&out);
+    if expected_probes().0 != "raw_tracepoints" {
+        // STALLPROF_PROBES=tracepoints: everything on the fallback already
+        // (check_contract saw it); the automatic choice is the default
+        // pass's to test.
+        return;
+    }
     assert_eq!(
         (sched.as_str(), waits.as_str()),
         ("raw_tracepoints", "tracepoints"),

@@ -814,10 +814,44 @@ fn test(args: &[String]) -> Result<()> {
         cmd.args(["--", "--test-threads=1"]);
     }
     let tests = run(&mut cmd);
-    // A whole run (no test named) also runs the fuzz targets, whatever the
-    // tests gave: both results decide the exit status.
+    // A whole run (no test named) also runs the accuracy tests on the
+    // fallback probes, and the fuzz targets, whatever the tests gave: every
+    // result decides the exit status.
+    let fallback = if args.is_empty() {
+        fallback_pass()
+    } else {
+        Ok(())
+    };
     let fuzz = if args.is_empty() { fuzz() } else { Ok(()) };
-    tests.and(fuzz).and(dist)
+    tests.and(fallback).and(fuzz).and(dist)
+}
+
+/// The test files that compare recordings with their victims' own clocks.
+const ACCURACY_TESTS: &[&str] = &[
+    "record_c",
+    "record_python",
+    "record_tasks",
+    "record_native",
+    "record_container",
+    "record_throttle",
+];
+
+/// The accuracy tests again with `STALLPROF_PROBES=tracepoints`: the
+/// classic tracepoints a kernel without BTF (or a process whose waits no
+/// uprobe sees) falls back to must be as accurate as the default probes.
+/// Every recording on this pass must say it used them (tests/common's
+/// `check_contract`). Run it alone with
+/// `STALLPROF_PROBES=tracepoints cargo xtask test -- --test record_c`.
+fn fallback_pass() -> Result<()> {
+    eprintln!("xtask: the accuracy tests again on the fallback probes (STALLPROF_PROBES=tracepoints)");
+    let mut cmd = cargo();
+    cmd.args(["test", "--release", "--no-fail-fast"]);
+    for t in ACCURACY_TESTS {
+        cmd.args(["--test", t]);
+    }
+    cmd.args(["--", "--test-threads=1"])
+        .env("STALLPROF_PROBES", "tracepoints");
+    run(&mut cmd).context("the accuracy tests on the fallback probes (STALLPROF_PROBES=tracepoints)")
 }
 
 /// `cargo xtask dist`, then its packing again: the same SHA256SUMS, or an

@@ -644,7 +644,22 @@ pub struct Recording {
     /// Version 3: the target's CPU quota and its cgroup's counters.
     #[serde(default)]
     pub cpu_quota: Option<serde_json::Value>,
+    /// Which probes served (`{"scheduler", "waits", "notes"}`).
+    #[serde(default)]
+    pub probes: serde_json::Value,
     pub stalls: Vec<Stall>,
+}
+
+/// The probes this run's recordings must say they used: `cargo xtask test`
+/// runs the accuracy tests a second time with `STALLPROF_PROBES=tracepoints`
+/// (the classic tracepoints, the fallback), which every `stallprof` the
+/// tests start inherits; on that pass every recording must say so
+/// (`check_contract`). `(scheduler, waits)`.
+pub fn expected_probes() -> (&'static str, &'static str) {
+    match std::env::var("STALLPROF_PROBES").as_deref() {
+        Ok("tracepoints") => ("tracepoints", "tracepoints"),
+        _ => ("raw_tracepoints", "uprobes"),
+    }
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -703,6 +718,18 @@ impl Stack {
 }
 
 impl Stall {
+    /// The time the loop thread, woken from its park, waited for a CPU
+    /// before its first instruction (the part issue 20 names "woken,
+    /// waiting for a CPU"): the stall starts that much before the victim
+    /// can see it start.
+    pub fn woken_ns(&self) -> u64 {
+        self.stacks
+            .iter()
+            .filter(|s| s.woken)
+            .map(|s| s.weight_ns)
+            .sum()
+    }
+
     /// Weight of stacks that contain `func`, optionally only of one kind and
     /// with one of the given syscalls.
     pub fn weight_with(&self, func: &str, kind: Option<&str>, syscalls: Option<&[&str]>) -> u64 {
@@ -1035,6 +1062,19 @@ pub fn check_contract(c: &mut Checks, rec: &Recording, threshold_ns: u64) {
 
 /// [`check_contract`] for a recording made with `-F sample_hz`.
 pub fn check_contract_at(c: &mut Checks, rec: &Recording, threshold_ns: u64, sample_hz: u64) {
+    // (On the default pass the tests that care assert the probes
+    // themselves: some choose them.)
+    let (sched, waits) = expected_probes();
+    c.check(
+        sched == "raw_tracepoints"
+            || (rec.probes["scheduler"] == sched && rec.probes["waits"] == waits),
+        || {
+            format!(
+                "probes are {}, want scheduler {sched}, waits {waits} (STALLPROF_PROBES)",
+                rec.probes
+            )
+        },
+    );
     c.check(rec.clock == "monotonic", || {
         format!("clock is {:?}, want \"monotonic\"", rec.clock)
     });
