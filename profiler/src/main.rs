@@ -13,6 +13,7 @@ use stallprof::{
 };
 
 fn main() -> ExitCode {
+    stallprof::os::heap::tune();
     let cli = Cli::parse();
     let level = match cli.verbose {
         0 => "warn",

@@ -81,6 +81,8 @@ impl Live {
         choice: ProbeChoice,
     ) -> Result<Live> {
         let mut probes = Probes::attach(pid, sample_hz, sample_after_ns, choice)?;
+        // The kernel's BTF, parsed for the load, is freed: give it back.
+        crate::os::heap::release();
         // SAFETY: the ring buffer owns its map fd and keeps it open,
         // unchanged, for as long as the AsyncFd holds it.
         let ring = unsafe { AsyncFd::register(probes.take_events()?)? };

@@ -432,6 +432,12 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
     )?;
     let mut journal_failed = None;
     let mut journal_meta_at = Instant::now();
+    // Stalls are not held once the journal has them: the end reads them
+    // back (after the probes and the engine's caches are gone), so a long
+    // recording's memory does not grow with its stalls. Those a failed
+    // journal write may not have taken stay here.
+    let mut unjournaled: Vec<Stall> = Vec::new();
+    let (mut stall_count, mut worst_ns) = (0usize, 0u64);
     if let Some(d) = cfg.duration {
         live.stop_after(d);
     }
@@ -457,9 +463,13 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
                         cpu_quota: cpu_quota.clone(),
                     }
                 });
-                let from = journal.stalls();
-                if let Err(e) = journal.append(live.engine.stalls_since(from), meta) {
+                let fresh: Vec<Stall> =
+                    live.engine.take_stalls().into_iter().map(|(_, s)| s).collect();
+                stall_count += fresh.len();
+                worst_ns = fresh.iter().map(|s| s.duration_ns).fold(worst_ns, u64::max);
+                if let Err(e) = journal.append(&fresh, meta) {
                     journal_failed = Some(e);
+                    unjournaled = fresh;
                     ended_by = "a failed write to the output directory";
                     break;
                 }
@@ -474,8 +484,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
                     comm = Some(c);
                 }
                 if cfg.live_status {
-                    let engine = &live.engine;
-                    let busy = engine.busy_now_ns(monotonic_ns());
+                    let busy = live.engine.busy_now_ns(monotonic_ns());
                     let busy = if busy >= cfg.threshold_ns {
                         format!(", stalled now {}", fmt_ns(busy))
                     } else {
@@ -484,8 +493,8 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
                     eprint!(
                         "\r\x1b[Krecording pid {pid}: {:.0}s, {} stalls, worst {}{busy}",
                         t0.elapsed().as_secs_f64(),
-                        engine.stall_count(),
-                        fmt_ns(engine.worst_ns())
+                        stall_count,
+                        fmt_ns(worst_ns)
                     );
                     status_shown = true;
                 }
@@ -535,6 +544,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
     });
     // The rest of the stalls (those the end closed) into the journal too,
     // and to disk, before the slower outputs.
+    let rest: Vec<Stall> = engine.take_stalls().into_iter().map(|(_, s)| s).collect();
     if journal_failed.is_none() {
         let meta = journal::Meta {
             comm: comm.clone(),
@@ -545,33 +555,39 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
             process: engine.process(pid),
             cpu_quota: cpu_quota.clone(),
         };
-        let from = journal.stalls();
-        if let Err(e) = journal
-            .append(engine.stalls_since(from), Some(meta))
-            .and_then(|()| journal.sync())
-        {
+        if let Err(e) = journal.append(&rest, Some(meta)).and_then(|()| journal.sync()) {
             journal_failed = Some(e);
+            unjournaled.extend(rest);
         }
+    } else {
+        unjournaled.extend(rest);
     }
-    let mut stalls: Vec<Stall> = engine.take_stalls().into_iter().map(|(_, s)| s).collect();
-    stalls.sort_by_key(|s| (s.start_ns, s.tid));
+    let process = engine.process(pid);
+    let busy_periods = engine.busy_periods();
+    let executor_threads = engine.executors(pid);
+    let runtime_problems = engine.runtime_problems();
+    // The engine's tables and the symbolizer's parsed files go before the
+    // stalls come back from the journal.
+    drop(engine);
+    crate::os::heap::release();
+    let stalls = stalls_back(&out, journal_failed.is_some(), unjournaled)?;
     let rec = Recording {
         pid,
-        process: engine.process(pid),
+        process,
         comm,
         threshold_ns: cfg.threshold_ns,
         sample_hz: cfg.sample_hz,
         sample_after_ns: cfg.sample_after_ns,
         kernel_filtered,
-        busy_periods: engine.busy_periods(),
+        busy_periods,
         clock: "monotonic".into(),
         started_ns,
         ended_ns,
         lost_events,
         drops,
-        executor_threads: engine.executors(pid),
+        executor_threads,
         stallprof_version: env!("CARGO_PKG_VERSION").into(),
-        runtime_problems: engine.runtime_problems(),
+        runtime_problems,
         probes,
         cpu_quota,
         app_paths: cfg.app_paths.clone(),
@@ -642,4 +658,31 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
         text,
         gate_failed: gate.is_some_and(|g| g.failed),
     })
+}
+
+/// Every stall of the recording, in start order: those in the journal and
+/// those a failed journal write may not have taken (`unjournaled`, kept
+/// once: a write cut in the middle leaves some of them in the journal).
+/// With the journal intact (`journal_failed` false), a journal that cannot
+/// be read back is an error.
+fn stalls_back(out: &OutDir, journal_failed: bool, unjournaled: Vec<Stall>) -> Result<Vec<Stall>> {
+    let mut stalls = match journal::read(&out.join(journal::NAME)) {
+        Ok(r) => r.recording.stalls,
+        Err(e) if journal_failed => {
+            log::warn!("{e}");
+            Vec::new()
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context("reading back the recording's stalls"));
+        }
+    };
+    let seen: std::collections::HashSet<(u32, u64)> =
+        stalls.iter().map(|s| (s.tid, s.start_ns)).collect();
+    stalls.extend(
+        unjournaled
+            .into_iter()
+            .filter(|s| !seen.contains(&(s.tid, s.start_ns))),
+    );
+    stalls.sort_by_key(|s| (s.start_ns, s.tid));
+    Ok(stalls)
 }

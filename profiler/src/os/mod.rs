@@ -4,6 +4,7 @@
 pub mod clock;
 pub mod container;
 pub mod cpu_quota;
+pub mod heap;
 pub mod limits;
 pub mod outdir;
 pub mod proc;

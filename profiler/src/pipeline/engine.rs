@@ -458,6 +458,8 @@ pub struct Engine {
     /// Why a process's asyncio tasks could not be read (the latest reason,
     /// once a stall went without its name because of it).
     task_problems: BTreeMap<u32, String>,
+    /// See [`Engine::ring_backlog_max`].
+    ring_backlog_max: usize,
 }
 
 /// What the reads of one busy period's asyncio task found. The task is
@@ -531,6 +533,7 @@ impl Engine {
             exited: HashSet::new(),
             tasks: HashMap::new(),
             task_problems: BTreeMap::new(),
+            ring_backlog_max: 0,
         }
     }
 
@@ -578,6 +581,7 @@ impl Engine {
         next.procs = self.procs;
         next.tasks = self.tasks;
         next.task_problems = self.task_problems;
+        next.ring_backlog_max = self.ring_backlog_max;
         next
     }
 
@@ -765,10 +769,19 @@ impl Engine {
         ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
         probes: &mut dyn Control,
     ) {
+        let mut bytes = 0;
         while let Some(item) = ring.next() {
+            bytes += item.len();
             self.handle_record(&item, probes);
         }
+        self.ring_backlog_max = self.ring_backlog_max.max(bytes);
         self.collect();
+    }
+
+    /// The most bytes one drain found waiting in the ring buffer (its
+    /// margin: the ring's size is what it may reach before events are lost).
+    pub fn ring_backlog_max(&self) -> usize {
+        self.ring_backlog_max
     }
 
     /// One record from the source: decode, unwind, assemble (and symbolize
@@ -1131,6 +1144,10 @@ impl Engine {
             self.done(d);
         }
         info!(
+            "ring buffer: at most {} KiB waiting at a drain",
+            self.ring_backlog_max / 1024
+        );
+        info!(
             "memory: {} stacks interned ({} KiB), {} stalls held ({} frames, {} KiB of frame slots)",
             self.tracker.stacks.len(),
             self.tracker.stacks.bytes() / 1024,
@@ -1289,7 +1306,9 @@ impl Engine {
         probes: &mut dyn Control,
     ) -> u64 {
         let mut skipped = 0;
+        let mut bytes = 0;
         while let Some(item) = ring.next() {
+            bytes += item.len();
             if let Ok(ev) = event::parse(&item)
                 && matches!(ev, Event::Sample { .. } | Event::SwitchOut { .. })
                 && !self.tracker.loops().is_loop_thread(ev.tid())
@@ -1299,6 +1318,7 @@ impl Engine {
             }
             self.handle_record(&item, probes);
         }
+        self.ring_backlog_max = self.ring_backlog_max.max(bytes);
         self.collect();
         skipped
     }

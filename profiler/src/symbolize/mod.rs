@@ -405,8 +405,9 @@ pub struct BlazeResolver {
     user_cache: HashMap<((u32, u32), u64, u64), Vec<Frame>>,
     kernel_cache: HashMap<u64, Frame>,
     /// Files blazesym has opened (and keeps parsed and mapped for the life
-    /// of `blaze`), by the process whose path (`/proc/PID/...`) named them.
-    blaze_files: HashMap<PathBuf, u32>,
+    /// of `blaze`), by the process whose path (`/proc/PID/...`) named them,
+    /// and whether their DWARF is read ([`dwarf_wanted`]).
+    blaze_files: HashMap<PathBuf, (u32, bool)>,
     /// Of those, files of processes forgotten since `blaze` was built.
     blaze_stale: usize,
 }
@@ -559,7 +560,7 @@ impl BlazeResolver {
     pub fn forget(&mut self, pid: u32) {
         self.perf_maps.remove(&pid);
         let before = self.blaze_files.len();
-        self.blaze_files.retain(|_, p| *p != pid);
+        self.blaze_files.retain(|_, (p, _)| *p != pid);
         self.blaze_stale += before - self.blaze_files.len();
         if self.blaze_stale > BLAZE_STALE_MAX {
             self.reset_blaze();
@@ -592,11 +593,7 @@ impl BlazeResolver {
         self.blaze = Self::symbolizer();
         self.blaze_files.clear();
         self.blaze_stale = 0;
-        #[cfg(target_env = "gnu")]
-        // SAFETY: malloc_trim only returns free heap pages to the kernel.
-        unsafe {
-            libc::malloc_trim(0);
-        }
+        crate::os::heap::release();
     }
 
     /// Files blazesym holds now (tests, memory accounting).
@@ -623,13 +620,26 @@ impl BlazeResolver {
     }
 
     fn symbolize_file(&mut self, pid: u32, path: &Path, offset: u64) -> Vec<Frame> {
-        if !self.blaze_files.contains_key(path) {
-            if self.blaze_files.len() >= BLAZE_FILES_MAX {
-                self.reset_blaze();
+        let dwarf = match self.blaze_files.get(path) {
+            Some(&(_, dwarf)) => dwarf,
+            None => {
+                if self.blaze_files.len() >= BLAZE_FILES_MAX {
+                    self.reset_blaze();
+                }
+                let dwarf = dwarf_wanted(path);
+                if !dwarf {
+                    debug!(
+                        "{}: a CPython interpreter, named from its symbol table",
+                        path.display()
+                    );
+                }
+                self.blaze_files.insert(path.to_path_buf(), (pid, dwarf));
+                dwarf
             }
-            self.blaze_files.insert(path.to_path_buf(), pid);
-        }
-        let src = Source::Elf(Elf::new(path));
+        };
+        let mut elf = Elf::new(path);
+        elf.debug_syms = dwarf;
+        let src = Source::Elf(elf);
         let sym = match self.blaze.symbolize_single(&src, Input::FileOffset(offset)) {
             Ok(Symbolized::Sym(sym)) => sym,
             Ok(Symbolized::Unknown(reason)) => {
@@ -671,6 +681,17 @@ impl BlazeResolver {
         }
         frames
     }
+}
+
+/// Whether a file's DWARF is worth reading: not for a CPython interpreter
+/// (the ELF that defines `_PyRuntime`). Its frames that matter are the
+/// Python frames read from its memory, which replace its eval loop; its
+/// symbol table still names every C function in it. Its DWARF (libpython
+/// 3.11 with debug info: 9 MiB of `.debug_info`) would add inlined helpers
+/// and C lines at ~33 MiB of parsed and mapped memory, half the agent's
+/// budget on the demo (docs/benchmarks.md §3).
+fn dwarf_wanted(path: &Path) -> bool {
+    !python::is_interpreter_file(path)
 }
 
 /// The mapping of a user address when it is a file's; else the frame it
@@ -1378,7 +1399,7 @@ mod tests {
         assert!(resets() > before, "past the cap the symbolizer is rebuilt");
         let held = r.files_held();
         assert!(held > BLAZE_STALE_MAX + 1, "{held} files held");
-        let pids: Vec<u32> = r.blaze_files.values().copied().collect();
+        let pids: Vec<u32> = r.blaze_files.values().map(|&(p, _)| p).collect();
         let mid = resets();
         for pid in pids.iter().take(BLAZE_STALE_MAX + 1) {
             r.forget(*pid);

@@ -391,6 +391,8 @@ impl Collector {
             cfg.probes,
         )?;
         probes.watch_host_waits();
+        // The kernel's BTF, parsed for the load, is freed: give it back.
+        crate::os::heap::release();
         let ring = probes.take_events()?;
         let engine = Engine::new(cfg.threshold_ns, None);
         let now = monotonic_ns();
@@ -470,6 +472,10 @@ impl Collector {
             self.total_stalls,
             self.processes_seen,
             self.total_reports
+        );
+        info!(
+            "ring buffer: at most {} KiB waiting at a drain",
+            self.engine.ring_backlog_max() / 1024
         );
         let Collector { ring, probes, .. } = self;
         drop(ring);
@@ -725,10 +731,7 @@ impl Collector {
         self.sh.metrics.session_resets.inc();
         // Hand the freed caches back to the kernel: glibc keeps freed heap
         // in its arenas, and RSS is what the bound is judged by.
-        #[cfg(target_env = "gnu")]
-        unsafe {
-            libc::malloc_trim(0);
-        }
+        crate::os::heap::release();
     }
 
     /// Close the window: write its reports, apply retention.

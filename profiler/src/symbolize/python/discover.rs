@@ -217,6 +217,12 @@ struct Symbols {
     load_segments: Vec<(u64, u64)>,
 }
 
+/// Whether the ELF file at `path` is a CPython interpreter: it defines
+/// `_PyRuntime` (as [`find`] looks for it).
+pub fn is_interpreter_file(path: &Path) -> bool {
+    matches!(symbols(path, &["_PyRuntime"]), Ok(Some(s)) if s.values.contains_key("_PyRuntime"))
+}
+
 /// An ELF file opened for `object` to parse in place. `Ok(None)`: missing,
 /// or refused by the read limits (a FIFO, a device, a huge file: counted):
 /// not an interpreter, keep looking.

@@ -32,7 +32,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use code::{CodeResolver, PyFrameInfo};
-pub use discover::{Mapping, mapped_file, parse_maps};
+pub use discover::{Mapping, is_interpreter_file, mapped_file, parse_maps};
 pub use linetable::{LineRange, LineTableFormat};
 pub use memory::ProcessMemory;
 pub use offsets::{GilFields, Layout};
