@@ -75,6 +75,40 @@ struct Env {
     clk_tck: f64,
 }
 
+/// Issue 18's figures from this run, side by side, with py-spy as the
+/// anchor: each section adds its rows, [`run`] writes them first.
+#[derive(Default)]
+struct Glance {
+    /// what, `record`, `daemon`, py-spy, target and verdict.
+    rows: Vec<[String; 5]>,
+}
+
+impl Glance {
+    fn row(&mut self, what: &str, record: String, daemon: String, pyspy: String, target: String) {
+        self.rows
+            .push([what.to_string(), record, daemon, pyspy, target]);
+    }
+
+    fn text(&self) -> String {
+        if self.rows.is_empty() {
+            return String::new();
+        }
+        let mut s = String::from(
+            "## At a glance: the agent's cost (issue 18)\n\nFrom the sections below, this run; medians of interleaved rounds.\n\n\
+             | what | stallprof record | stallprof daemon | py-spy (anchor) | target |\n|---|---|---|---|---|\n",
+        );
+        for r in &self.rows {
+            let _ = writeln!(s, "| {} | {} | {} | {} | {} |", r[0], r[1], r[2], r[3], r[4]);
+        }
+        s.push('\n');
+        s
+    }
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or("—".into(), |r| format!("{:.1}%", r * 100.0))
+}
+
 pub fn run(quick: bool, only: &[String]) -> Result<()> {
     for s in only {
         if !SECTIONS.contains(&s.as_str()) {
@@ -89,7 +123,8 @@ pub fn run(quick: bool, only: &[String]) -> Result<()> {
         Plan {
             quick,
             acc_reps: 1,
-            ovh_rounds: 3,
+            // Issue 18 judges the service's efficiency on 5 interleaved rounds.
+            ovh_rounds: 5,
             ovh_secs: 4,
             attach_reps: 2,
             scale_reps: 1,
@@ -111,22 +146,23 @@ pub fn run(quick: bool, only: &[String]) -> Result<()> {
     eprintln!("bench: outputs in {}", env.work.display());
 
     let mut doc = String::new();
+    let mut glance = Glance::default();
     if want("accuracy") {
         doc.push_str(&accuracy(&env, &plan)?);
     }
     if want("overhead") {
-        doc.push_str(&overhead(&env, &plan)?);
+        doc.push_str(&overhead(&env, &plan, &mut glance)?);
     }
     if want("host") {
-        doc.push_str(&host::host(&env, &plan)?);
+        doc.push_str(&host::host(&env, &plan, &mut glance)?);
     }
     if want("agent") {
-        doc.push_str(&agent(&env, &plan)?);
+        doc.push_str(&agent(&env, &plan, &mut glance)?);
     }
     if want("scaling") {
         doc.push_str(&scaling(&env, &plan)?);
     }
-    let full = header(&env, &plan, only, started.elapsed()) + &doc;
+    let full = header(&env, &plan, only, started.elapsed()) + &glance.text() + &doc;
     fs::write(env.work.join("benchmarks.md"), &full)?;
     let target = if only.is_empty() {
         env.root.join("docs/benchmarks.md")
@@ -405,6 +441,17 @@ fn cpu_secs(pid: u32, clk_tck: f64) -> Option<f64> {
     let ut: f64 = f.get(11)?.parse().ok()?;
     let st: f64 = f.get(12)?.parse().ok()?;
     Some((ut + st) / clk_tck)
+}
+
+/// CPU time of every thread of `pid` (`sum_exec_runtime` from each
+/// thread's schedstat: ns, where utime+stime counts 10 ms ticks), in s.
+fn task_cpu_secs(pid: u32) -> Option<f64> {
+    let mut ns = 0u64;
+    for t in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        let s = fs::read_to_string(t.path().join("schedstat")).ok()?;
+        ns += s.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(ns as f64 / 1e9)
 }
 
 /// Peak RSS (VmHWM) in MiB.
@@ -1056,8 +1103,21 @@ impl Cfg {
 struct OvhRun {
     rps: f64,
     p99_ms: f64,
+    /// The service's own CPU time (utime+stime, BPF run in its context
+    /// included) per request served during the measurement, in µs.
+    svc_us_per_req: Option<f64>,
     agent_cpu_pct: Option<f64>,
     agent_rss_mib: Option<f64>,
+}
+
+/// Requests wrk completed: its "N requests in T" line.
+fn wrk_requests(text: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.contains(" requests in "))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 fn parse_wrk(text: &str) -> Option<(f64, f64)> {
@@ -1151,12 +1211,18 @@ fn overhead_once(env: &Env, cfg: Cfg, secs: u32, dir: &Path) -> Result<OvhRun> {
         a.wait_line(&format!("monitoring pid {pid} "), Duration::from_secs(10))?;
     }
     let pre = agent.as_ref().and_then(|a| cpu_secs(a.pid(), env.clk_tck));
+    let svc_pre = task_cpu_secs(pid);
     let t0 = Instant::now();
     let out = wrk()
         .args(["-t1", "-c32", &format!("-d{secs}s"), "--latency", &url])
         .output()?;
     let wall = t0.elapsed().as_secs_f64();
+    let svc_post = task_cpu_secs(pid);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let svc_us_per_req = match (svc_pre, svc_post, wrk_requests(&text)) {
+        (Some(a), Some(b), Some(n)) if n > 0.0 => Some((b - a) * 1e6 / n),
+        _ => None,
+    };
     fs::write(dir.join("wrk.txt"), &text)?;
     let (agent_cpu_pct, agent_rss_mib) = match &agent {
         Some(a) => (
@@ -1176,6 +1242,7 @@ fn overhead_once(env: &Env, cfg: Cfg, secs: u32, dir: &Path) -> Result<OvhRun> {
     Ok(OvhRun {
         rps,
         p99_ms,
+        svc_us_per_req,
         agent_cpu_pct,
         agent_rss_mib,
     })
@@ -1205,7 +1272,7 @@ fn start_http_service(env: &Env, port_file: &Path) -> Result<(Proc, u32, String)
     Ok((server, pid, format!("http://127.0.0.1:{port}/")))
 }
 
-fn overhead(env: &Env, plan: &Plan) -> Result<String> {
+fn overhead(env: &Env, plan: &Plan, glance: &mut Glance) -> Result<String> {
     eprintln!("bench: section 2, overhead on the target");
     let cfgs = [
         Cfg::Bare,
@@ -1261,35 +1328,56 @@ fn overhead(env: &Env, plan: &Plan) -> Result<String> {
     );
     let _ = writeln!(
         s,
-        "| configuration | requests/s | p99 (ms) | throughput ratio | p99 ratio | agent CPU % of one core | agent peak RSS (MiB) |"
+        "| configuration | requests/s | p99 (ms) | throughput ratio | p99 ratio | service CPU per request (µs) | service CPU efficiency | agent CPU % of one core | agent peak RSS (MiB) |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
     let mut tp_ratio: BTreeMap<usize, f64> = BTreeMap::new();
+    let mut efficiency: BTreeMap<usize, f64> = BTreeMap::new();
     for (i, cfg) in cfgs.iter().enumerate() {
         let ok: Vec<&OvhRun> = runs[i].iter().flatten().collect();
         let rps: Vec<f64> = ok.iter().map(|r| r.rps).collect();
         let p99: Vec<f64> = ok.iter().map(|r| r.p99_ms).collect();
         let mut rr = Vec::new();
         let mut pr = Vec::new();
+        let mut er = Vec::new();
         for (a, b) in runs[i].iter().zip(runs[0].iter()) {
             if let (Some(a), Some(b)) = (a, b) {
                 rr.push(a.rps / b.rps);
                 pr.push(a.p99_ms / b.p99_ms);
+                if let (Some(x), Some(y)) = (a.svc_us_per_req, b.svc_us_per_req) {
+                    er.push(y / x);
+                }
             }
         }
         if !rr.is_empty() {
             tp_ratio.insert(i, median(&rr));
         }
+        if !er.is_empty() {
+            efficiency.insert(i, median(&er));
+        }
+        let svc: Vec<f64> = ok.iter().filter_map(|r| r.svc_us_per_req).collect();
         let cpu: Vec<f64> = ok.iter().filter_map(|r| r.agent_cpu_pct).collect();
         let rss: Vec<f64> = ok.iter().filter_map(|r| r.agent_rss_mib).collect();
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             cfg.name(),
             spread(&rps, 0),
             spread(&p99, 2),
             if i == 0 { "1".into() } else { spread(&rr, 3) },
             if i == 0 { "1".into() } else { spread(&pr, 2) },
+            if svc.is_empty() {
+                "—".into()
+            } else {
+                spread(&svc, 1)
+            },
+            if i == 0 {
+                "1".into()
+            } else if er.is_empty() {
+                "—".into()
+            } else {
+                spread(&er, 3)
+            },
             if cpu.is_empty() {
                 "—".into()
             } else {
@@ -1305,6 +1393,76 @@ fn overhead(env: &Env, plan: &Plan) -> Result<String> {
     if !errors.is_empty() {
         let _ = writeln!(s, "\nRuns that failed:\n\n{}", errors.join("\n"));
     }
+    let med = |i: usize, f: fn(&OvhRun) -> Option<f64>| {
+        let v: Vec<f64> = runs[i].iter().flatten().filter_map(f).collect();
+        (!v.is_empty()).then(|| median(&v))
+    };
+    let verdict = |v: Option<f64>, ok: fn(f64) -> bool| match v {
+        Some(x) if ok(x) => "met",
+        Some(_) => "missed",
+        None => "not measured",
+    };
+    let rounds = plan.ovh_rounds;
+    glance.row(
+        &format!(
+            "saturated asyncio service: CPU efficiency (bare ÷ attached CPU time per request, median of {rounds} rounds)"
+        ),
+        pct(efficiency.get(&1).copied()),
+        pct(efficiency.get(&3).copied()),
+        format!(
+            "{} / {} (blocking / --nonblocking)",
+            pct(efficiency.get(&4).copied()),
+            pct(efficiency.get(&5).copied())
+        ),
+        format!(
+            "≥ 98%: record **{}**, daemon **{}** (noise floor, bare again: {})",
+            verdict(efficiency.get(&1).copied(), |x| x >= 0.98),
+            verdict(efficiency.get(&3).copied(), |x| x >= 0.98),
+            pct(efficiency.get(&(cfgs.len() - 1)).copied())
+        ),
+    );
+    let one = |v: Option<f64>| v.map_or("—".into(), |c| format!("{c:.1}"));
+    glance.row(
+        "agent CPU while it watches that service (% of one core)",
+        one(med(1, |r| r.agent_cpu_pct)),
+        one(med(3, |r| r.agent_cpu_pct)),
+        format!(
+            "{} / {}",
+            one(med(4, |r| r.agent_cpu_pct)),
+            one(med(5, |r| r.agent_cpu_pct))
+        ),
+        format!(
+            "≤ 2: record **{}**, daemon **{}**",
+            verdict(med(1, |r| r.agent_cpu_pct), |x| x <= 2.0),
+            verdict(med(3, |r| r.agent_cpu_pct), |x| x <= 2.0)
+        ),
+    );
+    let mib = |v: Option<f64>| v.map_or("—".into(), |c| format!("{c:.0}"));
+    glance.row(
+        "agent peak RSS while it watches that service (MiB)",
+        mib(med(1, |r| r.agent_rss_mib)),
+        mib(med(3, |r| r.agent_rss_mib)),
+        format!(
+            "{} / {}",
+            mib(med(4, |r| r.agent_rss_mib)),
+            mib(med(5, |r| r.agent_rss_mib))
+        ),
+        "≤ 64".into(),
+    );
+    glance.row(
+        "that service's throughput (attached ÷ bare requests/s)",
+        pct(tp_ratio.get(&1).copied()),
+        pct(tp_ratio.get(&3).copied()),
+        format!(
+            "{} / {}",
+            pct(tp_ratio.get(&4).copied()),
+            pct(tp_ratio.get(&5).copied())
+        ),
+        format!(
+            "noise floor (bare again): {}",
+            pct(tp_ratio.get(&(cfgs.len() - 1)).copied())
+        ),
+    );
     let rec = tp_ratio.get(&1).copied();
     let dmn = tp_ratio.get(&3).copied();
     let pys = [tp_ratio.get(&4).copied(), tp_ratio.get(&5).copied()];
@@ -1855,7 +2013,7 @@ fn storm_rate(result: &Path) -> Option<f64> {
 /// (VmHWM, so the report written at the end counts too), with the stalls it
 /// found and its drop counters (`symbolizer_behind`: stalls whose native
 /// frames the symbolizer thread was too far behind to name).
-fn demo_memory(env: &Env, plan: &Plan, s: &mut String) -> Result<()> {
+fn demo_memory(env: &Env, plan: &Plan, s: &mut String, glance: &mut Glance) -> Result<()> {
     const DEMO_SECS: u32 = 10;
     let reps = plan.attach_reps.clamp(1, 3);
     let mut rows = String::new();
@@ -1909,6 +2067,16 @@ fn demo_memory(env: &Env, plan: &Plan, s: &mut String) -> Result<()> {
         peaks.push(peak);
     }
     let m = median(&peaks);
+    glance.row(
+        &format!("agent peak RSS on the demo (MiB, median of {reps})"),
+        format!("{m:.0}"),
+        "—".into(),
+        "—".into(),
+        format!(
+            "≤ 64: **{}**",
+            if m.is_finite() && m <= 64.0 { "met" } else { "missed" }
+        ),
+    );
     let _ = writeln!(
         s,
         "**Peak memory on the demo** ({reps} runs; `cargo xtask demo`'s command, `stallprof record -q \
@@ -1932,7 +2100,7 @@ fn demo_memory(env: &Env, plan: &Plan, s: &mut String) -> Result<()> {
     Ok(())
 }
 
-fn agent(env: &Env, plan: &Plan) -> Result<String> {
+fn agent(env: &Env, plan: &Plan, glance: &mut Glance) -> Result<String> {
     eprintln!("bench: section 3, agent cost");
     let mut s = String::new();
     let _ = writeln!(s, "## 3. Agent cost\n");
@@ -2173,7 +2341,7 @@ fn agent(env: &Env, plan: &Plan) -> Result<String> {
         }
     }
     let _ = writeln!(s);
-    demo_memory(env, plan, &mut s)?;
+    demo_memory(env, plan, &mut s, glance)?;
     let _ = writeln!(s, "Commands:\n\n```sh");
     let _ = writeln!(s, "cc -O2 -pthread -o event_storm bench/event_storm.c");
     let _ = writeln!(

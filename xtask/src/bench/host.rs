@@ -14,7 +14,7 @@ use std::{fmt::Write as _, fs, path::Path, process::Command, time::Duration};
 
 use anyhow::{Result, bail};
 
-use super::{Env, Plan, Proc, daemon_cmd, median, spread};
+use super::{Env, Glance, Plan, Proc, daemon_cmd, median, spread};
 
 /// One configuration: its label, and how the agent runs (None: bare).
 struct Cfg {
@@ -122,7 +122,7 @@ fn once(env: &Env, bin: &Path, cfg: &Cfg, dir: &Path, secs: u32) -> Result<(f64,
     Ok((sys, pipe))
 }
 
-pub(super) fn host(env: &Env, plan: &Plan) -> Result<String> {
+pub(super) fn host(env: &Env, plan: &Plan, glance: &mut Glance) -> Result<String> {
     let bin = env.work.join("host_cost");
     super::super::run(
         Command::new("cc")
@@ -142,6 +142,28 @@ pub(super) fn host(env: &Env, plan: &Plan) -> Result<String> {
             sys[i].push(s);
             pipe[i].push(p);
         }
+    }
+    let added_at = |v: &[Vec<f64>], i: usize| -> f64 {
+        let r: Vec<f64> = v[i].iter().zip(&v[0]).map(|(a, b)| (a / b - 1.0) * 100.0).collect();
+        median(&r)
+    };
+    // CFGS: 1 record, 2 record --probes tracepoints, 3 daemon, 4 daemon --probes tracepoints.
+    for (what, v) in [
+        ("an unwatched process: added time per syscall (`getppid`)", &sys),
+        ("an unwatched process: added time per pipe round trip", &pipe),
+    ] {
+        let (r, d) = (added_at(v, 1), added_at(v, 3));
+        glance.row(
+            &format!("{what}, median of {reps} rounds (classic tracepoints in brackets)"),
+            format!("{r:+.1}% ({:+.1}%)", added_at(v, 2)),
+            format!("{d:+.1}% ({:+.1}%)", added_at(v, 4)),
+            "—".into(),
+            format!(
+                "≤ 5%: record **{}**, daemon **{}**",
+                if r <= 5.0 { "met" } else { "missed" },
+                if d <= 5.0 { "met" } else { "missed" }
+            ),
+        );
     }
     let mut s = String::new();
     let _ = writeln!(
