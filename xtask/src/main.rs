@@ -830,6 +830,8 @@ fn test(args: &[String]) -> Result<()> {
 const ACCURACY_TESTS: &[&str] = &[
     "record_c",
     "record_python",
+    "record_python_frames",
+    "record_frameworks",
     "record_tasks",
     "record_native",
     "record_container",
