@@ -10,6 +10,8 @@
 //!   the GIL holder); the victims log namespace pids and tids, which the
 //!   harness maps to the host's through `NSpid:` while they run, and stalls
 //!   are matched to requests/turns by time.
+//! - `routes`: the ASGI request's route on 3.13-3.15 (pyrecord
+//!   `check_routes`, tests/victims/py_asgi_routes.py; issue 19 item 2).
 //! - `unsupported_interpreter`: a python3.15 whose `Py_Version` says 3.16.0
 //!   runs the gateway; the recording says plainly that the interpreter was
 //!   found and not read (summary and stalls.json `runtime_problems`), counts
@@ -76,6 +78,7 @@ in_the_sandbox!(gateway, check_gateway);
 in_the_sandbox!(session, check_session);
 in_the_sandbox!(gil, check_gil);
 in_the_sandbox!(tasks, check_tasks);
+in_the_sandbox!(routes, check_routes);
 
 #[test]
 fn unsupported_interpreter() {

@@ -16,12 +16,24 @@
 //!   the share the victim's clock gives the call;
 //! - every handler appears by its own name among the summary's top culprit
 //!   lines and under `by entry point`;
+//! - each handler's stall carries the request's route (issue 19 item 2),
+//!   the method and route template the victim logs it served
+//!   (`request.method`, `request.scope["route"].path`): in the model, in
+//!   stalls.json's `route`, as the `route` label of the pprof samples of
+//!   that handler (read with pprof-format), and under the summary's `by
+//!   route`;
 //! - the default view (stalls.folded) of this uvloop service starts at the
 //!   app's code: every stack through a handler starts with it, and no
 //!   default-view stack holds uvloop's dispatch (`uv_run`, `Handle__run`,
 //!   `run_forever`), which `--native all` does hold.
+//!
+//! And the route on the host's other CPythons, without packages
+//! (`asgi_routes_pyenv_*`: tests/victims/py_asgi_routes.py, the shapes of
+//! uvicorn and Starlette in the standard library; pyrecord `check_routes`;
+//! the sandbox's 3.13-3.15 in record_container.rs `routes::*`).
 
 mod common;
+mod pyrecord;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -88,6 +100,23 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
         std::fs::read_to_string(&log).unwrap_or_default()
     );
     let truth = python_truth(&entries);
+    // What the victim says it served, call for call (python_truth's order).
+    let served: Vec<(String, String)> = entries
+        .iter()
+        .filter(|r| {
+            matches!(
+                r["kind"].as_str(),
+                Some("blocking_client" | "sleep" | "cpu")
+            )
+        })
+        .map(|r| {
+            (
+                r["method"].as_str().unwrap_or("?").to_string(),
+                r["route"].as_str().unwrap_or("?").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(served.len(), truth.len());
     for func in HANDLERS {
         assert!(
             truth.iter().filter(|t| t.func == func).count() >= 3,
@@ -114,7 +143,12 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
     ));
     check_contract(&mut c, &contract, THRESHOLD_NS);
 
-    for t in &truth {
+    let mut handler_routes: Vec<(String, String)> = Vec::new();
+    for (t, (method, template)) in truth.iter().zip(&served) {
+        let want_route = format!("{method} {template}");
+        if !handler_routes.iter().any(|h| h.0 == t.func) {
+            handler_routes.push((t.func.clone(), want_route.clone()));
+        }
         let who = format!(
             "{} ({:.1} ms at {})",
             t.func,
@@ -146,6 +180,16 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
         c.check(entry == want_entry, || {
             format!("{who}: stalls.json entry {entry:?}, want {want_entry:?}")
         });
+        // The request's route, as the victim served it.
+        let route = s.route.as_ref().map(|r| r.describe());
+        c.check(route.as_deref() == Some(want_route.as_str()), || {
+            format!("{who}: the stall's route is {route:?}, the victim served {want_route:?}")
+        });
+        let wire = &raw["stalls"][index]["route"];
+        c.check(
+            wire["method"] == method.as_str() && wire["template"] == template.as_str(),
+            || format!("{who}: stalls.json route {wire}, want {want_route:?}"),
+        );
         // The stall's time blamed on the handler vs the call's share of it
         // by the victim's clock.
         let blamed: u64 = s
@@ -185,6 +229,42 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
     };
     let top = section("top culprits");
     let by_entry = section("by entry point");
+    let by_route = section("by route");
+    for (func, route) in &handler_routes {
+        let line = format!("  {route} (");
+        c.check(by_route.iter().any(|l| l.contains(&line)), || {
+            format!("{func}'s route {route:?} is not under the summary's by route: {by_route:#?}")
+        });
+    }
+    // pprof: every sample of a handler's stall is labelled with its route.
+    let prof = read_pprof(&dir.path, &out.join("stalls.pb.gz"));
+    for (func, route) in &handler_routes {
+        let entry = format!("{func} (py_fastapi.py)");
+        let samples: Vec<&serde_json::Value> = prof["samples"]
+            .as_array()
+            .map(|v| {
+                v.iter()
+                    .filter(|s| s["labels"]["entry"] == entry.as_str())
+                    .collect()
+            })
+            .unwrap_or_default();
+        c.check(!samples.is_empty(), || {
+            format!("no pprof sample with entry {entry:?}")
+        });
+        let wrong: Vec<&serde_json::Value> = samples
+            .iter()
+            .filter(|s| s["labels"]["route"] != route.as_str())
+            .copied()
+            .collect();
+        c.check(wrong.is_empty(), || {
+            format!(
+                "{} of {} pprof samples of {func} lack the route label {route:?}: first {}",
+                wrong.len(),
+                samples.len(),
+                wrong[0]["labels"]
+            )
+        });
+    }
     for func in HANDLERS {
         let name = format!("  {func} (py_fastapi.py:");
         c.check(top.iter().any(|l| l.contains(&name)), || {
@@ -241,4 +321,24 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
         || "--native all shows no uvloop dispatch: was the victim really on uvloop?".into(),
     );
     c.finish();
+}
+
+#[test]
+fn asgi_routes_pyenv_3_10() {
+    pyrecord::check_routes("asgi_routes_pyenv_3_10", pyrecord::found_python(10));
+}
+
+#[test]
+fn asgi_routes_pyenv_3_11() {
+    pyrecord::check_routes("asgi_routes_pyenv_3_11", pyrecord::found_python(11));
+}
+
+#[test]
+fn asgi_routes_pyenv_3_12() {
+    pyrecord::check_routes("asgi_routes_pyenv_3_12", pyrecord::found_python(12));
+}
+
+#[test]
+fn asgi_routes_pyenv_3_13() {
+    pyrecord::check_routes("asgi_routes_pyenv_3_13", pyrecord::found_python(13));
 }

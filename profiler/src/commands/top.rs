@@ -102,16 +102,29 @@ impl Window {
         self.stalls.len() as f64 * 1e9 / span as f64
     }
 
-    /// Culprits by stall time, heaviest first, with their split.
-    fn culprits(&self) -> Vec<(String, Split)> {
-        let mut by: HashMap<String, Split> = HashMap::new();
+    /// Culprits by stall time, heaviest first, with their split and the
+    /// ASGI routes their stalls served (heaviest first).
+    fn culprits(&self) -> Vec<(String, Split, Vec<String>)> {
+        let mut by: HashMap<String, (Split, HashMap<String, u64>)> = HashMap::new();
         for s in &self.stalls {
+            let route = s.route.as_ref().map(|r| r.describe());
             for p in &s.stacks {
                 let label = culprit_name(p, &self.app);
-                by.entry(label).or_default().add(p.kind, p.weight_ns);
+                let e = by.entry(label).or_default();
+                e.0.add(p.kind, p.weight_ns);
+                if let Some(r) = &route {
+                    *e.1.entry(r.clone()).or_default() += p.weight_ns;
+                }
             }
         }
-        let mut v: Vec<(String, Split)> = by.into_iter().collect();
+        let mut v: Vec<(String, Split, Vec<String>)> = by
+            .into_iter()
+            .map(|(label, (split, routes))| {
+                let mut r: Vec<(String, u64)> = routes.into_iter().collect();
+                r.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                (label, split, r.into_iter().map(|x| x.0).collect())
+            })
+            .collect();
         v.sort_by(|a, b| b.1.total().cmp(&a.1.total()).then_with(|| a.0.cmp(&b.0)));
         v
     }
@@ -182,8 +195,13 @@ fn screen(
         "STALL TIME", "SHARE", "ON-CPU", "BLOCKED", "RUNQ", "GIL", "THROT"
     );
     let total = all.total();
-    for (label, s) in w.culprits().into_iter().take(top) {
+    for (label, s, routes) in w.culprits().into_iter().take(top) {
         let t = s.total();
+        let label = match routes.split_first() {
+            None => label,
+            Some((r, [])) => format!("{label} — in {r}"),
+            Some((r, more)) => format!("{label} — in {r} and {} more", more.len()),
+        };
         let _ = writeln!(
             out,
             "{:>10} {:>5.1}% {:>6.0}% {:>7.0}% {:>5.0}% {:>5.0}% {:>5.0}%  {}",
@@ -353,6 +371,7 @@ mod tests {
 
     fn stall(end_ns: u64, dur: u64, name: &str, kind: PartKind) -> Stall {
         Stall {
+            route: None,
             throttled_ns: 0,
             cpu_holders: Vec::new(),
             tid: 1,

@@ -40,9 +40,10 @@ use crate::{
     os::outdir::{OutDir, PendingFile},
     os::proc::{is_own_fork, process_alive, read_comm, read_namespace_id},
     os::units::fmt_ns,
+    pipeline::routes::Routes,
     pipeline::stall::{Output, RawStall, Tracker, TrackerConfig},
     pipeline::symbolizer::{self, Done, Job, Native, Symbolizer, Worker},
-    report::model::{ProcessInfo, RuntimeProblem, Stall, Task, ThreadInfo},
+    report::model::{ProcessInfo, Route, RuntimeProblem, Stall, Task, ThreadInfo},
     symbolize::python::{self, Interpreter, PythonError},
     symbolize::{
         Answers, Recorder, ResolveRuntime, RuntimeReader, SharedMaps, TableResolver, Unnamed,
@@ -460,6 +461,8 @@ pub struct Engine {
     task_problems: BTreeMap<u32, String>,
     /// See [`Engine::ring_backlog_max`].
     ring_backlog_max: usize,
+    /// The ASGI request of each open busy period, read next to its task.
+    routes: Routes,
 }
 
 /// What the reads of one busy period's asyncio task found. The task is
@@ -534,6 +537,7 @@ impl Engine {
             tasks: HashMap::new(),
             task_problems: BTreeMap::new(),
             ring_backlog_max: 0,
+            routes: Routes::default(),
         }
     }
 
@@ -582,6 +586,7 @@ impl Engine {
         next.tasks = self.tasks;
         next.task_problems = self.task_problems;
         next.ring_backlog_max = self.ring_backlog_max;
+        next.routes = self.routes.take();
         next
     }
 
@@ -753,6 +758,7 @@ impl Engine {
                     .into(),
             }
         }));
+        v.extend(self.routes.problems(|pid| self.python_version(pid)));
         v.sort_by_key(|p| p.pid);
         v
     }
@@ -902,6 +908,7 @@ impl Engine {
         self.tracker.push(ev, &mut out);
         if let Some((tgid, tid, python)) = task_read {
             self.read_task(tgid, tid, &python);
+            self.read_route(tgid, tid, &python);
         }
         self.outputs(out, probes);
     }
@@ -946,6 +953,51 @@ impl Engine {
             self.tasks.retain(|k, _| open.contains(k));
         }
         self.tasks.insert((tid, start), state);
+    }
+
+    /// Reads the ASGI request of `tid`'s open busy period (see
+    /// [`Routes`]), unless it is known or was tried enough.
+    fn read_route(&mut self, tgid: u32, tid: u32, python: &[(u64, u64)]) {
+        let Some(start) = self
+            .tracker
+            .busy_threads()
+            .find_map(|(t, s)| (t == tid).then_some(s))
+        else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        if !self.routes.wants_read((tid, start), now) {
+            return;
+        }
+        let Some(blaze) = self.symbols.live() else {
+            return;
+        };
+        let read = blaze.asgi_route(tgid, tid, python);
+        if let Err(python::RouteRead::Unreadable(why)) = &read {
+            debug!("pid {tgid} tid {tid}: ASGI route unreadable: {why}");
+        }
+        let tracker = &self.tracker;
+        self.routes
+            .record((tid, start), read, now, || tracker.busy_threads().collect());
+    }
+
+    /// The route of a finished stall: the live reads' (also kept for a
+    /// recording, their miss counted), or the recording's.
+    fn stall_route(&mut self, tgid: u32, tid: u32, start_ns: u64) -> Option<Route> {
+        let saved_key = format!("{tid}:{start_ns}");
+        match &mut self.symbols {
+            Symbols::Saved(table) => table.routes.get(&saved_key).cloned(),
+            Symbols::Live { recorded, .. } => {
+                let (route, miss) = self.routes.finish(tgid, (tid, start_ns));
+                if let Some(c) = miss {
+                    *self.agent_drops.entry(c).or_default() += 1;
+                }
+                if let (Some(table), Some(r)) = (recorded, &route) {
+                    table.routes.insert(saved_key, r.clone());
+                }
+                route
+            }
+        }
     }
 
     /// The task of a finished stall: the live reads' (also kept for a
@@ -1039,6 +1091,7 @@ impl Engine {
             .map(|tid| (tid, self.thread(raw.tgid, tid).ns_tid))
             .collect();
         let (task, miss) = self.stall_task(raw.tid, raw.start_ns);
+        let route = self.stall_route(raw.tgid, raw.tid, raw.start_ns);
         // CPU holders of another process in the stalled one's container
         // (only looked up when it is in one: on the host there is none).
         let mut same_container = Vec::new();
@@ -1060,6 +1113,7 @@ impl Engine {
             holders,
             task,
             miss,
+            route,
             same_container,
             refresh: false,
         })

@@ -33,7 +33,7 @@ use crate::{
         engine::TaskMiss,
         stall::{RawStall, StallStacks},
     },
-    report::model::{HolderRelation, Stall, Task, ThreadInfo},
+    report::model::{HolderRelation, Route, Stall, Task, ThreadInfo},
     symbolize::{
         Answers, BlazeResolver, Joined, Recorder, ResolveNative, SharedMaps, TableResolver,
         to_stall,
@@ -66,6 +66,8 @@ pub struct Job {
     pub task: Option<Task>,
     /// Why there is no task, for the engine's counters (live only).
     pub miss: Option<TaskMiss>,
+    /// The ASGI request read while the stall ran.
+    pub route: Option<Route>,
     /// Processes holding the CPU that are in the stalled one's container.
     pub same_container: Vec<u32>,
     /// Re-read the maps and perf map first (a stall held back for JIT names).
@@ -89,6 +91,7 @@ pub fn finish(job: Job, native: &mut dyn ResolveNative) -> Done {
         holders,
         task,
         miss,
+        route,
         same_container,
         ..
     } = job;
@@ -115,6 +118,7 @@ pub fn finish(job: Job, native: &mut dyn ResolveNative) -> Done {
         h.relation = HolderRelation::SameContainer;
     }
     s.task = task;
+    s.route = route;
     Done {
         tgid: raw.tgid,
         stall: s,

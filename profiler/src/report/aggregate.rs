@@ -247,6 +247,9 @@ pub struct Culprit {
     /// The asyncio tasks its stalls ran, heaviest first
     /// ([`crate::report::model::Task::describe`]).
     pub tasks: Vec<String>,
+    /// The ASGI routes its stalls served, heaviest first
+    /// ([`crate::report::model::Route::describe`]).
+    pub routes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -264,6 +267,9 @@ pub struct Summary {
     /// Stall time by entry point ([`stall_entry`]), heaviest first; empty
     /// when no stall has one.
     pub entries: Vec<Entry>,
+    /// Stall time by ASGI route (`POST /resume/{rid}`), heaviest first;
+    /// empty when no stall has one.
+    pub routes: Vec<Entry>,
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -341,10 +347,18 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
     };
     let mut by: HashMap<String, u64> = HashMap::new();
     let mut tasks: HashMap<String, HashMap<String, u64>> = HashMap::new();
+    let mut routes_of: HashMap<String, HashMap<String, u64>> = HashMap::new();
     let mut entries: HashMap<String, (u64, usize)> = HashMap::new();
+    let mut routes: HashMap<String, (u64, usize)> = HashMap::new();
     for s in &rec.stalls {
         if let Some(e) = stall_entry(s, &app) {
             let v = entries.entry(e).or_default();
+            v.0 += s.duration_ns;
+            v.1 += 1;
+        }
+        let route = s.route.as_ref().map(|r| r.describe());
+        if let Some(r) = &route {
+            let v = routes.entry(r.clone()).or_default();
             v.0 += s.duration_ns;
             v.1 += 1;
         }
@@ -357,21 +371,26 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
                     .entry(t.describe())
                     .or_default() += p.weight_ns;
             }
+            if let Some(r) = &route {
+                *routes_of
+                    .entry(label.clone())
+                    .or_default()
+                    .entry(r.clone())
+                    .or_default() += p.weight_ns;
+            }
             *by.entry(label).or_default() += p.weight_ns;
         }
     }
+    let heaviest_first = |m: HashMap<String, u64>| -> Vec<String> {
+        let mut t: Vec<(String, u64)> = m.into_iter().collect();
+        t.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        t.into_iter().map(|(d, _)| d).collect()
+    };
     let mut culprits: Vec<Culprit> = by
         .into_iter()
         .map(|(label, ns)| Culprit {
-            tasks: {
-                let mut t: Vec<(String, u64)> = tasks
-                    .remove(&label)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .collect();
-                t.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-                t.into_iter().map(|(d, _)| d).collect()
-            },
+            tasks: heaviest_first(tasks.remove(&label).unwrap_or_default()),
+            routes: heaviest_first(routes_of.remove(&label).unwrap_or_default()),
             label,
             ns,
             share: share(ns),
@@ -379,17 +398,22 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
         .collect();
     culprits.sort_by(|a, b| b.ns.cmp(&a.ns).then_with(|| a.label.cmp(&b.label)));
     culprits.truncate(top);
-    let mut entries: Vec<Entry> = entries
-        .into_iter()
-        .map(|(label, (ns, stalls))| Entry {
-            label,
-            ns,
-            share: share(ns),
-            stalls,
-        })
-        .collect();
-    entries.sort_by(|a, b| b.ns.cmp(&a.ns).then_with(|| a.label.cmp(&b.label)));
-    entries.truncate(top);
+    let lines = |m: HashMap<String, (u64, usize)>| -> Vec<Entry> {
+        let mut v: Vec<Entry> = m
+            .into_iter()
+            .map(|(label, (ns, stalls))| Entry {
+                label,
+                ns,
+                share: share(ns),
+                stalls,
+            })
+            .collect();
+        v.sort_by(|a, b| b.ns.cmp(&a.ns).then_with(|| a.label.cmp(&b.label)));
+        v.truncate(top);
+        v
+    };
+    let entries = lines(entries);
+    let routes = lines(routes);
     Summary {
         stalls: d.len(),
         total_ns: total,
@@ -402,6 +426,7 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
         throttled_ns: rec.throttled_ns(),
         culprits,
         entries,
+        routes,
     }
 }
 
@@ -594,6 +619,7 @@ mod tests {
         );
         // The summary adds the library's functions up under the app's.
         let s = Stall {
+            route: None,
             tid: 1,
             ns_tid: None,
             thread_name: "main".into(),

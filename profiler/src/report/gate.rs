@@ -88,6 +88,7 @@ mod tests {
     fn stall(start_ms: u64, ms: u64, func: &str) -> Stall {
         let ns = ms * 1_000_000;
         Stall {
+            route: None,
             throttled_ns: 0,
             cpu_holders: Vec::new(),
             tid: 7,

@@ -401,6 +401,7 @@ mod tests {
 
     fn stall(start: u64, f: &str) -> Stall {
         Stall {
+            route: None,
             throttled_ns: 0,
             cpu_holders: Vec::new(),
             tid: 7,

@@ -27,7 +27,7 @@ use thiserror::Error;
 use crate::report::aggregate;
 use crate::report::model::{
     Container, CpuHolder, CpuQuota, Frame, GilHolder, HolderRelation, PartKind, ProbeSet,
-    ProcessInfo, Recording, RuntimeProblem, StackPart, Stall, Task, ThreadInfo,
+    ProcessInfo, Recording, Route, RuntimeProblem, StackPart, Stall, Task, ThreadInfo,
 };
 
 /// The `format` field of every stallprof recording from version 2 on.
@@ -127,6 +127,9 @@ pub(crate) struct WireStall {
     coroutine: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     task: Option<Task>,
+    /// ASGI: the request's method and route template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    route: Option<Route>,
     /// Derived from the parts for readers of the file
     /// ([`crate::report::aggregate::stall_entry`]); not read back: a
     /// re-render derives it again with its own `--app-path`.
@@ -236,6 +239,7 @@ pub(crate) fn wire_stall<'a>(
         incomplete: s.incomplete,
         coroutine: s.coroutine.clone(),
         task: s.task.clone(),
+        route: s.route.clone(),
         entry,
         parts: s
             .stacks
@@ -381,6 +385,7 @@ pub(crate) fn model_stall(
         incomplete: s.incomplete,
         coroutine: s.coroutine,
         task: s.task,
+        route: s.route,
         stacks: s
             .parts
             .into_iter()
@@ -545,6 +550,7 @@ mod tests {
         let stall = |start: u64, stacks: Vec<StackPart>| {
             let d = stacks.iter().map(|p| p.weight_ns).sum();
             Stall {
+                route: None,
                 throttled_ns: 0,
                 cpu_holders: Vec::new(),
                 tid: 7,

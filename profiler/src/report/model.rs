@@ -368,7 +368,30 @@ pub struct Stall {
     /// could be read and checked against the stall's stack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<Task>,
+    /// ASGI: the request the stall served (uvicorn/hypercorn running
+    /// Starlette/FastAPI), read from its scope and checked against the
+    /// stall's stack; None when not a request or not read (the miss is
+    /// counted, `asgi_route_*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<Route>,
     pub stacks: Vec<StackPart>,
+}
+
+/// An ASGI request's method and route template, as the application
+/// declared it (`/resume/{rid}`), not the requested path.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Route {
+    /// `GET`, `POST`, ...; `WEBSOCKET` for a websocket.
+    pub method: String,
+    /// The matched route's `path`: `/resume/{rid}`.
+    pub template: String,
+}
+
+impl Route {
+    /// `POST /resume/{rid}`: the label every output shows.
+    pub fn describe(&self) -> String {
+        format!("{} {}", self.method, self.template)
+    }
 }
 
 /// An asyncio Task, as read from the target.

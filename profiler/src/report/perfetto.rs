@@ -14,8 +14,8 @@
 //!   [`aggregate::stall_culprit`]), with debug annotations (`stall`: its
 //!   index in `stalls.json`, `task`: the asyncio coroutine, `task_name`
 //!   and `awaited_by`: the asyncio Task and, 3.14+, its await chain,
-//!   `entry`: the handler it ran in, [`aggregate::stall_entry`], the time
-//!   split);
+//!   `entry`: the handler it ran in, [`aggregate::stall_entry`], `route`:
+//!   the ASGI request's `POST /resume/{rid}` when read, the time split);
 //! - inside it, one child slice per part group: on-CPU, blocked in each
 //!   syscall, run queue, GIL wait per holder. `stalls.json` keeps parts as
 //!   aggregated weights, not intervals, so the children are laid end to end
@@ -574,6 +574,9 @@ pub fn packets(
         if let Some(e) = aggregate::stall_entry(s, &app) {
             notes.push(annotation_str("entry", &e));
         }
+        if let Some(r) = &s.route {
+            notes.push(annotation_str("route", &r.describe()));
+        }
         if s.incomplete {
             notes.push(DebugAnnotation {
                 name: Some("incomplete".into()),
@@ -728,6 +731,7 @@ mod tests {
         // One stall on tid 7, 1000 µs to 1010 µs (10 ms):
         //   |--on-CPU 4 ms (spin, 2 parts)--|--blocked in read 2 ms--|--GIL wait 4 ms--|
         let s = Stall {
+            route: None,
             throttled_ns: 0,
             cpu_holders: Vec::new(),
             tid: 7,

@@ -14,7 +14,9 @@
 //! `task_name` (the asyncio Task's name, when read), `culprit` (the
 //! part's culprit, as the summary names it without the part kind:
 //! `parse_resume (app.py:31) → pypdf … PageObject.extract_text`), `entry`
-//! (the stall's entry point, the handler: `parse_resume (app.py)`), `pid`, `comm`, `container` (daemon). `go tool pprof -tagfocus
+//! (the stall's entry point, the handler: `parse_resume (app.py)`), `route`
+//! (ASGI: the request's method and route template, `POST /resume/{rid}`,
+//! when read), `pid`, `comm`, `container` (daemon). `go tool pprof -tagfocus
 //! kind=gil_wait` or `-tags` slices by them. Frames are already
 //! symbolized: every location carries its function, file and line, and the
 //! one mapping says so (`has_functions`), so no tool tries to symbolize again.
@@ -263,7 +265,7 @@ pub fn profile<'a>(
     );
     let (k_stall, k_tid, k_task) = (b.s("stall"), b.s("tid"), b.s("task"));
     let k_task_name = b.s("task_name");
-    let (k_culprit, k_entry) = (b.s("culprit"), b.s("entry"));
+    let (k_culprit, k_entry, k_route) = (b.s("culprit"), b.s("entry"), b.s("route"));
     for (index, (p, s)) in stalls.into_iter().enumerate() {
         let entry = aggregate::stall_entry(s, app);
         for part in &s.stacks {
@@ -282,6 +284,9 @@ pub fn profile<'a>(
             }
             if let Some(t) = &s.task {
                 labels.push((k_task_name, b.s(&t.name), 0));
+            }
+            if let Some(r) = &s.route {
+                labels.push((k_route, b.s(&r.describe()), 0));
             }
             if let Some(sc) = &part.syscall {
                 labels.push((k_syscall, b.s(sc), 0));
@@ -410,6 +415,7 @@ mod tests {
             gil_holder: None,
         };
         let s = Stall {
+            route: None,
             throttled_ns: 0,
             cpu_holders: Vec::new(),
             tid: 7,

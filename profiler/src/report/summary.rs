@@ -37,6 +37,29 @@ fn in_tasks(tasks: &[String]) -> String {
     }
 }
 
+/// ` — in POST /resume/{rid}`, ` — in GET /a, POST /b and 2 more`.
+fn in_routes(routes: &[String]) -> String {
+    let shown = routes[..routes.len().min(TASKS_SHOWN)].join(", ");
+    match routes.len().saturating_sub(TASKS_SHOWN) {
+        0 => format!(" — in {shown}"),
+        more => format!(" — in {shown} and {more} more"),
+    }
+}
+
+/// The counters of stalls that served a request whose route was not read
+/// (`asgi_route_*`), as `name=N`, and their sum.
+fn route_misses(rec: &Recording) -> (u64, Vec<String>) {
+    let misses: Vec<(&String, &u64)> = rec
+        .drops
+        .iter()
+        .filter(|(k, _)| k.starts_with("asgi_route_"))
+        .collect();
+    (
+        misses.iter().map(|(_, n)| **n).sum(),
+        misses.iter().map(|(k, n)| format!("{k}={n}")).collect(),
+    )
+}
+
 fn has_quota(rec: &Recording) -> bool {
     rec.cpu_quota.as_ref().is_some_and(|q| q.quota_us.is_some())
 }
@@ -171,13 +194,20 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
         }
         let _ = writeln!(out, "  top culprits (share of stall time):");
         for c in &s.culprits {
+            // On a web server the request's route says more than its
+            // anonymous task (`Task-102` running the server's coroutine).
+            let within = if c.routes.is_empty() {
+                in_tasks(&c.tasks)
+            } else {
+                in_routes(&c.routes)
+            };
             let _ = writeln!(
                 out,
                 "    {:5.1}%  {:>9}  {}{}",
                 100.0 * c.share,
                 fmt_ns(c.ns),
                 escape(&c.label),
-                escape(&in_tasks(&c.tasks))
+                escape(&within)
             );
         }
         // The same time grouped by request handler: what each entry point
@@ -195,6 +225,31 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
                     if e.stalls == 1 { "" } else { "s" }
                 );
             }
+        }
+    }
+    // The same time by the request's route (ASGI servers), and the stalls
+    // that served a request whose route was not read, said.
+    let (missed, counters) = route_misses(rec);
+    if !s.routes.is_empty() || missed > 0 {
+        let _ = writeln!(out, "  by route (share of stall time):");
+        for r in &s.routes {
+            let _ = writeln!(
+                out,
+                "    {:5.1}%  {:>9}  {} ({} stall{})",
+                100.0 * r.share,
+                fmt_ns(r.ns),
+                escape(&r.label),
+                r.stalls,
+                if r.stalls == 1 { "" } else { "s" }
+            );
+        }
+        if missed > 0 {
+            let _ = writeln!(
+                out,
+                "    route not read for {missed} stall{} that served a request ({}; docs/asgi.md)",
+                if missed == 1 { "" } else { "s" },
+                counters.join(", ")
+            );
         }
     }
     if rec.probes.host_wide() || !rec.probes.notes.is_empty() {
@@ -241,4 +296,114 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::model::{Frame, FrameKind, PartKind, Route, StackPart, Stall};
+
+    fn stall(start_ms: u64, ms: u64, handler: &str, route: Option<(&str, &str)>) -> Stall {
+        let ns = ms * 1_000_000;
+        Stall {
+            route: route.map(|(m, t)| Route {
+                method: m.into(),
+                template: t.into(),
+            }),
+            throttled_ns: 0,
+            cpu_holders: Vec::new(),
+            tid: 7,
+            ns_tid: None,
+            thread_name: "MainThread".into(),
+            start_ns: start_ms * 1_000_000,
+            end_ns: start_ms * 1_000_000 + ns,
+            duration_ns: ns,
+            on_cpu_ns: ns,
+            off_cpu_ns: 0,
+            runqueue_ns: 0,
+            incomplete: false,
+            coroutine: None,
+            task: None,
+            stacks: vec![StackPart {
+                woken: false,
+                frames: vec![Frame {
+                    file: Some("/srv/app.py".into()),
+                    line: Some(3),
+                    ..Frame::new(handler, FrameKind::Python)
+                }],
+                weight_ns: ns,
+                kind: PartKind::OnCpu,
+                syscall: None,
+                waker_tid: None,
+                gil_holder: None,
+            }],
+        }
+    }
+
+    fn rec(stalls: Vec<Stall>) -> Recording {
+        Recording {
+            cpu_quota: None,
+            pid: 1,
+            comm: "python3".into(),
+            process: Default::default(),
+            threshold_ns: 20_000_000,
+            sample_hz: 999,
+            sample_after_ns: 0,
+            kernel_filtered: Default::default(),
+            busy_periods: 0,
+            clock: "monotonic".into(),
+            started_ns: 0,
+            ended_ns: 10_000_000_000,
+            lost_events: 0,
+            drops: Default::default(),
+            executor_threads: Vec::new(),
+            stallprof_version: String::new(),
+            runtime_problems: Vec::new(),
+            probes: Default::default(),
+            app_paths: Vec::new(),
+            stalls,
+        }
+    }
+
+    #[test]
+    fn stall_time_by_route_and_the_misses_said() {
+        let mut r = rec(vec![
+            stall(0, 300, "parse_resume", Some(("POST", "/resume/{rid}"))),
+            stall(1000, 100, "parse_resume", Some(("POST", "/resume/{rid}"))),
+            stall(2000, 100, "nap", Some(("GET", "/nap"))),
+            stall(3000, 100, "tick", None),
+        ]);
+        let text = text(&r, &[]);
+        let by_route: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.contains("by route"))
+            .skip(1)
+            .take_while(|l| l.starts_with("    "))
+            .collect();
+        assert_eq!(by_route.len(), 2, "{text}");
+        assert!(
+            by_route[0].ends_with("POST /resume/{rid} (2 stalls)"),
+            "{text}"
+        );
+        assert!(by_route[0].contains("66.7%"), "{text}");
+        assert!(by_route[1].ends_with("GET /nap (1 stall)"), "{text}");
+        assert!(
+            text.contains("parse_resume (app.py:3) — on-CPU — in POST /resume/{rid}\n"),
+            "{text}"
+        );
+        assert!(text.contains("tick (app.py:3) — on-CPU\n"), "{text}");
+        // Stalls that served a request without a route read: said.
+        r.drops.insert("asgi_route_unverified".into(), 2);
+        let text = super::text(&r, &[]);
+        assert!(
+            text.contains(
+                "    route not read for 2 stalls that served a request \
+                 (asgi_route_unverified=2; docs/asgi.md)"
+            ),
+            "{text}"
+        );
+        // No request anywhere: no section.
+        let none = super::text(&rec(vec![stall(0, 100, "tick", None)]), &[]);
+        assert!(!none.contains("by route"), "{none}");
+    }
 }

@@ -320,6 +320,7 @@ mod tests {
     }
     fn stall(tid: u32, stacks: Vec<Vec<Frame>>) -> Stall {
         Stall {
+            route: None,
             throttled_ns: 0,
             cpu_holders: Vec::new(),
             tid,

@@ -522,6 +522,24 @@ impl RuntimeReader {
         }
     }
 
+    /// The ASGI request thread `tid` of `pid` is serving now, checked
+    /// against `stack` (see [`python::RouteReader`]). Live processes only.
+    pub fn asgi_route(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        stack: &[(u64, u64)],
+    ) -> Result<crate::report::model::Route, python::RouteRead> {
+        let resolver = self
+            .python
+            .entry(pid)
+            .or_insert_with(|| PyResolver::for_pid(pid));
+        match resolver.as_mut() {
+            Some(r) => r.asgi_route(tid, stack),
+            None => Err(python::RouteRead::NotAsgi),
+        }
+    }
+
     /// Forget everything read from a process (it exited or exec'd; its pid
     /// may be reused): Python and V8 state.
     pub fn forget(&mut self, pid: u32) {
@@ -1029,7 +1047,8 @@ pub fn to_stall(
     let coroutine = parts.first().and_then(|p| asyncio_coroutine(&p.frames));
     Stall {
         coroutine,
-        task: None, // the engine's: read while the stall ran
+        task: None,  // the engine's: read while the stall ran
+        route: None, // the engine's too
         tid: raw.tid,
         ns_tid: thread.ns_tid,
         thread_name: thread.name.clone(),
@@ -1068,6 +1087,9 @@ pub struct TableResolver {
     /// `"tid:start_ns"` of a stall -> the asyncio task read while it ran.
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
     pub tasks: HashMap<String, crate::report::model::Task>,
+    /// `"tid:start_ns"` of a stall -> the ASGI route read while it ran.
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub routes: HashMap<String, crate::report::model::Route>,
     /// pid -> where its V8 frames keep their function.
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
     pub js_layouts: HashMap<String, v8::FrameLayout>,

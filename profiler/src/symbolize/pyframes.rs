@@ -8,8 +8,10 @@
 use std::collections::HashMap;
 
 use crate::{
-    report::model::{Frame, FrameKind, Task},
-    symbolize::python::{CodeResolver, Interpreter, PyFrameInfo, TaskRead, TaskReader},
+    report::model::{Frame, FrameKind, Route, Task},
+    symbolize::python::{
+        CodeResolver, Interpreter, PyFrameInfo, RouteRead, RouteReader, TaskRead, TaskReader,
+    },
 };
 
 /// The native function that executes Python bytecode: each activation runs
@@ -136,6 +138,8 @@ pub struct PyResolver {
     threads: HashMap<u64, u32>,
     /// The running asyncio task of its threads.
     tasks: TaskReader,
+    /// The ASGI request its threads serve.
+    routes: RouteReader,
 }
 
 impl PyResolver {
@@ -145,11 +149,13 @@ impl PyResolver {
             Ok(Some(interp)) => {
                 let code = interp.code_resolver();
                 let tasks = interp.task_reader();
+                let routes = interp.route_reader();
                 Some(PyResolver {
                     interp,
                     code,
                     threads: HashMap::new(),
                     tasks,
+                    routes,
                 })
             }
             Ok(None) => None,
@@ -207,6 +213,16 @@ impl PyResolver {
                 coro: self.resolve(coro_code, coro_instr).map(|i| i.qualname),
                 awaited_by,
             }),
+            other => Err(other),
+        }
+    }
+
+    /// The ASGI request (method, route template) thread `tid` is serving,
+    /// checked against `stack`: see [`RouteReader`].
+    pub fn asgi_route(&mut self, tid: u32, stack: &[(u64, u64)]) -> Result<Route, RouteRead> {
+        let tstate = self.tstate_of(tid);
+        match self.routes.current(tstate, stack) {
+            RouteRead::Route { method, template } => Ok(Route { method, template }),
             other => Err(other),
         }
     }

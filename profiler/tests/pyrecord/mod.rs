@@ -50,7 +50,16 @@ struct PStall {
     incomplete: bool,
     #[serde(default)]
     task: Option<PTask>,
+    #[serde(default)]
+    route: Option<PRoute>,
     stacks: Vec<PStack>,
+}
+
+/// stalls.json `route`: the ASGI request the stall served.
+#[derive(Debug, Deserialize)]
+struct PRoute {
+    method: String,
+    template: String,
 }
 
 /// stalls.json `task`: the asyncio task running when the stall began.
@@ -1452,5 +1461,83 @@ pub fn check_tasks_unreadable(test: &str, py: &'static Python) {
     c.check(said, || {
         "the summary does not say that task names are unavailable".into()
     });
+    c.finish();
+}
+
+/// Issue 19 item 2 on every CPython: tests/victims/py_asgi_routes.py serves
+/// requests through the shapes of uvicorn and Starlette (a cycle holding
+/// the scope, a middleware, a router that sets `scope["route"]`), with the
+/// standard library only; each endpoint call logs the scope's method and
+/// route template. Each call must be one stall that carries that route
+/// (in stalls.json), the two routes must be under the summary's `by
+/// route`, and no stall that served a request may go without its route
+/// (no `asgi_route_*` counter).
+pub fn check_routes(test: &str, py: &'static Python) {
+    let Some(run) = record(test, py, "py_asgi_routes.py", &[]) else {
+        return;
+    };
+    let mut c = Checks::new(format!(
+        "{}\nstallprof output:\n{}",
+        run.context(),
+        run.output
+    ));
+    check_contract(&mut c, &run);
+    let calls = run.records("call");
+    c.check(calls.len() >= 6, || {
+        format!("the victim logged {} calls, want 6 or more", calls.len())
+    });
+    let mut routes: Vec<String> = Vec::new();
+    for call in &calls {
+        let (t0, t1) = (num(call, "start_ns"), num(call, "end_ns"));
+        let method = call["method"].as_str().unwrap_or_default();
+        let template = call["route"].as_str().unwrap_or_default();
+        let want = format!("{method} {template}");
+        if !routes.contains(&want) {
+            routes.push(want.clone());
+        }
+        let who = format!("{} {} [{t0} .. {t1}]", call["func"], call["path"]);
+        let found: Vec<&PStall> = run
+            .rec
+            .stalls
+            .iter()
+            .filter(|s| s.overlaps(t0, t1))
+            .collect();
+        let [s] = found[..] else {
+            c.fail(format!(
+                "{who}: {} overlapping stalls, want exactly 1",
+                found.len()
+            ));
+            continue;
+        };
+        let got = s
+            .route
+            .as_ref()
+            .map(|r| format!("{} {}", r.method, r.template));
+        c.check(got.as_deref() == Some(want.as_str()), || {
+            format!("{who}: the stall's route is {got:?}, the victim served {want:?}")
+        });
+    }
+    let misses: Vec<(&String, &u64)> = run
+        .rec
+        .drops
+        .iter()
+        .filter(|(k, _)| k.starts_with("asgi_route_"))
+        .collect();
+    c.check(misses.is_empty(), || {
+        format!("stalls that served a request without their route: {misses:?}")
+    });
+    let by_route: Vec<&str> = run
+        .output
+        .lines()
+        .skip_while(|l| !l.contains("by route"))
+        .skip(1)
+        .take_while(|l| l.starts_with("    "))
+        .collect();
+    for r in &routes {
+        c.check(
+            by_route.iter().any(|l| l.contains(&format!("  {r} ("))),
+            || format!("{r:?} is not under the summary's by route: {by_route:#?}"),
+        );
+    }
     c.finish();
 }

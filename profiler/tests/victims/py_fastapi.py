@@ -25,9 +25,12 @@ Log (JSON lines, flushed per line):
     {"kind":"ready","pid":P,"tid":T,"python":"3.11.7","port":N}
     {"kind":"cpu"|"blocking_client"|"sleep",
      "func":"parse_resume"|"fetch_profile"|"nap",
-     "seq":N,"tid":T,"start_ns":..,"end_ns":..,"cpu_ns":..,"path":"/resume/1"}
+     "seq":N,"tid":T,"start_ns":..,"end_ns":..,"cpu_ns":..,"path":"/resume/1",
+     "method":"POST","route":"/resume/{rid}"}
     {"kind":"done"}
-cpu_ns is the loop thread's CPU time in the call (time.thread_time_ns()).
+cpu_ns is the loop thread's CPU time in the call (time.thread_time_ns());
+method and route are what the framework routed the request to
+(request.method, request.scope["route"].path): the route stallprof reads.
 """
 
 import io
@@ -42,7 +45,7 @@ import http.client
 import pypdf
 import requests
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 LOG = open(sys.argv[1], "a", buffering=1)
 ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
@@ -136,36 +139,37 @@ UPSTREAM_PORT = start_upstream()
 app = FastAPI()
 
 
-def record(kind, func, seq, path, start, cpu0):
+def record(kind, func, seq, request, start, cpu0):
     end = time.monotonic_ns()
     log(kind=kind, func=func, seq=seq, tid=threading.get_native_id(), start_ns=start,
-        end_ns=end, cpu_ns=time.thread_time_ns() - cpu0, path=path)
+        end_ns=end, cpu_ns=time.thread_time_ns() - cpu0, path=request.url.path,
+        method=request.method, route=request.scope["route"].path)
 
 
 @app.post("/resume/{rid}")
-async def parse_resume(rid: int):
+async def parse_resume(rid: int, request: Request):
     start, cpu0 = time.monotonic_ns(), time.thread_time_ns()
     reader = pypdf.PdfReader(io.BytesIO(PDF))
     chars = 0
     for page in reader.pages:
         chars += len(page.extract_text())
-    record("cpu", "parse_resume", rid, f"/resume/{rid}", start, cpu0)
+    record("cpu", "parse_resume", rid, request, start, cpu0)
     return {"chars": chars}
 
 
 @app.get("/profile/{pid}")
-async def fetch_profile(pid: int):
+async def fetch_profile(pid: int, request: Request):
     start, cpu0 = time.monotonic_ns(), time.thread_time_ns()
     r = requests.get(f"http://127.0.0.1:{UPSTREAM_PORT}/profile/{pid}", timeout=5)
-    record("blocking_client", "fetch_profile", pid, f"/profile/{pid}", start, cpu0)
+    record("blocking_client", "fetch_profile", pid, request, start, cpu0)
     return r.json()
 
 
 @app.get("/nap")
-async def nap(seq: int = 0):
+async def nap(request: Request, seq: int = 0):
     start, cpu0 = time.monotonic_ns(), time.thread_time_ns()
     time.sleep(NAP_S)
-    record("sleep", "nap", seq, "/nap", start, cpu0)
+    record("sleep", "nap", seq, request, start, cpu0)
     return {"slept": NAP_S}
 
 

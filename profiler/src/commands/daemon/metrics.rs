@@ -454,6 +454,7 @@ mod tests {
             gil_holder: None,
         };
         let s = Stall {
+            route: None,
             throttled_ns: 0,
             cpu_holders: Vec::new(),
             tid: 1,

@@ -429,6 +429,7 @@ mod tests {
             runtime: "native".into(),
         });
         let stall = Stall {
+            route: None,
             throttled_ns: 0,
             cpu_holders: Vec::new(),
             tid: 42,

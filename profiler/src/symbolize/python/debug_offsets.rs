@@ -74,6 +74,7 @@ struct Positions {
     frame_executable: usize,
     frame_instr_ptr: usize,
     frame_owner: usize,
+    frame_localsplus: usize,
     code_size: usize,
     code_filename: usize,
     code_name: usize,
@@ -81,6 +82,7 @@ struct Positions {
     code_linetable: usize,
     code_firstlineno: usize,
     code_adaptive: usize,
+    code_localsplusnames: usize,
     pyobject_size: usize,
     pyobject_ob_type: usize,
     bytes_size: usize,
@@ -131,6 +133,7 @@ const V3_13: Version = Version {
         frame_executable: 30,
         frame_instr_ptr: 31,
         frame_owner: 33,
+        frame_localsplus: 32,
         code_size: 34,
         code_filename: 35,
         code_name: 36,
@@ -138,6 +141,7 @@ const V3_13: Version = Version {
         code_linetable: 38,
         code_firstlineno: 39,
         code_adaptive: 43,
+        code_localsplusnames: 41,
         pyobject_size: 44,
         pyobject_ob_type: 45,
         bytes_size: 64,
@@ -177,6 +181,7 @@ const V3_14: Version = Version {
         frame_executable: 33,
         frame_instr_ptr: 34,
         frame_owner: 36,
+        frame_localsplus: 35,
         code_size: 39,
         code_filename: 40,
         code_name: 41,
@@ -184,6 +189,7 @@ const V3_14: Version = Version {
         code_linetable: 43,
         code_firstlineno: 44,
         code_adaptive: 48,
+        code_localsplusnames: 46,
         pyobject_size: 50,
         pyobject_ob_type: 51,
         bytes_size: 74,
@@ -211,6 +217,7 @@ const V3_15: Version = Version {
         frame_executable: 41,
         frame_instr_ptr: 42,
         frame_owner: 44,
+        frame_localsplus: 43,
         code_size: 47,
         code_filename: 48,
         code_name: 49,
@@ -218,6 +225,7 @@ const V3_15: Version = Version {
         code_linetable: 51,
         code_firstlineno: 52,
         code_adaptive: 56,
+        code_localsplusnames: 54,
         pyobject_size: 58,
         pyobject_ob_type: 59,
         bytes_size: 86,
@@ -368,6 +376,18 @@ pub fn layout(buf: &[u8], py_version: u32) -> Result<Layout, PythonError> {
             8,
         ),
         ("interpreter_frame.owner", a.frame_owner, a.frame_size, 1),
+        (
+            "interpreter_frame.localsplus",
+            a.frame_localsplus,
+            a.frame_size,
+            0,
+        ),
+        (
+            "code_object.localsplusnames",
+            a.code_localsplusnames,
+            a.code_size,
+            8,
+        ),
         ("code_object.filename", a.code_filename, a.code_size, 8),
         ("code_object.name", a.code_name, a.code_size, 8),
         ("code_object.qualname", a.code_qualname, a.code_size, 8),
@@ -487,6 +507,8 @@ pub fn layout(buf: &[u8], py_version: u32) -> Result<Layout, PythonError> {
         // sizeof(PyUnicodeObject) = sizeof(PyCompactUnicodeObject) + the
         // `data` pointer: gdb 3.13.0 56 = 64 - 8.
         unicode_compact_data: u32_of("unicode_object.size", word(a.unicode_size) - 8)?,
+        frame_localsplus: u32_of("interpreter_frame.localsplus", word(a.frame_localsplus))?,
+        code_localsplusnames: u32_of("code_object.localsplusnames", word(a.code_localsplusnames))?,
     })
 }
 
@@ -868,6 +890,9 @@ mod tests {
             (72, 74, 56)
         );
         assert_eq!((l14.bpf.code_adaptive, l14.bpf.code_tag_mask), (208, 3));
+        // ctypes on live 3.14.8 / 3.15.0: the words of _PyRuntime at these
+        // positions (docs/asgi.md).
+        assert_eq!((l14.frame_localsplus, l14.code_localsplusnames), (80, 96));
         assert_eq!(
             (l14.runtime_interpreters_head, l14.interp_threads_head),
             (808, 7344)
@@ -883,6 +908,7 @@ mod tests {
             ))
         );
         let l15 = layout(&bytes(DEBIAN_3_15_0), 0x030f00f0).unwrap();
+        assert_eq!((l15.frame_localsplus, l15.code_localsplusnames), (80, 96));
         assert_eq!(
             (l15.tstate_thread_id, l15.tstate_native_thread_id),
             (176, Some(184))

@@ -17,6 +17,7 @@
 //! `NSpid:`. x86-64 Linux with glibc only (3.10's thread mapping reads
 //! glibc's `struct pthread`).
 
+mod asgi;
 mod code;
 mod debug_offsets;
 mod discover;
@@ -31,6 +32,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use asgi::{RouteRead, RouteReader};
 pub use code::{CodeResolver, PyFrameInfo};
 pub use discover::{Mapping, is_interpreter_file, mapped_file, parse_maps};
 pub use linetable::{LineRange, LineTableFormat};
@@ -429,6 +431,12 @@ impl Interpreter {
     /// (keep it: it finds asyncio once).
     pub fn task_reader(&self) -> TaskReader {
         TaskReader::new(Arc::clone(&self.mem), self.layout, self.runtime)
+    }
+
+    /// A reader of the ASGI request (method, route) its threads serve
+    /// (keep it: it caches code objects' `scope` slots).
+    pub fn route_reader(&self) -> RouteReader {
+        RouteReader::new(Arc::clone(&self.mem), self.layout)
     }
 
     /// A resolver for frames of this process (keep it: it caches).

@@ -68,6 +68,13 @@ pub struct Layout {
     /// `PyCompactUnicodeObject`.
     pub unicode_ascii_data: u32,
     pub unicode_compact_data: u32,
+
+    /// A frame's local variables: `_PyInterpreterFrame.localsplus` (3.11+;
+    /// 3.10 `PyFrameObject.f_localsplus`), and the code object's tuple of
+    /// their names (`co_localsplusnames`; 3.10 `co_varnames`, the
+    /// arguments and plain locals first, as in `f_localsplus`).
+    pub frame_localsplus: u32,
+    pub code_localsplusnames: u32,
 }
 
 /// Fields of `struct _gil_runtime_state`.
@@ -138,6 +145,8 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
             linetable_format: LineTableFormat::Pep626,
             unicode_ascii_data: 48,   // sizeof(PyASCIIObject)
             unicode_compact_data: 72, // sizeof(PyCompactUnicodeObject)
+            frame_localsplus: 352,    // PyFrameObject.f_localsplus
+            code_localsplusnames: 72, // PyCodeObject.co_varnames
         },
         // 3.11: gdb 3.11.7; runtime 3.11.7 and Debian /usr/bin/python3.11 (3.11.2).
         (3, 11) => Layout {
@@ -176,6 +185,8 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
             linetable_format: LineTableFormat::Locations,
             unicode_ascii_data: 48,
             unicode_compact_data: 72,
+            frame_localsplus: 72,     // _PyInterpreterFrame.localsplus
+            code_localsplusnames: 96, // PyCodeObject.co_localsplusnames
         },
         // 3.12: gdb 3.12.1; runtime 3.12.1.
         (3, 12) => Layout {
@@ -211,6 +222,8 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
             linetable_format: LineTableFormat::Locations,
             unicode_ascii_data: 40,   // sizeof(PyASCIIObject): wstr is gone
             unicode_compact_data: 56, // sizeof(PyCompactUnicodeObject)
+            frame_localsplus: 72,     // _PyInterpreterFrame.localsplus
+            code_localsplusnames: 96, // PyCodeObject.co_localsplusnames
         },
         _ => return None,
     };
@@ -277,6 +290,8 @@ pub fn gdb_3_13() -> Layout {
         linetable_format: LineTableFormat::Locations,
         unicode_ascii_data: 40,
         unicode_compact_data: 56,
+        frame_localsplus: 72,
+        code_localsplusnames: 96,
     }
 }
 
