@@ -686,3 +686,45 @@ fn stalls_back(out: &OutDir, journal_failed: bool, unjournaled: Vec<Stall>) -> R
     stalls.sort_by_key(|s| (s.start_ns, s.tid));
     Ok(stalls)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::journal::{self, Header, JournalWriter, tests::stall};
+
+    /// A journal write that failed part way: the stalls it may or may not
+    /// have taken come back once, with those the journal holds, in order.
+    #[test]
+    fn stalls_come_back_from_the_journal_once() {
+        let root = std::env::temp_dir().join(format!("stallprof-back-{}", random_suffix()));
+        let dir = OutDir::create_new(&root).unwrap();
+        let header = Header {
+            format: journal::FORMAT.into(),
+            version: journal::VERSION,
+            pid: 1,
+            comm: "c".into(),
+            threshold_ns: 50,
+            sample_hz: 999,
+            sample_after_ns: 0,
+            clock: "monotonic".into(),
+            started_ns: 10,
+            stallprof_version: "t".into(),
+            app_paths: Vec::new(),
+        };
+        let mut j = JournalWriter::create(&dir, header).unwrap();
+        let (a, b, c) = (stall(300, "spin"), stall(100, "spin"), stall(500, "sleep"));
+        j.append([&a, &b], None).unwrap();
+        drop(j);
+        let starts = |v: &[Stall]| v.iter().map(|s| s.start_ns).collect::<Vec<_>>();
+        let back = stalls_back(&dir, true, vec![a.clone(), c.clone()]).unwrap();
+        assert_eq!(starts(&back), [100, 300, 500]);
+        assert_eq!(back[2], c);
+        // An intact journal is the only source.
+        let back = stalls_back(&dir, false, Vec::new()).unwrap();
+        assert_eq!(starts(&back), [100, 300]);
+        std::fs::remove_dir_all(&root).unwrap();
+        // A journal that cannot be read back is an error, unless its
+        // writes had failed (then what is in memory is what there is).
+        assert!(stalls_back(&dir, false, Vec::new()).is_err());
+    }
+}

@@ -395,11 +395,11 @@ pub fn read(path: &Path) -> Result<Rebuilt, JournalError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::report::model::{FrameKind, PartKind, StackPart};
 
-    fn stall(start: u64, f: &str) -> Stall {
+    pub(crate) fn stall(start: u64, f: &str) -> Stall {
         Stall {
             route: None,
             throttled_ns: 0,

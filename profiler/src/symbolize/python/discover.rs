@@ -309,6 +309,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_an_interpreter_defines_py_runtime() {
+        assert!(!is_interpreter_file(Path::new("/proc/self/exe")));
+        assert!(!is_interpreter_file(Path::new("/nonexistent/libpython3.11.so")));
+        // A CPython of the test machine, where there is one.
+        for p in [
+            "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0",
+            "/usr/bin/python3.11",
+        ] {
+            if Path::new(p).exists() {
+                assert!(is_interpreter_file(Path::new(p)), "{p}");
+            }
+        }
+    }
+
+    #[test]
     fn maps_lines_parse() {
         let text = "\
 00400000-00420000 r--p 00000000 08:01 123   /usr/bin/python3.11
