@@ -216,9 +216,15 @@ impl RouteReader {
                 Some(t) => self.str_value(t, 16)?,
                 None => None,
             };
-            if let Some(kind) = kind.filter(|k| k == "http" || k == "websocket") {
-                scope = Some((obj, kind));
-                break;
+            match kind {
+                Some(k) if k == "http" || k == "websocket" => {
+                    scope = Some((obj, k));
+                    break;
+                }
+                // `lifespan` (the app's startup and shutdown): ASGI, but
+                // no request.
+                Some(_) => return Ok(RouteRead::NotAsgi),
+                None => {}
             }
         }
         let Some((scope, kind)) = scope else {
