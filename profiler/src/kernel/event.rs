@@ -19,10 +19,11 @@ pub struct RawStack {
     pub kernel: Vec<u64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub user: Vec<u64>,
-    /// JavaScript frames found in the stack copy (V8): (index in `user`,
-    /// tagged `JSFunction` address), innermost first.
+    /// JavaScript frames found in the stack copy (V8): index in `user`,
+    /// tagged `JSFunction` and, interpreted, `BytecodeArray` and offset;
+    /// innermost first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub js: Vec<(u32, u64)>,
+    pub js: Vec<crate::symbolize::v8::JsSlot>,
     /// Python frames as (code object address, instruction value).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub python: Vec<(u64, u64)>,

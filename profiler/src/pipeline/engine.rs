@@ -833,13 +833,20 @@ impl Engine {
             }
             UnwindOutcome::Failed => *self.agent_drops.entry("unwind_failed").or_default() += 1,
         }
+        // JavaScript frames: what identifies them is in the copy now.
+        let pid = *tgid;
+        let layout = self.symbols.resolve(|r| r.js_layout(pid));
         if outcome != UnwindOutcome::Failed || addrs.len() >= stack.user.len() {
-            // JavaScript frames: what identifies them is in the copy now.
-            let pid = *tgid;
-            if let Some(layout) = self.symbols.resolve(|r| r.js_layout(pid)) {
+            if let Some(layout) = layout {
                 stack.js = crate::symbolize::v8::js_slots(&layout, &fps, regs.sp, copy);
             }
             stack.user = addrs;
+        } else if let Some(layout) = layout {
+            // The kernel's frame-pointer stack stays (JIT code in a mapping
+            // not read yet): its frames' frame pointers are the same chain,
+            // walked through the copy.
+            let fps = crate::symbolize::v8::fp_chain(regs.bp, regs.sp, copy, stack.user.len());
+            stack.js = crate::symbolize::v8::js_slots(&layout, &fps, regs.sp, copy);
         }
     }
 
@@ -1209,10 +1216,11 @@ impl Engine {
             self.frames_held(),
             self.frames_held() * std::mem::size_of::<crate::report::model::Frame>() / 1024
         );
-        let (resolved, moved) = crate::symbolize::v8::counts();
+        let (resolved, moved, by_bytecode) = crate::symbolize::v8::counts();
         if resolved > 0 {
+            let ((i_ok, i_bad), (j_ok, j_bad)) = crate::symbolize::v8::tier_counts();
             info!(
-                "JavaScript functions resolved from memory: {resolved} ({moved} found moved by V8's GC, followed), {} frames unreadable",
+                "JavaScript functions resolved from memory: {resolved} ({moved} found moved by V8's GC, followed; {by_bytecode} frames named through their bytecode), {} frames unreadable; frames named/unreadable: interpreter {i_ok}/{i_bad}, JIT code {j_ok}/{j_bad}",
                 crate::symbolize::v8::unreadable_count()
             );
         }

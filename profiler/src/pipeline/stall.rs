@@ -108,7 +108,7 @@ impl StackTable {
             .iter()
             .map(|s| {
                 per + 8 * (s.kernel.len() + s.user.len())
-                    + 12 * s.js.len()
+                    + std::mem::size_of::<crate::symbolize::v8::JsSlot>() * s.js.len()
                     + 16 * (s.python.len() + s.holder_python.len())
             })
             .sum::<usize>()

@@ -61,7 +61,7 @@ pub trait ResolveRuntime {
     fn js_layout(&mut self, pid: u32) -> Option<v8::FrameLayout>;
     /// The JavaScript frame of a tagged `JSFunction` seen in a stack
     /// (`None`: it was not one when the stack was first seen).
-    fn js(&mut self, pid: u32, func: u64) -> Option<Frame>;
+    fn js(&mut self, pid: u32, slot: &v8::JsSlot) -> Option<Frame>;
 }
 
 /// Turns addresses into frames: both halves.
@@ -446,9 +446,9 @@ impl Default for BlazeResolver {
 impl RuntimeReader {
     /// Resolve the JavaScript functions of a new stack now, while they are
     /// where the stack says (see [`v8`]).
-    pub fn warm_js(&mut self, pid: u32, funcs: &[(u32, u64)]) {
+    pub fn warm_js(&mut self, pid: u32, slots: &[v8::JsSlot]) {
         if let Some(r) = self.v8.entry(pid).or_default().get(pid) {
-            r.warm(funcs);
+            r.warm(slots);
         }
     }
 
@@ -852,14 +852,14 @@ impl ResolveRuntime for RuntimeReader {
         Some(self.v8.entry(pid).or_default().get(pid)?.meta.layout)
     }
 
-    fn js(&mut self, pid: u32, func: u64) -> Option<Frame> {
+    fn js(&mut self, pid: u32, slot: &v8::JsSlot) -> Option<Frame> {
         self.v8
             .get(&pid)?
             .state
             .as_ref()?
             .as_ref()
             .ok()?
-            .cached(func)
+            .cached(slot)
     }
 }
 
@@ -885,12 +885,22 @@ pub fn frames_of(res: &mut dyn Resolve, pid: u32, stacks: &dyn Stacks, id: u32) 
         // A JavaScript frame stands in for its native symbol (the
         // interpreter trampoline, anonymous JIT code), except where a perf
         // map named it.
-        if js.peek().is_some_and(|&&(at, _)| at as usize == i) {
-            let (_, func) = js.next().copied().unwrap_or_default();
+        if js.peek().is_some_and(|s| s.frame as usize == i) {
+            let slot = js.next().copied().unwrap_or_default();
+            let func = slot.func;
             if !native.iter().any(v8::is_perf_map_frame) {
-                match res.js(pid, func) {
-                    Some(f) => native = vec![f],
+                match res.js(pid, &slot) {
+                    Some(f) => {
+                        v8::count_frame(v8::Tier::of(&native), true);
+                        native = vec![f];
+                    }
                     None if native.iter().any(v8::is_js_code) => {
+                        log::debug!(
+                            "js {func:#x} at {a:#x} ({}, bytecode {:#x}): unreadable",
+                            native.first().map_or("?", |f| f.name.as_str()),
+                            slot.bytecode
+                        );
+                        v8::count_frame(v8::Tier::of(&native), false);
                         v8::count_unreadable();
                         native = vec![Frame::marker("[js: unreadable]")];
                     }
@@ -1093,9 +1103,9 @@ pub struct TableResolver {
     /// pid -> where its V8 frames keep their function.
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
     pub js_layouts: HashMap<String, v8::FrameLayout>,
-    /// `"pid:JSFunction"` in hex -> frame (the latest answer for that
-    /// address: a function a GC moved into another's old address during
-    /// the recording is named by the later one in a replay).
+    /// `"pid:JSFunction[:BytecodeArray:offset]"` in hex -> frame (the
+    /// latest answer for that key: a function a GC moved into another's old
+    /// address during the recording is named by the later one in a replay).
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
     pub js: HashMap<String, Frame>,
 }
@@ -1146,10 +1156,10 @@ impl<R: ResolveRuntime + ?Sized> ResolveRuntime for Recorder<'_, R> {
         }
         l
     }
-    fn js(&mut self, pid: u32, func: u64) -> Option<Frame> {
-        let f = self.inner.js(pid, func);
+    fn js(&mut self, pid: u32, slot: &v8::JsSlot) -> Option<Frame> {
+        let f = self.inner.js(pid, slot);
         if let Some(f) = &f {
-            self.table.js.insert(format!("{pid}:{func:#x}"), f.clone());
+            self.table.js.insert(js_key(pid, slot), f.clone());
         }
         f
     }
@@ -1181,7 +1191,20 @@ impl TableResolver {
 pub struct Answers {
     python: HashMap<(u64, u64), Frame>,
     threads: HashMap<u64, (u32, String)>,
-    js: HashMap<u64, Frame>,
+    js: HashMap<v8::JsSlot, Frame>,
+}
+
+/// A JavaScript frame's key in `symbols.json`: `"pid:JSFunction"`, and
+/// `":BytecodeArray:offset"` after it where the frame has them (hex).
+fn js_key(pid: u32, slot: &v8::JsSlot) -> String {
+    if slot.bytecode == 0 && slot.offset == 0 {
+        format!("{pid}:{:#x}", slot.func)
+    } else {
+        format!(
+            "{pid}:{:#x}:{:#x}:{:#x}",
+            slot.func, slot.bytecode, slot.offset
+        )
+    }
 }
 
 impl Answers {
@@ -1194,11 +1217,12 @@ impl Answers {
         for p in &raw.parts {
             let Some(id) = p.stack else { continue };
             let st = stacks.get(id);
-            for &(_, func) in st.js.iter().rev() {
-                if !a.js.contains_key(&func)
-                    && let Some(f) = res.js(pid, func)
+            for slot in st.js.iter().rev() {
+                let key = v8::JsSlot { frame: 0, ..*slot };
+                if !a.js.contains_key(&key)
+                    && let Some(f) = res.js(pid, slot)
                 {
-                    a.js.insert(func, f);
+                    a.js.insert(key, f);
                 }
             }
             for &(c, i) in st.python.iter().chain(&st.holder_python) {
@@ -1236,8 +1260,8 @@ impl ResolveRuntime for Answers {
     fn js_layout(&mut self, _pid: u32) -> Option<v8::FrameLayout> {
         None
     }
-    fn js(&mut self, _pid: u32, func: u64) -> Option<Frame> {
-        self.js.get(&func).cloned()
+    fn js(&mut self, _pid: u32, slot: &v8::JsSlot) -> Option<Frame> {
+        self.js.get(&v8::JsSlot { frame: 0, ..*slot }).cloned()
     }
 }
 
@@ -1266,8 +1290,8 @@ impl ResolveRuntime for Joined<'_> {
     fn js_layout(&mut self, pid: u32) -> Option<v8::FrameLayout> {
         self.runtime.js_layout(pid)
     }
-    fn js(&mut self, pid: u32, func: u64) -> Option<Frame> {
-        self.runtime.js(pid, func)
+    fn js(&mut self, pid: u32, slot: &v8::JsSlot) -> Option<Frame> {
+        self.runtime.js(pid, slot)
     }
 }
 
@@ -1325,8 +1349,8 @@ impl ResolveRuntime for TableResolver {
     fn js_layout(&mut self, pid: u32) -> Option<v8::FrameLayout> {
         self.js_layouts.get(&pid.to_string()).copied()
     }
-    fn js(&mut self, pid: u32, func: u64) -> Option<Frame> {
-        self.js.get(&format!("{pid}:{func:#x}")).cloned()
+    fn js(&mut self, pid: u32, slot: &v8::JsSlot) -> Option<Frame> {
+        self.js.get(&js_key(pid, slot)).cloned()
     }
 }
 
@@ -1370,7 +1394,13 @@ mod tests {
         let mut stacks = StackTable::default();
         let id = stacks.intern(RawStack {
             user: vec![0x10, 0x20, 0x30, 0x40, 0x50, 0x60],
-            js: vec![(2, 0x1001), (3, 0x2001), (4, 0x1001)],
+            js: [(2, 0x1001), (3, 0x2001), (4, 0x1001)]
+                .map(|(frame, func)| v8::JsSlot {
+                    frame,
+                    func,
+                    ..v8::JsSlot::default()
+                })
+                .to_vec(),
             ..RawStack::default()
         });
         let before = v8::unreadable_count();

@@ -16,8 +16,11 @@
 //!
 //! 1. at sample time (the engine, as it unwinds a stack event):
 //!    [`js_slots`] takes, from the stack copy, the `JSFunction` pointer of
-//!    every frame whose two slots look like a JavaScript frame's — no read
-//!    of the target, so it also runs on a replay;
+//!    every frame whose two slots look like a JavaScript frame's, with its
+//!    `BytecodeArray` and bytecode-offset slots ([`JsSlot`]) — no read of
+//!    the target, so it also runs on a replay. Where the unwinder stopped
+//!    early and the kernel's frame-pointer stack stands, [`fp_chain`] gives
+//!    its frames' frame pointers;
 //! 2. promptly after (the engine, when it first sees the stack, ~20 ms
 //!    later): [`JsResolver::warm`] follows `JSFunction` → `SharedFunctionInfo`
 //!    → name (`ScopeInfo` or `String`) and `Script` → file name and line
@@ -26,7 +29,10 @@
 //!    new stack (the function's map type and its `shared` pointer, the
 //!    shared info's header words): a GC that moved or freed the object
 //!    fails the check and the frame is resolved again or counted, never
-//!    misnamed from a stale cache;
+//!    misnamed from a stale cache. A frame's `BytecodeArray` (old space,
+//!    stays put) is remembered with the function read from that frame, and
+//!    names the frames whose closure (young, made per request) moved out
+//!    of reach before the read;
 //! 3. at symbolization: the frame's native symbol (the interpreter
 //!    trampoline, anonymous JIT code) is replaced by the JavaScript frame,
 //!    unless a perf map named it (`--perf-basic-prof` stays a source of
@@ -74,6 +80,8 @@ static UNREADABLE: AtomicU64 = AtomicU64::new(0);
 static RESOLVED: AtomicU64 = AtomicU64::new(0);
 /// Objects found moved (a forwarding address followed), since start.
 static FORWARDED: AtomicU64 = AtomicU64::new(0);
+/// Frames whose function could not be read, named through their bytecode.
+static BY_BYTECODE: AtomicU64 = AtomicU64::new(0);
 
 /// JavaScript-looking frames of JIT code or a V8 builtin that could not be
 /// read (`drops.js_frames_unreadable`), since start.
@@ -83,15 +91,55 @@ pub fn unreadable_count() -> u64 {
 
 /// Functions resolved from memory, and objects found moved (forwarding
 /// addresses followed), since start (logged at the end of a recording).
-pub fn counts() -> (u64, u64) {
+pub fn counts() -> (u64, u64, u64) {
     (
         RESOLVED.load(Ordering::Relaxed),
         FORWARDED.load(Ordering::Relaxed),
+        BY_BYTECODE.load(Ordering::Relaxed),
     )
 }
 
 pub fn count_unreadable() {
     UNREADABLE.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The tier of V8 code a JavaScript frame ran in, by its native frame:
+/// the interpreter (Ignition's trampolines, in the Node binary), or JIT
+/// code (Sparkplug baseline, Maglev or Turbofan: anonymous memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    Interpreter,
+    Jit,
+}
+
+impl Tier {
+    pub fn of(native: &[Frame]) -> Tier {
+        if native
+            .iter()
+            .any(|f| f.kind == FrameKind::Native && f.name.starts_with("Builtins_Interpreter"))
+        {
+            Tier::Interpreter
+        } else {
+            Tier::Jit
+        }
+    }
+}
+
+/// JavaScript frames named and left unreadable, per tier, since start:
+/// [interpreter named, JIT named, interpreter unreadable, JIT unreadable].
+static BY_TIER: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+/// Counts one JavaScript frame of `tier`, named or not.
+pub fn count_frame(tier: Tier, named: bool) {
+    let i = (tier == Tier::Jit) as usize + if named { 0 } else { 2 };
+    BY_TIER[i].fetch_add(1, Ordering::Relaxed);
+}
+
+/// [`count_frame`]'s counts: ((interpreter named, unreadable), (JIT named,
+/// unreadable)).
+pub fn tier_counts() -> ((u64, u64), (u64, u64)) {
+    let c = |i: usize| BY_TIER[i].load(Ordering::Relaxed);
+    ((c(0), c(2)), (c(1), c(3)))
 }
 
 /// Where a frame keeps what identifies it, and the tag rules: all a stack
@@ -106,6 +154,16 @@ pub struct FrameLayout {
     pub fp_context: i32,
     pub heap_tag_mask: u64,
     pub heap_tag: u64,
+    /// `v8dbg_off_fp_bytecode_array` (-32 on x86-64 since V8 9.x): an
+    /// interpreted or baseline frame's `BytecodeArray`, an old-space object
+    /// that outlives the moves of a young closure. 0: not known (a
+    /// recording made before it was read).
+    #[serde(default)]
+    pub fp_bytecode_array: i32,
+    /// `v8dbg_off_fp_bytecode_offset`: an interpreted frame's bytecode
+    /// offset (a Smi) as of its last call out. 0: not known.
+    #[serde(default)]
+    pub fp_bytecode_offset: i32,
 }
 
 impl FrameLayout {
@@ -114,12 +172,52 @@ impl FrameLayout {
     }
 }
 
+/// What a stack copy says of one JavaScript frame, taken at sample time
+/// (the copy is gone after unwinding): its index in the user stack, its
+/// tagged `JSFunction`, and, for interpreted and baseline frames, its
+/// tagged `BytecodeArray` and bytecode-offset slot (0 where the frame has
+/// none or the layout does not say).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub struct JsSlot {
+    pub frame: u32,
+    pub func: u64,
+    #[serde(default)]
+    pub bytecode: u64,
+    #[serde(default)]
+    pub offset: u64,
+}
+
+/// Frame pointers of a frame-pointer walk through a stack copy, as the
+/// kernel's user stack walk makes it: `bp` for the sampled frame, then each
+/// saved frame pointer in turn (`n` at most; 0 past the copy or where the
+/// chain stops going up). Lines up with a stack the kernel walked by frame
+/// pointers, for when the unwinder could not walk it.
+pub fn fp_chain(bp: u64, sp: u64, stack: &[u8], n: usize) -> Vec<u64> {
+    let read = |addr: u64| -> Option<u64> {
+        let off = usize::try_from(addr.checked_sub(sp)?).ok()?;
+        let b = stack.get(off..off.checked_add(8)?)?;
+        Some(u64::from_le_bytes(b.try_into().ok()?))
+    };
+    let mut out = Vec::with_capacity(n);
+    let mut fp = bp;
+    while out.len() < n {
+        out.push(fp);
+        match read(fp) {
+            Some(next) if fp != 0 && next > fp => fp = next,
+            _ => fp = 0,
+        }
+    }
+    out
+}
+
 /// For each frame (innermost first) whose frame pointer is in the copy and
 /// whose slots look like a JavaScript frame's: (frame index, tagged
 /// `JSFunction`). A frame whose frame pointer equals its caller's (a
 /// function in its prologue, before it set up its own) is left out: the
 /// slots are the caller's.
-pub fn js_slots(layout: &FrameLayout, fps: &[u64], sp: u64, stack: &[u8]) -> Vec<(u32, u64)> {
+pub fn js_slots(layout: &FrameLayout, fps: &[u64], sp: u64, stack: &[u8]) -> Vec<JsSlot> {
     let read = |addr: u64| -> Option<u64> {
         let off = usize::try_from(addr.checked_sub(sp)?).ok()?;
         let b = stack.get(off..off.checked_add(8)?)?;
@@ -137,7 +235,19 @@ pub fn js_slots(layout: &FrameLayout, fps: &[u64], sp: u64, stack: &[u8]) -> Vec
             continue;
         };
         if layout.is_heap(ctx) && layout.is_heap(func) {
-            out.push((i as u32, func));
+            let slot = |off: i32| {
+                (off != 0)
+                    .then(|| read(fp.wrapping_add_signed(off as i64)))
+                    .flatten()
+                    .unwrap_or(0)
+            };
+            let bytecode = slot(layout.fp_bytecode_array);
+            out.push(JsSlot {
+                frame: i as u32,
+                func,
+                bytecode: if layout.is_heap(bytecode) { bytecode } else { 0 },
+                offset: slot(layout.fp_bytecode_offset),
+            });
         }
     }
     out
@@ -172,6 +282,9 @@ pub struct V8Meta {
     t_scope_info: u16,
     t_script: u16,
     t_fixed_array: u16,
+    /// `BYTECODE_ARRAY_TYPE`; 0: not exported (frames are then named by
+    /// their `JSFunction` only).
+    t_bytecode_array: u16,
     first_nonstring: u16,
     repr_mask: u16,
     seq_tag: u16,
@@ -291,6 +404,13 @@ impl V8Meta {
         let thin_tag = get(&["ThinStringTag"]) as u16;
         let enc_mask = get(&["StringEncodingMask"]) as u16;
         let one_byte_tag = get(&["OneByteStringTag"]) as u16;
+        let opt = |n: &str| vals.get(&format!("v8dbg_{n}")).copied();
+        let t_bytecode_array = opt("type_BytecodeArray__BYTECODE_ARRAY_TYPE").unwrap_or(0) as u16;
+        let (fp_bytecode_array, fp_bytecode_offset) =
+            match (opt("off_fp_bytecode_array"), opt("off_fp_bytecode_offset")) {
+                (Some(a), Some(o)) if a < 0 && o < 0 && t_bytecode_array != 0 => (a as i32, o as i32),
+                _ => (0, 0),
+            };
         let scope_first_vars = get(&["scopeinfo_idx_first_vars"]) as u64;
         let scope_ncontextlocals = get(&["scopeinfo_idx_ncontextlocals"]) as u64;
         if !missing.is_empty() {
@@ -329,6 +449,8 @@ impl V8Meta {
                 fp_context,
                 heap_tag_mask,
                 heap_tag,
+                fp_bytecode_array,
+                fp_bytecode_offset,
             },
             version,
             path: mapped_as.to_string(),
@@ -354,6 +476,7 @@ impl V8Meta {
             t_scope_info,
             t_script,
             t_fixed_array,
+            t_bytecode_array,
             first_nonstring,
             repr_mask,
             seq_tag,
@@ -428,6 +551,18 @@ struct FuncEntry {
     frame: Frame,
 }
 
+/// A `BytecodeArray` seen in a frame whose function was read: its map and
+/// length words then (the same words later: still that array), and the
+/// function's frame.
+#[derive(Clone, Debug)]
+struct CodeEntry {
+    header: [u64; 2],
+    frame: Frame,
+}
+
+/// Bytecode arrays remembered per process; past it the table is emptied.
+const MAX_BYTECODES: usize = 1 << 16;
+
 /// Reads JavaScript frames of one process.
 pub struct JsResolver {
     pub meta: V8Meta,
@@ -436,6 +571,11 @@ pub struct JsResolver {
     funcs: HashMap<u64, FuncEntry>,
     sfis: HashMap<u64, SfiEntry>,
     scripts: HashMap<u64, Script>,
+    /// BytecodeArray address -> its function. An interpreted frame's
+    /// closure is often young (a callback made per request) and moved by a
+    /// scavenge or two before the stack is read, ~20 ms later; its bytecode
+    /// is in old space and stays put, so the frame is named through it.
+    bytecodes: HashMap<u64, CodeEntry>,
 }
 
 fn untag(meta: &V8Meta, v: u64) -> Option<u64> {
@@ -457,6 +597,7 @@ impl JsResolver {
             funcs: HashMap::new(),
             sfis: HashMap::new(),
             scripts: HashMap::new(),
+            bytecodes: HashMap::new(),
         })
     }
 
@@ -727,9 +868,59 @@ impl JsResolver {
         Some(frame)
     }
 
-    /// The latest answer for `func` (from [`warm`](Self::warm)).
-    pub fn cached(&self, func: u64) -> Option<Frame> {
-        self.funcs.get(&func).map(|e| e.frame.clone())
+    /// The latest answer for a frame (from [`warm`](Self::warm)): through
+    /// its bytecode where it has some that was read, else its function.
+    pub fn cached(&self, slot: &JsSlot) -> Option<Frame> {
+        if slot.bytecode != 0
+            && let Some(e) = self.bytecodes.get(&slot.bytecode)
+        {
+            return Some(e.frame.clone());
+        }
+        self.funcs.get(&slot.func).map(|e| e.frame.clone())
+    }
+
+    /// The map and length words of the `BytecodeArray` at tagged `v`, if
+    /// it is one.
+    fn bytecode_header(&self, v: u64) -> Option<[u64; 2]> {
+        let m = &self.meta;
+        if m.t_bytecode_array == 0 {
+            return None;
+        }
+        let (addr, t) = self.typed(v)?;
+        if t != m.t_bytecode_array || addr != untag(m, v)? {
+            return None;
+        }
+        Some([
+            self.u64_at(addr + m.map)?,
+            self.u64_at(addr + m.fixed_length)?,
+        ])
+    }
+
+    /// Is the bytecode remembered for tagged `v` still there?
+    fn bytecode_there(&self, v: u64) -> bool {
+        self.bytecodes
+            .get(&v)
+            .is_some_and(|e| self.bytecode_header(v) == Some(e.header))
+    }
+
+    /// Remember that the frame's bytecode is its function's (read from the
+    /// same frame of the same stack copy).
+    fn remember_bytecode(&mut self, slot: &JsSlot) {
+        if slot.bytecode == 0 || self.bytecode_there(slot.bytecode) {
+            return;
+        }
+        let (Some(header), Some(f)) = (
+            self.bytecode_header(slot.bytecode),
+            self.funcs.get(&slot.func),
+        ) else {
+            return;
+        };
+        let frame = f.frame.clone();
+        if self.bytecodes.len() >= MAX_BYTECODES {
+            self.bytecodes.clear();
+        }
+        self.bytecodes
+            .insert(slot.bytecode, CodeEntry { header, frame });
     }
 
     /// Is the function cached for `func` still there? One read: its map
@@ -756,15 +947,40 @@ impl JsResolver {
     /// unless the process is gone (the agent fell behind its exit): then
     /// nothing can have moved since the last check, and the answer from
     /// that check stands.
-    pub fn warm(&mut self, funcs: &[(u32, u64)]) {
+    ///
+    /// A frame whose function cannot be read (a closure moved since the
+    /// sample) but whose bytecode was seen with its function before, and is
+    /// still there, is named through its bytecode.
+    pub fn warm(&mut self, slots: &[JsSlot]) {
         let mut gone = None;
-        for (i, &(_, f)) in funcs.iter().enumerate() {
-            if funcs[..i].iter().any(|&(_, g)| g == f) || self.still_there(f) {
+        for (i, slot) in slots.iter().enumerate() {
+            let f = slot.func;
+            if slots[..i]
+                .iter()
+                .any(|s| s.func == f && s.bytecode == slot.bytecode)
+            {
                 continue;
             }
-            if self.resolve(f).is_none()
-                && !*gone.get_or_insert_with(|| !crate::os::proc::process_alive(self.mem.pid()))
-            {
+            if self.still_there(f) || self.resolve(f).is_some() {
+                self.remember_bytecode(slot);
+                continue;
+            }
+            if slot.bytecode != 0 && self.bytecode_there(slot.bytecode) {
+                BY_BYTECODE.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            log::debug!(
+                "js {f:#x}: unreadable, bytecode {:#x} ({})",
+                slot.bytecode,
+                if slot.bytecode == 0 {
+                    "none"
+                } else if self.bytecode_header(slot.bytecode).is_some() {
+                    "a bytecode array not seen with its function"
+                } else {
+                    "not a bytecode array"
+                }
+            );
+            if !*gone.get_or_insert_with(|| !crate::os::proc::process_alive(self.mem.pid())) {
                 self.funcs.remove(&f);
             }
         }
@@ -894,6 +1110,17 @@ mod tests {
             fp_context: -8,
             heap_tag_mask: 3,
             heap_tag: 1,
+            fp_bytecode_array: -32,
+            fp_bytecode_offset: -40,
+        }
+    }
+
+    fn slot(frame: u32, func: u64, bytecode: u64, offset: u64) -> JsSlot {
+        JsSlot {
+            frame,
+            func,
+            bytecode,
+            offset,
         }
     }
 
@@ -905,16 +1132,58 @@ mod tests {
             let o = (at - sp) as usize;
             s[o..o + 8].copy_from_slice(&v.to_le_bytes());
         };
-        // Frame 0: a JS frame at fp = sp+64 (context tagged, function tagged).
+        // Frame 0: an interpreted frame at fp = sp+64 (context tagged,
+        // function tagged, its bytecode array and offset).
         put(&mut stack, sp + 64 - 8, 0x1234_5679);
         put(&mut stack, sp + 64 - 16, 0x2000_0001);
+        put(&mut stack, sp + 64 - 32, 0x3000_0001);
+        put(&mut stack, sp + 64 - 40, 0x36 << 32);
         // Frame 1: a stub frame at sp+128: a Smi marker in the context slot.
         put(&mut stack, sp + 128 - 8, 0x0000_0022);
         put(&mut stack, sp + 128 - 16, 0x2000_0001);
         // Frame 2: fp out of the copy. Frame 3 = frame 4's fp (prologue).
         let fps = [sp + 64, sp + 128, sp + 4096, sp + 64, sp + 64];
         let got = js_slots(&layout(), &fps, sp, &stack);
-        assert_eq!(got, vec![(0, 0x2000_0001), (4, 0x2000_0001)]);
+        assert_eq!(
+            got,
+            vec![
+                slot(0, 0x2000_0001, 0x3000_0001, 0x36 << 32),
+                slot(4, 0x2000_0001, 0x3000_0001, 0x36 << 32)
+            ]
+        );
+        // A layout that does not say where the bytecode is: none read.
+        let old = FrameLayout {
+            fp_bytecode_array: 0,
+            fp_bytecode_offset: 0,
+            ..layout()
+        };
+        assert_eq!(
+            js_slots(&old, &fps[..1], sp, &stack),
+            vec![slot(0, 0x2000_0001, 0, 0)]
+        );
+    }
+
+    /// The frame pointers of a frame-pointer walk, as the kernel's: the
+    /// sampled bp, then each saved one while the chain goes up and stays in
+    /// the copy; bounded by the stack's length.
+    #[test]
+    fn fp_chain_as_the_kernel_walks() {
+        let sp = 0x7000_0000u64;
+        let mut stack = vec![0u8; 256];
+        let put = |s: &mut Vec<u8>, at: u64, v: u64| {
+            let o = (at - sp) as usize;
+            s[o..o + 8].copy_from_slice(&v.to_le_bytes());
+        };
+        put(&mut stack, sp + 32, sp + 96);
+        put(&mut stack, sp + 96, sp + 200);
+        put(&mut stack, sp + 200, sp + 8); // goes down: the chain ends
+        assert_eq!(
+            fp_chain(sp + 32, sp, &stack, 5),
+            vec![sp + 32, sp + 96, sp + 200, 0, 0]
+        );
+        assert_eq!(fp_chain(sp + 32, sp, &stack, 2), vec![sp + 32, sp + 96]);
+        // A bp outside the copy: nothing past it.
+        assert_eq!(fp_chain(sp + 4096, sp, &stack, 3), vec![sp + 4096, 0, 0]);
     }
 
     #[test]
