@@ -15,7 +15,9 @@
 //! the root tests run (bpftool, cc, objdump, tmux, Debian's /usr/bin/python3.11,
 //! /usr/bin/node, npm, pip) with apt-get, and the daemon tests' readers at
 //! pinned versions under target/daemon-test-deps, the FastAPI victim's
-//! packages (pinned) in a CPython 3.11 venv at target/asgi-venv, and (as root) the
+//! packages (pinned) in a CPython 3.11 venv at target/asgi-venv, the express
+//! victim's npm packages (pinned by its package-lock.json) by `npm ci` into
+//! target/express-victim, and (as root) the
 //! container sandbox: a Debian testing root filesystem with python3.13,
 //! 3.14, 3.15 and nodejs under ~/.cache/stallprof/forky-root, built once by
 //! debootstrap (docs/containers.md); for `dist` and tests/dist.rs, podman,
@@ -506,6 +508,7 @@ fn test_setup() -> Result<()> {
     }
     prometheus_for_tests()?;
     asgi_venv()?;
+    express_victim()?;
     if unsafe_geteuid() == 0 {
         forky_root()?;
     }
@@ -586,6 +589,40 @@ fn asgi_venv() -> Result<()> {
         .arg("--no-deps")
         .args(ASGI_PACKAGES))?;
     fs::write(&stamp, want).with_context(|| format!("writing {}", stamp.display()))?;
+    Ok(())
+}
+
+/// target/express-victim: the express victim's packages
+/// (profiler/tests/victims/express: package.json and package-lock.json,
+/// every version exact, with integrity hashes) installed by `npm ci`, done
+/// again when the lock file changes. The test runs the victim's scripts
+/// from a scratch directory whose `node_modules` links here, so the
+/// packages sit in a real `node_modules`, as in a deployed service.
+fn express_victim() -> Result<()> {
+    let src = root().join("profiler/tests/victims/express");
+    let dst = root().join("target/express-victim");
+    let stamp = dst.join("stallprof-lock.json");
+    let lock = fs::read_to_string(src.join("package-lock.json"))
+        .with_context(|| format!("reading {}/package-lock.json", src.display()))?;
+    if fs::read_to_string(&stamp).is_ok_and(|s| s == lock) {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask: installing express, bcryptjs and js-yaml (pinned by {}/package-lock.json) for the express victim into {}",
+        src.display(),
+        dst.display()
+    );
+    if dst.exists() {
+        fs::remove_dir_all(&dst).with_context(|| format!("removing {}", dst.display()))?;
+    }
+    fs::create_dir_all(&dst)?;
+    for f in ["package.json", "package-lock.json"] {
+        fs::copy(src.join(f), dst.join(f)).with_context(|| format!("copying {f}"))?;
+    }
+    run(Command::new("npm")
+        .args(["ci", "--silent", "--no-audit", "--no-fund"])
+        .current_dir(&dst))?;
+    fs::write(&stamp, lock).with_context(|| format!("writing {}", stamp.display()))?;
     Ok(())
 }
 

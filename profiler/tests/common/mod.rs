@@ -1626,3 +1626,14 @@ pub fn vm_hwm_kib(pid: u32) -> Option<u64> {
         .parse()
         .ok()
 }
+
+/// The lines of one section of `record`'s summary (`top culprits`, `by
+/// entry point`): the indented lines after its title.
+pub fn summary_section<'a>(stdout: &'a str, title: &str) -> Vec<&'a str> {
+    stdout
+        .lines()
+        .skip_while(|l| !l.contains(title))
+        .skip(1)
+        .take_while(|l| l.starts_with("    "))
+        .collect()
+}

@@ -1,0 +1,305 @@
+//! Issue 19, root integration test: Node on real code. tests/victims/express
+//! is an express 5 service (an ES module importing CommonJS and ESM npm
+//! packages, installed at the versions its package-lock.json pins by `cargo
+//! xtask test`'s setup into target/express-victim), started with no Node
+//! flags, whose handlers block the loop in different ways: `hashPassword`
+//! (bcryptjs: pure-JS CPU in a library's hot, optimized code),
+//! `parseConfig` (js-yaml: pure-JS CPU over many library functions),
+//! `compressReport` (zlib.gzipSync: native code under node:zlib's
+//! JavaScript) and `waitForLock` (Atomics.wait: off-CPU in a futex). A
+//! client process drives the requests; the victim logs CLOCK_MONOTONIC
+//! (process.hrtime.bigint) around each handler's blocking call.
+//!
+//! Checked, against the victim's own log:
+//! - each handler call is one stall whose culprit (the summary's text with
+//!   the most of its time) is the handler itself, `hashPassword (app.js:N)
+//!   → bcryptjs … hashSync — on-CPU`: the app's function, not node_modules
+//!   or `node:` internals; its entry point is the handler;
+//! - the share of the stall blamed on the handler is within 5 points of the
+//!   share the victim's clock gives the call;
+//! - every handler appears by its own name among the summary's top culprit
+//!   lines and its entry points;
+//! - JavaScript frames are read: `[js: unreadable]` frames (and the
+//!   `js_frames_unreadable` counter) ≤ 1% of the JavaScript frames of the
+//!   recording's stacks, and no more than 1% of the handlers' stall time
+//!   sits on stacks whose JavaScript was left unnamed (V8's interpreter
+//!   trampolines or `[anon]` JIT code with no JavaScript frame inner to
+//!   them, under libuv's `uv__read`).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use stallprof::report::{self, aggregate};
+
+const THRESHOLD: &str = "20ms";
+const THRESHOLD_NS: u64 = 20 * MS;
+/// Measured share vs the victim's own share, in points.
+const SHARE_POINTS: f64 = 5.0;
+/// Most unreadable JavaScript frames, in percent of all JavaScript frames.
+const UNREADABLE_PCT: f64 = 1.0;
+const HANDLERS: [&str; 4] = ["hashPassword", "parseConfig", "compressReport", "waitForLock"];
+const NODE: &str = "/usr/bin/node";
+
+/// The victim's packages as `cargo xtask test` installs them (xtask/src/
+/// main.rs `express_victim`).
+fn express_node_modules() -> PathBuf {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/express-victim/node_modules");
+    assert!(
+        dir.join("express/package.json").exists(),
+        "{} is missing: run the tests with `cargo xtask test` (its setup installs express, \
+         bcryptjs and js-yaml, pinned by tests/victims/express/package-lock.json, with `npm ci`), \
+         or `cargo xtask setup --tests`",
+        dir.display()
+    );
+    dir
+}
+
+/// The victim as deployed: its scripts and package.json in a directory of
+/// their own, its packages in `node_modules` beside them.
+fn deploy_victim(dir: &Path) -> PathBuf {
+    let app = dir.join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    let src = victims_dir().join("express");
+    for f in ["app.js", "client.js", "package.json"] {
+        std::fs::copy(src.join(f), app.join(f))
+            .unwrap_or_else(|e| panic!("copying {f} of {}: {e}", src.display()));
+    }
+    std::os::unix::fs::symlink(express_node_modules(), app.join("node_modules")).unwrap();
+    app
+}
+
+/// Is this frame JavaScript code V8 runs, left unnamed: the interpreter's
+/// or baseline code's trampolines, or anonymous JIT code?
+fn unnamed_js(f: &Frame) -> bool {
+    f.kind == "native"
+        && (f.name == "[anon]"
+            || f.name.starts_with("Builtins_InterpreterEntryTrampoline")
+            || f.name.starts_with("Builtins_Baseline"))
+}
+
+#[test]
+fn record_express_culprits_are_the_apps_handlers() {
+    let test = "record_express_culprits_are_the_apps_handlers";
+    if !require_root_and_bpf(test) {
+        return;
+    }
+    assert!(
+        Path::new(NODE).exists(),
+        "{NODE} is missing: this test needs Node 20 there (`cargo xtask setup --tests` installs it)"
+    );
+    let _serial = serial();
+    let dir = Scratch::new(test);
+    let app_dir = deploy_victim(&dir.path);
+    let log = dir.join("victim.jsonl");
+    let out = dir.join("out");
+    let run = run_stallprof_in(
+        &app_dir,
+        &[
+            "record".as_ref(),
+            "--threshold".as_ref(),
+            THRESHOLD.as_ref(),
+            "-o".as_ref(),
+            out.as_os_str(),
+            "--".as_ref(),
+            NODE.as_ref(),
+            "app.js".as_ref(),
+            log.as_os_str(),
+        ],
+        Duration::from_secs(120),
+    );
+    assert!(
+        run.status.success(),
+        "stallprof record -- node app.js failed:\n{}",
+        run.describe()
+    );
+    let entries = read_log(&log);
+    assert!(
+        entries.iter().any(|r| r["kind"] == "done")
+            && !entries.iter().any(|r| r["kind"] == "error"),
+        "the victim did not finish cleanly; log:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let truth = python_truth(&entries);
+    for func in HANDLERS {
+        assert!(
+            truth.iter().filter(|t| t.func == func).count() >= 3,
+            "the victim ran {func} fewer than 3 times:\n{}",
+            truth_table(&truth)
+        );
+    }
+    for t in &truth {
+        assert!(
+            t.duration_ns() >= THRESHOLD_NS + 20 * MS,
+            "victim call shorter than planned: {t:?}"
+        );
+    }
+
+    let rec = report::read_json(&out).unwrap_or_else(|e| panic!("reading stalls.json: {e}"));
+    let app = rec.app();
+    let raw = read_stalls_json(&out.join("stalls.json"));
+    let contract = load_recording(&out);
+    let mut c = Checks::new(format!(
+        "{}\n{}\nsummary:\n{}",
+        truth_table(&truth),
+        stalls_table(&contract),
+        run.stdout
+    ));
+    check_contract(&mut c, &contract, THRESHOLD_NS);
+
+    for t in &truth {
+        let who = format!(
+            "{} ({:.1} ms at {})",
+            t.func,
+            ms(t.duration_ns()),
+            t.start_ns
+        );
+        let found: Vec<(usize, &stallprof::report::model::Stall)> = rec
+            .stalls
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.start_ns < t.end_ns && t.start_ns < s.end_ns)
+            .collect();
+        let [(index, s)] = found[..] else {
+            c.fail(format!("{who}: {} overlapping stalls, want 1", found.len()));
+            continue;
+        };
+        let culprit = aggregate::stall_culprit(s, &app).unwrap_or_default();
+        c.check(culprit.starts_with(&format!("{} (app.js:", t.func)), || {
+            format!(
+                "{who}: the stall's culprit is {culprit:?}, want the handler {}",
+                t.func
+            )
+        });
+        let want_entry = format!("{} (app.js)", t.func);
+        let entry = raw["stalls"][index]["entry"].as_str().unwrap_or("");
+        c.check(entry == want_entry, || {
+            format!("{who}: stalls.json entry {entry:?}, want {want_entry:?}")
+        });
+        let blamed: u64 = s
+            .stacks
+            .iter()
+            .filter(|p| aggregate::culprit(p, &app).is_some_and(|f| f.name == t.func))
+            .map(|p| p.weight_ns)
+            .sum();
+        let ours = 100.0 * blamed as f64 / s.duration_ns as f64;
+        let theirs = 100.0 * t.duration_ns().min(s.duration_ns) as f64 / s.duration_ns as f64;
+        c.check((ours - theirs).abs() <= SHARE_POINTS, || {
+            format!(
+                "{who}: {ours:.1}% of the stall blamed on {}, the victim's clock says {theirs:.1}%: \
+                 more than {SHARE_POINTS} points apart",
+                t.func
+            )
+        });
+        c.add_context(&format!(
+            "{who}: culprit {culprit:?}; blamed {ours:.1}% vs victim {theirs:.1}% of a {:.1} ms stall",
+            ms(s.duration_ns)
+        ));
+        println!(
+            "SHARE express {:<14} measured {ours:5.1}%  truth {theirs:5.1}%  culprit {culprit}",
+            t.func
+        );
+    }
+
+    let top = summary_section(&run.stdout, "top culprits");
+    let by_entry = summary_section(&run.stdout, "by entry point");
+    for func in HANDLERS {
+        let name = format!("  {func} (app.js:");
+        c.check(top.iter().any(|l| l.contains(&name)), || {
+            format!("{func} is not among the summary's top culprit lines: {top:#?}")
+        });
+        let name = format!("  {func} (app.js) (");
+        c.check(by_entry.iter().any(|l| l.contains(&name)), || {
+            format!("{func} is not among the summary's entry points: {by_entry:#?}")
+        });
+    }
+
+    // JavaScript frames read: per stack part, as the outputs show them.
+    let (mut js, mut unreadable) = (0u64, 0u64);
+    let mut by_file: BTreeMap<String, u64> = BTreeMap::new();
+    for s in &contract.stalls {
+        for p in &s.stacks {
+            for f in &p.frames {
+                if f.kind == "js" {
+                    js += 1;
+                    let file = f.file.as_deref().unwrap_or("?");
+                    let key = match file.rfind("/node_modules/") {
+                        Some(i) => file[i + 14..].split('/').next().unwrap_or("?").to_string(),
+                        None if file.starts_with("node:") => "node:".into(),
+                        None => file.rsplit('/').next().unwrap_or(file).to_string(),
+                    };
+                    *by_file.entry(key).or_default() += 1;
+                } else if f.name == "[js: unreadable]" {
+                    unreadable += 1;
+                }
+            }
+        }
+    }
+    let counter = contract
+        .drops
+        .get("js_frames_unreadable")
+        .copied()
+        .unwrap_or(0);
+    let all = js + unreadable;
+    let pct = |n: u64| 100.0 * n as f64 / all.max(1) as f64;
+    println!(
+        "JS express: {all} JavaScript frames in the stacks, {unreadable} unreadable ({:.2}%), \
+         js_frames_unreadable={counter}; frames by script: {by_file:?}",
+        pct(unreadable)
+    );
+    c.check(js > 0 && pct(unreadable) <= UNREADABLE_PCT, || {
+        format!(
+            "{unreadable} of {all} JavaScript frames unreadable ({:.2}%), want ≤ {UNREADABLE_PCT}%",
+            pct(unreadable)
+        )
+    });
+    c.check(pct(counter) <= UNREADABLE_PCT, || {
+        format!(
+            "js_frames_unreadable={counter}: {:.2}% of the {all} JavaScript frames, want ≤ {UNREADABLE_PCT}%",
+            pct(counter)
+        )
+    });
+    // Handlers' stall time on stacks whose JavaScript was left unnamed: JS
+    // code (trampoline, JIT) with no JavaScript frame at or inner to it.
+    let (mut total, mut unnamed) = (0u64, 0u64);
+    let mut worst: BTreeMap<String, u64> = BTreeMap::new();
+    for t in &truth {
+        for s in overlapping(&contract, t) {
+            for p in &s.stacks {
+                total += p.weight_ns;
+                let last_js = p.frames.iter().rposition(|f| f.kind == "js");
+                let first_unnamed = p.frames.iter().rposition(unnamed_js);
+                if first_unnamed.is_some_and(|u| last_js.is_none_or(|j| u > j)) {
+                    unnamed += p.weight_ns;
+                    let tail: Vec<&str> = p
+                        .frames
+                        .iter()
+                        .rev()
+                        .take(6)
+                        .map(|f| f.name.as_str())
+                        .collect();
+                    *worst.entry(tail.join(" < ")).or_default() += p.weight_ns;
+                }
+            }
+        }
+    }
+    let unnamed_pct = 100.0 * unnamed as f64 / total.max(1) as f64;
+    println!("JS express: {unnamed_pct:.2}% of the handlers' stall time with JavaScript unnamed");
+    c.check(unnamed_pct <= UNREADABLE_PCT, || {
+        let mut w: Vec<_> = worst.into_iter().collect();
+        w.sort_by_key(|(_, ns)| std::cmp::Reverse(*ns));
+        format!(
+            "{unnamed_pct:.2}% of the handlers' stall time on stacks whose JavaScript is unnamed \
+             (want ≤ {UNREADABLE_PCT}%); heaviest (innermost first): {:#?}",
+            w.iter()
+                .take(5)
+                .map(|(k, ns)| format!("{:.1} ms {k}", ms(*ns)))
+                .collect::<Vec<_>>()
+        )
+    });
+    c.finish();
+}
