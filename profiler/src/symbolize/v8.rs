@@ -32,7 +32,8 @@
 //!    misnamed from a stale cache. A frame's `BytecodeArray` (old space,
 //!    stays put) is remembered with the function read from that frame, and
 //!    names the frames whose closure (young, made per request) moved out
-//!    of reach before the read;
+//!    of reach before the read; one not seen before is read through the
+//!    frame itself when it is still on the stack, running that bytecode;
 //! 3. at symbolization: the frame's native symbol (the interpreter
 //!    trampoline, anonymous JIT code) is replaced by the JavaScript frame,
 //!    unless a perf map named it (`--perf-basic-prof` stays a source of
@@ -41,7 +42,8 @@
 //!    `[js: unreadable]` and is counted (`js_frames_unreadable`).
 //!
 //! Inlined functions in optimized code show as their outer function.
-//! Only the function's definition line is given (not the line executing).
+//! Only the function's definition line is given (not the line executing:
+//! V8 builds source position tables lazily; docs/architecture.md).
 
 use std::{
     collections::HashMap,
@@ -82,6 +84,9 @@ static RESOLVED: AtomicU64 = AtomicU64::new(0);
 static FORWARDED: AtomicU64 = AtomicU64::new(0);
 /// Frames whose function could not be read, named through their bytecode.
 static BY_BYTECODE: AtomicU64 = AtomicU64::new(0);
+/// Frames whose function had moved, named through the frame still on the
+/// stack ([`JsResolver::live_function`]).
+static LIVE: AtomicU64 = AtomicU64::new(0);
 
 /// JavaScript-looking frames of JIT code or a V8 builtin that could not be
 /// read (`drops.js_frames_unreadable`), since start.
@@ -91,11 +96,12 @@ pub fn unreadable_count() -> u64 {
 
 /// Functions resolved from memory, and objects found moved (forwarding
 /// addresses followed), since start (logged at the end of a recording).
-pub fn counts() -> (u64, u64, u64) {
+pub fn counts() -> (u64, u64, u64, u64) {
     (
         RESOLVED.load(Ordering::Relaxed),
         FORWARDED.load(Ordering::Relaxed),
         BY_BYTECODE.load(Ordering::Relaxed),
+        LIVE.load(Ordering::Relaxed),
     )
 }
 
@@ -176,7 +182,7 @@ impl FrameLayout {
 /// (the copy is gone after unwinding): its index in the user stack, its
 /// tagged `JSFunction`, and, for interpreted and baseline frames, its
 /// tagged `BytecodeArray` and bytecode-offset slot (0 where the frame has
-/// none or the layout does not say).
+/// none or the layout does not say), and its frame pointer.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
 )]
@@ -187,6 +193,8 @@ pub struct JsSlot {
     pub bytecode: u64,
     #[serde(default)]
     pub offset: u64,
+    #[serde(default)]
+    pub fp: u64,
 }
 
 /// Frame pointers of a frame-pointer walk through a stack copy, as the
@@ -247,6 +255,7 @@ pub fn js_slots(layout: &FrameLayout, fps: &[u64], sp: u64, stack: &[u8]) -> Vec
                 func,
                 bytecode: if layout.is_heap(bytecode) { bytecode } else { 0 },
                 offset: slot(layout.fp_bytecode_offset),
+                fp,
             });
         }
     }
@@ -896,6 +905,23 @@ impl JsResolver {
         ])
     }
 
+    /// The function of a frame still on the target's stack whose closure
+    /// moved since the sample (the first request's per-request callbacks,
+    /// before any was read): the frame's slots now, when they still hold
+    /// the same `BytecodeArray` — so the function there now runs that
+    /// bytecode: the same `SharedFunctionInfo`, the same name — and another
+    /// function pointer (the moved closure, or another closure of it).
+    fn live_function(&self, slot: &JsSlot) -> Option<u64> {
+        let l = &self.meta.layout;
+        if slot.bytecode == 0 || slot.fp == 0 || l.fp_bytecode_array == 0 {
+            return None;
+        }
+        self.bytecode_header(slot.bytecode)?;
+        let bytecode = self.u64_at(slot.fp.wrapping_add_signed(l.fp_bytecode_array as i64))?;
+        let func = self.u64_at(slot.fp.wrapping_add_signed(l.fp_function as i64))?;
+        (bytecode == slot.bytecode && func != slot.func && l.is_heap(func)).then_some(func)
+    }
+
     /// Is the bytecode remembered for tagged `v` still there?
     fn bytecode_there(&self, v: u64) -> bool {
         self.bytecodes
@@ -967,6 +993,16 @@ impl JsResolver {
             }
             if slot.bytecode != 0 && self.bytecode_there(slot.bytecode) {
                 BY_BYTECODE.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if let Some(live) = self.live_function(slot)
+                && self.resolve(live).is_some()
+            {
+                self.remember_bytecode(&JsSlot {
+                    func: live,
+                    ..*slot
+                });
+                LIVE.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             log::debug!(
@@ -1115,12 +1151,13 @@ mod tests {
         }
     }
 
-    fn slot(frame: u32, func: u64, bytecode: u64, offset: u64) -> JsSlot {
+    fn slot(frame: u32, func: u64, bytecode: u64, offset: u64, fp: u64) -> JsSlot {
         JsSlot {
             frame,
             func,
             bytecode,
             offset,
+            fp,
         }
     }
 
@@ -1147,8 +1184,8 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                slot(0, 0x2000_0001, 0x3000_0001, 0x36 << 32),
-                slot(4, 0x2000_0001, 0x3000_0001, 0x36 << 32)
+                slot(0, 0x2000_0001, 0x3000_0001, 0x36 << 32, sp + 64),
+                slot(4, 0x2000_0001, 0x3000_0001, 0x36 << 32, sp + 64)
             ]
         );
         // A layout that does not say where the bytecode is: none read.
@@ -1159,7 +1196,7 @@ mod tests {
         };
         assert_eq!(
             js_slots(&old, &fps[..1], sp, &stack),
-            vec![slot(0, 0x2000_0001, 0, 0)]
+            vec![slot(0, 0x2000_0001, 0, 0, sp + 64)]
         );
     }
 

@@ -16,8 +16,10 @@
 //                                       off-CPU (a futex) on the loop thread
 //
 // Each handler reads process.hrtime.bigint() (CLOCK_MONOTONIC on Linux)
-// around its blocking call and logs it: the ground truth the test
-// (profiler/tests/record_frameworks.rs) compares stallprof's stalls with.
+// first and last thing in its body, around its blocking call and its reply
+// (a GC the call's garbage causes in res.json then lands inside the logged
+// interval), and logs it: the ground truth the test
+// (profiler/tests/record_express.rs) compares stallprof's stalls with.
 //
 // Timeline: calibrate (~0.5 s of CPU, so each call takes ~TARGET_MS on this
 // machine), listen on 127.0.0.1 (a port of its own), then a client (a child
@@ -147,27 +149,27 @@ function hashPassword(req, res) {
   const start = now();
   let hash = '';
   for (let i = 0; i < work.hashes; i++) hash = bcrypt.hashSync(password, work.salt);
+  res.json({ hash });
   const end = now();
   record('cpu', 'hashPassword', req.path, start, end, cpu);
-  res.json({ hash });
 }
 
 function parseConfig(req, res) {
   const cpu = process.cpuUsage();
   const start = now();
   const doc = yaml.load(work.config);
+  res.json({ services: doc.services.length });
   const end = now();
   record('cpu', 'parseConfig', req.path, start, end, cpu);
-  res.json({ services: doc.services.length });
 }
 
 function compressReport(req, res) {
   const cpu = process.cpuUsage();
   const start = now();
   const gz = zlib.gzipSync(work.report, { level: 9 });
+  res.json({ bytes: gz.length });
   const end = now();
   record('cpu', 'compressReport', req.path, start, end, cpu);
-  res.json({ bytes: gz.length });
 }
 
 function waitForLock(req, res) {
@@ -175,9 +177,9 @@ function waitForLock(req, res) {
   const start = now();
   // Nobody notifies: the wait times out, the loop thread asleep in a futex.
   Atomics.wait(lock, 0, 0, TARGET_MS);
+  res.json({ waited: true });
   const end = now();
   record('sleep', 'waitForLock', req.path, start, end, cpu);
-  res.json({ waited: true });
 }
 
 const app = express();
