@@ -1064,9 +1064,13 @@ impl Engine {
                     let job = self.prepare(raw);
                     // A JIT runtime writes its perf map through a buffer:
                     // names of code compiled just before the stall may not
-                    // be in the file yet. Give it a moment.
+                    // be in the file yet. Give it a moment. Likewise
+                    // JavaScript frames whose bytecode is not known yet:
+                    // a later request running it names them.
                     if self.symbols.live().is_some()
-                        && Path::new(&crate::symbolize::perf_map_path(job.raw.tgid)).exists()
+                        && (job.answers.js_missing()
+                            || Path::new(&crate::symbolize::perf_map_path(job.raw.tgid))
+                                .exists())
                     {
                         if self.pending.len() >= MAX_PENDING {
                             let (_, oldest) = self.pending.remove(0);
@@ -1187,7 +1191,16 @@ impl Engine {
             .into_iter()
             .partition(|p| all || p.0 <= now);
         self.pending = keep;
-        for (_, job) in due {
+        for (_, mut job) in due {
+            if job.answers.js_missing() {
+                let Job {
+                    raw,
+                    stacks,
+                    answers,
+                    ..
+                } = &mut *job;
+                self.symbols.resolve(|r| answers.retry_js(raw, stacks, r));
+            }
             self.submit(job);
         }
     }

@@ -1192,6 +1192,8 @@ pub struct Answers {
     python: HashMap<(u64, u64), Frame>,
     threads: HashMap<u64, (u32, String)>,
     js: HashMap<v8::JsSlot, Frame>,
+    /// JavaScript frames with a bytecode that no answer named yet.
+    js_missing: usize,
 }
 
 /// A JavaScript frame's key in `symbols.json`: `"pid:JSFunction"`, and
@@ -1214,17 +1216,10 @@ impl Answers {
     pub fn read(raw: &RawStall, stacks: &dyn Stacks, res: &mut dyn ResolveRuntime) -> Answers {
         let pid = raw.tgid;
         let mut a = Answers::default();
+        a.read_js(raw, stacks, res);
         for p in &raw.parts {
             let Some(id) = p.stack else { continue };
             let st = stacks.get(id);
-            for slot in st.js.iter().rev() {
-                let key = v8::JsSlot { frame: 0, ..*slot };
-                if !a.js.contains_key(&key)
-                    && let Some(f) = res.js(pid, slot)
-                {
-                    a.js.insert(key, f);
-                }
-            }
             for &(c, i) in st.python.iter().chain(&st.holder_python) {
                 if c != 0 && !a.python.contains_key(&(c, i)) {
                     a.python.insert((c, i), res.python(pid, c, i));
@@ -1239,6 +1234,45 @@ impl Answers {
             }
         }
         a
+    }
+
+    /// The JavaScript frames' answers not taken yet (all of them, the
+    /// first time); counts those with a bytecode still unnamed.
+    fn read_js(&mut self, raw: &RawStall, stacks: &dyn Stacks, res: &mut dyn ResolveRuntime) {
+        self.js_missing = 0;
+        let mut missing = std::collections::HashSet::new();
+        for p in &raw.parts {
+            let Some(id) = p.stack else { continue };
+            for slot in stacks.get(id).js.iter().rev() {
+                let key = v8::JsSlot { frame: 0, ..*slot };
+                if self.js.contains_key(&key) || missing.contains(&key) {
+                    continue;
+                }
+                match res.js(raw.tgid, slot) {
+                    Some(f) => {
+                        self.js.insert(key, f);
+                    }
+                    None => {
+                        missing.insert(key);
+                    }
+                }
+            }
+        }
+        self.js_missing = missing.iter().filter(|s| s.bytecode != 0).count();
+    }
+
+    /// Interpreted or baseline frames no answer named yet: the stall's
+    /// own closures had moved before they were read (the agent's lag at
+    /// its first stacks), and their bytecode was not seen with a function
+    /// yet. A later request running the same code names them: ask again
+    /// ([`Answers::retry_js`]) after a while.
+    pub fn js_missing(&self) -> bool {
+        self.js_missing > 0
+    }
+
+    /// Ask again for the JavaScript frames not named yet.
+    pub fn retry_js(&mut self, raw: &RawStall, stacks: &dyn Stacks, res: &mut dyn ResolveRuntime) {
+        self.read_js(raw, stacks, res);
     }
 
     /// The GIL holders' thread ids.
