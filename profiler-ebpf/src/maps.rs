@@ -17,8 +17,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
-    CpuWait, Drop, EventHeader, Filtered, MAX_CPUS, MAX_PY_PROCS, MAX_THREADS, NO_RUN_DELAY, PyProc,
-    RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, ThreadState,
+    CpuWait, Drop, EventHeader, Filtered, MAX_CPUS, MAX_PY_PROCS, MAX_THREADS, NO_RUN_DELAY,
+    PyProc, RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, ThreadState,
 };
 
 use crate::TARGET_TGID;

@@ -98,7 +98,11 @@ impl Glance {
              | what | stallprof record | stallprof daemon | py-spy (anchor) | target |\n|---|---|---|---|---|\n",
         );
         for r in &self.rows {
-            let _ = writeln!(s, "| {} | {} | {} | {} | {} |", r[0], r[1], r[2], r[3], r[4]);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} |",
+                r[0], r[1], r[2], r[3], r[4]
+            );
         }
         s.push('\n');
         s
@@ -2074,7 +2078,11 @@ fn demo_memory(env: &Env, plan: &Plan, s: &mut String, glance: &mut Glance) -> R
         "—".into(),
         format!(
             "≤ 64: **{}**",
-            if m.is_finite() && m <= 64.0 { "met" } else { "missed" }
+            if m.is_finite() && m <= 64.0 {
+                "met"
+            } else {
+                "missed"
+            }
         ),
     );
     let _ = writeln!(

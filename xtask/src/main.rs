@@ -882,7 +882,9 @@ const ACCURACY_TESTS: &[&str] = &[
 /// `check_contract`). Run it alone with
 /// `STALLPROF_PROBES=tracepoints cargo xtask test -- --test record_c`.
 fn fallback_pass() -> Result<()> {
-    eprintln!("xtask: the accuracy tests again on the fallback probes (STALLPROF_PROBES=tracepoints)");
+    eprintln!(
+        "xtask: the accuracy tests again on the fallback probes (STALLPROF_PROBES=tracepoints)"
+    );
     let mut cmd = cargo();
     cmd.args(["test", "--release", "--no-fail-fast"]);
     for t in ACCURACY_TESTS {
@@ -890,7 +892,8 @@ fn fallback_pass() -> Result<()> {
     }
     cmd.args(["--", "--test-threads=1"])
         .env("STALLPROF_PROBES", "tracepoints");
-    run(&mut cmd).context("the accuracy tests on the fallback probes (STALLPROF_PROBES=tracepoints)")
+    run(&mut cmd)
+        .context("the accuracy tests on the fallback probes (STALLPROF_PROBES=tracepoints)")
 }
 
 /// `cargo xtask dist`, then its packing again: the same SHA256SUMS, or an

@@ -561,7 +561,10 @@ mod tests {
         let pid = running_kernel().unwrap().task_pid_offset;
         assert!(off > 0 && off != pid, "run_delay at {off}");
         assert!(run_delay_offset(b"").is_err());
-        assert!(run_delay_offset(&kernel(true, 0)).is_err(), "no sched_info in it");
+        assert!(
+            run_delay_offset(&kernel(true, 0)).is_err(),
+            "no sched_info in it"
+        );
     }
 
     #[test]

@@ -138,19 +138,32 @@ pub(super) fn host(env: &Env, plan: &Plan, glance: &mut Glance) -> Result<String
         for (i, cfg) in CFGS.iter().enumerate() {
             let dir = env.work.join(format!("host/{rep}-{i}"));
             let (s, p) = once(env, &bin, cfg, &dir, secs)?;
-            eprintln!("bench: host {rep} {}: {s:.1} ns/syscall, {p:.3} µs/round trip", cfg.label);
+            eprintln!(
+                "bench: host {rep} {}: {s:.1} ns/syscall, {p:.3} µs/round trip",
+                cfg.label
+            );
             sys[i].push(s);
             pipe[i].push(p);
         }
     }
     let added_at = |v: &[Vec<f64>], i: usize| -> f64 {
-        let r: Vec<f64> = v[i].iter().zip(&v[0]).map(|(a, b)| (a / b - 1.0) * 100.0).collect();
+        let r: Vec<f64> = v[i]
+            .iter()
+            .zip(&v[0])
+            .map(|(a, b)| (a / b - 1.0) * 100.0)
+            .collect();
         median(&r)
     };
     // CFGS: 1 record, 2 record --probes tracepoints, 3 daemon, 4 daemon --probes tracepoints.
     for (what, v) in [
-        ("an unwatched process: added time per syscall (`getppid`)", &sys),
-        ("an unwatched process: added time per pipe round trip", &pipe),
+        (
+            "an unwatched process: added time per syscall (`getppid`)",
+            &sys,
+        ),
+        (
+            "an unwatched process: added time per pipe round trip",
+            &pipe,
+        ),
     ] {
         let (r, d) = (added_at(v, 1), added_at(v, 3));
         glance.row(
@@ -186,7 +199,11 @@ pub(super) fn host(env: &Env, plan: &Plan, glance: &mut Glance) -> Result<String
             if i == 0 {
                 return "—".into();
             }
-            let r: Vec<f64> = v[i].iter().zip(&v[0]).map(|(a, b)| (a / b - 1.0) * 100.0).collect();
+            let r: Vec<f64> = v[i]
+                .iter()
+                .zip(&v[0])
+                .map(|(a, b)| (a / b - 1.0) * 100.0)
+                .collect();
             format!("{:+.1}%", median(&r))
         };
         let _ = writeln!(
