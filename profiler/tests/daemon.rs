@@ -199,19 +199,6 @@ fn prog_ids_of(pid: u32) -> BTreeSet<u64> {
     ids
 }
 
-fn loaded_prog_ids() -> BTreeSet<u64> {
-    let out = Command::new("bpftool")
-        .args(["-j", "prog", "list"])
-        .output()
-        .expect("bpftool (apt-get install bpftool)");
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v.as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["id"].as_u64())
-        .collect()
-}
-
 /// Waits until `pred(metrics)` holds.
 fn wait_metrics(
     d: &mut Daemon,
@@ -738,18 +725,7 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
         run.status.success() && run.stdout.contains("stopped by SIGTERM"),
         || format!("daemon after SIGTERM:\n{}", run.describe()),
     );
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let mut left: BTreeSet<u64> = daemon_progs
-        .intersection(&loaded_prog_ids())
-        .copied()
-        .collect();
-    while !left.is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-        left = daemon_progs
-            .intersection(&loaded_prog_ids())
-            .copied()
-            .collect();
-    }
+    let left = sp_programs_left(|p| daemon_progs.contains(&p.0));
     cb.check(left.is_empty(), || {
         format!("BPF programs of the daemon still loaded after it exited: {left:?}")
     });

@@ -245,8 +245,7 @@ fn durability_full_disk_is_a_clear_error() {
     c.check(err.contains("bytes"), || {
         "the error does not say how much was written".into()
     });
-    let left = loaded_sp_programs();
-    let leaked: Vec<_> = left.iter().filter(|p| !before.contains(p)).collect();
+    let leaked = sp_programs_left(|p| !before.contains(p));
     c.check(leaked.is_empty(), || {
         format!("probes left loaded: {leaked:?}")
     });

@@ -659,20 +659,9 @@ fn record_leaves_no_bpf_programs_loaded() {
         run.describe()
     );
 
-    // Programs are freed asynchronously after their last fd closes.
     // Only this run's programs count: another stallprof (a developer's, a
     // parallel test binary's) may be running beside it.
-    let ours = |all: Vec<_>| {
-        all.into_iter()
-            .filter(|p| seen.contains(p))
-            .collect::<Vec<_>>()
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    let mut left = ours(loaded_sp_programs());
-    while !left.is_empty() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-        left = ours(loaded_sp_programs());
-    }
+    let left = sp_programs_left(|p| seen.contains(p));
     assert!(
         left.is_empty(),
         "BPF programs still loaded after stallprof exited: {left:?} (while recording: {seen:?}; \

@@ -1202,6 +1202,21 @@ pub fn bpftool_available() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// The loaded `sp_*` programs that `ours` picks, once a stallprof run has
+/// ended: a program is freed asynchronously after its last fd closes (a raw
+/// tracepoint's only after an RCU grace period), so this waits up to 3 s
+/// for them to go and returns the ones still there.
+pub fn sp_programs_left(ours: impl Fn(&(u64, String)) -> bool) -> Vec<(u64, String)> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let left: Vec<_> = loaded_sp_programs().into_iter().filter(&ours).collect();
+        if left.is_empty() || Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// (id, name) of loaded BPF programs whose name starts with `sp_`.
 pub fn loaded_sp_programs() -> Vec<(u64, String)> {
     let out = Command::new("bpftool").args(["-j", "prog", "list"]).output().unwrap_or_else(|e| {
