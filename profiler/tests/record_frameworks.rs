@@ -219,17 +219,9 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
 
     // The summary: every handler by its own name among the top culprits
     // and the entry points.
-    let section = |title: &str| -> Vec<&str> {
-        run.stdout
-            .lines()
-            .skip_while(|l| !l.contains(title))
-            .skip(1)
-            .take_while(|l| l.starts_with("    "))
-            .collect()
-    };
-    let top = section("top culprits");
-    let by_entry = section("by entry point");
-    let by_route = section("by route");
+    let top = summary_section(&run.stdout, "top culprits");
+    let by_entry = summary_section(&run.stdout, "by entry point");
+    let by_route = summary_section(&run.stdout, "by route (");
     for (func, route) in &handler_routes {
         let line = format!("  {route} (");
         c.check(by_route.iter().any(|l| l.contains(&line)), || {

@@ -1645,9 +1645,11 @@ pub fn vm_hwm_kib(pid: u32) -> Option<u64> {
 /// The lines of one section of `record`'s summary (`top culprits`, `by
 /// entry point`): the indented lines after its title.
 pub fn summary_section<'a>(stdout: &'a str, title: &str) -> Vec<&'a str> {
+    // The title starts its line: a process named like it (a test thread
+    // `routes::…` as a CPU holder: "CPU held by routes::…") is elsewhere.
     stdout
         .lines()
-        .skip_while(|l| !l.contains(title))
+        .skip_while(|l| !l.trim_start().starts_with(title))
         .skip(1)
         .take_while(|l| l.starts_with("    "))
         .collect()

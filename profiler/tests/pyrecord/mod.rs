@@ -1526,13 +1526,7 @@ pub fn check_routes(test: &str, py: &'static Python) {
     c.check(misses.is_empty(), || {
         format!("stalls that served a request without their route: {misses:?}")
     });
-    let by_route: Vec<&str> = run
-        .output
-        .lines()
-        .skip_while(|l| !l.contains("by route"))
-        .skip(1)
-        .take_while(|l| l.starts_with("    "))
-        .collect();
+    let by_route = summary_section(&run.output, "by route (");
     for r in &routes {
         c.check(
             by_route.iter().any(|l| l.contains(&format!("  {r} ("))),
