@@ -923,11 +923,7 @@ impl Engine {
     /// Reads the asyncio task of `tid`'s open busy period, unless it is
     /// known or was tried [`TASK_READS`] times.
     fn read_task(&mut self, tgid: u32, tid: u32, python: &[(u64, u64)]) {
-        let Some(start) = self
-            .tracker
-            .busy_threads()
-            .find_map(|(t, s)| (t == tid).then_some(s))
-        else {
+        let Some(start) = self.tracker.open_period(tid) else {
             return;
         };
         let reads = match self.tasks.get(&(tid, start)) {
@@ -956,7 +952,7 @@ impl Engine {
             },
         };
         if self.tasks.len() >= MAX_BUSY_TASKS {
-            let open: HashSet<(u32, u64)> = self.tracker.busy_threads().collect();
+            let open = self.tracker.open_periods();
             self.tasks.retain(|k, _| open.contains(k));
         }
         self.tasks.insert((tid, start), state);
@@ -965,11 +961,7 @@ impl Engine {
     /// Reads the ASGI request of `tid`'s open busy period (see
     /// [`Routes`]), unless it is known or was tried enough.
     fn read_route(&mut self, tgid: u32, tid: u32, python: &[(u64, u64)]) {
-        let Some(start) = self
-            .tracker
-            .busy_threads()
-            .find_map(|(t, s)| (t == tid).then_some(s))
-        else {
+        let Some(start) = self.tracker.open_period(tid) else {
             return;
         };
         let now = std::time::Instant::now();
@@ -985,7 +977,7 @@ impl Engine {
         }
         let tracker = &self.tracker;
         self.routes
-            .record((tid, start), read, now, || tracker.busy_threads().collect());
+            .record((tid, start), read, now, || tracker.open_periods());
     }
 
     /// The route of a finished stall: the live reads' (also kept for a

@@ -432,6 +432,17 @@ impl Tracker {
             .filter_map(|(&t, th)| th.busy.as_ref().map(|b| (t, b.start)))
     }
 
+    /// The start of `tid`'s busy period, while it is inside one.
+    pub fn open_period(&self, tid: u32) -> Option<u64> {
+        self.threads.get(&tid)?.busy.as_ref().map(|b| b.start)
+    }
+
+    /// The busy periods open now, by (tid, start): what a table kept per
+    /// open period prunes down to.
+    pub fn open_periods(&self) -> HashSet<(u32, u64)> {
+        self.busy_threads().collect()
+    }
+
     /// Feed one event; finished stalls and loop-key decisions go to `out`.
     pub fn push(&mut self, ev: Event, out: &mut Vec<Output>) {
         let tid = ev.tid();
