@@ -123,26 +123,8 @@ mod tests {
 
     fn rec(stalls: Vec<Stall>) -> Recording {
         Recording {
-            cpu_quota: None,
-            pid: 1,
-            comm: "python3".into(),
-            process: Default::default(),
             threshold_ns: 50_000_000,
-            sample_hz: 999,
-            sample_after_ns: 0,
-            kernel_filtered: Default::default(),
-            busy_periods: 0,
-            clock: "monotonic".into(),
-            started_ns: 0,
-            ended_ns: 10_000_000_000,
-            lost_events: 0,
-            drops: Default::default(),
-            executor_threads: Vec::new(),
-            stallprof_version: String::new(),
-            runtime_problems: Vec::new(),
-            probes: Default::default(),
-            app_paths: Vec::new(),
-            stalls,
+            ..Recording::for_tests(stalls)
         }
     }
 

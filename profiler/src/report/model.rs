@@ -559,6 +559,37 @@ pub struct ThreadInfo {
     pub ns_tid: Option<u32>,
 }
 
+#[cfg(test)]
+impl Recording {
+    /// A 10 s recording of `stalls` in pid 1 (`python3`, 20 ms threshold,
+    /// 999 Hz) with nothing else to say: tests override what they look at
+    /// (`Recording { threshold_ns, ..Recording::for_tests(stalls) }`).
+    pub(crate) fn for_tests(stalls: Vec<Stall>) -> Recording {
+        Recording {
+            cpu_quota: None,
+            pid: 1,
+            comm: "python3".into(),
+            process: Default::default(),
+            threshold_ns: 20_000_000,
+            sample_hz: 999,
+            sample_after_ns: 0,
+            kernel_filtered: Default::default(),
+            busy_periods: 0,
+            clock: "monotonic".into(),
+            started_ns: 0,
+            ended_ns: 10_000_000_000,
+            lost_events: 0,
+            drops: Default::default(),
+            executor_threads: Vec::new(),
+            stallprof_version: String::new(),
+            runtime_problems: Vec::new(),
+            probes: Default::default(),
+            app_paths: Vec::new(),
+            stalls,
+        }
+    }
+}
+
 impl Recording {
     /// Which frames are the application's in this recording.
     pub fn app(&self) -> crate::report::origin::AppPaths {

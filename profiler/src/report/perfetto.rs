@@ -758,30 +758,18 @@ mod tests {
             ],
         };
         Recording {
-            cpu_quota: None,
             pid: 5,
             comm: "app".into(),
-            process: Default::default(),
             threshold_ns: 1,
             sample_hz: 1000,
-            sample_after_ns: 0,
-            kernel_filtered: Default::default(),
             busy_periods: 1,
-            clock: "monotonic".into(),
-            started_ns: 0,
             ended_ns: 20_000_000,
-            lost_events: 0,
-            drops: Default::default(),
             executor_threads: vec![ThreadInfo {
                 tid: 7,
                 name: "loop".into(),
                 ns_tid: None,
             }],
-            stallprof_version: String::new(),
-            runtime_problems: Vec::new(),
-            probes: Default::default(),
-            app_paths: Vec::new(),
-            stalls: vec![s],
+            ..Recording::for_tests(vec![s])
         }
     }
 

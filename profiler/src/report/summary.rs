@@ -340,34 +340,9 @@ mod tests {
         }
     }
 
-    fn rec(stalls: Vec<Stall>) -> Recording {
-        Recording {
-            cpu_quota: None,
-            pid: 1,
-            comm: "python3".into(),
-            process: Default::default(),
-            threshold_ns: 20_000_000,
-            sample_hz: 999,
-            sample_after_ns: 0,
-            kernel_filtered: Default::default(),
-            busy_periods: 0,
-            clock: "monotonic".into(),
-            started_ns: 0,
-            ended_ns: 10_000_000_000,
-            lost_events: 0,
-            drops: Default::default(),
-            executor_threads: Vec::new(),
-            stallprof_version: String::new(),
-            runtime_problems: Vec::new(),
-            probes: Default::default(),
-            app_paths: Vec::new(),
-            stalls,
-        }
-    }
-
     #[test]
     fn stall_time_by_route_and_the_misses_said() {
-        let mut r = rec(vec![
+        let mut r = Recording::for_tests(vec![
             stall(0, 300, "parse_resume", Some(("POST", "/resume/{rid}"))),
             stall(1000, 100, "parse_resume", Some(("POST", "/resume/{rid}"))),
             stall(2000, 100, "nap", Some(("GET", "/nap"))),
@@ -403,7 +378,10 @@ mod tests {
             "{text}"
         );
         // No request anywhere: no section.
-        let none = super::text(&rec(vec![stall(0, 100, "tick", None)]), &[]);
+        let none = super::text(
+            &Recording::for_tests(vec![stall(0, 100, "tick", None)]),
+            &[],
+        );
         assert!(!none.contains("by route"), "{none}");
     }
 }
