@@ -690,7 +690,10 @@ fn stalls_back(out: &OutDir, journal_failed: bool, unjournaled: Vec<Stall>) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::journal::{self, Header, JournalWriter, tests::stall};
+    use crate::report::journal::{
+        JournalWriter,
+        tests::{header, stall},
+    };
 
     /// A journal write that failed part way: the stalls it may or may not
     /// have taken come back once, with those the journal holds, in order.
@@ -698,20 +701,7 @@ mod tests {
     fn stalls_come_back_from_the_journal_once() {
         let root = std::env::temp_dir().join(format!("stallprof-back-{}", random_suffix()));
         let dir = OutDir::create_new(&root).unwrap();
-        let header = Header {
-            format: journal::FORMAT.into(),
-            version: journal::VERSION,
-            pid: 1,
-            comm: "c".into(),
-            threshold_ns: 50,
-            sample_hz: 999,
-            sample_after_ns: 0,
-            clock: "monotonic".into(),
-            started_ns: 10,
-            stallprof_version: "t".into(),
-            app_paths: Vec::new(),
-        };
-        let mut j = JournalWriter::create(&dir, header).unwrap();
+        let mut j = JournalWriter::create(&dir, header()).unwrap();
         let (a, b, c) = (stall(300, "spin"), stall(100, "spin"), stall(500, "sleep"));
         j.append([&a, &b], None).unwrap();
         drop(j);

@@ -399,6 +399,24 @@ pub(crate) mod tests {
     use super::*;
     use crate::report::model::{FrameKind, PartKind, StackPart};
 
+    /// The header of a journal of pid 1 (`c`), 50 ns threshold, started at
+    /// 10 ns.
+    pub(crate) fn header() -> Header {
+        Header {
+            format: FORMAT.into(),
+            version: VERSION,
+            pid: 1,
+            comm: "c".into(),
+            threshold_ns: 50,
+            sample_hz: 999,
+            sample_after_ns: 0,
+            clock: "monotonic".into(),
+            started_ns: 10,
+            stallprof_version: "t".into(),
+            app_paths: Vec::new(),
+        }
+    }
+
     pub(crate) fn stall(start: u64, f: &str) -> Stall {
         Stall {
             route: None,
@@ -438,20 +456,7 @@ pub(crate) mod tests {
             crate::os::outdir::random_suffix()
         ));
         let dir = OutDir::create_new(&root).unwrap();
-        let header = Header {
-            format: FORMAT.into(),
-            version: VERSION,
-            pid: 1,
-            comm: "c".into(),
-            threshold_ns: 50,
-            sample_hz: 999,
-            sample_after_ns: 0,
-            clock: "monotonic".into(),
-            started_ns: 10,
-            stallprof_version: "t".into(),
-            app_paths: Vec::new(),
-        };
-        let mut j = JournalWriter::create(&dir, header).unwrap();
+        let mut j = JournalWriter::create(&dir, header()).unwrap();
         let (a, b, c) = (stall(300, "spin"), stall(100, "spin"), stall(500, "sleep"));
         j.append([&a, &b], None).unwrap();
         j.append(
