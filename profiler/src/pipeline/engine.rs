@@ -40,7 +40,7 @@ use crate::{
     os::outdir::{OutDir, PendingFile},
     os::proc::{is_own_fork, process_alive, read_comm, read_namespace_id},
     os::units::fmt_ns,
-    pipeline::routes::Routes,
+    pipeline::routes::{Routes, Want},
     pipeline::stall::{Output, RawStall, Tracker, TrackerConfig},
     pipeline::symbolizer::{self, Done, Job, Native, Symbolizer, Worker},
     report::model::{ProcessInfo, Route, RuntimeProblem, Stall, Task, ThreadInfo},
@@ -965,9 +965,35 @@ impl Engine {
             return;
         };
         let now = std::time::Instant::now();
-        if !self.routes.wants_read((tid, start), now) {
+        match self.routes.wants_read((tid, start), now) {
+            Want::Now => self.route_read((tid, start), tgid, python, now),
+            Want::Later => self.routes.hold((tid, start), tgid, python),
+            Want::Never => {}
+        }
+    }
+
+    /// The reads [`Engine::read_route`] held back that are due now.
+    fn read_held_routes(&mut self) {
+        if !self.routes.any_held() {
             return;
         }
+        let now = std::time::Instant::now();
+        let open = self.tracker.open_periods();
+        for (key, held) in self.routes.due(now, &open) {
+            self.route_read(key, held.tgid, &held.python, now);
+        }
+    }
+
+    /// Read the ASGI request of period `key` (tid, start) of `tgid` now,
+    /// checked against `python`, one of its stacks.
+    fn route_read(
+        &mut self,
+        key: (u32, u64),
+        tgid: u32,
+        python: &[(u64, u64)],
+        now: std::time::Instant,
+    ) {
+        let tid = key.0;
         let Some(blaze) = self.symbols.live() else {
             return;
         };
@@ -977,7 +1003,7 @@ impl Engine {
         }
         let tracker = &self.tracker;
         self.routes
-            .record((tid, start), read, now, || tracker.open_periods());
+            .record(key, read, now, || tracker.open_periods());
     }
 
     /// The route of a finished stall: the live reads' (also kept for a
@@ -1061,8 +1087,7 @@ impl Engine {
                     // a later request running it names them.
                     if self.symbols.live().is_some()
                         && (job.answers.js_missing()
-                            || Path::new(&crate::symbolize::perf_map_path(job.raw.tgid))
-                                .exists())
+                            || Path::new(&crate::symbolize::perf_map_path(job.raw.tgid)).exists())
                     {
                         if self.pending.len() >= MAX_PENDING {
                             let (_, oldest) = self.pending.remove(0);
@@ -1156,6 +1181,7 @@ impl Engine {
 
     /// Take the stalls the symbolizer has finished.
     fn collect(&mut self) {
+        self.read_held_routes();
         let mut out = Vec::new();
         self.symbolizer.take_done(&mut out);
         for d in out {

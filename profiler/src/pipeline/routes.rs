@@ -35,10 +35,31 @@ enum BusyRoute {
     },
 }
 
+/// A stack whose read [`READ_SPACING`] held back: read at the next drain
+/// once it is due, while its period is still open. A stall blocked in one
+/// call (a sleep, a blocking client) shows one stack event; a read held
+/// back at it would otherwise never come.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Held {
+    pub tgid: u32,
+    pub python: Vec<(u64, u64)>,
+}
+
+/// Whether a stack event of an open period is read now.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Want {
+    Now,
+    /// Too soon after the last read: kept, read when due ([`Routes::due`]).
+    Later,
+    Never,
+}
+
 /// Routes of open busy periods, by (tid, start).
 #[derive(Default)]
 pub struct Routes {
     busy: HashMap<(u32, u64), BusyRoute>,
+    /// The latest stack of each period whose read was held back.
+    held: HashMap<(u32, u64), Held>,
     /// Why a process's routes could not be read (the latest reason).
     problems: BTreeMap<u32, String>,
 }
@@ -56,14 +77,51 @@ fn rank(r: &RouteRead) -> u8 {
 
 impl Routes {
     /// Whether the period `key` wants a read at `now`.
-    pub fn wants_read(&self, key: (u32, u64), now: Instant) -> bool {
+    pub fn wants_read(&self, key: (u32, u64), now: Instant) -> Want {
         match self.busy.get(&key) {
-            Some(BusyRoute::Read(_)) => false,
-            Some(BusyRoute::Tried { reads, at, .. }) => {
-                *reads < ROUTE_READS && at.is_none_or(|t| now.duration_since(t) >= READ_SPACING)
+            Some(BusyRoute::Read(_)) => Want::Never,
+            Some(BusyRoute::Tried { reads, .. }) if *reads >= ROUTE_READS => Want::Never,
+            Some(BusyRoute::Tried { at: Some(t), .. }) if now.duration_since(*t) < READ_SPACING => {
+                Want::Later
             }
-            None => true,
+            _ => Want::Now,
         }
+    }
+
+    /// Keep `python`, a stack of period `key` of process `tgid`, for a read
+    /// when it is due (the latest stack replaces an earlier one).
+    pub fn hold(&mut self, key: (u32, u64), tgid: u32, python: &[(u64, u64)]) {
+        if self.held.len() >= MAX_BUSY_ROUTES && !self.held.contains_key(&key) {
+            return;
+        }
+        self.held.insert(
+            key,
+            Held {
+                tgid,
+                python: python.to_vec(),
+            },
+        );
+    }
+
+    /// The held stacks whose read is due at `now`, by period, of periods
+    /// `open` still has. The rest of the held ones stay, those of closed
+    /// periods go.
+    pub fn due(&mut self, now: Instant, open: &HashSet<(u32, u64)>) -> Vec<((u32, u64), Held)> {
+        self.held.retain(|k, _| open.contains(k));
+        let due: Vec<(u32, u64)> = self
+            .held
+            .keys()
+            .filter(|k| self.wants_read(**k, now) == Want::Now)
+            .copied()
+            .collect();
+        due.into_iter()
+            .filter_map(|k| self.held.remove(&k).map(|h| (k, h)))
+            .collect()
+    }
+
+    /// Whether any read is held back (the engine then looks at [`Routes::due`]).
+    pub fn any_held(&self) -> bool {
+        !self.held.is_empty()
     }
 
     /// Keeps what a read of period `key` at `now` found; `open` lists the
@@ -109,6 +167,7 @@ impl Routes {
 
     /// The route of the finished stall `key`, and the counter of its miss.
     pub fn finish(&mut self, tgid: u32, key: (u32, u64)) -> (Option<Route>, Option<&'static str>) {
+        self.held.remove(&key);
         match self.busy.remove(&key) {
             Some(BusyRoute::Read(r)) => (Some(r), None),
             Some(BusyRoute::Tried { last, .. }) => (None, counter(tgid, last, &mut self.problems)),
@@ -160,6 +219,32 @@ fn counter(
 mod tests {
     use super::*;
 
+    /// A read held back by the spacing is made once it is due, with the
+    /// latest stack, and only while its period is open.
+    #[test]
+    fn a_held_back_read_is_made_when_due() {
+        let mut r = Routes::default();
+        let (k, t0) = ((7, 100), Instant::now());
+        r.record(k, Err(RouteRead::Unverified), t0, HashSet::new);
+        assert_eq!(r.wants_read(k, t0), Want::Later);
+        r.hold(k, 1, &[(10, 1)]);
+        r.hold(k, 1, &[(20, 2)]);
+        let open: HashSet<_> = [k].into();
+        assert!(r.due(t0, &open).is_empty(), "not yet");
+        let held = Held {
+            tgid: 1,
+            python: vec![(20, 2)],
+        };
+        assert_eq!(r.due(t0 + READ_SPACING, &open), vec![(k, held)]);
+        assert!(!r.any_held());
+        r.hold(k, 1, &[(30, 3)]);
+        assert!(
+            r.due(t0 + READ_SPACING, &HashSet::new()).is_empty(),
+            "period closed"
+        );
+        assert!(!r.any_held());
+    }
+
     fn route() -> Route {
         Route {
             method: "POST".into(),
@@ -171,13 +256,13 @@ mod tests {
     fn a_read_route_is_the_stalls_and_stops_the_reads() {
         let mut r = Routes::default();
         let (k, t0) = ((7, 100), Instant::now());
-        assert!(r.wants_read(k, t0));
+        assert_eq!(r.wants_read(k, t0), Want::Now);
         r.record(k, Err(RouteRead::Unverified), t0, HashSet::new);
-        assert!(!r.wants_read(k, t0), "one read an instant");
+        assert_eq!(r.wants_read(k, t0), Want::Later, "one read an instant");
         let t1 = t0 + READ_SPACING;
-        assert!(r.wants_read(k, t1));
+        assert_eq!(r.wants_read(k, t1), Want::Now);
         r.record(k, Ok(route()), t1, HashSet::new);
-        assert!(!r.wants_read(k, t1 + READ_SPACING));
+        assert_eq!(r.wants_read(k, t1 + READ_SPACING), Want::Never);
         assert_eq!(r.finish(1, k), (Some(route()), None));
         assert_eq!(r.finish(1, k), (None, None), "taken once");
     }
@@ -203,12 +288,12 @@ mod tests {
             read(&mut r, RouteRead::NotAsgi);
         }
         let now = read(&mut r, RouteRead::NotAsgi);
-        assert!(r.wants_read(k, now));
+        assert_eq!(r.wants_read(k, now + READ_SPACING), Want::Now);
         for _ in 0..ROUTE_READS {
             read(&mut r, RouteRead::Unreadable("bad dict".into()));
         }
         let now = read(&mut r, RouteRead::NotAsgi);
-        assert!(!r.wants_read(k, now + READ_SPACING));
+        assert_eq!(r.wants_read(k, now + READ_SPACING), Want::Never);
         assert_eq!(r.finish(1, k), (None, Some("asgi_route_unreadable")));
         assert_eq!(r.problems(|_| None)[0].why, "bad dict");
         read(&mut r, RouteRead::NotAsgi);
