@@ -142,6 +142,9 @@ pub struct Frame {
     pub module: Option<Name>,
 }
 
+/// The name of a Python frame whose code could not be read.
+pub const UNKNOWN_PYTHON: &str = "[python ?]";
+
 impl Frame {
     pub fn new(name: impl Into<Name>, kind: FrameKind) -> Frame {
         Frame {
@@ -161,6 +164,18 @@ impl Frame {
             kind: FrameKind::Marker,
             module: None,
         }
+    }
+
+    /// A Python frame whose code could not be read (counted where the read
+    /// failed): a marker, since it names nothing.
+    pub fn unknown_python() -> Frame {
+        Frame::marker(UNKNOWN_PYTHON)
+    }
+
+    /// A frame the interpreter ran, named or not ([`Frame::unknown_python`]).
+    pub fn is_interpreted(&self) -> bool {
+        self.kind == FrameKind::Python
+            || (self.kind == FrameKind::Marker && self.name.as_ref() == UNKNOWN_PYTHON)
     }
 
     /// Folded-stack text: the plain name first, then `(file:line)` with the

@@ -162,7 +162,7 @@ fn dispatch_end(frames: &[Frame]) -> usize {
         .iter()
         .rposition(|f| f.kind == FrameKind::Python && origin::is_dispatch_frame(f))
         .map_or(0, |i| i + 1);
-    if !frames.iter().any(|f| f.kind == FrameKind::Python) {
+    if !frames.iter().any(Frame::is_interpreted) {
         return asyncio;
     }
     let libuv = frames
@@ -184,7 +184,7 @@ fn dispatch_end(frames: &[Frame]) -> usize {
 /// one [`FrameKind::EventLoop`] frame, followed by its kernel frames and
 /// markers.
 fn trim_dispatch(frames: &mut Vec<Frame>, app: &AppPaths) {
-    if !frames.iter().any(|f| f.kind == FrameKind::Python) {
+    if !frames.iter().any(Frame::is_interpreted) {
         return;
     }
     // Past the loop's run too ([`origin::work_start`]): a stack whose
@@ -633,11 +633,25 @@ mod tests {
                 &format!("{site}/uvicorn/protocols/http/httptools_impl.py"),
             ),
         ]);
-        let stalls = vec![stall(1, vec![handler, poll, framework])];
+        // A task step whose Python frames could not be read (seen once on
+        // a fresh clone): still the interpreter's, the dispatch goes.
+        let mut unread: Vec<Frame> = root()
+            .into_iter()
+            .filter(|f| f.kind != FrameKind::Python)
+            .collect();
+        unread.extend([
+            n("uv__run_idle", so),
+            n("__pyx_f_6uvloop_4loop_6Handle__run", so),
+            n("TaskStepMethWrapper_call", aio),
+            n("bytes_decode", "libpython3.11.so.1.0"),
+            Frame::unknown_python(),
+        ]);
+        let stalls = vec![stall(1, vec![handler, poll, framework, unread])];
         let v = apply(&stalls, View::default(), &AppPaths::default());
         assert_eq!(names(&v[0], 0), ["parse_resume", "PageObject.extract_text"]);
         assert_eq!(names(&v[0], 1), ["[event loop]"]);
         assert_eq!(names(&v[0], 2), ["HttpToolsProtocol.data_received"]);
+        assert_eq!(names(&v[0], 3), ["bytes_decode", "[python ?]"]);
         // --native all keeps it all.
         assert_eq!(apply(&stalls, View::ALL, &AppPaths::default()), stalls);
         // Native frames not unwound (a truncated stack copy): uvloop shows

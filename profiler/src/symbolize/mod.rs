@@ -499,7 +499,7 @@ impl RuntimeReader {
                 line: (info.line > 0).then_some(info.line),
                 ..Frame::new(info.qualname, FrameKind::Python)
             },
-            None => Frame::marker("[python ?]"),
+            None => Frame::unknown_python(),
         }
     }
 
@@ -1286,7 +1286,7 @@ impl ResolveRuntime for Answers {
         self.python
             .get(&(code, instr))
             .cloned()
-            .unwrap_or_else(|| Frame::marker("[python ?]"))
+            .unwrap_or_else(Frame::unknown_python)
     }
     fn python_thread(&mut self, _pid: u32, tstate: u64) -> Option<(u32, String)> {
         self.threads.get(&tstate).cloned()
