@@ -44,6 +44,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod dist;
+mod testlog;
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// The daemon tests parse /metrics with Python's prometheus_client and read
@@ -850,16 +851,19 @@ fn test(args: &[String]) -> Result<()> {
     if !args.iter().any(|a| a == "--") {
         cmd.args(["--", "--test-threads=1"]);
     }
-    let tests = run(&mut cmd);
+    let mut failures = testlog::Failures::default();
+    let tests = failures.run("default probes", &mut cmd);
     // A whole run (no test named) also runs the accuracy tests on the
     // fallback probes, and the fuzz targets, whatever the tests gave: every
     // result decides the exit status.
     let fallback = if args.is_empty() {
-        fallback_pass()
+        fallback_pass(&mut failures)
     } else {
         Ok(())
     };
     let fuzz = if args.is_empty() { fuzz() } else { Ok(()) };
+    // The failed tests, named again where a log's tail shows them.
+    failures.print();
     tests.and(fallback).and(fuzz).and(dist)
 }
 
@@ -886,7 +890,7 @@ const ACCURACY_TESTS: &[&str] = &[
 /// Every recording on this pass must say it used them (tests/common's
 /// `check_contract`). Run it alone with
 /// `STALLPROF_PROBES=tracepoints cargo xtask test -- --test record_c`.
-fn fallback_pass() -> Result<()> {
+fn fallback_pass(failures: &mut testlog::Failures) -> Result<()> {
     eprintln!(
         "xtask: the accuracy tests again on the fallback probes (STALLPROF_PROBES=tracepoints)"
     );
@@ -897,7 +901,8 @@ fn fallback_pass() -> Result<()> {
     }
     cmd.args(["--", "--test-threads=1"])
         .env("STALLPROF_PROBES", "tracepoints");
-    run(&mut cmd)
+    failures
+        .run("fallback probes", &mut cmd)
         .context("the accuracy tests on the fallback probes (STALLPROF_PROBES=tracepoints)")
 }
 

@@ -1,0 +1,160 @@
+//! `cargo test` with its failures kept for the end of the run.
+//!
+//! A whole `cargo xtask test` prints for half an hour, and a CI log often
+//! keeps only its tail (the fuzz phase): without this, a failed run says
+//! "cargo test failed with exit status 101" and names no test. The test
+//! binaries' output still streams through as it comes; each failed test's
+//! name and the start of its panic message are kept and printed again by
+//! [`Failures::print`] as the run's last words.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
+
+/// Lines of a failed test's output kept for the summary.
+const KEPT_LINES: usize = 12;
+
+/// The failed tests of one or more `cargo test` runs.
+#[derive(Default)]
+pub struct Failures {
+    /// (pass, test name, the start of its captured output).
+    tests: Vec<(String, String, Vec<String>)>,
+}
+
+impl Failures {
+    /// Run `cmd` (a `cargo test`), streaming its output, and keep what
+    /// failed under the name `pass`. An error when it fails.
+    pub fn run(&mut self, pass: &str, cmd: &mut Command) -> Result<()> {
+        eprintln!("xtask: running {cmd:?}");
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {cmd:?}"))?;
+        let out = child.stdout.take().expect("stdout is piped");
+        let mut parser = Parser::default();
+        let mut stdout = std::io::stdout().lock();
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            let _ = writeln!(stdout, "{line}");
+            parser.line(&line);
+        }
+        drop(stdout);
+        let st = child
+            .wait()
+            .with_context(|| format!("waiting for {cmd:?}"))?;
+        for (name, lines) in parser.finish() {
+            self.tests.push((pass.to_string(), name, lines));
+        }
+        if !st.success() {
+            bail!("{cmd:?} failed with {st}");
+        }
+        Ok(())
+    }
+
+    /// Print every failed test again, with the start of its output: the
+    /// last thing a failed run says.
+    pub fn print(&self) {
+        if self.tests.is_empty() {
+            return;
+        }
+        eprintln!("\nxtask: {} test(s) FAILED:", self.tests.len());
+        for (pass, name, lines) in &self.tests {
+            eprintln!("  [{pass}] {name}");
+            for l in lines {
+                eprintln!("      {l}");
+            }
+        }
+    }
+}
+
+/// Reads libtest's output: `test NAME ... FAILED` lines name the failures;
+/// the `---- NAME stdout ----` blocks after them hold their output.
+#[derive(Default)]
+struct Parser {
+    failed: Vec<(String, Vec<String>)>,
+    /// The failure whose output block is being read.
+    block: Option<usize>,
+}
+
+impl Parser {
+    fn line(&mut self, line: &str) {
+        if let Some(rest) = line.strip_prefix("test ")
+            && let Some(name) = rest.strip_suffix(" ... FAILED")
+        {
+            self.failed.push((name.to_string(), Vec::new()));
+            self.block = None;
+            return;
+        }
+        if let Some(rest) = line.strip_prefix("---- ")
+            && let Some(name) = rest.strip_suffix(" stdout ----")
+        {
+            self.block = self.failed.iter().position(|(n, _)| n == name);
+            return;
+        }
+        // The list of names after the blocks, or the next binary's output.
+        if line == "failures:" || line.starts_with("test result:") || line.starts_with("running ") {
+            self.block = None;
+            return;
+        }
+        if let Some(i) = self.block {
+            let kept = &mut self.failed[i].1;
+            // The panic message is what names the cause; the test's own
+            // progress output before it is in the full log.
+            let keep = !kept.is_empty() || line.contains("panicked at");
+            if keep && kept.len() < KEPT_LINES && !line.trim().is_empty() {
+                kept.push(line.chars().take(300).collect());
+            }
+        }
+    }
+
+    fn finish(self) -> Vec<(String, Vec<String>)> {
+        self.failed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_named_with_their_panic() {
+        let log = "\
+running 2 tests
+test routes::debian_3_14 ... FAILED
+test other ... ok
+
+failures:
+
+---- routes::debian_3_14 stdout ----
+victim: started
+stallprof: 3 stalls
+
+thread 'routes::debian_3_14' panicked at profiler/tests/record_container.rs:10:5:
+no route for /upload
+note: run with `RUST_BACKTRACE=1`
+
+failures:
+    routes::debian_3_14
+
+test result: FAILED. 1 passed; 1 failed
+";
+        let mut p = Parser::default();
+        for l in log.lines() {
+            p.line(l);
+        }
+        let f = p.finish();
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].0, "routes::debian_3_14");
+        assert_eq!(
+            f[0].1,
+            [
+                "thread 'routes::debian_3_14' panicked at profiler/tests/record_container.rs:10:5:",
+                "no route for /upload",
+                "note: run with `RUST_BACKTRACE=1`",
+            ]
+        );
+    }
+}
