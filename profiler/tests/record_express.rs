@@ -41,7 +41,12 @@ const THRESHOLD_NS: u64 = 20 * MS;
 const SHARE_POINTS: f64 = 5.0;
 /// Most unreadable JavaScript frames, in percent of all JavaScript frames.
 const UNREADABLE_PCT: f64 = 1.0;
-const HANDLERS: [&str; 4] = ["hashPassword", "parseConfig", "compressReport", "waitForLock"];
+const HANDLERS: [&str; 4] = [
+    "hashPassword",
+    "parseConfig",
+    "compressReport",
+    "waitForLock",
+];
 const NODE: &str = "/usr/bin/node";
 
 /// The victim's packages as `cargo xtask test` installs them (xtask/src/

@@ -463,8 +463,12 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
                         cpu_quota: cpu_quota.clone(),
                     }
                 });
-                let fresh: Vec<Stall> =
-                    live.engine.take_stalls().into_iter().map(|(_, s)| s).collect();
+                let fresh: Vec<Stall> = live
+                    .engine
+                    .take_stalls()
+                    .into_iter()
+                    .map(|(_, s)| s)
+                    .collect();
                 stall_count += fresh.len();
                 worst_ns = fresh.iter().map(|s| s.duration_ns).fold(worst_ns, u64::max);
                 if let Err(e) = journal.append(&fresh, meta) {
@@ -555,7 +559,10 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
             process: engine.process(pid),
             cpu_quota: cpu_quota.clone(),
         };
-        if let Err(e) = journal.append(&rest, Some(meta)).and_then(|()| journal.sync()) {
+        if let Err(e) = journal
+            .append(&rest, Some(meta))
+            .and_then(|()| journal.sync())
+        {
             journal_failed = Some(e);
             unjournaled.extend(rest);
         }

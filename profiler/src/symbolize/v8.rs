@@ -253,7 +253,11 @@ pub fn js_slots(layout: &FrameLayout, fps: &[u64], sp: u64, stack: &[u8]) -> Vec
             out.push(JsSlot {
                 frame: i as u32,
                 func,
-                bytecode: if layout.is_heap(bytecode) { bytecode } else { 0 },
+                bytecode: if layout.is_heap(bytecode) {
+                    bytecode
+                } else {
+                    0
+                },
                 offset: slot(layout.fp_bytecode_offset),
                 fp,
             });
@@ -417,7 +421,9 @@ impl V8Meta {
         let t_bytecode_array = opt("type_BytecodeArray__BYTECODE_ARRAY_TYPE").unwrap_or(0) as u16;
         let (fp_bytecode_array, fp_bytecode_offset) =
             match (opt("off_fp_bytecode_array"), opt("off_fp_bytecode_offset")) {
-                (Some(a), Some(o)) if a < 0 && o < 0 && t_bytecode_array != 0 => (a as i32, o as i32),
+                (Some(a), Some(o)) if a < 0 && o < 0 && t_bytecode_array != 0 => {
+                    (a as i32, o as i32)
+                }
                 _ => (0, 0),
             };
         let scope_first_vars = get(&["scopeinfo_idx_first_vars"]) as u64;

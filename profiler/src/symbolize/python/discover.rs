@@ -311,7 +311,9 @@ mod tests {
     #[test]
     fn only_an_interpreter_defines_py_runtime() {
         assert!(!is_interpreter_file(Path::new("/proc/self/exe")));
-        assert!(!is_interpreter_file(Path::new("/nonexistent/libpython3.11.so")));
+        assert!(!is_interpreter_file(Path::new(
+            "/nonexistent/libpython3.11.so"
+        )));
         // A CPython of the test machine, where there is one.
         for p in [
             "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0",
