@@ -375,29 +375,8 @@ fn record_command_c_loop_matches_victim_clock() {
     let _serial = serial();
     let dir = Scratch::new("c-cmd");
     let exe = build_c_loop(&dir.path, true);
+    let (run, out, pid) = record_c_loop(&dir, &exe, &[]);
     let log = dir.join("victim.jsonl");
-    let out = dir.join("out");
-
-    let run = run_stallprof(
-        &[
-            "record".as_ref(),
-            "--threshold".as_ref(),
-            THRESHOLD.as_ref(),
-            "-o".as_ref(),
-            out.as_os_str(),
-            "--".as_ref(),
-            exe.as_os_str(),
-            log.as_os_str(),
-        ],
-        Duration::from_secs(90),
-    );
-    assert!(
-        run.status.success(),
-        "stallprof record -- c_loop failed:\n{}",
-        run.describe()
-    );
-    let ready = wait_for_log_kind(&log, "ready", Duration::from_secs(1));
-    let pid = ready["pid"].as_u64().unwrap() as u32;
     // The default gate: threshold / 20.
     check_c_loop_recording(&out, &log, pid, "record -- c_loop", THRESHOLD_NS / 20);
     // The default probes: nothing the rest of the host pays for (or the
@@ -444,24 +423,13 @@ fn probes_of(out: &Path) -> (String, String, Vec<String>) {
 fn record_c_loop(dir: &Scratch, exe: &Path, args: &[&str]) -> (RunOutput, std::path::PathBuf, u32) {
     let log = dir.join("victim.jsonl");
     let out = dir.join("out");
-    let mut argv: Vec<&std::ffi::OsStr> = vec![
-        "record".as_ref(),
-        "--threshold".as_ref(),
-        THRESHOLD.as_ref(),
-    ];
-    argv.extend(args.iter().map(std::ffi::OsStr::new));
-    argv.extend([
-        "-o".as_ref(),
-        out.as_os_str(),
-        "--".as_ref(),
-        exe.as_os_str(),
-        log.as_os_str(),
-    ]);
-    let run = run_stallprof(&argv, Duration::from_secs(90));
-    assert!(
-        run.status.success(),
-        "stallprof record {args:?} -- c_loop failed:\n{}",
-        run.describe()
+    let run = record_ok(
+        None,
+        THRESHOLD,
+        args,
+        &out,
+        &[exe.as_os_str(), log.as_os_str()],
+        Duration::from_secs(90),
     );
     let ready = wait_for_log_kind(&log, "ready", Duration::from_secs(1));
     let pid = ready["pid"].as_u64().unwrap() as u32;

@@ -33,20 +33,24 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use stallprof::report::{self, aggregate};
+use stallprof::report;
 
 const THRESHOLD: &str = "20ms";
 const THRESHOLD_NS: u64 = 20 * MS;
-/// Measured share vs the victim's own share, in points.
-const SHARE_POINTS: f64 = 5.0;
 /// Most unreadable JavaScript frames, in percent of all JavaScript frames.
 const UNREADABLE_PCT: f64 = 1.0;
-const HANDLERS: [&str; 4] = [
-    "hashPassword",
-    "parseConfig",
-    "compressReport",
-    "waitForLock",
-];
+const APP: HandlerApp = HandlerApp {
+    label: "express",
+    file: "app.js",
+    handlers: &[
+        "hashPassword",
+        "parseConfig",
+        "compressReport",
+        "waitForLock",
+    ],
+    // Measured share vs the victim's own share.
+    share_points: 5.0,
+};
 const NODE: &str = "/usr/bin/node";
 
 /// The victim's packages as `cargo xtask test` installs them (xtask/src/
@@ -105,50 +109,17 @@ fn record_express_culprits_are_the_apps_handlers() {
     let app_dir = deploy_victim(&dir.path);
     let log = dir.join("victim.jsonl");
     let out = dir.join("out");
-    let run = run_stallprof_in(
-        &app_dir,
-        &[
-            "record".as_ref(),
-            "--threshold".as_ref(),
-            THRESHOLD.as_ref(),
-            "-o".as_ref(),
-            out.as_os_str(),
-            "--".as_ref(),
-            NODE.as_ref(),
-            "app.js".as_ref(),
-            log.as_os_str(),
-        ],
+    let run = record_ok(
+        Some(&app_dir),
+        THRESHOLD,
+        &[],
+        &out,
+        &[NODE.as_ref(), "app.js".as_ref(), log.as_os_str()],
         Duration::from_secs(120),
     );
-    assert!(
-        run.status.success(),
-        "stallprof record -- node app.js failed:\n{}",
-        run.describe()
-    );
-    let entries = read_log(&log);
-    assert!(
-        entries.iter().any(|r| r["kind"] == "done")
-            && !entries.iter().any(|r| r["kind"] == "error"),
-        "the victim did not finish cleanly; log:\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
-    let truth = python_truth(&entries);
-    for func in HANDLERS {
-        assert!(
-            truth.iter().filter(|t| t.func == func).count() >= 3,
-            "the victim ran {func} fewer than 3 times:\n{}",
-            truth_table(&truth)
-        );
-    }
-    for t in &truth {
-        assert!(
-            t.duration_ns() >= THRESHOLD_NS + 20 * MS,
-            "victim call shorter than planned: {t:?}"
-        );
-    }
+    let (_, truth) = APP.truth(&log, THRESHOLD_NS);
 
     let rec = report::read_json(&out).unwrap_or_else(|e| panic!("reading stalls.json: {e}"));
-    let app = rec.app();
     let raw = read_stalls_json(&out.join("stalls.json"));
     let contract = load_recording(&out);
     let mut c = Checks::new(format!(
@@ -160,71 +131,9 @@ fn record_express_culprits_are_the_apps_handlers() {
     check_contract(&mut c, &contract, THRESHOLD_NS);
 
     for t in &truth {
-        let who = format!(
-            "{} ({:.1} ms at {})",
-            t.func,
-            ms(t.duration_ns()),
-            t.start_ns
-        );
-        let found: Vec<(usize, &stallprof::report::model::Stall)> = rec
-            .stalls
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.start_ns < t.end_ns && t.start_ns < s.end_ns)
-            .collect();
-        let [(index, s)] = found[..] else {
-            c.fail(format!("{who}: {} overlapping stalls, want 1", found.len()));
-            continue;
-        };
-        let culprit = aggregate::stall_culprit(s, &app).unwrap_or_default();
-        c.check(culprit.starts_with(&format!("{} (app.js:", t.func)), || {
-            format!(
-                "{who}: the stall's culprit is {culprit:?}, want the handler {}",
-                t.func
-            )
-        });
-        let want_entry = format!("{} (app.js)", t.func);
-        let entry = raw["stalls"][index]["entry"].as_str().unwrap_or("");
-        c.check(entry == want_entry, || {
-            format!("{who}: stalls.json entry {entry:?}, want {want_entry:?}")
-        });
-        let blamed: u64 = s
-            .stacks
-            .iter()
-            .filter(|p| aggregate::culprit(p, &app).is_some_and(|f| f.name == t.func))
-            .map(|p| p.weight_ns)
-            .sum();
-        let ours = 100.0 * blamed as f64 / s.duration_ns as f64;
-        let theirs = 100.0 * t.duration_ns().min(s.duration_ns) as f64 / s.duration_ns as f64;
-        c.check((ours - theirs).abs() <= SHARE_POINTS, || {
-            format!(
-                "{who}: {ours:.1}% of the stall blamed on {}, the victim's clock says {theirs:.1}%: \
-                 more than {SHARE_POINTS} points apart",
-                t.func
-            )
-        });
-        c.add_context(&format!(
-            "{who}: culprit {culprit:?}; blamed {ours:.1}% vs victim {theirs:.1}% of a {:.1} ms stall",
-            ms(s.duration_ns)
-        ));
-        println!(
-            "SHARE express {:<14} measured {ours:5.1}%  truth {theirs:5.1}%  culprit {culprit}",
-            t.func
-        );
+        APP.check_call(&mut c, &rec, &raw, t);
     }
-
-    let top = summary_section(&run.stdout, "top culprits");
-    let by_entry = summary_section(&run.stdout, "by entry point");
-    for func in HANDLERS {
-        let name = format!("  {func} (app.js:");
-        c.check(top.iter().any(|l| l.contains(&name)), || {
-            format!("{func} is not among the summary's top culprit lines: {top:#?}")
-        });
-        let name = format!("  {func} (app.js) (");
-        c.check(by_entry.iter().any(|l| l.contains(&name)), || {
-            format!("{func} is not among the summary's entry points: {by_entry:#?}")
-        });
-    }
+    APP.check_summary(&mut c, &run.stdout);
 
     // JavaScript frames read: per stack part, as the outputs show them.
     let (mut js, mut unreadable) = (0u64, 0u64);

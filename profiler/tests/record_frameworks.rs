@@ -39,13 +39,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
-use stallprof::report::{self, aggregate};
+use stallprof::report;
 
 const THRESHOLD: &str = "20ms";
 const THRESHOLD_NS: u64 = 20 * MS;
-/// Measured share vs the victim's own share, in points.
-const SHARE_POINTS: f64 = 5.0;
-const HANDLERS: [&str; 3] = ["parse_resume", "fetch_profile", "nap"];
+const APP: HandlerApp = HandlerApp {
+    label: "fastapi-uvloop",
+    file: "py_fastapi.py",
+    handlers: &["parse_resume", "fetch_profile", "nap"],
+    // Measured share vs the victim's own share.
+    share_points: 5.0,
+};
 
 /// The venv `cargo xtask test` prepares (xtask/src/main.rs `asgi_venv`).
 fn asgi_python() -> PathBuf {
@@ -72,34 +76,15 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
     let script = victims_dir().join("py_fastapi.py");
     let log = dir.join("victim.jsonl");
     let out = dir.join("out");
-    let run = run_stallprof(
-        &[
-            "record".as_ref(),
-            "--threshold".as_ref(),
-            THRESHOLD.as_ref(),
-            "-o".as_ref(),
-            out.as_os_str(),
-            "--".as_ref(),
-            python.as_os_str(),
-            script.as_os_str(),
-            log.as_os_str(),
-        ],
+    let run = record_ok(
+        None,
+        THRESHOLD,
+        &[],
+        &out,
+        &[python.as_os_str(), script.as_os_str(), log.as_os_str()],
         Duration::from_secs(120),
     );
-    assert!(
-        run.status.success(),
-        "stallprof record -- {} py_fastapi.py failed:\n{}",
-        python.display(),
-        run.describe()
-    );
-    let entries = read_log(&log);
-    assert!(
-        entries.iter().any(|r| r["kind"] == "done")
-            && !entries.iter().any(|r| r["kind"] == "error"),
-        "the victim did not finish cleanly; log:\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
-    let truth = python_truth(&entries);
+    let (entries, truth) = APP.truth(&log, THRESHOLD_NS);
     // What the victim says it served, call for call (python_truth's order).
     let served: Vec<(String, String)> = entries
         .iter()
@@ -117,22 +102,8 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
         })
         .collect();
     assert_eq!(served.len(), truth.len());
-    for func in HANDLERS {
-        assert!(
-            truth.iter().filter(|t| t.func == func).count() >= 3,
-            "the victim ran {func} fewer than 3 times:\n{}",
-            truth_table(&truth)
-        );
-    }
-    for t in &truth {
-        assert!(
-            t.duration_ns() >= THRESHOLD_NS + 20 * MS,
-            "victim call shorter than planned: {t:?}"
-        );
-    }
 
     let rec = report::read_json(&out).unwrap_or_else(|e| panic!("reading stalls.json: {e}"));
-    let app = rec.app();
     let raw = read_stalls_json(&out.join("stalls.json"));
     let contract = load_recording(&out);
     let mut c = Checks::new(format!(
@@ -149,37 +120,10 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
         if !handler_routes.iter().any(|h| h.0 == t.func) {
             handler_routes.push((t.func.clone(), want_route.clone()));
         }
-        let who = format!(
-            "{} ({:.1} ms at {})",
-            t.func,
-            ms(t.duration_ns()),
-            t.start_ns
-        );
-        let found: Vec<(usize, &stallprof::report::model::Stall)> = rec
-            .stalls
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.start_ns < t.end_ns && t.start_ns < s.end_ns)
-            .collect();
-        let [(index, s)] = found[..] else {
-            c.fail(format!("{who}: {} overlapping stalls, want 1", found.len()));
+        let Some((index, s)) = APP.check_call(&mut c, &rec, &raw, t) else {
             continue;
         };
-        let culprit = aggregate::stall_culprit(s, &app).unwrap_or_default();
-        c.check(
-            culprit.starts_with(&format!("{} (py_fastapi.py:", t.func)),
-            || {
-                format!(
-                    "{who}: the stall's culprit is {culprit:?}, want the handler {}",
-                    t.func
-                )
-            },
-        );
-        let want_entry = format!("{} (py_fastapi.py)", t.func);
-        let entry = raw["stalls"][index]["entry"].as_str().unwrap_or("");
-        c.check(entry == want_entry, || {
-            format!("{who}: stalls.json entry {entry:?}, want {want_entry:?}")
-        });
+        let who = t.who();
         // The request's route, as the victim served it.
         let route = s.route.as_ref().map(|r| r.describe());
         c.check(route.as_deref() == Some(want_route.as_str()), || {
@@ -190,37 +134,11 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
             wire["method"] == method.as_str() && wire["template"] == template.as_str(),
             || format!("{who}: stalls.json route {wire}, want {want_route:?}"),
         );
-        // The stall's time blamed on the handler vs the call's share of it
-        // by the victim's clock.
-        let blamed: u64 = s
-            .stacks
-            .iter()
-            .filter(|p| aggregate::culprit(p, &app).is_some_and(|f| f.name == t.func))
-            .map(|p| p.weight_ns)
-            .sum();
-        let ours = 100.0 * blamed as f64 / s.duration_ns as f64;
-        let theirs = 100.0 * t.duration_ns().min(s.duration_ns) as f64 / s.duration_ns as f64;
-        c.check((ours - theirs).abs() <= SHARE_POINTS, || {
-            format!(
-                "{who}: {ours:.1}% of the stall blamed on {}, the victim's clock says {theirs:.1}%: \
-                 more than {SHARE_POINTS} points apart",
-                t.func
-            )
-        });
-        c.add_context(&format!(
-            "{who}: culprit {culprit:?}; blamed {ours:.1}% vs victim {theirs:.1}% of a {:.1} ms stall",
-            ms(s.duration_ns)
-        ));
-        println!(
-            "SHARE fastapi-uvloop {:<14} measured {ours:5.1}%  truth {theirs:5.1}%  culprit {culprit}",
-            t.func
-        );
     }
 
     // The summary: every handler by its own name among the top culprits
-    // and the entry points.
-    let top = summary_section(&run.stdout, "top culprits");
-    let by_entry = summary_section(&run.stdout, "by entry point");
+    // and the entry points, and its route.
+    APP.check_summary(&mut c, &run.stdout);
     let by_route = summary_section(&run.stdout, "by route (");
     for (func, route) in &handler_routes {
         let line = format!("  {route} (");
@@ -257,17 +175,6 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
             )
         });
     }
-    for func in HANDLERS {
-        let name = format!("  {func} (py_fastapi.py:");
-        c.check(top.iter().any(|l| l.contains(&name)), || {
-            format!("{func} is not among the summary's top culprit lines: {top:#?}")
-        });
-        let name = format!("  {func} (py_fastapi.py) (");
-        c.check(by_entry.iter().any(|l| l.contains(&name)), || {
-            format!("{func} is not among the summary's entry points: {by_entry:#?}")
-        });
-    }
-
     // The default view starts at the app's code.
     let folded = std::fs::read_to_string(out.join("stalls.folded")).unwrap();
     let dispatch = ["uv_run", "Handle__run", "run_forever", "Handle._run"];
@@ -276,7 +183,7 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
         let stack = line.rsplit_once(' ').map_or(line, |(s, _)| s);
         let frames: Vec<&str> = stack.split(';').collect();
         if let Some(i) = frames.iter().position(|f| {
-            HANDLERS
+            APP.handlers
                 .iter()
                 .any(|h| f.starts_with(&format!("{h} (py_fastapi.py:")))
         }) {

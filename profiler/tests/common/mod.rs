@@ -580,6 +580,16 @@ impl Truth {
     pub fn duration_ns(&self) -> u64 {
         self.end_ns - self.start_ns
     }
+
+    /// The call as a failure names it: `func (12.3 ms at START)`.
+    pub fn who(&self) -> String {
+        format!(
+            "{} ({:.1} ms at {})",
+            self.func,
+            ms(self.duration_ns()),
+            self.start_ns
+        )
+    }
 }
 
 fn num(r: &serde_json::Value, key: &str) -> u64 {
@@ -1653,4 +1663,170 @@ pub fn summary_section<'a>(stdout: &'a str, title: &str) -> Vec<&'a str> {
         .skip(1)
         .take_while(|l| l.starts_with("    "))
         .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Recording a command
+
+/// `stallprof record --threshold THRESHOLD [flags] -o OUT -- CMD…` in `cwd`
+/// (None: the test's own), which must succeed within `timeout`.
+pub fn record_ok(
+    cwd: Option<&Path>,
+    threshold: &str,
+    flags: &[&str],
+    out: &Path,
+    cmd: &[&std::ffi::OsStr],
+    timeout: Duration,
+) -> RunOutput {
+    let mut argv: Vec<&std::ffi::OsStr> = vec![
+        "record".as_ref(),
+        "--threshold".as_ref(),
+        threshold.as_ref(),
+    ];
+    argv.extend(flags.iter().map(std::ffi::OsStr::new));
+    argv.extend(["-o".as_ref(), out.as_os_str(), "--".as_ref()]);
+    argv.extend(cmd);
+    let run = match cwd {
+        Some(dir) => run_stallprof_in(dir, &argv, timeout),
+        None => run_stallprof(&argv, timeout),
+    };
+    assert!(
+        run.status.success(),
+        "stallprof {} failed:\n{}",
+        argv.iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" "),
+        run.describe()
+    );
+    run
+}
+
+// ---------------------------------------------------------------------------
+// Web app victims: a service whose request handlers each block differently
+
+/// A web app victim (express, FastAPI) as its root tests check it: each
+/// handler call is one stall whose culprit and entry point are the handler.
+pub struct HandlerApp<'a> {
+    /// Names the app in the `SHARE` lines.
+    pub label: &'a str,
+    /// The handlers' source file, as frames name it (`app.js`).
+    pub file: &'a str,
+    pub handlers: &'a [&'a str],
+    /// How far apart the stall's share blamed on the handler and the call's
+    /// share by the victim's clock may be, in percentage points.
+    pub share_points: f64,
+}
+
+impl HandlerApp<'_> {
+    /// The victim's log and its handler calls: it finished cleanly, ran
+    /// each handler at least 3 times, each call 20 ms over `threshold_ns`.
+    pub fn truth(&self, log: &Path, threshold_ns: u64) -> (Vec<serde_json::Value>, Vec<Truth>) {
+        let entries = read_log(log);
+        assert!(
+            entries.iter().any(|r| r["kind"] == "done")
+                && !entries.iter().any(|r| r["kind"] == "error"),
+            "the victim did not finish cleanly; log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        let truth = python_truth(&entries);
+        for func in self.handlers {
+            assert!(
+                truth.iter().filter(|t| t.func == *func).count() >= 3,
+                "the victim ran {func} fewer than 3 times:\n{}",
+                truth_table(&truth)
+            );
+        }
+        for t in &truth {
+            assert!(
+                t.duration_ns() >= threshold_ns + 20 * MS,
+                "victim call shorter than planned: {t:?}"
+            );
+        }
+        (entries, truth)
+    }
+
+    /// The one stall of `rec` over handler call `t`, with its index (the
+    /// same in `raw`, stalls.json as written), checked: its culprit and
+    /// entry point are the handler, and the time blamed on the handler is
+    /// the call's share of it by the victim's clock. None, a failure
+    /// said, when not exactly one stall overlaps the call.
+    pub fn check_call<'r>(
+        &self,
+        c: &mut Checks,
+        rec: &'r stallprof::report::model::Recording,
+        raw: &serde_json::Value,
+        t: &Truth,
+    ) -> Option<(usize, &'r stallprof::report::model::Stall)> {
+        use stallprof::report::aggregate;
+        let who = t.who();
+        let found: Vec<(usize, &stallprof::report::model::Stall)> = rec
+            .stalls
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.start_ns < t.end_ns && t.start_ns < s.end_ns)
+            .collect();
+        let [(index, s)] = found[..] else {
+            c.fail(format!("{who}: {} overlapping stalls, want 1", found.len()));
+            return None;
+        };
+        let app = rec.app();
+        let culprit = aggregate::stall_culprit(s, &app).unwrap_or_default();
+        c.check(
+            culprit.starts_with(&format!("{} ({}:", t.func, self.file)),
+            || {
+                format!(
+                    "{who}: the stall's culprit is {culprit:?}, want the handler {}",
+                    t.func
+                )
+            },
+        );
+        let want_entry = format!("{} ({})", t.func, self.file);
+        let entry = raw["stalls"][index]["entry"].as_str().unwrap_or("");
+        c.check(entry == want_entry, || {
+            format!("{who}: stalls.json entry {entry:?}, want {want_entry:?}")
+        });
+        let blamed: u64 = s
+            .stacks
+            .iter()
+            .filter(|p| aggregate::culprit(p, &app).is_some_and(|f| f.name == t.func))
+            .map(|p| p.weight_ns)
+            .sum();
+        let ours = 100.0 * blamed as f64 / s.duration_ns as f64;
+        let theirs = 100.0 * t.duration_ns().min(s.duration_ns) as f64 / s.duration_ns as f64;
+        let points = self.share_points;
+        c.check((ours - theirs).abs() <= points, || {
+            format!(
+                "{who}: {ours:.1}% of the stall blamed on {}, the victim's clock says {theirs:.1}%: \
+                 more than {points} points apart",
+                t.func
+            )
+        });
+        c.add_context(&format!(
+            "{who}: culprit {culprit:?}; blamed {ours:.1}% vs victim {theirs:.1}% of a {:.1} ms stall",
+            ms(s.duration_ns)
+        ));
+        println!(
+            "SHARE {} {:<14} measured {ours:5.1}%  truth {theirs:5.1}%  culprit {culprit}",
+            self.label, t.func
+        );
+        Some((index, s))
+    }
+
+    /// `record`'s summary names every handler among its top culprits and
+    /// its entry points.
+    pub fn check_summary(&self, c: &mut Checks, stdout: &str) {
+        let top = summary_section(stdout, "top culprits");
+        let by_entry = summary_section(stdout, "by entry point");
+        for func in self.handlers {
+            let name = format!("  {func} ({}:", self.file);
+            c.check(top.iter().any(|l| l.contains(&name)), || {
+                format!("{func} is not among the summary's top culprit lines: {top:#?}")
+            });
+            let name = format!("  {func} ({}) (", self.file);
+            c.check(by_entry.iter().any(|l| l.contains(&name)), || {
+                format!("{func} is not among the summary's entry points: {by_entry:#?}")
+            });
+        }
+    }
 }

@@ -476,6 +476,34 @@ impl Run {
                 .is_some_and(|p| p.ends_with(&format!("/{}", self.file_name)))
     }
 
+    /// Checks whose failures show the run's context and stallprof's output.
+    fn checks(&self) -> Checks {
+        Checks::new(format!(
+            "{}\nstallprof output:\n{}",
+            self.context(),
+            self.output
+        ))
+    }
+
+    /// The one stall over [t0, t1] (`who`, in a failure); None, a failure
+    /// said, when not exactly one overlaps it.
+    fn only_stall(&self, c: &mut Checks, who: &str, t0: u64, t1: u64) -> Option<&PStall> {
+        let found: Vec<&PStall> = self
+            .rec
+            .stalls
+            .iter()
+            .filter(|s| s.overlaps(t0, t1))
+            .collect();
+        let [s] = found[..] else {
+            c.fail(format!(
+                "{who}: {} overlapping stalls, want exactly 1",
+                found.len()
+            ));
+            return None;
+        };
+        Some(s)
+    }
+
     /// Context for failure messages: the victim's log and every stall with
     /// its stacks as folded lines.
     fn context(&self) -> String {
@@ -1345,11 +1373,7 @@ pub fn check_tasks(test: &str, py: &'static Python) {
     let Some(run) = record(test, py, "py_tasks.py", &[]) else {
         return;
     };
-    let mut c = Checks::new(format!(
-        "{}\nstallprof output:\n{}",
-        run.context(),
-        run.output
-    ));
+    let mut c = run.checks();
     check_contract(&mut c, &run);
     let blocks = run.records("block");
     c.check(blocks.len() >= 15, || {
@@ -1360,17 +1384,7 @@ pub fn check_tasks(test: &str, py: &'static Python) {
         let (t0, t1) = (num(b, "start_ns"), num(b, "end_ns"));
         let want = b["task"].as_str().unwrap_or_default();
         let who = format!("block {} in task {want:?} [{t0} .. {t1}]", b["how"]);
-        let found: Vec<&PStall> = run
-            .rec
-            .stalls
-            .iter()
-            .filter(|s| s.overlaps(t0, t1))
-            .collect();
-        let [s] = found[..] else {
-            c.fail(format!(
-                "{who}: {} overlapping stalls, want exactly 1",
-                found.len()
-            ));
+        let Some(s) = run.only_stall(&mut c, &who, t0, t1) else {
             continue;
         };
         let Some(t) = &s.task else {
@@ -1435,11 +1449,7 @@ pub fn check_tasks_unreadable(test: &str, py: &'static Python) {
     let Some(run) = record(test, py, "py_tasks.py", &["--hide-current-tasks"]) else {
         return;
     };
-    let mut c = Checks::new(format!(
-        "{}\nstallprof output:\n{}",
-        run.context(),
-        run.output
-    ));
+    let mut c = run.checks();
     let blocks = run.records("block").len() as u64;
     c.check(run.rec.stalls.iter().all(|s| s.task.is_none()), || {
         "a stall names a task although the task could not be read".into()
@@ -1476,11 +1486,7 @@ pub fn check_routes(test: &str, py: &'static Python) {
     let Some(run) = record(test, py, "py_asgi_routes.py", &[]) else {
         return;
     };
-    let mut c = Checks::new(format!(
-        "{}\nstallprof output:\n{}",
-        run.context(),
-        run.output
-    ));
+    let mut c = run.checks();
     check_contract(&mut c, &run);
     let calls = run.records("call");
     c.check(calls.len() >= 6, || {
@@ -1496,17 +1502,7 @@ pub fn check_routes(test: &str, py: &'static Python) {
             routes.push(want.clone());
         }
         let who = format!("{} {} [{t0} .. {t1}]", call["func"], call["path"]);
-        let found: Vec<&PStall> = run
-            .rec
-            .stalls
-            .iter()
-            .filter(|s| s.overlaps(t0, t1))
-            .collect();
-        let [s] = found[..] else {
-            c.fail(format!(
-                "{who}: {} overlapping stalls, want exactly 1",
-                found.len()
-            ));
+        let Some(s) = run.only_stall(&mut c, &who, t0, t1) else {
             continue;
         };
         let got = s
