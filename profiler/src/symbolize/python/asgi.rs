@@ -40,8 +40,9 @@ use std::sync::Arc;
 use profiler_common::python::{PY_OFFSET_NONE, PY_OWNER_NONE};
 
 use super::PythonError;
+use super::dict::{self, DICT_MA_KEYS, DICT_MA_VALUES};
 use super::memory::{ProcessMemory, le_u64};
-use super::offsets::{Layout, OB_TYPE, UNICODE_LENGTH, UNICODE_STATE, VAR_OB_SIZE};
+use super::offsets::{Layout, OB_TYPE, VAR_OB_SIZE};
 
 /// Frames of the live chain followed (shims included).
 pub const MAX_FRAMES: usize = 512;
@@ -73,9 +74,6 @@ const TPFLAGS_DICT_SUBCLASS: u64 = 1 << 29;
 const FUNC_CODE: u64 = 48;
 /// `PyCellObject.ob_ref`.
 const CELL_OB_REF: u64 = 16;
-/// `PyDictObject.ma_keys`, `.ma_values` (3.10-3.15).
-const DICT_MA_KEYS: u64 = 32;
-const DICT_MA_VALUES: u64 = 40;
 /// A managed dict (3.11+) sits three words before the object; 3.11 keeps
 /// the values pointer in the fourth.
 const MANAGED_DICT: u64 = 24;
@@ -397,45 +395,14 @@ impl RouteReader {
         split: Option<(u64, u64)>,
         want: &str,
     ) -> Result<Option<u64>, PythonError> {
-        let (entries_at, n, entry_size, kv) = if self.minor == 10 {
-            // dk_refcnt, dk_size, dk_lookup, dk_usable, dk_nentries, dk_indices
-            let k = self.mem.read_bytes(keys, 40)?;
-            let (size, n) = (le_u64(&k, 8), le_u64(&k, 32));
-            if size > 1 << 24 || n > size {
-                return Err(self.bad("dict keys (dk_size)", keys));
-            }
-            let width = match size {
-                0..=0xff => 1,
-                0x100..=0xffff => 2,
-                0x1_0000..=0xffff_ffff => 4,
-                _ => 8,
-            };
-            (keys + 40 + size * width, n, 24u64, 8u64)
-        } else {
-            // dk_refcnt, dk_log2_size, dk_log2_index_bytes, dk_kind, ...,
-            // dk_usable, dk_nentries, dk_indices
-            let k = self.mem.read_bytes(keys, 32)?;
-            let (log2_index_bytes, kind, n) = (k[9], k[10], le_u64(&k, 24));
-            if log2_index_bytes > 30 {
-                return Err(self.bad("dict keys (dk_log2_index_bytes)", keys));
-            }
-            // general keys: hash, key, value; str keys: key, value
-            let (size, kv) = if kind == 0 { (24, 8) } else { (16, 0) };
-            (keys + 32 + (1u64 << log2_index_bytes), n, size, kv)
-        };
-        if n > MAX_DICT_ENTRIES {
-            crate::os::limits::hit(crate::os::limits::Limit::PythonListTooLong);
-        }
-        let n = n.min(MAX_DICT_ENTRIES);
-        let raw = self.mem.read_bytes(entries_at, (n * entry_size) as usize)?;
-        for (i, e) in raw.chunks_exact(entry_size as usize).enumerate() {
-            let key = le_u64(e, kv as usize);
+        let entries = dict::keys_entries(&self.mem, self.minor, keys, MAX_DICT_ENTRIES)?;
+        for (i, &(key, value)) in entries.iter().enumerate() {
             // A key that cannot be read is not the one wanted.
             if key == 0 || !self.ascii_eq(key, want).unwrap_or(false) {
                 continue;
             }
             let value = match split {
-                None => le_u64(e, kv as usize + 8),
+                None => value,
                 Some((_, capacity)) if i as u64 >= capacity => return Ok(None),
                 Some((values, _)) => self.mem.read_u64(values + 8 * i as u64)?,
             };
@@ -530,17 +497,9 @@ impl RouteReader {
         Ok(Some(s))
     }
 
-    /// `obj` is a compact ASCII `str` equal to `want` (one read: the header
-    /// and `want`'s length of data).
+    /// `obj` is a compact ASCII `str` equal to `want`.
     fn ascii_eq(&self, obj: u64, want: &str) -> Result<bool, PythonError> {
-        let data = u64::from(self.layout.unicode_ascii_data);
-        let b = self
-            .mem
-            .read_bytes(obj, (data + want.len() as u64) as usize)?;
-        let len = le_u64(&b, UNICODE_LENGTH as usize);
-        let state = u32::from_le_bytes(b[UNICODE_STATE as usize..][..4].try_into().unwrap());
-        let compact_ascii = (state >> 5) & 3 == 3;
-        Ok(compact_ascii && len == want.len() as u64 && &b[data as usize..] == want.as_bytes())
+        dict::ascii_eq(&self.mem, &self.layout, obj, want)
     }
 
     fn bad(&self, what: &'static str, addr: u64) -> PythonError {

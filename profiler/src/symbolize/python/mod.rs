@@ -20,6 +20,7 @@
 mod asgi;
 mod code;
 mod debug_offsets;
+mod dict;
 mod discover;
 mod linetable;
 mod memory;

@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::PythonError;
+use super::dict::{self, DICT_MA_KEYS};
 use super::memory::{ProcessMemory, le_u64};
 use super::offsets::{Layout, OB_TYPE};
 use profiler_common::python::PY_FRAME_MODEL_FRAME_OBJECT;
@@ -151,8 +152,6 @@ const GI_IFRAME_314: u64 = 72;
 const DEBUG_OFFSETS_IMPORTS_MODULES_313: u64 = 11;
 /// `PyModuleObject.md_dict` (3.10-3.15).
 const MODULE_MD_DICT: u64 = 16;
-/// `PyDictObject.ma_keys`, followed by `ma_values` (3.10-3.13, gdb `ptype /o`).
-const DICT_MA_KEYS: u64 = 32;
 /// `PyTypeObject.tp_flags` (the stable ABI's layout).
 const TYPE_TP_FLAGS: u64 = 168;
 const TPFLAGS_LONG_SUBCLASS: u64 = 1 << 24;
@@ -531,70 +530,20 @@ impl TaskReader {
         if keys == 0 || values != 0 {
             return Err(bad("dict (not a combined table)"));
         }
-        let (entries_at, n, entry_size) = if self.minor == 10 {
-            // dk_refcnt, dk_size, dk_lookup, dk_usable, dk_nentries, dk_indices
-            let k = self.mem.read_bytes(keys, 40)?;
-            let (size, n) = (le_u64(&k, 8), le_u64(&k, 32));
-            let width = match size {
-                0..=0xff => 1,
-                0x100..=0xffff => 2,
-                0x1_0000..=0xffff_ffff => 4,
-                _ => 8,
-            };
-            if size > 1 << 24 {
-                return Err(bad("dict keys (dk_size)"));
-            }
-            (keys + 40 + size * width, n, 24)
-        } else {
-            // dk_refcnt, dk_log2_size, dk_log2_index_bytes, dk_kind, ...,
-            // dk_usable, dk_nentries, dk_indices
-            let k = self.mem.read_bytes(keys, 32)?;
-            let (log2_index_bytes, kind, n) = (k[9], k[10], le_u64(&k, 24));
-            if log2_index_bytes > 30 {
-                return Err(bad("dict keys (dk_log2_index_bytes)"));
-            }
-            let entry_size = if kind == 0 { 24 } else { 16 }; // general: + hash
-            (keys + 32 + (1u64 << log2_index_bytes), n, entry_size)
-        };
-        if n > cap {
-            crate::os::limits::hit(crate::os::limits::Limit::PythonListTooLong);
-        }
-        let n = n.min(cap);
-        let raw = self.mem.read_bytes(entries_at, (n * entry_size) as usize)?;
-        let kv = entry_size as usize - 16;
-        Ok(raw
-            .chunks_exact(entry_size as usize)
-            .map(|e| (le_u64(e, kv), le_u64(e, kv + 8)))
+        Ok(dict::keys_entries(&self.mem, self.minor, keys, cap)?
+            .into_iter()
             .filter(|&(k, v)| k != 0 && v != 0)
             .collect())
     }
 
-    /// The value of the `str` key `want` in a dict, by comparing each key's
-    /// characters (one read a key; the target's string hashes are salted).
+    /// The value of the `str` key `want` in a dict.
     fn dict_get(&self, dict: u64, want: &str) -> Result<Option<u64>, PythonError> {
-        let ascii_data = u64::from(self.layout.unicode_ascii_data);
-        for (k, v) in self.dict_entries(dict, MAX_DICT_ENTRIES)? {
-            let Ok(b) = self
-                .mem
-                .read_bytes(k, (ascii_data + want.len() as u64) as usize)
-            else {
-                continue;
-            };
-            let len = le_u64(&b, super::offsets::UNICODE_LENGTH as usize);
-            let state = u32::from_le_bytes(
-                b[super::offsets::UNICODE_STATE as usize..][..4]
-                    .try_into()
-                    .unwrap(),
-            );
-            let compact_ascii = (state >> 5) & 3 == 3;
-            if compact_ascii
-                && len == want.len() as u64
-                && &b[ascii_data as usize..] == want.as_bytes()
-            {
-                return Ok(Some(v));
-            }
-        }
-        Ok(None)
+        // A key that cannot be read is not the one wanted.
+        Ok(self
+            .dict_entries(dict, MAX_DICT_ENTRIES)?
+            .into_iter()
+            .find(|&(k, _)| dict::ascii_eq(&self.mem, &self.layout, k, want).unwrap_or(false))
+            .map(|(_, v)| v))
     }
 }
 
