@@ -10,7 +10,7 @@ use std::{collections::HashSet, path::PathBuf};
 
 use object::{Object, ObjectSymbol};
 
-use crate::os::limits;
+use crate::os::{lacking, limits};
 
 /// Demangled names (hash stripped) of the park functions, by preference:
 /// the first found per scheduler flavour is used.
@@ -62,6 +62,9 @@ fn mapped_binaries(pid: u32) -> Vec<PathBuf> {
 pub fn tokio_park_points(pid: u32) -> Vec<ParkPoint> {
     let mut points = Vec::new();
     for bin in mapped_binaries(pid) {
+        if lacking::NO_TOKIO_PARKS.contains(&bin) {
+            continue;
+        }
         // Read on demand (headers and the symbol tables), never the whole
         // file: a libpython with DWARF is tens of MiB.
         // In the target's root, symlinks resolve inside that root, never to
@@ -97,6 +100,9 @@ pub fn tokio_park_points(pid: u32) -> Vec<ParkPoint> {
                     found[flavour] = Some((rank, name.to_string(), demangled.clone()));
                 }
             }
+        }
+        if found.iter().all(Option::is_none) {
+            lacking::NO_TOKIO_PARKS.insert(&bin);
         }
         for (_, symbol, demangled) in found.into_iter().flatten() {
             points.push(ParkPoint {

@@ -5,6 +5,7 @@ pub mod clock;
 pub mod container;
 pub mod cpu_quota;
 pub mod heap;
+pub mod lacking;
 pub mod limits;
 pub mod outdir;
 pub mod proc;

@@ -836,6 +836,10 @@ impl Engine {
         // JavaScript frames: what identifies them is in the copy now.
         let pid = *tgid;
         let layout = self.symbols.resolve(|r| r.js_layout(pid));
+        if layout.is_none() && self.symbols.live().is_some_and(|r| r.js_pending(pid)) {
+            // Node's metadata is still being read on its own thread.
+            *self.agent_drops.entry("js_frames_v8_pending").or_default() += 1;
+        }
         if outcome != UnwindOutcome::Failed || addrs.len() >= stack.user.len() {
             if let Some(layout) = layout {
                 stack.js = crate::symbolize::v8::js_slots(&layout, &fps, regs.sp, copy);
@@ -1074,6 +1078,11 @@ impl Engine {
                     let name = self.thread(tgid, tid).name;
                     debug!("thread {tid} ({name}) of {tgid} parks on wait key {key:#x}");
                     probes.set_loop_key(tid, key);
+                    // Before its first stall: find its runtime in the
+                    // background (Node's symbol table takes ~0.2 s).
+                    if let Some(reader) = self.symbols.live() {
+                        reader.start_js(tgid);
+                    }
                 }
                 Output::LoopGone { tid } => {
                     probes.forget_loop_thread(tid);

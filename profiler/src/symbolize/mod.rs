@@ -452,6 +452,19 @@ impl RuntimeReader {
         }
     }
 
+    /// Start looking for V8 in `pid` on a thread of its own (its loop was
+    /// just found): by its first stall its JavaScript frames can be read,
+    /// and the drain never waits for Node's symbol table.
+    pub fn start_js(&mut self, pid: u32) {
+        self.v8.entry(pid).or_default().start(pid);
+    }
+
+    /// V8 in `pid` is still being looked for: a stack now gets no
+    /// JavaScript frames.
+    pub fn js_pending(&self, pid: u32) -> bool {
+        self.v8.get(&pid).is_some_and(v8::V8Watch::pending)
+    }
+
     /// Why a Node process's JavaScript frames cannot be read, if so.
     pub fn js_problems(&self) -> Vec<crate::report::model::RuntimeProblem> {
         self.v8

@@ -18,6 +18,7 @@ use object::read::ReadCache;
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 use super::PythonError;
+use crate::os::lacking;
 
 /// One line of /proc/PID/maps that maps a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,10 +156,14 @@ pub fn find(pid: u32) -> Result<Option<Found>, PythonError> {
             log::debug!("pid {pid}: cannot open {path} as mapped");
             continue;
         };
+        if lacking::NO_INTERPRETER.contains(&file_path) {
+            continue;
+        }
         let Some(syms) = symbols(&file_path, &["_PyRuntime", "Py_Version", "PyCode_Type"])? else {
             continue;
         };
         let Some(&runtime) = syms.values.get("_PyRuntime") else {
+            lacking::NO_INTERPRETER.insert(&file_path);
             continue;
         };
         let bias =

@@ -1,0 +1,94 @@
+//! Files already read and found to lack something (a CPython interpreter,
+//! tokio's park functions), so that they are not read again.
+//!
+//! In: a file's path. Out: whether a file with its identity (device,
+//! inode, size, mtime) was noted as lacking it. A process without an
+//! interpreter is asked again while it may still load one (a launcher, a
+//! `dlopen`), and the daemon asks every new process: reading a large
+//! executable's symbol table each time (Node's takes ~0.2 s here) held the
+//! drain long enough to overflow the ring buffer. A file replaced in place
+//! has a new identity and is read again. Each set is bounded: past
+//! [`MAX_FILES`] it starts over.
+
+use std::{
+    collections::HashSet,
+    os::unix::fs::MetadataExt,
+    path::Path,
+    sync::{Mutex, MutexGuard},
+};
+
+/// Files one set remembers before it starts over.
+pub const MAX_FILES: usize = 4096;
+
+/// (device, inode, size, mtime in ns).
+type FileId = (u64, u64, u64, i128);
+
+/// The files found to lack one thing.
+pub struct Lacking(Mutex<Option<HashSet<FileId>>>);
+
+/// ELF files without `_PyRuntime`.
+pub static NO_INTERPRETER: Lacking = Lacking::new();
+/// ELF files without tokio's park functions.
+pub static NO_TOKIO_PARKS: Lacking = Lacking::new();
+
+impl Lacking {
+    pub const fn new() -> Self {
+        Lacking(Mutex::new(None))
+    }
+
+    fn set(&self) -> MutexGuard<'_, Option<HashSet<FileId>>> {
+        // A panic elsewhere while held leaves a set that is still valid.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `path` was noted as lacking it (and is the same file still).
+    pub fn contains(&self, path: &Path) -> bool {
+        file_id(path).is_some_and(|id| self.set().as_ref().is_some_and(|s| s.contains(&id)))
+    }
+
+    /// Note that `path` lacks it.
+    pub fn insert(&self, path: &Path) {
+        let Some(id) = file_id(path) else { return };
+        let mut g = self.set();
+        let s = g.get_or_insert_with(HashSet::new);
+        if s.len() >= MAX_FILES {
+            s.clear();
+        }
+        s.insert(id);
+    }
+}
+
+impl Default for Lacking {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn file_id(path: &Path) -> Option<FileId> {
+    let m = std::fs::metadata(path).ok()?;
+    let mtime = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
+    Some((m.dev(), m.ino(), m.len(), mtime))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_known_until_it_changes() {
+        let dir = std::env::temp_dir().join(format!("stallprof-lacking-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("bin");
+        std::fs::write(&f, b"one").unwrap();
+        let set = Lacking::new();
+        assert!(!set.contains(&f));
+        set.insert(&f);
+        assert!(set.contains(&f));
+        // Replaced (a new inode, another size): read again.
+        std::fs::remove_file(&f).unwrap();
+        std::fs::write(&f, b"other").unwrap();
+        assert!(!set.contains(&f));
+        assert!(!set.contains(&dir.join("missing")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
