@@ -419,7 +419,11 @@ fn record_node_victim(
             )
         })
         .collect();
-    (run, load_recording(out), calls)
+    let rec = load_recording(out);
+    let mut c = Checks::new(format!("node in a container\n{}", stalls_table(&rec)));
+    check_contract_at(&mut c, &rec, 40_000_000, 999);
+    c.finish();
+    (run, rec, calls)
 }
 
 /// Over the loop thread's stalls that overlap `func`'s calls: (their ns,

@@ -1065,6 +1065,18 @@ impl Checks {
     }
 }
 
+/// On the fallback pass (`STALLPROF_PROBES=tracepoints`), `probes` (a
+/// recording's `probes` object) must say the classic tracepoints served:
+/// the pass cannot silently run the default. (On the default pass the
+/// tests that care assert the probes themselves: some choose them.)
+pub fn check_probes(c: &mut Checks, probes: &serde_json::Value) {
+    let (sched, waits) = expected_probes();
+    c.check(
+        sched == "raw_tracepoints" || (probes["scheduler"] == sched && probes["waits"] == waits),
+        || format!("probes are {probes}, want scheduler {sched}, waits {waits} (STALLPROF_PROBES)"),
+    );
+}
+
 /// Checks that hold for every stall of every recording (the JSON contract).
 pub fn check_contract(c: &mut Checks, rec: &Recording, threshold_ns: u64) {
     check_contract_at(c, rec, threshold_ns, 999)
@@ -1072,19 +1084,7 @@ pub fn check_contract(c: &mut Checks, rec: &Recording, threshold_ns: u64) {
 
 /// [`check_contract`] for a recording made with `-F sample_hz`.
 pub fn check_contract_at(c: &mut Checks, rec: &Recording, threshold_ns: u64, sample_hz: u64) {
-    // (On the default pass the tests that care assert the probes
-    // themselves: some choose them.)
-    let (sched, waits) = expected_probes();
-    c.check(
-        sched == "raw_tracepoints"
-            || (rec.probes["scheduler"] == sched && rec.probes["waits"] == waits),
-        || {
-            format!(
-                "probes are {}, want scheduler {sched}, waits {waits} (STALLPROF_PROBES)",
-                rec.probes
-            )
-        },
-    );
+    check_probes(c, &rec.probes);
     c.check(rec.clock == "monotonic", || {
         format!("clock is {:?}, want \"monotonic\"", rec.clock)
     });

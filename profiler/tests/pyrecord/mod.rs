@@ -32,6 +32,8 @@ struct Rec {
     ended_ns: u64,
     lost_events: u64,
     drops: BTreeMap<String, u64>,
+    #[serde(default)]
+    probes: serde_json::Value,
     stalls: Vec<PStall>,
 }
 
@@ -543,6 +545,7 @@ impl Run {
 /// parts: gil_wait stacks (which must name a holder) count as off-CPU.
 fn check_contract(c: &mut Checks, run: &Run) {
     let rec = &run.rec;
+    check_probes(c, &rec.probes);
     c.check(rec.clock == "monotonic", || {
         format!("clock is {:?}", rec.clock)
     });
