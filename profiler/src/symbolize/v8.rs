@@ -1079,7 +1079,9 @@ impl V8Watch {
             Ok(_) => self.pending = Some(rx),
             // No thread to be had: find it here, once.
             Err(e) => {
-                log::warn!("pid {pid}: no thread to read V8's metadata on ({e}); reading it inline");
+                log::warn!(
+                    "pid {pid}: no thread to read V8's metadata on ({e}); reading it inline"
+                );
                 self.state = Self::found(pid, discover(pid));
             }
         }
@@ -1104,7 +1106,9 @@ impl V8Watch {
                     self.pending = None;
                     self.state = Self::found(
                         pid,
-                        Err(MetaError("reading V8's metadata failed (its thread ended)".into())),
+                        Err(MetaError(
+                            "reading V8's metadata failed (its thread ended)".into(),
+                        )),
                     );
                 }
             }
