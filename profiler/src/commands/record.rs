@@ -403,7 +403,7 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
     if cfg.save_events {
         live.engine.save_to(&out)?;
     }
-    live.upkeep();
+    live.first_upkeep();
     let mut comm = read_comm(pid, pid).filter(|_| launched.is_none());
     // Every stall goes to stalls.journal as it is found (report::journal):
     // a recording killed before its end still holds them.

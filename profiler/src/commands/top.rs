@@ -297,7 +297,7 @@ async fn top(a: TopArgs) -> Result<String> {
         crate::kernel::probe::default_sample_after(threshold_ns),
         a.stall.probes,
     )?;
-    live.upkeep();
+    live.first_upkeep();
     let comm = read_comm(pid, pid).unwrap_or_else(|| "?".into());
     let head = format!(
         "stallprof top — pid {pid} ({}), stalls ≥ {}, window {}   (q quits)",

@@ -25,6 +25,7 @@ use std::{
     fs,
     io::{BufRead, BufReader, BufWriter, Read, Write},
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use flate2::{Compression, read::GzDecoder, write::GzEncoder};
@@ -36,10 +37,11 @@ use profiler_common::PyProc;
 use crate::{
     kernel::event::{self, Event},
     kernel::probe::{ProbeError, Probes},
-    kernel::runtimes::{self, ParkPoint},
+    kernel::runtimes::ParkPoint,
     os::outdir::{OutDir, PendingFile},
     os::proc::{is_own_fork, process_alive, read_comm, read_namespace_id},
     os::units::fmt_ns,
+    pipeline::discovery::{Answer, Ask, Discovery},
     pipeline::routes::{Routes, Want},
     pipeline::stall::{Output, RawStall, Tracker, TrackerConfig},
     pipeline::symbolizer::{self, Done, Job, Native, Symbolizer, Worker},
@@ -265,48 +267,76 @@ impl PythonWatch {
         }
     }
 
-    fn poll(&mut self, pid: u32, probes: &mut dyn Control) {
-        if self.interp.is_none() && !self.given_up && !is_own_fork(pid) {
+    /// Ask for `pid`'s interpreter (on the discovery thread) when due;
+    /// then, once known, its threads.
+    fn poll(&mut self, pid: u32, probes: &mut dyn Control, discovery: &mut Discovery) {
+        if self.interp.is_none()
+            && !self.given_up
+            && !is_own_fork(pid)
+            && !discovery.is_open(Ask::Python(pid))
+        {
             self.attempts += 1;
-            if self.attempts <= 20 || self.attempts.is_multiple_of(20) {
-                match python::detect(pid) {
-                    Ok(Some(interp)) => {
-                        let gil = interp.gil_addrs().ok();
-                        let proc_ = PyProc {
-                            offsets: interp.offsets(),
-                            gil_locked: gil.map_or(0, |g| g.locked),
-                            gil_last_holder: gil.map_or(0, |g| g.last_holder),
-                        };
-                        info!(
-                            "pid {pid}: CPython {} ({}); Python stacks on",
-                            interp.version_string(),
-                            interp.path()
-                        );
-                        if gil.is_none() {
-                            warn!(
-                                "pid {pid}: GIL not found; GIL waits will show as plain off-CPU time"
-                            );
-                        }
-                        probes.set_python_proc(pid, proc_);
-                        self.interp = Some(interp);
-                        self.failures = 0;
-                        self.problem = None;
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        debug!("python detection in {pid}: {e}");
-                        let refused = matches!(
-                            e,
-                            PythonError::Unsupported { .. }
-                                | PythonError::LayoutMismatch { .. }
-                                | PythonError::PermissionDenied { .. }
-                        );
-                        self.given_up = refused;
-                        self.failed(pid, &e, refused);
-                    }
-                }
+            if (self.attempts <= 20 || self.attempts.is_multiple_of(20))
+                && !discovery.ask(Ask::Python(pid))
+            {
+                // The queue is full: this attempt comes again.
+                self.attempts -= 1;
             }
         }
+        self.threads(pid, probes);
+    }
+
+    /// The discovery thread's answer for `pid`'s interpreter.
+    fn found(
+        &mut self,
+        pid: u32,
+        found: Result<Option<Interpreter>, PythonError>,
+        probes: &mut dyn Control,
+    ) {
+        if self.interp.is_some() {
+            return;
+        }
+        match found {
+            Ok(Some(interp)) => {
+                let gil = interp.gil_addrs().ok();
+                let proc_ = PyProc {
+                    offsets: interp.offsets(),
+                    gil_locked: gil.map_or(0, |g| g.locked),
+                    gil_last_holder: gil.map_or(0, |g| g.last_holder),
+                };
+                info!(
+                    "pid {pid}: CPython {} ({}); Python stacks on",
+                    interp.version_string(),
+                    interp.path()
+                );
+                if gil.is_none() {
+                    warn!(
+                        "pid {pid}: GIL not found; GIL waits will show as plain off-CPU time"
+                    );
+                }
+                probes.set_python_proc(pid, proc_);
+                self.interp = Some(interp);
+                self.failures = 0;
+                self.problem = None;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                debug!("python detection in {pid}: {e}");
+                let refused = matches!(
+                    e,
+                    PythonError::Unsupported { .. }
+                        | PythonError::LayoutMismatch { .. }
+                        | PythonError::PermissionDenied { .. }
+                );
+                self.given_up = refused;
+                self.failed(pid, &e, refused);
+            }
+        }
+        self.threads(pid, probes);
+    }
+
+    /// Tell the probes which thread states are which threads.
+    fn threads(&mut self, pid: u32, probes: &mut dyn Control) {
         let Some(interp) = &self.interp else { return };
         match interp.thread_states() {
             Ok(now) => {
@@ -363,7 +393,7 @@ struct RuntimeWatch {
 const WAITS_TRIES: u32 = 20;
 
 impl RuntimeWatch {
-    fn poll(&mut self, pid: u32, probes: &mut dyn Control, per_process: bool) {
+    fn poll(&mut self, pid: u32, probes: &mut dyn Control, discovery: &mut Discovery) {
         // The loop's waits, once per executable image (a launched command
         // is still our own fork until it execs).
         if !is_own_fork(pid) && process_alive(pid) {
@@ -382,7 +412,7 @@ impl RuntimeWatch {
                 }
             }
         }
-        if self.done {
+        if self.done || discovery.is_open(Ask::Tokio(pid)) {
             return;
         }
         // Scan once per executable image: a launched command is still our
@@ -395,10 +425,16 @@ impl RuntimeWatch {
                 return;
             }
         }
-        self.scanned_exe = exe;
-        let points = runtimes::tokio_park_points(pid);
-        for p in &points {
-            match probes.attach_park(p, per_process.then_some(pid)) {
+        if discovery.ask(Ask::Tokio(pid)) {
+            self.scanned_exe = exe;
+        }
+    }
+
+    /// The discovery thread's answer: tokio's park functions in `pid`'s
+    /// files, probed for `pid` only.
+    fn found(&mut self, pid: u32, points: &[ParkPoint], probes: &mut dyn Control) {
+        for p in points {
+            match probes.attach_park(p, Some(pid)) {
                 Ok(()) => self.done = true,
                 Err(e) => warn!(
                     "pid {pid}: tokio park probes unavailable, its workers are tracked by epoll only: {e}"
@@ -436,6 +472,8 @@ pub struct Engine {
     maps: SharedMaps,
     /// The last process upkeep reached (the next tick starts after it).
     upkeep_after: u32,
+    /// Finds interpreters and runtimes off the drain thread.
+    discovery: Discovery,
     unwinder: Unwinder,
     stalls: Vec<(u32, Stall)>,
     /// Every thread seen, by tid: read once ([`Engine::thread`]).
@@ -523,6 +561,7 @@ impl Engine {
             symbolizer,
             maps,
             upkeep_after: 0,
+            discovery: Discovery::new(),
             unwinder,
             stalls: Vec::new(),
             threads: HashMap::new(),
@@ -570,7 +609,7 @@ impl Engine {
     /// with the stacks they hold (nothing is cut), the thread and process
     /// descriptors and the runtime park probes already attached, the
     /// symbolizer thread with its queue (told to rebuild its caches), the
-    /// stalls not yet taken.
+    /// discovery thread with its questions, the stalls not yet taken.
     pub fn rebuild(mut self) -> Engine {
         let cfg = self.tracker.config().clone();
         let mut next = Engine::new(cfg.threshold_ns, cfg.tids);
@@ -587,6 +626,7 @@ impl Engine {
         next.task_problems = self.task_problems;
         next.ring_backlog_max = self.ring_backlog_max;
         next.routes = self.routes.take();
+        next.discovery = self.discovery;
         next
     }
 
@@ -700,6 +740,8 @@ impl Engine {
     pub fn tick(&mut self, pids: &[u32], probes: &mut dyn Control) {
         self.flush_pending(false);
         self.collect();
+        let found = self.discovery.take();
+        self.apply_found(found, probes);
         let started = std::time::Instant::now();
         let mut order: Vec<u32> = pids.to_vec();
         order.sort_unstable();
@@ -718,14 +760,43 @@ impl Engine {
                 self.maps.refresh_if_older(pid, MAPS_UPKEEP);
             }
             self.process(pid);
-            self.python
-                .entry(pid)
-                .or_insert_with(PythonWatch::new)
-                .poll(pid, probes);
+            self.python.entry(pid).or_insert_with(PythonWatch::new).poll(
+                pid,
+                probes,
+                &mut self.discovery,
+            );
             self.runtimes
                 .entry(pid)
                 .or_default()
-                .poll(pid, probes, true);
+                .poll(pid, probes, &mut self.discovery);
+        }
+    }
+
+    /// [`Engine::tick`], then what it asked the discovery thread, waited
+    /// for up to `limit`: the first upkeep of `record` and `top`, before
+    /// the target is told the probes are in (its first stalls then have
+    /// their Python frames, as they did when this ran on the drain).
+    pub fn first_tick(&mut self, pids: &[u32], probes: &mut dyn Control, limit: Duration) {
+        self.tick(pids, probes);
+        let found = self.discovery.take_all(limit);
+        self.apply_found(found, probes);
+    }
+
+    /// Apply the discovery thread's answers (to processes still watched).
+    fn apply_found(&mut self, found: Vec<Answer>, probes: &mut dyn Control) {
+        for a in found {
+            match a {
+                Answer::Python(pid, r) => {
+                    if let Some(w) = self.python.get_mut(&pid) {
+                        w.found(pid, r, probes);
+                    }
+                }
+                Answer::Tokio(pid, points) => {
+                    if let Some(w) = self.runtimes.get_mut(&pid) {
+                        w.found(pid, &points, probes);
+                    }
+                }
+            }
         }
     }
 
@@ -782,6 +853,10 @@ impl Engine {
         }
         self.ring_backlog_max = self.ring_backlog_max.max(bytes);
         self.collect();
+        // An interpreter found since the last tick: its stacks walk
+        // Python frames from now, not from the next tick.
+        let found = self.discovery.take();
+        self.apply_found(found, probes);
     }
 
     /// The most bytes one drain found waiting in the ring buffer (its

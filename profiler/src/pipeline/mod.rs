@@ -3,6 +3,7 @@
 //! on the drain thread (`engine`), and the symbolizer thread it hands
 //! finished stalls to (`symbolizer`), the ASGI request of each busy period
 //! (`routes`).
+pub mod discovery;
 pub mod engine;
 pub mod loops;
 pub mod routes;
