@@ -36,12 +36,33 @@ impl Failures {
         let out = child.stdout.take().expect("stdout is piped");
         let mut parser = Parser::default();
         let mut stdout = std::io::stdout().lock();
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            let _ = writeln!(stdout, "{line}");
-            parser.line(&line);
+        // Bytes, not `lines()`: a test may print invalid UTF-8, and a read
+        // that stopped there would leave the pipe full and the tests stuck.
+        let mut reader = BufReader::new(out);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match reader.read_until(b'\n', &mut buf) {
+                Ok(0) => break,
+                Ok(_) => {
+                    let _ = stdout.write_all(&buf);
+                    let line = String::from_utf8_lossy(&buf);
+                    parser.line(line.trim_end_matches(['\n', '\r']));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Keep draining is impossible; say so and let the
+                    // exit status decide.
+                    eprintln!("xtask: reading the tests' output: {e}");
+                    break;
+                }
+            }
         }
+        let _ = stdout.flush();
         drop(stdout);
+        // Closed before the wait: a child still writing gets EPIPE, not a
+        // pipe nobody reads.
+        drop(reader);
         let st = child
             .wait()
             .with_context(|| format!("waiting for {cmd:?}"))?;
@@ -118,6 +139,26 @@ impl Parser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_reads_past_invalid_utf8_and_keeps_its_failures() {
+        let mut f = Failures::default();
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            "printf 'bytes \\377\\376\\n'; printf 'test t::x ... FAILED\\n'; \
+             printf -- '---- t::x stdout ----\\n'; \
+             printf \"thread 't::x' panicked at a.rs:1:1:\\nboom\\n\"; exit 101",
+        ]);
+        let r = f.run("pass", &mut cmd);
+        assert!(r.is_err());
+        assert_eq!(f.tests.len(), 1);
+        assert_eq!(f.tests[0].1, "t::x");
+        assert_eq!(
+            f.tests[0].2,
+            ["thread 't::x' panicked at a.rs:1:1:", "boom"]
+        );
+    }
 
     #[test]
     fn failures_are_named_with_their_panic() {

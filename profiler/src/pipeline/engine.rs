@@ -310,9 +310,7 @@ impl PythonWatch {
                     interp.path()
                 );
                 if gil.is_none() {
-                    warn!(
-                        "pid {pid}: GIL not found; GIL waits will show as plain off-CPU time"
-                    );
+                    warn!("pid {pid}: GIL not found; GIL waits will show as plain off-CPU time");
                 }
                 probes.set_python_proc(pid, proc_);
                 self.interp = Some(interp);
@@ -760,11 +758,10 @@ impl Engine {
                 self.maps.refresh_if_older(pid, MAPS_UPKEEP);
             }
             self.process(pid);
-            self.python.entry(pid).or_insert_with(PythonWatch::new).poll(
-                pid,
-                probes,
-                &mut self.discovery,
-            );
+            self.python
+                .entry(pid)
+                .or_insert_with(PythonWatch::new)
+                .poll(pid, probes, &mut self.discovery);
             self.runtimes
                 .entry(pid)
                 .or_default()
