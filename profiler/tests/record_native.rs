@@ -452,13 +452,7 @@ fn victim_truth(
             truth_table(&truth)
         );
     }
-    // Victim problems, not profiler ones: say so.
-    for t in &truth {
-        assert!(
-            t.duration_ns() >= THRESHOLD_NS + 20 * MS,
-            "victim call shorter than planned: {t:?}"
-        );
-    }
+    assert_calls_as_planned(&truth, THRESHOLD_NS + 20 * MS);
     let first = truth.iter().map(|t| t.start_ns).min().unwrap();
     let t0 = ready["mono_ns"]
         .as_u64()

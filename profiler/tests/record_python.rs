@@ -76,12 +76,7 @@ fn record_python_victim_with(test: &str, python: fn() -> PathBuf, extra: &[&std:
         "unexpected victim schedule:\n{}",
         truth_table(&truth)
     );
-    for t in &truth {
-        assert!(
-            t.duration_ns() >= THRESHOLD_NS + 20 * MS,
-            "victim call shorter than planned: {t:?}"
-        );
-    }
+    assert_calls_as_planned(&truth, THRESHOLD_NS + 20 * MS);
 
     let rec = load_recording(&out);
     let mut c = Checks::new(format!(
