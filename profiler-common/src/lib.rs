@@ -395,6 +395,10 @@ counters! {
         CpuWaitSlotBusy = 11 => "cpu_wait_slot_busy",
         /// A CPU number past `MAX_CPUS`: no CPU holders recorded there.
         CpuWaitNoSlot = 12 => "cpu_wait_no_slot",
+        /// Reading a thread's run-queue clock or its last arrival on a CPU
+        /// at a per-thread switch event failed: its time off the CPU is
+        /// taken to end at its next event instead of its switch-in.
+        SwitchClockFailed = 13 => "switch_clock_read_failed",
     }
 }
 
@@ -617,6 +621,17 @@ pub struct ThreadState {
     pub park_thr_arg: u32,
     /// 1 while counted in `OFF_CPU` for a switch-in still to come.
     pub park_off: u32,
+    /// Per-thread switch events (no program runs when a thread comes back
+    /// on a CPU): 1 when its last switch-out left it runnable; then, at
+    /// that switch-out, the time (`bpf_ktime_get_ns`), its run queue's
+    /// clock (`rq.clock`, the clock of `sched_info`; 0: unread) and its
+    /// `sched_info.run_delay` ([`NO_RUN_DELAY`]: unread). Its next event
+    /// dates its switch-in from `sched_info.last_arrival` against these,
+    /// and its wakeup from the run delay grown meanwhile.
+    pub out_runnable: u32,
+    pub out_ns: u64,
+    pub out_clock: u64,
+    pub out_rd: u64,
 }
 
 /// A loop thread woken from its park that waits at least this long for a
@@ -627,6 +642,11 @@ pub const WOKEN_WAIT_MIN_NS: u64 = 1_000_000;
 
 /// `ThreadState::park_rd` when there is no run delay to compare with.
 pub const NO_RUN_DELAY: u64 = u64::MAX;
+
+/// A `WAKEUP` arg when the waker is not known: the wakeup was dated from
+/// the thread's run delay at its next event (per-thread switch events),
+/// no program ran at the wakeup itself.
+pub const NO_WAKER: u32 = u32::MAX;
 
 /// One task that held a CPU while a loop thread waited there.
 #[repr(C)]

@@ -21,8 +21,10 @@
 //!   tracepoints (`sp_wait_enter`/`sp_wait_exit`, the fallback) — parked or
 //!   not, the sampling gate;
 //! - `runtime`: `sp_park_enter`/`sp_park_exit`, a runtime's park function;
-//! - `sched`: the scheduler's raw tracepoints (`sp_raw_sched_switch`,
-//!   `sp_raw_sched_wakeup`, `sp_raw_exit`; classic ones as the fallback)
+//! - `sched`: a watched thread's switch-outs — per-thread perf events
+//!   (`sp_thread_switch`, recording one process) or the scheduler's raw
+//!   tracepoints (`sp_raw_sched_switch`, `sp_raw_sched_wakeup`; the
+//!   daemon), classic ones as the fallback — its exit (`sp_raw_exit`),
 //!   and `sp_sample`;
 //! - `stack`: the `StackEvent` a switch-out or a sample captures;
 //! - `python`: the Python frames and the GIL holder inside that event.
@@ -78,6 +80,24 @@ static TASK_CFS_RQ_OFFSET: Global<u32> = Global::new(0);
 static CFS_RQ_THROTTLE_COUNT_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static CFS_RQ_SELF_TIME_OFFSET: Global<u32> = Global::new(0);
+
+/// 1 when the scheduler is seen through per-thread `context-switches` perf
+/// events (`sched::sp_thread_switch`) instead of host-wide tracepoints: a
+/// tracked thread's switch-in is then dated at its next event
+/// (`sched::came_back`). Set at load, with the offsets it reads there,
+/// from the kernel's BTF: `task_struct.__state`,
+/// `task_struct.sched_info.last_arrival`, `cfs_rq.rq` and `rq.clock`
+/// (`TASK_CFS_RQ_OFFSET` leads from the task to its cfs_rq).
+#[unsafe(no_mangle)]
+static THREAD_SWITCHES: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_STATE_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_LAST_ARRIVAL_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CFS_RQ_RQ_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static RQ_CLOCK_OFFSET: Global<u32> = Global::new(0);
 
 /// Offset of `task_struct.sched_info.run_delay` (the ns a task ever waited
 /// runnable for a CPU; `CONFIG_SCHED_INFO`), from the kernel's BTF at load;

@@ -158,6 +158,10 @@ pub(crate) fn new_thread(tgid: u32, wait_key: u64, in_park: u32) -> ThreadState 
         park_thr_in: 0,
         park_thr_arg: 0,
         park_off: 0,
+        out_runnable: 0,
+        out_ns: 0,
+        out_clock: 0,
+        out_rd: NO_RUN_DELAY,
     }
 }
 

@@ -32,6 +32,7 @@ fn runtime_park(enter: bool) -> u32 {
     match THREADS.get_ptr_mut(&tid) {
         Some(st) => {
             let st = unsafe { &mut *st };
+            crate::sched::came_back(tid, tgid, st);
             st.in_park = enter as u32;
             if enter {
                 if quiet_busy(tid, st, key) {

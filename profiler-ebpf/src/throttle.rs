@@ -9,8 +9,11 @@
 //! cfs_rq's `throttled_clock_self_time`), `CPU_HOLDER` events at a waiting
 //! loop thread's switch-in.
 //!
-//! Constraints: `cpu_switch` runs at every context switch on the host: one
-//! array lookup and a compare while no loop thread waits on that CPU.
+//! Constraints: `cpu_switch` runs at every context switch the scheduler
+//! programs see (host-wide tracepoints: every switch on the host; per-thread
+//! switch events: the watched threads' own), and `cpu_tick` at every CPU
+//! sample with per-thread switch events: one array lookup and a compare
+//! while no loop thread waits on that CPU.
 //! Everything else runs per preemption or switch-in of a busy loop thread:
 //! at most three kernel reads, `MAX_CPU_HOLDERS` compares, and
 //! `MAX_CPU_HOLDERS + 1` small events. A failed read is counted
@@ -18,8 +21,8 @@
 //! The decision itself is `profiler_common::throttle_model`, shared with
 //! userspace's unit tests.
 use aya_ebpf::helpers::{
-    bpf_get_current_comm, bpf_get_current_task, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-    bpf_probe_read_kernel,
+    bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_smp_processor_id,
+    bpf_ktime_get_ns, bpf_probe_read_kernel,
 };
 use profiler_common::{
     CPU_HOLDER_OTHERS, CpuHolderEvent, CpuWait, Drop, MAX_CPU_HOLDERS, NO_RUN_DELAY, SchedEvent,
@@ -136,6 +139,33 @@ pub(crate) fn cpu_switch(pid: u32, tgid: u32) {
         w.tid = 0;
         return;
     }
+    held_until_now(w, pid, tgid);
+}
+
+/// A CPU-clock sample on this CPU (per-thread switch events: no program
+/// sees this CPU's switches): the current task (`pid`, `tgid`) is taken to
+/// have held it since the last sample or switch, and is charged to the loop
+/// thread waiting here, if one is. Sample-grained: what ran between two
+/// samples is charged to the one the later sample found.
+#[inline(always)]
+pub(crate) fn cpu_tick() {
+    let id = bpf_get_current_pid_tgid();
+    let (pid, tgid) = (id as u32, (id >> 32) as u32);
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let Some(w) = CPU_WAITS.get_ptr_mut(cpu) else {
+        return;
+    };
+    // SAFETY: a map value stays valid for the program's run.
+    let w = unsafe { &mut *w };
+    // The waiting thread itself is back: its own event reports the holders.
+    if w.tid == 0 || w.tid == pid {
+        return;
+    }
+    held_until_now(w, pid, tgid);
+}
+
+#[inline(always)]
+fn held_until_now(w: &mut CpuWait, pid: u32, tgid: u32) {
     let now = unsafe { bpf_ktime_get_ns() };
     charge(w, pid, tgid, now.saturating_sub(w.since));
     w.since = now;
@@ -254,7 +284,7 @@ fn park_on(st: &mut ThreadState) {
 /// runnable for a CPU (`NO_RUN_DELAY` when this kernel does not keep it or
 /// the read failed, counted).
 #[inline(always)]
-fn run_delay() -> u64 {
+pub(crate) fn run_delay() -> u64 {
     match TASK_RUN_DELAY_OFFSET.load() {
         0 => NO_RUN_DELAY,
         off => {
@@ -302,15 +332,15 @@ pub(crate) fn parked_preempted(st: &mut ThreadState) {
     park_off(st);
 }
 
-/// A parked loop thread throttled on its way back is switched in: when,
-/// and the measured throttled share. True when it was one.
+/// A parked loop thread throttled on its way back is switched in (at
+/// `ts`): when, and the measured throttled share. True when it was one.
 #[inline(always)]
-pub(crate) fn parked_switched_in(st: &mut ThreadState) -> bool {
+pub(crate) fn parked_switched_in(st: &mut ThreadState, ts: u64) -> bool {
     if st.park_off == 0 {
         return false;
     }
     if st.park_thr_out != 0 && st.park_thr_in == 0 {
-        st.park_thr_in = unsafe { bpf_ktime_get_ns() };
+        st.park_thr_in = ts;
         st.park_thr_arg = switched_in(st);
     }
     park_on(st);

@@ -150,6 +150,7 @@ fn on_wait_enter(nr: u32, fd: i32) -> u32 {
     match THREADS.get_ptr_mut(&tid) {
         Some(st) => {
             let st = unsafe { &mut *st };
+            crate::sched::came_back(tid, tgid, st);
             if st.in_park != 0 {
                 return 0; // the runtime's own wait inside its park function
             }
@@ -185,6 +186,7 @@ fn on_wait_exit(nr: Option<u32>, ret: i64) -> u32 {
     let Some((tgid, tid, st)) = current_tracked() else {
         return 0;
     };
+    crate::sched::came_back(tid, tgid, st);
     let key = st.wait_key;
     if key == 0 {
         return 0; // a sleep (see sp_wait_enter), or entered before attach

@@ -376,10 +376,10 @@ fn record_command_c_loop_matches_victim_clock() {
     // The default probes: nothing the rest of the host pays for (or the
     // fallback, on the pass that forces it everywhere).
     let (sched, waits, notes) = probes_of(&out);
-    if expected_probes().0 == "raw_tracepoints" {
+    if expected_probes().0 == "thread_perf_events" {
         assert_eq!(
             (sched.as_str(), waits.as_str()),
-            ("raw_tracepoints", "uprobes"),
+            ("thread_perf_events", "uprobes"),
             "{notes:?}"
         );
         assert!(
@@ -430,44 +430,68 @@ fn record_c_loop(dir: &Scratch, exe: &Path, args: &[&str]) -> (RunOutput, std::p
     (run, out, pid)
 }
 
-/// Issue 18: the default probes are the raw scheduler tracepoints and
-/// uprobes on the target's own wait functions; `--probes tracepoints`
-/// forces the classic tracepoints everywhere, and the recording is as
-/// accurate and says so.
-#[test]
-fn record_c_loop_on_forced_tracepoints_matches_victim_clock() {
-    if !require_root_and_bpf("record_c_loop_on_forced_tracepoints_matches_victim_clock") {
+/// Issue 18: the default probes are per-thread switch events and uprobes
+/// on the target's own wait functions; `--probes raw-tracepoints` puts the
+/// scheduler on the host-wide raw tracepoints, `--probes tracepoints`
+/// forces the classic tracepoints everywhere; each recording is as accurate
+/// and says which served.
+fn record_c_loop_on(test: &str, probes: &str, want: (&str, &str), said: &[&str]) {
+    if !require_root_and_bpf(test) {
         return;
     }
     let _serial = serial();
-    let dir = Scratch::new("c-tracepoints");
+    let dir = Scratch::new(test);
     let exe = build_c_loop(&dir.path, true);
-    let (run, out, pid) = record_c_loop(&dir, &exe, &["--probes", "tracepoints"]);
+    let (run, out, pid) = record_c_loop(&dir, &exe, &["--probes", probes]);
     check_c_loop_recording(
         &out,
         &dir.join("victim.jsonl"),
         pid,
-        "record --probes tracepoints",
+        &format!("record --probes {probes}"),
         THRESHOLD_NS / 20,
     );
     let (sched, waits, notes) = probes_of(&out);
-    assert_eq!(
-        (sched.as_str(), waits.as_str()),
-        ("tracepoints", "tracepoints"),
-        "{notes:?}"
-    );
+    assert_eq!((sched.as_str(), waits.as_str()), want, "{notes:?}");
     let stdout = run.stdout.clone();
     assert!(
-        stdout.contains("probes: scheduler tracepoints, waits tracepoints")
-            && stdout.contains("every process on the host paid"),
-        "the summary must say the fallback and its cost:\n{stdout}"
+        said.iter().all(|s| stdout.contains(s)),
+        "the summary must say {said:?}:\n{stdout}"
+    );
+}
+
+#[test]
+fn record_c_loop_on_forced_tracepoints_matches_victim_clock() {
+    record_c_loop_on(
+        "record_c_loop_on_forced_tracepoints_matches_victim_clock",
+        "tracepoints",
+        ("tracepoints", "tracepoints"),
+        &[
+            "probes: scheduler tracepoints, waits tracepoints",
+            "every process on the host paid",
+        ],
+    );
+}
+
+#[test]
+fn record_c_loop_on_raw_tracepoints_matches_victim_clock() {
+    if expected_probes().0 != "thread_perf_events" {
+        // The fallback pass asks every recording for the classic set
+        // (check_contract); this one is the default pass's.
+        eprintln!("the raw tracepoints are tested on the default pass");
+        return;
+    }
+    record_c_loop_on(
+        "record_c_loop_on_raw_tracepoints_matches_victim_clock",
+        "raw-tracepoints",
+        ("raw_tracepoints", "uprobes"),
+        &["raw tracepoints, as asked (--probes raw-tracepoints)"],
     );
 }
 
 /// Issue 18: a process whose waits no uprobe can see (static, its wait
 /// functions' symbols gone, as with raw syscalls) gets the syscall
 /// tracepoints by itself, is recorded as accurately, and the summary says
-/// why; the scheduler stays on raw tracepoints.
+/// why; the scheduler stays on per-thread switch events.
 #[test]
 fn record_c_loop_without_wait_symbols_falls_back_to_syscall_tracepoints() {
     if !require_root_and_bpf("record_c_loop_without_wait_symbols_falls_back_to_syscall_tracepoints")
@@ -486,7 +510,7 @@ fn record_c_loop_without_wait_symbols_falls_back_to_syscall_tracepoints() {
         THRESHOLD_NS / 20,
     );
     let (sched, waits, notes) = probes_of(&out);
-    if expected_probes().0 != "raw_tracepoints" {
+    if expected_probes().0 != "thread_perf_events" {
         // STALLPROF_PROBES=tracepoints: everything on the fallback already
         // (check_contract saw it); the automatic choice is the default
         // pass's to test.
@@ -494,7 +518,7 @@ fn record_c_loop_without_wait_symbols_falls_back_to_syscall_tracepoints() {
     }
     assert_eq!(
         (sched.as_str(), waits.as_str()),
-        ("raw_tracepoints", "tracepoints"),
+        ("thread_perf_events", "tracepoints"),
         "{notes:?}"
     );
     assert!(

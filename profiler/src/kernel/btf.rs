@@ -348,18 +348,9 @@ pub fn throttle_layout(data: &[u8]) -> Result<ThrottleLayout, Unusable> {
         btf.named(name, KIND_STRUCT)
             .ok_or_else(|| Unusable(format!("the kernel's BTF has no struct {name}")))
     };
-    let (task, se, rq) = (st("task_struct")?, st("sched_entity")?, st("cfs_rq")?);
-    let field = |id: u32, name: &str, size: Option<u32>| match btf.member(id, name, 0) {
-        Some((off, s)) if size.is_none_or(|want| want == s) => Some(off),
-        _ => None,
-    };
-    let (Some(se_off), Some(cfs_rq)) = (field(task, "se", None), field(se, "cfs_rq", Some(8)))
-    else {
-        return Err(Unusable(
-            "task_struct.se.cfs_rq is not where stallprof reads it (no CFS group scheduling?)"
-                .into(),
-        ));
-    };
+    let (task, rq) = (st("task_struct")?, st("cfs_rq")?);
+    let field = |id: u32, name: &str, size: Option<u32>| field(&btf, id, name, size);
+    let task_cfs_rq = task_cfs_rq(&btf)?;
     let task_throttled = field(task, "throttled", Some(1));
     let throttle_count = field(rq, "throttle_count", Some(4));
     let model = throttle_model::from_btf(task_throttled.is_some(), throttle_count.is_some());
@@ -373,10 +364,98 @@ pub fn throttle_layout(data: &[u8]) -> Result<ThrottleLayout, Unusable> {
     Ok(ThrottleLayout {
         model,
         task_throttled: task_throttled.unwrap_or(0),
-        task_cfs_rq: se_off + cfs_rq,
+        task_cfs_rq,
         cfs_rq_throttle_count: throttle_count.unwrap_or(0),
         cfs_rq_self_time: field(rq, "throttled_clock_self_time", Some(8)).unwrap_or(0),
     })
+}
+
+/// The offset of member `name` of struct `id` when its size is `size`
+/// (any size: `None`).
+fn field(btf: &Btf, id: u32, name: &str, size: Option<u32>) -> Option<u32> {
+    match btf.member(id, name, 0) {
+        Some((off, s)) if size.is_none_or(|want| want == s) => Some(off),
+        _ => None,
+    }
+}
+
+/// Offset of `task_struct.se.cfs_rq` (a task's CFS run queue: its group's
+/// on its CPU), where the throttling and per-thread switch readers start.
+fn task_cfs_rq(btf: &Btf) -> Result<u32, Unusable> {
+    let task = btf.named("task_struct", KIND_STRUCT);
+    let se = btf.named("sched_entity", KIND_STRUCT);
+    match (
+        task.and_then(|t| field(btf, t, "se", None)),
+        se.and_then(|s| field(btf, s, "cfs_rq", Some(8))),
+    ) {
+        (Some(se_off), Some(cfs_rq)) => Ok(se_off + cfs_rq),
+        _ => Err(Unusable(
+            "task_struct.se.cfs_rq is not where stallprof reads it (no CFS group scheduling?)"
+                .into(),
+        )),
+    }
+}
+
+/// Where the per-thread switch program reads (BPF globals
+/// `TASK_STATE_OFFSET`, `TASK_LAST_ARRIVAL_OFFSET`, `TASK_CFS_RQ_OFFSET`,
+/// `CFS_RQ_RQ_OFFSET`, `RQ_CLOCK_OFFSET`): whether the thread leaving blocked,
+/// and — as no program sees it come back — when it did, against its run
+/// queue's clock at the switch-out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SwitchLayout {
+    /// `task_struct.__state` (4 bytes; the low half of `state` before 5.14).
+    pub task_state: u32,
+    /// `task_struct.sched_info.last_arrival` (8 bytes, `CONFIG_SCHED_INFO`).
+    pub task_last_arrival: u32,
+    pub task_cfs_rq: u32,
+    /// `cfs_rq.rq` (`CONFIG_FAIR_GROUP_SCHED`).
+    pub cfs_rq_rq: u32,
+    /// `rq.clock`.
+    pub rq_clock: u32,
+}
+
+/// The per-thread switch layout of a BTF blob: `Err` says why this kernel
+/// needs the host-wide scheduler tracepoints.
+pub fn switch_layout(data: &[u8]) -> Result<SwitchLayout, Unusable> {
+    let btf = Btf::parse(data)?;
+    let st = |name: &str| {
+        btf.named(name, KIND_STRUCT)
+            .ok_or_else(|| Unusable(format!("the kernel's BTF has no struct {name}")))
+    };
+    let (task, info, cfs_rq, rq) = (
+        st("task_struct")?,
+        st("sched_info")?,
+        st("cfs_rq")?,
+        st("rq")?,
+    );
+    let missing = |what: &str| Unusable(format!("{what} is not in the kernel's BTF"));
+    let task_state = field(&btf, task, "__state", Some(4))
+        .or_else(|| field(&btf, task, "state", Some(8)))
+        .ok_or_else(|| missing("task_struct.__state"))?;
+    let task_last_arrival = match (
+        field(&btf, task, "sched_info", None),
+        field(&btf, info, "last_arrival", Some(8)),
+    ) {
+        (Some(at), Some(off)) => at + off,
+        _ => {
+            return Err(missing(
+                "task_struct.sched_info.last_arrival (CONFIG_SCHED_INFO)",
+            ));
+        }
+    };
+    Ok(SwitchLayout {
+        task_state,
+        task_last_arrival,
+        task_cfs_rq: task_cfs_rq(&btf)?,
+        cfs_rq_rq: field(&btf, cfs_rq, "rq", Some(8))
+            .ok_or_else(|| missing("cfs_rq.rq (CONFIG_FAIR_GROUP_SCHED)"))?,
+        rq_clock: field(&btf, rq, "clock", Some(8)).ok_or_else(|| missing("rq.clock"))?,
+    })
+}
+
+/// [`switch_layout`] of the running kernel.
+pub fn running_kernel_switches() -> Result<SwitchLayout, Unusable> {
+    switch_layout(&vmlinux()?)
 }
 
 /// [`throttle_layout`] of the running kernel.
@@ -555,6 +634,26 @@ mod tests {
     }
 
     /// This kernel keeps run delays (`/proc/PID/schedstat`'s second field).
+    #[test]
+    fn this_kernel_has_the_per_thread_switch_layout() {
+        let l = running_kernel_switches().expect("BTF with sched_info and group scheduling here");
+        let pid = running_kernel().unwrap().task_pid_offset;
+        let delay = running_kernel_run_delay().unwrap();
+        assert!(l.task_state > 0 && l.task_state < pid, "{l:?}");
+        // Both in task_struct.sched_info, last_arrival after run_delay.
+        let arrival = l.task_last_arrival;
+        assert!(
+            arrival > delay && arrival <= delay + 40,
+            "{l:?}, run_delay at {delay}"
+        );
+        assert_eq!(
+            l.task_cfs_rq,
+            running_kernel_throttle().unwrap().task_cfs_rq
+        );
+        assert!(l.cfs_rq_rq > 0 && l.rq_clock > 0, "{l:?}");
+        assert!(switch_layout(b"").is_err());
+    }
+
     #[test]
     fn this_kernel_keeps_run_delays() {
         let off = running_kernel_run_delay().expect("CONFIG_SCHED_INFO=y here");

@@ -108,7 +108,9 @@ pub enum Event {
         tid: u32,
         tgid: u32,
         ts: u64,
-        waker: u32,
+        /// Who woke it; `None` when no program saw the wakeup (per-thread
+        /// switch events date it from the thread's run delay).
+        waker: Option<u32>,
     },
     Sample {
         tid: u32,
@@ -307,7 +309,7 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
                     tid,
                     tgid,
                     ts,
-                    waker: s.arg,
+                    waker: (s.arg != profiler_common::NO_WAKER).then_some(s.arg),
                 },
                 _ => Event::Exit {
                     tid,

@@ -22,7 +22,9 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
     programs::{
         PerfEvent, RawTracePoint, TracePoint, UProbe,
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        perf_event::{
+            PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
+        },
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
     },
     util::online_cpus,
@@ -36,7 +38,7 @@ use thiserror::Error;
 
 use crate::{
     kernel::{btf, runtimes::ParkPoint, waits},
-    report::model::ProbeSet,
+    report::model::{ProbeSet, SCHED_CLASSIC, SCHED_RAW, SCHED_THREAD_EVENTS},
 };
 
 /// The eBPF object built by build.rs from `profiler-ebpf`.
@@ -123,6 +125,11 @@ pub enum ProbeError {
     },
     #[error("cannot list online CPUs: {0}")]
     Cpus(io::Error),
+    #[error(
+        "cannot list the target's threads to watch their context switches: {0}. \
+         Retry, or use --probes raw-tracepoints"
+    )]
+    Threads(io::Error),
 }
 
 fn is_eperm(e: &(dyn std::error::Error + 'static)) -> bool {
@@ -373,6 +380,9 @@ pub struct Probes {
     /// Wait functions probed, as (pid, file, offset): per process in a
     /// recording, pid 0 (every process mapping the file) in the daemon.
     waits_done: HashSet<(u32, (u64, u64), u64)>,
+    /// Daemon with per-thread switch events: each elected loop thread's
+    /// event (opened at its election, closed at its exit).
+    switch_links: std::collections::HashMap<u32, PerfEventLinkId>,
     /// Daemon: processes whose mappings were looked at (live ones only),
     /// and the files (device, inode) read for wait functions.
     host_scanned: HashSet<u32>,
@@ -382,10 +392,14 @@ pub struct Probes {
 /// What the user asked for (`--probes`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProbeChoice {
-    /// Raw scheduler tracepoints and uprobes on the watched processes'
-    /// wait functions; the classic tracepoints only where those cannot serve.
+    /// Uprobes on the watched processes' wait functions; for the scheduler,
+    /// per-thread perf events on the recorded process's threads (the
+    /// daemon: raw tracepoints); each falls back where it cannot serve.
     #[default]
     Auto,
+    /// The raw scheduler tracepoints even for one process (every context
+    /// switch and wakeup on the host runs a program while attached).
+    RawTracepoints,
     /// The classic tracepoints for everything (every process on the host
     /// pays for its syscalls and context switches while attached).
     Tracepoints,
@@ -452,7 +466,7 @@ impl Probes {
                     .push("classic tracepoints, as asked (--probes tracepoints)".into());
                 None
             }
-            ProbeChoice::Auto => match btf::running_kernel() {
+            ProbeChoice::Auto | ProbeChoice::RawTracepoints => match btf::running_kernel() {
                 Ok(layout) => Some(layout),
                 Err(why) => {
                     set.notes.push(format!(
@@ -464,6 +478,31 @@ impl Probes {
             },
         };
         let task_pid_offset = raw.map_or(0, |l| l.task_pid_offset);
+        // Only the watched threads' own switches: the recorded process's
+        // threads, or each loop thread the daemon elects.
+        let switches = match (raw, choice) {
+            (None, _) | (_, ProbeChoice::RawTracepoints) => None,
+            _ => match btf::running_kernel_switches()
+                .and_then(|l| btf::running_kernel_run_delay().map(|_| l))
+            {
+                Ok(l) => Some(l),
+                Err(why) => {
+                    set.notes.push(format!(
+                        "scheduler: raw tracepoints, because {why}: every context switch and \
+                         wakeup on the host runs a program while attached"
+                    ));
+                    None
+                }
+            },
+        };
+        if choice == ProbeChoice::RawTracepoints && raw.is_some() {
+            set.notes.push(
+                "scheduler: raw tracepoints, as asked (--probes raw-tracepoints): every context \
+                 switch and wakeup on the host runs a program while attached"
+                    .into(),
+            );
+        }
+        let sw = switches.unwrap_or_default();
         // CPU throttling is told apart by task fields, whatever probes run.
         let throttle = match btf::running_kernel_throttle() {
             Ok(l) => l,
@@ -491,7 +530,16 @@ impl Probes {
             .override_global("TASK_PID_OFFSET", &task_pid_offset, true)
             .override_global("THROTTLE_MODEL", &throttle.model, true)
             .override_global("TASK_THROTTLED_OFFSET", &throttle.task_throttled, true)
-            .override_global("TASK_CFS_RQ_OFFSET", &throttle.task_cfs_rq, true)
+            .override_global(
+                "TASK_CFS_RQ_OFFSET",
+                &throttle.task_cfs_rq.max(sw.task_cfs_rq),
+                true,
+            )
+            .override_global("THREAD_SWITCHES", &(switches.is_some() as u32), true)
+            .override_global("TASK_STATE_OFFSET", &sw.task_state, true)
+            .override_global("TASK_LAST_ARRIVAL_OFFSET", &sw.task_last_arrival, true)
+            .override_global("CFS_RQ_RQ_OFFSET", &sw.cfs_rq_rq, true)
+            .override_global("RQ_CLOCK_OFFSET", &sw.rq_clock, true)
             .override_global(
                 "CFS_RQ_THROTTLE_COUNT_OFFSET",
                 &throttle.cfs_rq_throttle_count,
@@ -549,6 +597,7 @@ impl Probes {
             wait_tracepoints,
             set,
             waits_done: HashSet::new(),
+            switch_links: Default::default(),
             host_scanned: HashSet::new(),
             host_files: HashSet::new(),
         };
@@ -557,12 +606,24 @@ impl Probes {
         } else {
             probes.set.waits = "uprobes".into();
         }
+        if switches.is_some() {
+            let p: &mut PerfEvent = program(&mut probes.ebpf, "sp_thread_switch")?;
+            p.load()
+                .map_err(|source| load_error("sp_thread_switch", source))?;
+            if tgid != 0 {
+                probes.attach_thread_switches(tgid)?;
+            }
+            probes.set.scheduler = SCHED_THREAD_EVENTS.into();
+        }
         if raw.is_some() {
-            for (prog, tp) in [
+            let all = [
+                ("sp_raw_exit", "sched_process_exit"),
                 ("sp_raw_sched_wakeup", "sched_wakeup"),
                 ("sp_raw_sched_switch", "sched_switch"),
-                ("sp_raw_exit", "sched_process_exit"),
-            ] {
+            ];
+            // Per-thread switch events need only the exits.
+            let n = if switches.is_some() { 1 } else { all.len() };
+            for (prog, tp) in all.into_iter().take(n) {
                 let p: &mut RawTracePoint = program(&mut probes.ebpf, prog)?;
                 p.load().map_err(|source| load_error(prog, source))?;
                 p.attach(tp).map_err(|source| ProbeError::Attach {
@@ -570,14 +631,16 @@ impl Probes {
                     source,
                 })?;
             }
-            probes.set.scheduler = "raw_tracepoints".into();
+            if switches.is_none() {
+                probes.set.scheduler = SCHED_RAW.into();
+            }
         } else {
             let sched: Vec<&Tracepoint> = tracepoints
                 .iter()
                 .filter(|t| t.category == "sched")
                 .collect();
             probes.attach_tracepoints(&sched)?;
-            probes.set.scheduler = "tracepoints".into();
+            probes.set.scheduler = SCHED_CLASSIC.into();
         }
 
         let sample: &mut PerfEvent = program(&mut probes.ebpf, "sp_sample")?;
@@ -603,6 +666,58 @@ impl Probes {
             probes.set.scheduler, probes.set.waits
         );
         Ok(probes)
+    }
+
+    /// A `context-switches` software perf event on every thread of `tgid`,
+    /// sampling each switch into `sp_thread_switch` and inherited by the
+    /// threads (and children) they start; the threads are listed again
+    /// until a listing finds none new (a thread started meanwhile by one
+    /// not yet covered). A thread gone before its event opened is skipped.
+    fn attach_thread_switches(&mut self, tgid: u32) -> Result<(), ProbeError> {
+        const ROUNDS: usize = 50;
+        let mut covered = HashSet::new();
+        for _ in 0..ROUNDS {
+            let tids = crate::os::proc::threads(tgid).map_err(ProbeError::Threads)?;
+            let new: Vec<u32> = tids.into_iter().filter(|t| !covered.contains(t)).collect();
+            if new.is_empty() {
+                return Ok(());
+            }
+            for tid in new {
+                if let Err(source) = self.open_thread_switches(tid, true)
+                    && Path::new(&format!("/proc/{tgid}/task/{tid}")).exists()
+                {
+                    return Err(ProbeError::Attach {
+                        what: format!("context-switches perf event on thread {tid} of {tgid}"),
+                        source,
+                    });
+                }
+                covered.insert(tid);
+            }
+        }
+        Err(ProbeError::Threads(io::Error::other(format!(
+            "process {tgid} started new threads through {ROUNDS} listings of /proc/{tgid}/task"
+        ))))
+    }
+
+    /// Thread `tid`'s `context-switches` event into `sp_thread_switch`
+    /// (loaded), sampling every switch; `inherit`: the threads and
+    /// processes it starts get one too.
+    fn open_thread_switches(
+        &mut self,
+        tid: u32,
+        inherit: bool,
+    ) -> Result<PerfEventLinkId, aya::programs::ProgramError> {
+        let p: &mut PerfEvent = program(&mut self.ebpf, "sp_thread_switch")
+            .map_err(|_| aya::programs::ProgramError::NotLoaded)?;
+        p.attach(
+            PerfEventConfig::Software(SoftwareEvent::ContextSwitches),
+            PerfEventScope::OneProcess {
+                pid: tid,
+                cpu: None,
+            },
+            SamplePolicy::Period(1),
+            inherit,
+        )
     }
 
     /// Load (once) and attach classic tracepoints.
@@ -844,6 +959,21 @@ impl Probes {
         if let Err(e) = self.loop_gen.set(0, self.generation, 0) {
             log::warn!("LOOP_GEN update: {e}; loop keys may be seen late");
         }
+        // The daemon watches an elected loop thread's switches from now
+        // (a recording's are watched from attach).
+        if self.tgid == 0
+            && self.set.scheduler == SCHED_THREAD_EVENTS
+            && !self.switch_links.contains_key(&tid)
+        {
+            match self.open_thread_switches(tid, false) {
+                Ok(link) => {
+                    self.switch_links.insert(tid, link);
+                }
+                // Gone already: its exit will be seen.
+                Err(_) if !Path::new(&format!("/proc/{tid}")).exists() => {}
+                Err(e) => self.update_failed("loop_switch_events_failed", &e),
+            }
+        }
     }
 
     /// Put the park uprobes (entry and return) on a runtime's park function,
@@ -893,6 +1023,11 @@ impl Probes {
     /// A loop thread exited (or its process did): its `LOOP_KEYS` entry
     /// goes, so a reused tid starts undecided and the map does not fill.
     pub fn forget_loop_thread(&mut self, tid: u32) {
+        if let Some(link) = self.switch_links.remove(&tid)
+            && let Ok(p) = program::<PerfEvent>(&mut self.ebpf, "sp_thread_switch")
+        {
+            let _ = p.detach(link);
+        }
         if self.loop_keys.remove(&tid).is_ok() {
             self.generation += 1;
             if let Err(e) = self.loop_gen.set(0, self.generation, 0) {

@@ -22,6 +22,13 @@ pub fn is_own_fork(pid: u32) -> bool {
 
 /// A process that still runs: zombies count as gone (their threads no
 /// longer run).
+/// The threads of process `pid` now (host tids, from /proc/PID/task).
+pub fn threads(pid: u32) -> std::io::Result<Vec<u32>> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/task"))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect())
+}
+
 pub fn process_alive(pid: u32) -> bool {
     match super::limits::read_proc(&format!("/proc/{pid}/stat")) {
         Ok(s) => !s

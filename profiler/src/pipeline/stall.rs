@@ -265,7 +265,7 @@ struct Pending {
     woken: bool,
     syscall: Option<u32>,
     stack: StackId,
-    wake: Option<(u64, u32)>,
+    wake: Option<(u64, Option<u32>)>,
 }
 
 /// An off-CPU part's key: (stack, syscall, waker, woken).
@@ -307,7 +307,7 @@ impl Busy {
         } else {
             let (w, waker) = p
                 .wake
-                .map_or((end, None), |(w, who)| (w.clamp(p.out, end), Some(who)));
+                .map_or((end, None), |(w, who)| (w.clamp(p.out, end), who));
             (w - p.out, end - w, waker)
         };
         let throttled = if p.throttled {
@@ -911,7 +911,7 @@ mod tests {
                     tid: 1,
                     tgid: 1,
                     ts: 80 * MS,
-                    waker: 77,
+                    waker: Some(77),
                 },
                 Event::SwitchIn {
                     tid: 1,

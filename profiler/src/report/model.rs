@@ -499,7 +499,7 @@ pub struct Recording {
 /// the summary says it, since the fallbacks cost every process on the host.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProbeSet {
-    /// `raw_tracepoints`, or `tracepoints` (classic: the fallback).
+    /// [`SCHED_THREAD_EVENTS`], [`SCHED_RAW`] or [`SCHED_CLASSIC`].
     pub scheduler: String,
     /// `uprobes` (on the watched processes' C library wait functions),
     /// `tracepoints` (the wait syscalls' tracepoints, host-wide), or
@@ -511,10 +511,21 @@ pub struct ProbeSet {
     pub notes: Vec<String>,
 }
 
+/// The scheduler's probes in a [`ProbeSet`]: a `context-switches` perf
+/// event on each watched thread (the default); the raw `sched_switch` and
+/// `sched_wakeup` tracepoints; the classic ones (the fallback).
+pub const SCHED_THREAD_EVENTS: &str = "thread_perf_events";
+pub const SCHED_RAW: &str = "raw_tracepoints";
+pub const SCHED_CLASSIC: &str = "tracepoints";
+
 impl ProbeSet {
-    /// True when some part costs every process on the host.
+    /// True when some part runs a program for every process on the host:
+    /// the scheduler on tracepoints (raw or classic: every context switch),
+    /// the waits on the syscall tracepoints (every syscall).
     pub fn host_wide(&self) -> bool {
-        self.scheduler == "tracepoints" || self.waits.contains("tracepoints")
+        self.scheduler == SCHED_RAW
+            || self.scheduler == SCHED_CLASSIC
+            || self.waits.contains("tracepoints")
     }
 }
 

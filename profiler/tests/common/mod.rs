@@ -680,7 +680,7 @@ pub struct Recording {
 pub fn expected_probes() -> (&'static str, &'static str) {
     match std::env::var("STALLPROF_PROBES").as_deref() {
         Ok("tracepoints") => ("tracepoints", "tracepoints"),
-        _ => ("raw_tracepoints", "uprobes"),
+        _ => ("thread_perf_events", "uprobes"),
     }
 }
 
@@ -1084,7 +1084,7 @@ impl Checks {
 pub fn check_probes(c: &mut Checks, probes: &serde_json::Value) {
     let (sched, waits) = expected_probes();
     c.check(
-        sched == "raw_tracepoints" || (probes["scheduler"] == sched && probes["waits"] == waits),
+        sched == "thread_perf_events" || (probes["scheduler"] == sched && probes["waits"] == waits),
         || format!("probes are {probes}, want scheduler {sched}, waits {waits} (STALLPROF_PROBES)"),
     );
 }

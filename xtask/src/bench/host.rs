@@ -1,8 +1,9 @@
 //! The `host` section: what a process stallprof does *not* watch pays
 //! while `record` or the daemon runs — per system call and per pipe round
-//! trip — with the default probes and with the classic tracepoints
-//! (`--probes tracepoints`, the fallback and the previous default), side by
-//! side in one interleaved run.
+//! trip — with the default probes, with the raw scheduler tracepoints
+//! (`--probes raw-tracepoints`, the previous default) and with the classic
+//! tracepoints (`--probes tracepoints`, the fallback), side by side in one
+//! interleaved run.
 //!
 //! In: the bench environment (the stallprof binary, a scratch dir). Out:
 //! a Markdown section for docs/benchmarks.md.
@@ -28,7 +29,7 @@ enum Agent {
     Daemon(&'static str),
 }
 
-const CFGS: [Cfg; 5] = [
+const CFGS: [Cfg; 7] = [
     Cfg {
         label: "nothing running (bare)",
         agent: None,
@@ -38,12 +39,20 @@ const CFGS: [Cfg; 5] = [
         agent: Some(Agent::Record("auto")),
     },
     Cfg {
+        label: "`record --pid` on another process, `--probes raw-tracepoints`",
+        agent: Some(Agent::Record("raw-tracepoints")),
+    },
+    Cfg {
         label: "`record --pid` on another process, `--probes tracepoints`",
         agent: Some(Agent::Record("tracepoints")),
     },
     Cfg {
         label: "`daemon` (default probes)",
         agent: Some(Agent::Daemon("auto")),
+    },
+    Cfg {
+        label: "`daemon --probes raw-tracepoints`",
+        agent: Some(Agent::Daemon("raw-tracepoints")),
     },
     Cfg {
         label: "`daemon --probes tracepoints`",
@@ -154,7 +163,8 @@ pub(super) fn host(env: &Env, plan: &Plan, glance: &mut Glance) -> Result<String
             .collect();
         median(&r)
     };
-    // CFGS: 1 record, 2 record --probes tracepoints, 3 daemon, 4 daemon --probes tracepoints.
+    // CFGS: 1 record, 2 record raw, 3 record classic, 4 daemon, 5 daemon
+    // raw, 6 daemon classic.
     for (what, v) in [
         (
             "an unwatched process: added time per syscall (`getppid`)",
@@ -165,11 +175,13 @@ pub(super) fn host(env: &Env, plan: &Plan, glance: &mut Glance) -> Result<String
             &pipe,
         ),
     ] {
-        let (r, d) = (added_at(v, 1), added_at(v, 3));
+        let (r, d) = (added_at(v, 1), added_at(v, 4));
         glance.row(
-            &format!("{what}, median of {reps} rounds (classic tracepoints in brackets)"),
-            format!("{r:+.1}% ({:+.1}%)", added_at(v, 2)),
-            format!("{d:+.1}% ({:+.1}%)", added_at(v, 4)),
+            &format!(
+                "{what}, median of {reps} rounds (raw tracepoints; classic tracepoints, in brackets)"
+            ),
+            format!("{r:+.1}% ({:+.1}%; {:+.1}%)", added_at(v, 2), added_at(v, 3)),
+            format!("{d:+.1}% ({:+.1}%; {:+.1}%)", added_at(v, 5), added_at(v, 6)),
             "—".into(),
             format!(
                 "≤ 5%: record **{}**, daemon **{}**",
@@ -219,14 +231,17 @@ pub(super) fn host(env: &Env, plan: &Plan, glance: &mut Glance) -> Result<String
     let _ = writeln!(
         s,
         "\nThe default probes put nothing on a syscall path (the waits are uprobes in the watched processes' \
-         own C library, so only their calls trap) and the scheduler programs are raw tracepoints (no trace \
-         record is built; a task that is not the target's costs one read of its ids, and nothing at all while \
-         no watched thread is off-CPU mid-stall: `OFF_CPU`). `--probes tracepoints` is the fallback: enabling \
-         any syscall tracepoint sends every syscall of every task on the host through the tracing slow path, \
-         and each classic scheduler tracepoint builds a record per context switch before the program runs.\n\n\
+         own C library, so only their calls trap) and no program on another task's context switch or wakeup: \
+         the scheduler is watched through a `context-switches` software perf event on each watched thread \
+         (what is left is the kernel's perf hooks, which every switch passes through once any per-thread \
+         perf event exists). `--probes raw-tracepoints` (the previous default) runs a program at every \
+         switch and wakeup on the host, which returns after a tgid compare and an array read for a task not \
+         watched. `--probes tracepoints` is the fallback: enabling any syscall tracepoint sends every syscall \
+         of every task on the host through the tracing slow path, and each classic scheduler tracepoint \
+         builds a record per context switch before the program runs.\n\n\
          ```sh\ncc -O2 -o host_cost bench/host_cost.c\n\
          taskset -c 1 ./host_cost syscall 3; taskset -c 1 ./host_cost pipe 3   # bare, then with:\n\
-         $SP record -q --pid $WATCHED [--probes tracepoints] &   # or: $SP daemon [--probes tracepoints] &\n```\n"
+         $SP record -q --pid $WATCHED [--probes raw-tracepoints|tracepoints] &   # or: $SP daemon [--probes …] &\n```\n"
     );
     Ok(s)
 }

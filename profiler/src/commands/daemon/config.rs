@@ -48,7 +48,7 @@ pub struct FileConfig {
     pub threshold: Option<String>,
     pub frequency: Option<u64>,
     pub window: Option<String>,
-    /// `auto` (default) or `tracepoints` (see `record --probes`).
+    /// `auto` (default), `raw-tracepoints` or `tracepoints` (see `record --probes`).
     pub probes: Option<String>,
     /// Path prefixes of the application's code (`record --app-path`);
     /// absent or empty: the guess.
@@ -296,11 +296,14 @@ impl DaemonConfig {
         let probes = match (o.probes, f.probes.as_deref()) {
             (Some(p), _) => p,
             (None, None | Some("auto")) => crate::kernel::probe::ProbeChoice::Auto,
+            (None, Some("raw-tracepoints")) => crate::kernel::probe::ProbeChoice::RawTracepoints,
             (None, Some("tracepoints")) => crate::kernel::probe::ProbeChoice::Tracepoints,
             (None, Some(other)) => {
                 return Err(ConfigError::Value {
                     key: "probes",
-                    message: format!("'{other}' is neither \"auto\" nor \"tracepoints\""),
+                    message: format!(
+                        "'{other}' is not \"auto\", \"raw-tracepoints\" or \"tracepoints\""
+                    ),
                 });
             }
         };
