@@ -95,7 +95,7 @@ use gimli::{
 };
 use object::{Object, ObjectSection, ObjectSegment, ReadRef};
 
-use crate::os::limits;
+use crate::os::{lacking::FileId, limits};
 use serde::{Deserialize, Serialize};
 
 /// Most addresses returned for one stack (the first, `ip`, included).
@@ -141,16 +141,6 @@ pub enum UnwindOutcome {
     /// is garbage, a return address outside any executable mapping, a read
     /// below `sp`, or a zero `ip`. The addresses before the failure are kept.
     Failed,
-}
-
-/// Identity of an ELF file on disk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct FileKey {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: i64,
-    mtime_nsec: i64,
 }
 
 /// A `PT_LOAD` program header, enough to map a file offset to an SVMA.
@@ -1046,7 +1036,7 @@ pub struct Unwinder {
     cache: CacheX86_64,
     procs: HashMap<u32, Proc>,
     /// `None`: not an x86_64 ELF or unreadable: no unwind info (frame pointers).
-    files: HashMap<FileKey, Option<Arc<ElfUnwindInfo>>>,
+    files: HashMap<FileId, Option<Arc<ElfUnwindInfo>>>,
     /// This process's vDSO, parsed on first need (`Some(None)`: unavailable).
     vdso: Option<Option<Arc<ElfUnwindInfo>>>,
     /// gimli's CFI evaluation state for the slow path.
@@ -1372,13 +1362,7 @@ impl Unwinder {
                     limits::hit(limits::Limit::ElfTooLarge);
                     return None;
                 }
-                let key = FileKey {
-                    dev: meta.dev(),
-                    ino: meta.ino(),
-                    size: meta.size(),
-                    mtime: meta.mtime(),
-                    mtime_nsec: meta.mtime_nsec(),
-                };
+                let key = FileId::of(&meta);
                 if !self.files.contains_key(&key) {
                     // Parsed unwind data of every file, live or cached, has one
                     // budget: a target mapping many large files cannot make

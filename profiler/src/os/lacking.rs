@@ -20,8 +20,27 @@ use std::{
 /// Files one set remembers before it starts over.
 pub const MAX_FILES: usize = 4096;
 
-/// (device, inode, size, mtime in ns).
-type FileId = (u64, u64, u64, i128);
+/// Identity of a file on disk: a file replaced or rewritten in place gets
+/// a new one. The one key for "already read this file" caches (these sets,
+/// the unwinder's parsed unwind tables).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+}
+
+impl FileId {
+    pub fn of(m: &std::fs::Metadata) -> FileId {
+        FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        }
+    }
+}
 
 /// The files found to lack one thing.
 pub struct Lacking(Mutex<Option<HashSet<FileId>>>);
@@ -65,9 +84,7 @@ impl Default for Lacking {
 }
 
 fn file_id(path: &Path) -> Option<FileId> {
-    let m = std::fs::metadata(path).ok()?;
-    let mtime = i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec());
-    Some((m.dev(), m.ino(), m.len(), mtime))
+    Some(FileId::of(&std::fs::metadata(path).ok()?))
 }
 
 #[cfg(test)]
