@@ -72,6 +72,13 @@ pub mod preempt {
     /// the switch; before 6.18 its `se.cfs_rq->throttle_count` was non-zero
     /// (a task of a throttled hierarchy cannot stay on the CPU there).
     pub const THROTTLED: u32 = 1;
+    /// Not a switch-out seen as it happened: the wait for a CPU (or the
+    /// throttle) between the loop's park returning and its own code
+    /// running, reported at the wait's return with the times it happened
+    /// (`throttle::report_park_waits`). Only these are a busy period's
+    /// `woken` parts; a preemption after its code began is not, stack or no
+    /// stack yet.
+    pub const WOKEN: u32 = 2;
 }
 
 /// `SchedEvent::arg` of a `SWITCH_IN` event after a throttled preemption:
@@ -500,6 +507,10 @@ pub struct StackEvent {
     /// Switch-out into a wait for the GIL: the `PyThreadState*` holding it
     /// (0 otherwise), and the holder's Python frames, innermost first.
     pub gil_holder: u64,
+    /// CPython 3.14+: the asyncio task the thread was running when the
+    /// event was captured (its `asyncio_running_task`; 0: none, or not
+    /// read: see `PyProc::running_task`).
+    pub task: u64,
     pub holder_py_len: u32,
     pub _pad3: u32,
     pub holder_py: [python::PyFrame; PY_HOLDER_FRAMES],
@@ -527,6 +538,10 @@ pub struct PyProc {
     pub gil_locked: u64,
     /// Address of the GIL's `last_holder` field.
     pub gil_last_holder: u64,
+    /// CPython 3.14+: offset of `_PyThreadStateImpl.asyncio_running_task`
+    /// (from the `_asyncio` module's debug offsets, set once they are
+    /// read); 0: the running task is not read with the stack.
+    pub running_task: u64,
 }
 
 /// A futex wait whose address lies within this many bytes after the GIL's

@@ -6,7 +6,8 @@
 //! switch-out in `futex`, the futex address. Out: the `py` frames of a
 //! `StackEvent` — (code object, instruction) pairs and activation
 //! boundaries, innermost first, with `py_status` — and, for a wait on the
-//! GIL while another thread holds it, `gil_holder` and the holder's frames.
+//! GIL while another thread holds it, `gil_holder` and the holder's frames;
+//! on CPython 3.14+, the asyncio task running (`task`).
 //!
 //! Constraints: nothing is resolved here (names and lines are userspace's);
 //! every read of interpreter memory can fail and is counted
@@ -186,6 +187,11 @@ pub(crate) fn fill_python(ev: *mut StackEvent, tid: u32, tgid: u32, futex_addr: 
         return;
     };
     let o = &proc_.offsets;
+    if proc_.running_task != 0 {
+        // The task running now, not when userspace gets to read it.
+        let task = read_u64(tstate + proc_.running_task).unwrap_or(0);
+        unsafe { (*ev).task = task };
+    }
     let (n, status) = walk_python(o, tstate, 0, PY_MAX_FRAMES as u32);
     copy_scratch(0, unsafe { (*ev).py.as_mut_ptr() }, PY_MAX_FRAMES);
     unsafe {

@@ -173,6 +173,7 @@ pub(crate) fn emit_stack_event<C: EbpfContext>(
         (*ev).syscall = if switch_out { orig_ax } else { -1 };
         (*ev).regs = regs;
         (*ev).gil_holder = 0;
+        (*ev).task = 0;
         (*ev).holder_py_len = 0;
     }
     fill_stacks(ctx, ev, switch_out);

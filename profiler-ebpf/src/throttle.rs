@@ -401,11 +401,12 @@ pub(crate) fn report_park_waits(
     hdr.ts_ns = start;
     emit(WaitEvent { hdr, nr, fd, ret });
     if waited {
-        sched_at(kind::PREEMPTED, tid, tgid, woke, 0);
+        sched_at(kind::PREEMPTED, tid, tgid, woke, preempt::WOKEN);
         sched_at(kind::SWITCH_IN, tid, tgid, back, 0);
     }
     if thr_out != 0 {
-        sched_at(kind::PREEMPTED, tid, tgid, thr_out, preempt::THROTTLED);
+        let arg = preempt::THROTTLED | preempt::WOKEN;
+        sched_at(kind::PREEMPTED, tid, tgid, thr_out, arg);
         if thr_in != 0 {
             sched_at(kind::SWITCH_IN, tid, tgid, thr_in, st.park_thr_arg);
         }

@@ -12,6 +12,10 @@
 //!   are matched to requests/turns by time.
 //! - `routes`: the ASGI request's route on 3.13-3.15 (pyrecord
 //!   `check_routes`, tests/victims/py_asgi_routes.py; issue 19 item 2).
+//! - `tasks`, `short_tasks`: the asyncio task of every block of
+//!   tests/victims/py_tasks.py; on 3.14/3.15 also 16 ms blocks under a
+//!   12 ms threshold, the task read in the kernel with the stack (issue 19
+//!   item 5).
 //! - `unsupported_interpreter`: a python3.15 whose `Py_Version` says 3.16.0
 //!   runs the gateway; the recording says plainly that the interpreter was
 //!   found and not read (summary and stalls.json `runtime_problems`), counts
@@ -79,6 +83,20 @@ in_the_sandbox!(session, check_session);
 in_the_sandbox!(gil, check_gil);
 in_the_sandbox!(tasks, check_tasks);
 in_the_sandbox!(routes, check_routes);
+
+/// Issue 19 item 5: 16 ms blocks under a 12 ms threshold still name their
+/// task (read in the kernel with the stack on 3.14+).
+mod short_tasks {
+    use super::*;
+    #[test]
+    fn debian_3_14() {
+        check_short_tasks("short_tasks_container_3_14", sandbox_python(14));
+    }
+    #[test]
+    fn debian_3_15() {
+        check_short_tasks("short_tasks_container_3_15", sandbox_python(15));
+    }
+}
 
 #[test]
 fn unsupported_interpreter() {

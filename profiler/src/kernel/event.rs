@@ -73,6 +73,9 @@ pub enum Event {
         runnable: bool,
         syscall: Option<u32>,
         stack: RawStack,
+        /// As [`Event::Sample`]'s.
+        #[serde(default, skip_serializing_if = "is_zero64")]
+        task: u64,
     },
     /// A busy thread was preempted (still runnable); no stack.
     /// `throttled`: because its cgroup's CPU quota ran out.
@@ -82,6 +85,10 @@ pub enum Event {
         ts: u64,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         throttled: bool,
+        /// Reported at the park's return: the wait between the park
+        /// returning and the loop's own code running (`preempt::WOKEN`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        woken: bool,
     },
     /// `throttled_ns`: after a throttled preemption, how much of the time
     /// off the CPU the kernel measured as throttled, None when it could not
@@ -117,6 +124,10 @@ pub enum Event {
         tgid: u32,
         ts: u64,
         stack: RawStack,
+        /// CPython 3.14+: the asyncio task object running at capture (0:
+        /// none or not read), kept apart from the interned stack.
+        #[serde(default, skip_serializing_if = "is_zero64")]
+        task: u64,
     },
     /// A thread exited; `process` when it was the last one.
     Exit {
@@ -269,12 +280,19 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
                 });
             }
             let (stack, state, syscall) = stack_of(bytes, hdr.kind)?;
+            let task = read::<u64>(
+                bytes
+                    .get(std::mem::offset_of!(StackEvent, task)..)
+                    .unwrap_or(&[]),
+                hdr.kind,
+            )?;
             if hdr.kind == kind::SAMPLE {
                 Event::Sample {
                     tid,
                     tgid,
                     ts,
                     stack,
+                    task,
                 }
             } else {
                 let runnable = state == 0 || state & profiler_common::TASK_REPORT_MAX != 0;
@@ -286,6 +304,7 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
                     runnable,
                     syscall,
                     stack,
+                    task,
                 }
             }
         }
@@ -304,6 +323,7 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
                     tgid,
                     ts,
                     throttled: s.arg & preempt::THROTTLED != 0,
+                    woken: s.arg & preempt::WOKEN != 0,
                 },
                 kind::WAKEUP => Event::Wakeup {
                     tid,

@@ -155,8 +155,9 @@ impl Symbols {
 pub const EVENTS_FILE: &str = "events.bin.gz";
 pub const UNWIND_FILE: &str = "unwind.json.gz";
 pub const SYMBOLS_FILE: &str = "symbols.json";
-/// Magic first line of `events.bin.gz`: format and version.
-const EVENTS_MAGIC: &[u8] = b"stallprof-events 1\n";
+/// Magic first line of `events.bin.gz`: format and version (2: stack
+/// events carry the running asyncio task; preemptions the `WOKEN` flag).
+const EVENTS_MAGIC: &[u8] = b"stallprof-events 2\n";
 /// A recorded record longer than this is corrupt (the largest is a stack
 /// event, ~35 KiB).
 const MAX_RECORD: usize = 1 << 20;
@@ -180,6 +181,8 @@ struct PythonWatch {
     problem: Option<RuntimeProblem>,
     /// Consecutive failed attempts of the same kind (detection or threads).
     failures: u32,
+    /// What BPF was told about this process (`PY_PROCS`), once found.
+    bpf: Option<PyProc>,
 }
 
 /// Failed attempts in a row after which a failure that may be transient
@@ -250,6 +253,19 @@ impl PythonWatch {
             given_up: false,
             problem: None,
             failures: 0,
+            bpf: None,
+        }
+    }
+
+    /// 3.14+: BPF reads the running asyncio task with every stack from now
+    /// (`PyProc::running_task`), once a task read found where it is.
+    fn read_tasks_in_kernel(&mut self, pid: u32, offset: u64, probes: &mut dyn Control) {
+        if let Some(p) = self.bpf.as_mut()
+            && p.running_task != offset
+        {
+            p.running_task = offset;
+            probes.set_python_proc(pid, *p);
+            debug!("pid {pid}: the running asyncio task is read with each stack");
         }
     }
 
@@ -303,6 +319,7 @@ impl PythonWatch {
                     offsets: interp.offsets(),
                     gil_locked: gil.map_or(0, |g| g.locked),
                     gil_last_holder: gil.map_or(0, |g| g.last_holder),
+                    running_task: 0,
                 };
                 info!(
                     "pid {pid}: CPython {} ({}); Python stacks on",
@@ -313,6 +330,7 @@ impl PythonWatch {
                     warn!("pid {pid}: GIL not found; GIL waits will show as plain off-CPU time");
                 }
                 probes.set_python_proc(pid, proc_);
+                self.bpf = Some(proc_);
                 self.interp = Some(interp);
                 self.failures = 0;
                 self.problem = None;
@@ -483,6 +501,10 @@ pub struct Engine {
     /// With [`Engine::save_to`]: raw records as they came (`events.bin.gz`).
     events_out: Option<GzEncoder<BufWriter<PendingFile>>>,
     agent_drops: BTreeMap<&'static str, u64>,
+    /// Stacks taken while V8 was still being looked for in their process,
+    /// by pid: counted (`js_frames_v8_pending`) once it is found to be
+    /// Node; a process that is not has no JavaScript frames to miss.
+    js_pending_stacks: HashMap<u32, u64>,
     /// The read limits' counts when this engine started: its `drops` show
     /// the hits since ([`crate::os::limits`] keeps one process-wide tally).
     limits_base: Vec<(&'static str, u64)>,
@@ -568,6 +590,7 @@ impl Engine {
             runtimes: HashMap::new(),
             events_out: None,
             agent_drops: BTreeMap::new(),
+            js_pending_stacks: HashMap::new(),
             limits_base: crate::os::limits::counts(),
             js_unreadable_base: crate::symbolize::v8::unreadable_count(),
             exited: HashSet::new(),
@@ -910,7 +933,11 @@ impl Engine {
         let layout = self.symbols.resolve(|r| r.js_layout(pid));
         if layout.is_none() && self.symbols.live().is_some_and(|r| r.js_pending(pid)) {
             // Node's metadata is still being read on its own thread.
-            *self.agent_drops.entry("js_frames_v8_pending").or_default() += 1;
+            *self.js_pending_stacks.entry(pid).or_default() += 1;
+        } else if layout.is_some()
+            && let Some(n) = self.js_pending_stacks.remove(&pid)
+        {
+            *self.agent_drops.entry("js_frames_v8_pending").or_default() += n;
         }
         if outcome != UnwindOutcome::Failed || addrs.len() >= stack.user.len() {
             if let Some(layout) = layout {
@@ -978,27 +1005,43 @@ impl Engine {
         }
         let task_read = match &ev {
             Event::Sample {
-                tgid, tid, stack, ..
+                tgid,
+                tid,
+                stack,
+                task,
+                ..
             }
             | Event::SwitchOut {
-                tgid, tid, stack, ..
+                tgid,
+                tid,
+                stack,
+                task,
+                ..
             } if !stack.python.is_empty() && self.symbols.live().is_some() => {
-                Some((*tgid, *tid, stack.python.clone()))
+                Some((*tgid, *tid, stack.python.clone(), *task))
             }
             _ => None,
         };
         let mut out = Vec::new();
         self.tracker.push(ev, &mut out);
-        if let Some((tgid, tid, python)) = task_read {
-            self.read_task(tgid, tid, &python);
+        if let Some((tgid, tid, python, task)) = task_read {
+            self.read_task(tgid, tid, &python, task, probes);
             self.read_route(tgid, tid, &python);
         }
         self.outputs(out, probes);
     }
 
     /// Reads the asyncio task of `tid`'s open busy period, unless it is
-    /// known or was tried [`TASK_READS`] times.
-    fn read_task(&mut self, tgid: u32, tid: u32, python: &[(u64, u64)]) {
+    /// known or was tried [`TASK_READS`] times; `captured`: the task object
+    /// BPF read with the stack (3.14+; 0: none, read it now).
+    fn read_task(
+        &mut self,
+        tgid: u32,
+        tid: u32,
+        python: &[(u64, u64)],
+        captured: u64,
+        probes: &mut dyn Control,
+    ) {
         let Some(start) = self.tracker.open_period(tid) else {
             return;
         };
@@ -1011,7 +1054,13 @@ impl Engine {
         let Some(blaze) = self.symbols.live() else {
             return;
         };
-        let state = match blaze.asyncio_task(tgid, tid, python) {
+        let found = blaze.asyncio_task(tgid, tid, python, captured);
+        if let Some(off) = blaze.running_task_offset(tgid)
+            && let Some(w) = self.python.get_mut(&tgid)
+        {
+            w.read_tasks_in_kernel(tgid, off, probes);
+        }
+        let state = match found {
             Ok(task) => BusyTask::Named(task),
             Err(miss) => BusyTask::Tried {
                 reads: reads + 1,
@@ -1433,6 +1482,7 @@ impl Engine {
     /// (here and in the kernel), their names, its caches — so that churn
     /// does not grow these tables.
     pub fn forget(&mut self, pid: u32, probes: &mut dyn Control) {
+        self.js_pending_stacks.remove(&pid);
         for tid in self.tracker.forget_process(pid) {
             self.threads.remove(&tid);
             probes.forget_loop_thread(tid);
@@ -1647,6 +1697,7 @@ mod tests {
                         user: vec![0x10],
                         ..RawStack::default()
                     },
+                    task: 0,
                 },
                 &mut NoControl,
             );

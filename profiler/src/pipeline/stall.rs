@@ -22,10 +22,14 @@
 //!   CPU-throttled (a preemption the kernel flagged as its cgroup's quota
 //!   running out, to switch-in: as much of it as the kernel measured as
 //!   throttled, the rest after the unthrottle is run-queue wait).
-//! * A preemption before the busy period's first stack (a sample or a
-//!   switch-out) is the loop being woken from its park and waiting for a
-//!   CPU (or throttled) before it ran its own code: its part carries the
-//!   park's wait (`woken`, with its syscall) instead of an empty stack.
+//! * A preemption the kernel side reported at the park's return
+//!   (`preempt::WOKEN`) is the loop being woken from its park and waiting
+//!   for a CPU (or throttled) before it ran its own code: its part carries
+//!   the park's wait (`woken`, with its syscall) instead of an empty stack.
+//!   A preemption after the loop's code began is plain run-queue wait, even
+//!   before its first stack (samples wait for the gate): telling the two
+//!   apart by "no stack yet" put a preemption under load at the stall's
+//!   start, before the victim's own clock began.
 //! * The tasks that held the CPU while the thread waited for it (the
 //!   kernel names them at its switch-in) are summed per stall.
 //!   Blocked time in a wait for a CPython GIL held by another thread (the
@@ -284,8 +288,6 @@ struct Busy {
     start: u64,
     /// The wait the busy period began by returning from (its syscall).
     park: Option<u32>,
-    /// A sample or a switch-out was seen: the thread has run its own code.
-    stack_seen: bool,
     /// The latest on-CPU sample's stack: where a preempted thread was.
     last_sample: Option<StackId>,
     samples: HashMap<StackId, u64>,
@@ -497,7 +499,6 @@ impl Tracker {
             } => match self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
                 Some(b) => {
                     let stack = self.stacks.intern(stack);
-                    b.stack_seen = true;
                     b.pending = Some(Pending {
                         out: ts.max(b.start),
                         runnable,
@@ -510,27 +511,29 @@ impl Tracker {
                 }
                 None => self.stats.events_outside_busy += 1,
             },
-            Event::Preempted { ts, throttled, .. } => {
-                match self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
-                    Some(b) => {
-                        let stack = match b.last_sample {
-                            Some(s) => s,
-                            None => self.stacks.intern(RawStack::default()),
-                        };
-                        let woken = !b.stack_seen;
-                        b.pending = Some(Pending {
-                            out: ts.max(b.start),
-                            runnable: true,
-                            throttled,
-                            woken,
-                            syscall: if woken { b.park } else { None },
-                            stack,
-                            wake: None,
-                        });
-                    }
-                    None => self.stats.events_outside_busy += 1,
+            Event::Preempted {
+                ts,
+                throttled,
+                woken,
+                ..
+            } => match self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
+                Some(b) => {
+                    let stack = match b.last_sample {
+                        Some(s) => s,
+                        None => self.stacks.intern(RawStack::default()),
+                    };
+                    b.pending = Some(Pending {
+                        out: ts.max(b.start),
+                        runnable: true,
+                        throttled,
+                        woken,
+                        syscall: if woken { b.park } else { None },
+                        stack,
+                        wake: None,
+                    });
                 }
-            }
+                None => self.stats.events_outside_busy += 1,
+            },
             Event::Wakeup { ts, waker, .. } => {
                 if let Some(p) = self
                     .threads
@@ -575,7 +578,6 @@ impl Tracker {
                         self.stats.switch_ins_missed += 1;
                         b.back_on_cpu(ts, None);
                     }
-                    b.stack_seen = true;
                     let id = self.stacks.intern(stack);
                     *b.samples.entry(id).or_default() += 1;
                     b.last_sample = Some(id);
@@ -787,6 +789,7 @@ mod tests {
             tgid: 1,
             ts: ts * MS,
             stack: stack(user),
+            task: 0,
         }
     }
 
@@ -906,6 +909,7 @@ mod tests {
                     runnable: false,
                     syscall: Some(POLL),
                     stack: stack(0xC),
+                    task: 0,
                 },
                 Event::Wakeup {
                     tid: 1,
@@ -952,6 +956,7 @@ mod tests {
                     runnable: true,
                     syscall: None,
                     stack: stack(1),
+                    task: 0,
                 },
                 Event::SwitchIn {
                     tid: 1,
@@ -1250,6 +1255,7 @@ mod tests {
                     tgid: 1,
                     ts: 10 * MS,
                     throttled: false,
+                    woken: false,
                 },
                 sample(12, 0xA),
                 enter(60, EPOLL_WAIT, 3),
@@ -1311,6 +1317,7 @@ mod tests {
                     runnable: false,
                     syscall: Some(7),
                     stack: stack(0xC),
+                    task: 0,
                 },
                 Event::SwitchIn {
                     tid: 1,
@@ -1344,6 +1351,7 @@ mod tests {
                 runnable: false,
                 syscall: Some(35),
                 stack: stack(2),
+                task: 0,
             },
             &mut out,
         );
@@ -1359,6 +1367,18 @@ mod tests {
             tgid: 1,
             ts: ts * MS,
             throttled,
+            woken: false,
+        }
+    }
+    /// The wait between the park's return and the loop's code, as the
+    /// park's return reports it.
+    fn woken_at(ts: u64, throttled: bool) -> Event {
+        Event::Preempted {
+            tid: 1,
+            tgid: 1,
+            ts: ts * MS,
+            throttled,
+            woken: true,
         }
     }
     fn switch_in(ts: u64, throttled_ms: Option<u64>) -> Event {
@@ -1513,7 +1533,7 @@ mod tests {
             &mut t,
             vec![
                 exit(0, EPOLL_WAIT, 3),
-                preempted(0, true),
+                woken_at(0, true),
                 switch_in(60, Some(60)),
                 sample(65, 0xA),
                 preempted(70, false),

@@ -461,8 +461,8 @@ impl RuntimeReader {
 
     /// V8 in `pid` is still being looked for: a stack now gets no
     /// JavaScript frames.
-    pub fn js_pending(&self, pid: u32) -> bool {
-        self.v8.get(&pid).is_some_and(v8::V8Watch::pending)
+    pub fn js_pending(&mut self, pid: u32) -> bool {
+        self.v8.get_mut(&pid).is_some_and(|w| w.pending(pid))
     }
 
     /// Why a Node process's JavaScript frames cannot be read, if so.
@@ -524,15 +524,22 @@ impl RuntimeReader {
         pid: u32,
         tid: u32,
         stack: &[(u64, u64)],
+        captured: u64,
     ) -> Result<crate::report::model::Task, python::TaskRead> {
         let resolver = self
             .python
             .entry(pid)
             .or_insert_with(|| PyResolver::for_pid(pid));
         match resolver.as_mut() {
-            Some(r) => r.asyncio_task(tid, stack),
+            Some(r) => r.asyncio_task(tid, stack, captured),
             None => Err(python::TaskRead::NoTask),
         }
+    }
+
+    /// CPython 3.14+: where `pid`'s thread states hold their running
+    /// asyncio task, once a task read found it.
+    pub fn running_task_offset(&self, pid: u32) -> Option<u64> {
+        self.python.get(&pid)?.as_ref()?.running_task_offset()
     }
 
     /// The ASGI request thread `tid` of `pid` is serving now, checked

@@ -196,13 +196,18 @@ impl PyResolver {
     /// The asyncio task thread `tid` is running, checked against `stack`
     /// (its Python frames in a stack event, innermost first): see
     /// [`TaskReader`]. The coroutine is named by its code object.
-    pub fn asyncio_task(&mut self, tid: u32, stack: &[(u64, u64)]) -> Result<Task, TaskRead> {
+    pub fn asyncio_task(
+        &mut self,
+        tid: u32,
+        stack: &[(u64, u64)],
+        captured: u64,
+    ) -> Result<Task, TaskRead> {
         let tstate = if self.interp.version().1 >= 14 {
             self.tstate_of(tid)
         } else {
             None
         };
-        match self.tasks.current(tstate, stack) {
+        match self.tasks.current(tstate, stack, captured) {
             TaskRead::Task {
                 name,
                 coro_code,
@@ -215,6 +220,12 @@ impl PyResolver {
             }),
             other => Err(other),
         }
+    }
+
+    /// 3.14+: where a thread state holds its running asyncio task, once
+    /// found (see [`TaskReader::running_task_offset`]).
+    pub fn running_task_offset(&self) -> Option<u64> {
+        self.tasks.running_task_offset()
     }
 
     /// The ASGI request (method, route template) thread `tid` is serving,

@@ -1087,14 +1087,26 @@ impl V8Watch {
         }
     }
 
-    /// A discovery is under way: the resolver is not known yet.
-    pub fn pending(&self) -> bool {
+    /// A discovery is under way: the resolver is not known yet (one that
+    /// finished is taken first: a process found not to be Node is not
+    /// pending).
+    pub fn pending(&mut self, pid: u32) -> bool {
+        self.take(pid);
         self.pending.is_some()
     }
 
     /// The resolver, once found (starting or taking a discovery if due).
     pub fn get(&mut self, pid: u32) -> Option<&mut JsResolver> {
         self.start(pid);
+        self.take(pid);
+        match &mut self.state {
+            Some(Ok(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Take the outcome of a finished discovery, if any.
+    fn take(&mut self, pid: u32) {
         if let Some(rx) = &self.pending {
             match rx.try_recv() {
                 Ok(r) => {
@@ -1112,10 +1124,6 @@ impl V8Watch {
                     );
                 }
             }
-        }
-        match &mut self.state {
-            Some(Ok(r)) => Some(r),
-            _ => None,
         }
     }
 

@@ -211,7 +211,14 @@ impl TaskReader {
     /// The task running on the thread of `tstate` (needed on 3.14+), checked
     /// against `stack`: the (code, instr) pairs of a stack event of that
     /// thread, innermost first, `code == 0` between activations.
-    pub fn current(&mut self, tstate: Option<u64>, stack: &[(u64, u64)]) -> TaskRead {
+    /// `captured` (3.14+, non-zero): the task object BPF read with that
+    /// stack, the one running then rather than now.
+    pub fn current(
+        &mut self,
+        tstate: Option<u64>,
+        stack: &[(u64, u64)],
+        captured: u64,
+    ) -> TaskRead {
         if let Source::Pending(at) = self.source {
             if Instant::now() < at {
                 return self.not_found();
@@ -233,9 +240,19 @@ impl TaskReader {
                 }
             }
         }
-        match self.read(tstate, stack) {
+        match self.read(tstate, stack, captured) {
             Ok(r) => r,
             Err(e) => TaskRead::Unreadable(e.to_string()),
+        }
+    }
+
+    /// 3.14+, once found: the offset of `asyncio_running_task` in a
+    /// thread state, for BPF to read the task with each stack
+    /// (`PyProc::running_task`).
+    pub fn running_task_offset(&self) -> Option<u64> {
+        match self.source {
+            Source::RunningTask(off) => Some(off),
+            _ => None,
         }
     }
 
@@ -334,12 +351,22 @@ impl TaskReader {
         Ok(None) // _asyncio not loaded yet
     }
 
-    fn read(&mut self, tstate: Option<u64>, stack: &[(u64, u64)]) -> Result<TaskRead, PythonError> {
+    fn read(
+        &mut self,
+        tstate: Option<u64>,
+        stack: &[(u64, u64)],
+        captured: u64,
+    ) -> Result<TaskRead, PythonError> {
         let Some(fields) = self.fields else {
             return Ok(TaskRead::NoTask);
         };
+        // Read with the stack: its coroutine may have run on since, so its
+        // code object on the stack is check enough (against a task object
+        // freed and reused meanwhile).
+        let with_stack = captured != 0 && matches!(self.source, Source::RunningTask(_));
         let candidates: Vec<u64> = match self.source {
             Source::Pending(_) => return Ok(TaskRead::NoTask),
+            Source::RunningTask(_) if with_stack => vec![captured],
             Source::RunningTask(off) => {
                 let Some(ts) = tstate else {
                     return Ok(TaskRead::Unreadable(
@@ -365,7 +392,9 @@ impl TaskReader {
             let Some((code, instr)) = self.coro_frame(coro, fields.gen_frame)? else {
                 continue;
             };
-            let on_stack = stack.contains(&(code, instr)) || (code != 0 && innermost == Some(code));
+            let on_stack = stack.contains(&(code, instr))
+                || (code != 0 && innermost == Some(code))
+                || (with_stack && code != 0 && stack.iter().any(|f| f.0 == code));
             if !on_stack {
                 continue;
             }
