@@ -9,7 +9,10 @@
 //! recordings") with `--native all` (the comparison is of every frame;
 //! the default view drops interpreter frames and the loop's root) and
 //! copying `events.bin.gz`, `unwind.json.gz`, `symbols.json` and
-//! `stalls.folded` (as `expected.folded`) here.
+//! `stalls.folded` (as `expected.folded`) here. The `[task NAME]` markers
+//! of an asyncio recording come from reads of the live process that the
+//! saved recording does not keep: they are taken out of `expected.folded`
+//! (whose lines then sort as the replay's do).
 use std::{fs, path::PathBuf};
 
 use stallprof::{
