@@ -108,8 +108,12 @@ impl Live {
     /// The first upkeep, right after attach: the target's runtimes found
     /// (waited for up to 2 s) before anyone is told the probes are in.
     pub fn first_upkeep(&mut self) {
-        self.engine
-            .first_tick(&[self.pid], &mut self.probes, Duration::from_secs(2));
+        self.engine.first_tick(
+            &[self.pid],
+            &mut self.probes,
+            self.ring.get_mut(),
+            Duration::from_secs(2),
+        );
     }
 
     /// The engine's `/proc` upkeep for the target now (runtimes, loop keys).

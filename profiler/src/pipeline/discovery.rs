@@ -130,6 +130,11 @@ impl Discovery {
         self.open.contains(&ask)
     }
 
+    /// Some question is not answered yet.
+    pub fn any_open(&self) -> bool {
+        !self.open.is_empty()
+    }
+
     /// The answers ready now.
     pub fn take(&mut self) -> Vec<Answer> {
         let mut out = std::mem::take(&mut self.inline);

@@ -155,6 +155,9 @@ impl Symbols {
 pub const EVENTS_FILE: &str = "events.bin.gz";
 pub const UNWIND_FILE: &str = "unwind.json.gz";
 pub const SYMBOLS_FILE: &str = "symbols.json";
+/// How long [`Engine::first_tick`] waits for discovery between drains.
+const FIRST_TICK_SLICE: Duration = Duration::from_millis(20);
+
 /// Magic first line of `events.bin.gz`: format and version (2: stack
 /// events carry the running asyncio task; preemptions the `WOKEN` flag).
 const EVENTS_MAGIC: &[u8] = b"stallprof-events 2\n";
@@ -795,11 +798,29 @@ impl Engine {
     /// [`Engine::tick`], then what it asked the discovery thread, waited
     /// for up to `limit`: the first upkeep of `record` and `top`, before
     /// the target is told the probes are in (its first stalls then have
-    /// their Python frames, as they did when this ran on the drain).
-    pub fn first_tick(&mut self, pids: &[u32], probes: &mut dyn Control, limit: Duration) {
+    /// their Python frames, as they did when this ran on the drain). The
+    /// ring is drained meanwhile, every [`FIRST_TICK_SLICE`]: a command
+    /// starts running at attach, and a busy start (Node loading express, ~1 s
+    /// busy) filled the 16 MiB ring while this waited on a discovery slowed
+    /// by that start (events lost in the express test's fallback pass).
+    pub fn first_tick(
+        &mut self,
+        pids: &[u32],
+        probes: &mut dyn Control,
+        ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
+        limit: Duration,
+    ) {
         self.tick(pids, probes);
-        let found = self.discovery.take_all(limit);
-        self.apply_found(found, probes);
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let found = self.discovery.take_all(left.min(FIRST_TICK_SLICE));
+            self.apply_found(found, probes);
+            self.drain(ring, probes);
+            if !self.discovery.any_open() || left.is_zero() {
+                return;
+            }
+        }
     }
 
     /// Apply the discovery thread's answers (to processes still watched).
