@@ -344,10 +344,7 @@ pub struct ThrottleLayout {
 pub fn throttle_layout(data: &[u8]) -> Result<ThrottleLayout, Unusable> {
     use profiler_common::throttle_model;
     let btf = Btf::parse(data)?;
-    let st = |name: &str| {
-        btf.named(name, KIND_STRUCT)
-            .ok_or_else(|| Unusable(format!("the kernel's BTF has no struct {name}")))
-    };
+    let st = |name: &str| struct_id(&btf, name);
     let (task, rq) = (st("task_struct")?, st("cfs_rq")?);
     let field = |id: u32, name: &str, size: Option<u32>| field(&btf, id, name, size);
     let task_cfs_rq = task_cfs_rq(&btf)?;
@@ -377,6 +374,12 @@ fn field(btf: &Btf, id: u32, name: &str, size: Option<u32>) -> Option<u32> {
         Some((off, s)) if size.is_none_or(|want| want == s) => Some(off),
         _ => None,
     }
+}
+
+/// The id of struct `name`, or why it cannot be read.
+fn struct_id(btf: &Btf, name: &str) -> Result<u32, Unusable> {
+    btf.named(name, KIND_STRUCT)
+        .ok_or_else(|| Unusable(format!("the kernel's BTF has no struct {name}")))
 }
 
 /// Offset of `task_struct.se.cfs_rq` (a task's CFS run queue: its group's
@@ -418,10 +421,7 @@ pub struct SwitchLayout {
 /// needs the host-wide scheduler tracepoints.
 pub fn switch_layout(data: &[u8]) -> Result<SwitchLayout, Unusable> {
     let btf = Btf::parse(data)?;
-    let st = |name: &str| {
-        btf.named(name, KIND_STRUCT)
-            .ok_or_else(|| Unusable(format!("the kernel's BTF has no struct {name}")))
-    };
+    let st = |name: &str| struct_id(&btf, name);
     let (task, info, cfs_rq, rq) = (
         st("task_struct")?,
         st("sched_info")?,
