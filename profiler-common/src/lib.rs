@@ -406,6 +406,9 @@ counters! {
         /// at a per-thread switch event failed: its time off the CPU is
         /// taken to end at its next event instead of its switch-in.
         SwitchClockFailed = 13 => "switch_clock_read_failed",
+        /// No build slot for a stack event on this CPU (a CPU number past
+        /// the ones the agent sized `STACK_SCRATCH` for): the event was lost.
+        StackScratchMissing = 14 => "stack_scratch_missing",
     }
 }
 

@@ -18,13 +18,25 @@ use aya_ebpf::{
 };
 use profiler_common::{
     CpuWait, Drop, EventHeader, Filtered, MAX_CPUS, MAX_PY_PROCS, MAX_THREADS, NO_RUN_DELAY,
-    PyProc, RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, ThreadState,
+    PyProc, RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, StackEvent, ThreadState,
 };
 
 use crate::TARGET_TGID;
 
 #[map]
 pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
+
+/// Where a `StackEvent` is built before it is copied into `EVENTS` cut to
+/// its valid bytes (`stack::emit_stack_event`): a reservation must have a
+/// constant size, so building in place took the whole ~35 KiB of ring for
+/// every event however little of the user-stack copy was valid. Two slots
+/// per CPU, `2 * cpu + (kind == SWITCH_OUT)`: a switch-out is built with
+/// interrupts off (in the scheduler) and a sample in the CPU-clock
+/// interrupt, so neither can overwrite the other's slot half-built.
+/// Userspace sets the size (twice the possible CPUs); a value this large
+/// cannot be per-CPU (32 KiB limit).
+#[map]
+pub(crate) static STACK_SCRATCH: Array<StackEvent> = Array::with_max_entries(2 * MAX_CPUS, 0);
 
 /// Threads of the target seen in a wait syscall: the executor candidates.
 #[map]

@@ -9,7 +9,8 @@
 //! frames (`python::fill_python`).
 //!
 //! Constraints: the event (~35 KiB) is far larger than the 512-byte BPF
-//! stack, so it is reserved first and filled through a pointer. Native
+//! stack, so it is built in a per-CPU scratch slot and sent cut to its
+//! valid bytes (`emit_stack_event`). Native
 //! frames are not unwound here: the registers and the stack copy go to
 //! userspace, which unwinds with `.eh_frame` (the targets are built
 //! without frame pointers). Each failed read is counted.
@@ -17,7 +18,7 @@ use aya_ebpf::{
     EbpfContext,
     bindings::BPF_F_USER_STACK,
     helpers::{
-        bpf_probe_read_kernel,
+        bpf_get_smp_processor_id, bpf_probe_read_kernel,
         generated::{
             bpf_get_current_task_btf, bpf_get_stack, bpf_probe_read_user as read_user_raw,
             bpf_task_pt_regs,
@@ -29,7 +30,7 @@ use profiler_common::{
 };
 
 use crate::{
-    maps::{EVENTS, count, header, wakeup_flags},
+    maps::{EVENTS, STACK_SCRATCH, count, header, wakeup_flags},
     python::fill_python,
 };
 
@@ -38,7 +39,7 @@ use crate::{
 /// `bpf_get_stack`, plus user registers and a copy of the user stack for
 /// unwinding in userspace.
 #[inline(always)]
-fn fill_stacks<C: EbpfContext>(ctx: &C, ev: *mut StackEvent, kernel_expected: bool) {
+fn fill_stacks<C: EbpfContext>(ctx: &C, ev: *mut StackEvent, kernel_expected: bool) -> u32 {
     unsafe {
         let k = bpf_get_stack(
             ctx.as_ptr(),
@@ -72,19 +73,20 @@ fn fill_stacks<C: EbpfContext>(ctx: &C, ev: *mut StackEvent, kernel_expected: bo
         }
         (*ev).py_len = 0;
         (*ev).py_status = 0;
-        copy_user_stack(ev);
+        copy_user_stack(ev)
     }
 }
 
-/// Copy the user stack window starting at the user stack pointer. The read
-/// fails as a whole if it runs past the top of the stack mapping, and that
-/// top is page-aligned: so try windows that end on successive page
-/// boundaries above `sp`, the largest (up to `USER_STACK_COPY`) first. The
-/// first that succeeds reaches either the full size or the very top of the
-/// stack, so a main thread near its top (Node's `uv_run` is a few KiB below
-/// it) keeps every frame.
+/// Copy the user stack window starting at the user stack pointer, and
+/// return its length (0: no copy, counted). The read fails as a whole if
+/// it runs past the top of the stack mapping, and that top is
+/// page-aligned: so try windows that end on successive page boundaries
+/// above `sp`, the largest (up to `USER_STACK_COPY`) first. The first that
+/// succeeds reaches either the full size or the very top of the stack, so a
+/// main thread near its top (Node's `uv_run` is a few KiB below it) keeps
+/// every frame.
 #[inline(always)]
-unsafe fn copy_user_stack(ev: *mut StackEvent) {
+unsafe fn copy_user_stack(ev: *mut StackEvent) -> u32 {
     const PAGE: u64 = 4096;
     const PAGES: u64 = USER_STACK_COPY as u64 / PAGE;
     unsafe {
@@ -92,7 +94,7 @@ unsafe fn copy_user_stack(ev: *mut StackEvent) {
         let sp = (*ev).regs.sp;
         if sp == 0 {
             count(Drop::StackCopyFailed);
-            return;
+            return 0;
         }
         let dst = (*ev).stack.as_mut_ptr().cast();
         let src = sp as *const core::ffi::c_void;
@@ -104,7 +106,7 @@ unsafe fn copy_user_stack(ev: *mut StackEvent) {
                 let n = (head + ($pages - 1) * PAGE) as u32;
                 if n as usize <= USER_STACK_COPY && read_user_raw(dst, n, src) == 0 {
                     (*ev).stack_len = n;
-                    return;
+                    return n;
                 }
             };
         }
@@ -117,6 +119,7 @@ unsafe fn copy_user_stack(ev: *mut StackEvent) {
         attempt!(PAGES - 6);
         attempt!(PAGES - 7);
         count(Drop::StackCopyFailed);
+        0
     }
 }
 
@@ -152,6 +155,12 @@ fn user_regs() -> (UserRegs, i64, u64) {
 /// `SWITCH_OUT`; `state` is `sched_switch`'s `prev_state`, 0 for samples)
 /// and submit it. Only a switch-out records its syscall and can be a wait
 /// for the GIL (a `futex` on it).
+///
+/// The event is built in this CPU's `STACK_SCRATCH` slot and copied into the
+/// ring cut after its valid user-stack bytes (a reservation must be of a
+/// constant size): a main thread's copy is often a few KiB of the 32, so
+/// the ring holds several times as many events as when each took the full
+/// size. The price is one copy of the valid bytes.
 #[inline(always)]
 pub(crate) fn emit_stack_event<C: EbpfContext>(
     ctx: &C,
@@ -160,13 +169,13 @@ pub(crate) fn emit_stack_event<C: EbpfContext>(
     tgid: u32,
     state: i64,
 ) {
-    let Some(mut slot) = EVENTS.reserve::<StackEvent>(0) else {
-        count(Drop::RingbufFull);
+    let switch_out = kind == kind::SWITCH_OUT;
+    let slot = 2 * unsafe { bpf_get_smp_processor_id() } + switch_out as u32;
+    let Some(ev) = STACK_SCRATCH.get_ptr_mut(slot) else {
+        count(Drop::StackScratchMissing);
         return;
     };
-    let ev = slot.as_mut_ptr();
     let (regs, orig_ax, arg0) = user_regs();
-    let switch_out = kind == kind::SWITCH_OUT;
     unsafe {
         (*ev).hdr = header(kind, tid, tgid);
         (*ev).state = state;
@@ -176,12 +185,21 @@ pub(crate) fn emit_stack_event<C: EbpfContext>(
         (*ev).task = 0;
         (*ev).holder_py_len = 0;
     }
-    fill_stacks(ctx, ev, switch_out);
+    let copied = fill_stacks(ctx, ev, switch_out) as usize;
     let futex_addr = if switch_out && orig_ax == sysno::FUTEX as i64 {
         arg0
     } else {
         0
     };
     fill_python(ev, tid, tgid, futex_addr);
-    slot.submit(wakeup_flags());
+    // The bound is for the verifier: `copied` is at most USER_STACK_COPY.
+    let len = STACK_AT + copied.min(USER_STACK_COPY);
+    // SAFETY: `ev` is a map value of size_of::<StackEvent>() >= len bytes.
+    let bytes = unsafe { core::slice::from_raw_parts(ev.cast::<u8>(), len) };
+    if EVENTS.output::<[u8]>(bytes, wakeup_flags()).is_err() {
+        count(Drop::RingbufFull);
+    }
 }
+
+/// Offset of the user-stack copy: every byte before it is always sent.
+const STACK_AT: usize = core::mem::offset_of!(StackEvent, stack);

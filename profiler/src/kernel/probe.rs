@@ -27,7 +27,7 @@ use aya::{
         },
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
     },
-    util::online_cpus,
+    util::{nr_cpus, online_cpus},
 };
 use log::{debug, info};
 use profiler_common::{
@@ -418,27 +418,36 @@ pub fn default_sample_after(threshold_ns: u64) -> u64 {
 /// Agent delay the ring buffer absorbs at full sampling rate on every CPU.
 /// The drain no longer waits on symbolization (`pipeline/symbolizer.rs`)
 /// nor on a runtime's symbol table, but it is one thread on a loaded host:
-/// with 100 ms (an 8 MiB ring for `record` on 2 CPUs) the demo lost 348
-/// events once in 7 runs at a load average of 10 on this 2-vCPU VM, the
+/// with 100 ms (an 8 MiB ring for `record` on 2 CPUs when every stack event
+/// took the full ~35 KiB) the demo lost 348 events once in 7 runs at a load average of 10 on this 2-vCPU VM, the
 /// drain not scheduled for a quarter of a second. The largest backlog a
 /// drain found is logged at the end (`-v`: "at most N KiB waiting").
 const RING_SLACK_MS: u64 = 125;
 /// The smallest ring buffer: room for switch-outs and bursts beyond samples
-/// (the daemon at 199 Hz: 0.6 s of both CPUs' stacks). Its pages are
+/// (the daemon at 199 Hz: 0.5 s of both CPUs' stacks at the planned size,
+/// 1.5 s at the 7 KiB a Python stack event measures). Its pages are
 /// resident from attach, twice over (see [`ring_bytes`]).
-const RING_MIN_BYTES: u32 = 8 << 20;
+const RING_MIN_BYTES: u32 = 4 << 20;
 
 /// Ring-buffer size for `sample_hz` on `cpus` CPUs: every CPU sampling a
 /// busy loop thread fills `RING_SLACK_MS` of it, as a power of two between
-/// [`RING_MIN_BYTES`] and `RINGBUF_BYTES`. The agent maps the data pages
-/// twice (for reads across the wrap), all of them resident from attach, so
-/// its RSS holds twice this: sized to what the gate lets through, not to
-/// the worst case.
+/// [`RING_MIN_BYTES`] and `RINGBUF_BYTES`. A stack event is sent cut to its
+/// valid user-stack bytes; it is planned at half the copy
+/// ([`PLANNED_STACK_EVENT`]; the recordings of Python and C loops measure
+/// 6–12 KiB, Node's deepest stacks the full 35). The agent maps the data
+/// pages twice (for reads across the wrap), all of them resident from
+/// attach, so its RSS holds twice this: sized to what the gate lets
+/// through, not to the worst case.
 pub fn ring_bytes(sample_hz: u64, cpus: u64) -> u32 {
-    let per_sec = sample_hz * cpus * size_of::<profiler_common::StackEvent>() as u64;
+    let per_sec = sample_hz * cpus * PLANNED_STACK_EVENT as u64;
     let want = (per_sec * RING_SLACK_MS / 1000).next_power_of_two();
     want.clamp(RING_MIN_BYTES as u64, profiler_common::RINGBUF_BYTES as u64) as u32
 }
+
+/// The ring space a stack event is planned to take: everything before the
+/// user-stack copy, and half of the copy.
+const PLANNED_STACK_EVENT: usize =
+    std::mem::offset_of!(profiler_common::StackEvent, stack) + profiler_common::USER_STACK_COPY / 2;
 
 impl Probes {
     /// Load the programs for `tgid` (0 = every process) and attach the
@@ -523,8 +532,11 @@ impl Probes {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
         let ring = ring_bytes(sample_hz, cpus);
         debug!("ring buffer: {} MiB", ring >> 20);
+        // Two build slots per CPU that may come online (stack.rs).
+        let possible = nr_cpus().map_err(|(_, e)| ProbeError::Cpus(e))? as u32;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("EVENTS", ring)
+            .map_max_entries("STACK_SCRATCH", 2 * possible)
             .override_global("TARGET_TGID", &tgid, true)
             .override_global("SAMPLE_AFTER_NS", &sample_after_ns, true)
             .override_global("TASK_PID_OFFSET", &task_pid_offset, true)
@@ -1084,11 +1096,11 @@ mod tests {
 
     #[test]
     fn ring_is_sized_to_the_sampling_rate() {
-        // 2 CPUs at 999 Hz: ~8.9 MB of stack events in 125 ms -> 16 MiB.
-        assert_eq!(ring_bytes(999, 2), 16 << 20);
+        // 2 CPUs at 999 Hz: ~5 MB of planned stack events in 125 ms -> 8 MiB.
+        assert_eq!(ring_bytes(999, 2), 8 << 20);
         assert_eq!(ring_bytes(199, 2), RING_MIN_BYTES);
-        assert_eq!(ring_bytes(499, 2), 8 << 20);
-        assert_eq!(ring_bytes(999, 8), 64 << 20);
+        assert_eq!(ring_bytes(999, 4), 16 << 20);
+        assert_eq!(ring_bytes(999, 8), 32 << 20);
         assert_eq!(ring_bytes(10_000, 64), profiler_common::RINGBUF_BYTES);
     }
 

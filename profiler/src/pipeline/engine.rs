@@ -1528,7 +1528,9 @@ impl Engine {
         if let Some(reader) = self.symbols.live() {
             reader.forget(pid);
         }
-        self.symbolizer.forget(pid);
+        if !self.symbolizer.forget(pid) {
+            self.maps.forget(pid);
+        }
         self.runtimes.remove(&pid);
         self.unwinder.forget(pid);
         self.exited.remove(&pid);
@@ -1675,6 +1677,31 @@ mod tests {
     /// are assembled in far less than the 20 s it would take to name them
     /// all, none is lost, and the ones the full queue would not take keep
     /// unnamed native frames, counted in `symbolizer_behind`.
+    #[test]
+    fn a_process_forgotten_without_stalls_lets_go_of_its_maps_at_once() {
+        // The symbolizer thread never ran (as under a sustained CPU load,
+        // at nice 19): a process it never had a stall of must not wait
+        // for it to drop its maps snapshot.
+        let maps = SharedMaps::default();
+        let me = std::process::id();
+        maps.refresh(me);
+        assert!(maps.holds(me), "no maps snapshot of this process");
+        let symbolizer =
+            Symbolizer::threaded(Worker::new(Native::Saved(Box::default()), maps.clone()));
+        let mut engine = Engine::with(
+            TrackerConfig {
+                threshold_ns: 10 * MS,
+                tids: None,
+            },
+            Symbols::Saved(TableResolver::default()),
+            symbolizer,
+            maps.clone(),
+            Unwinder::new(),
+        );
+        engine.forget(me, &mut NoControl);
+        assert!(!maps.holds(me), "the snapshot waited for the symbolizer");
+    }
+
     #[test]
     fn a_slow_symbolizer_does_not_block_the_drain() {
         const STALLS: u64 = 100;

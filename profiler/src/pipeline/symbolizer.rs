@@ -21,7 +21,7 @@
 //! find the queue full wait in a small list and go first next time. A
 //! replay runs the very same steps inline, in order.
 use std::{
-    collections::VecDeque,
+    collections::{HashSet, VecDeque},
     sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError},
     thread::JoinHandle,
 };
@@ -267,8 +267,11 @@ pub struct Symbolizer {
     state: State,
     threaded: bool,
     /// Control messages the full queue did not take yet, oldest first
-    /// (bounded by the processes forgotten meanwhile).
+    /// (bounded by the processes forgotten meanwhile that had stalls).
     deferred: VecDeque<Msg>,
+    /// Processes with a stall given to the worker since they were last
+    /// forgotten: only the worker's caches of these need a `Forget`.
+    sent: HashSet<u32>,
     /// Results of inline work, until taken.
     ready: Vec<Done>,
     /// The resolver of inline work on a live engine.
@@ -282,6 +285,7 @@ impl Symbolizer {
             state: State::Idle(Box::new(w)),
             threaded: true,
             deferred: VecDeque::new(),
+            sent: HashSet::new(),
             ready: Vec::new(),
             blaze: None,
         }
@@ -388,15 +392,27 @@ impl Symbolizer {
         if !self.flush_deferred() {
             return Err(job);
         }
+        let pid = job.raw.tgid;
         self.try_send(Msg::Stall(job)).map_err(|m| match m {
             Msg::Stall(j) => j,
             _ => unreachable!("a stall comes back as a stall"),
-        })
+        })?;
+        self.sent.insert(pid);
+        Ok(())
     }
 
-    /// Process `pid` is gone: after its stalls already queued, its caches go.
-    pub fn forget(&mut self, pid: u32) {
+    /// Process `pid` is gone: after its stalls already queued, the worker's
+    /// caches of it go. False when the worker never had one of its stalls,
+    /// so holds nothing of it: the caller lets go of its maps snapshot
+    /// itself. (Under a sustained CPU load the worker, at nice 19, may not
+    /// run for a long time; a churn of processes without stalls must not
+    /// pile up behind it.)
+    pub fn forget(&mut self, pid: u32) -> bool {
+        if !self.sent.remove(&pid) {
+            return false;
+        }
         self.control(Msg::Forget(pid));
+        true
     }
 
     /// Rebuild the native caches (blazesym's parsed files, answers).

@@ -390,6 +390,11 @@ impl SharedMaps {
     pub fn forget(&self, pid: u32) {
         self.lock().remove(&pid);
     }
+
+    /// Whether a snapshot of `pid` is held.
+    pub fn holds(&self, pid: u32) -> bool {
+        self.lock().contains_key(&pid)
+    }
 }
 
 /// The native resolver: blazesym over ELF files and kallsyms, and perf maps
