@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use stallprof::report::{self, model::Recording};
+use stallprof::{model::Recording, report};
 
 fn fixture() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-c_loop/stalls.json")

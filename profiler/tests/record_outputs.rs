@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use stallprof::report::{self, model::Recording};
+use stallprof::{model::Recording, report};
 
 const OUTPUTS: [&str; 5] = [
     "stalls.json",

@@ -32,7 +32,10 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
-use stallprof::report::{self, aggregate, model::Recording};
+use stallprof::{
+    model::Recording,
+    report::{self, aggregate},
+};
 
 /// The `perfetto` PyPI package (its `perfetto_trace_pb2`) and the protobuf
 /// runtime it needs, pinned.
@@ -265,8 +268,8 @@ fn check_against(c: &mut Checks, t: &Value, rec: &Recording) {
         format!("{} stall slices for {} stalls", top.len(), rec.stalls.len())
     });
     let samples = t["samples"].as_array().unwrap();
-    let frame_label = |f: &stallprof::report::model::Frame| match f.kind {
-        stallprof::report::model::FrameKind::Kernel => format!("{} [k]", f.label()),
+    let frame_label = |f: &stallprof::model::Frame| match f.kind {
+        stallprof::model::FrameKind::Kernel => format!("{} [k]", f.label()),
         _ => f.label(),
     };
     for (i, s) in rec.stalls.iter().enumerate() {

@@ -28,9 +28,9 @@ use tokio::{
 
 use crate::{
     kernel::probe::{ProbeChoice, Probes},
+    model::ProbeSet,
     os::clock::monotonic_ns,
     pipeline::engine::{Engine, NoControl},
-    report::model::ProbeSet,
 };
 
 /// What [`Live::next`] returned on.

@@ -15,6 +15,7 @@ use std::{
 use crate::{
     commands::live::{Finished, Live, Step},
     commands::{AppArgs, StallArgs},
+    model::{Recording, Stall},
     os::units::fmt_ns,
     os::units::parse_duration,
     os::{
@@ -27,7 +28,6 @@ use crate::{
     report,
     report::journal::{self, JournalWriter},
     report::label::escape,
-    report::model::{Recording, Stall},
     report::view::{Native, View},
 };
 use anyhow::{Context, Result, bail};

@@ -21,12 +21,12 @@ use clap::Args;
 use crate::{
     commands::live::{Live, Step},
     commands::{AppArgs, StallArgs},
+    model::{PartKind, Stall},
     os::clock::monotonic_ns,
     os::proc::{process_alive, read_comm, refuse_target, refuse_thread},
     os::units::{fmt_ns, parse_duration},
     report::aggregate::culprit_name,
     report::label::escape,
-    report::model::{PartKind, Stall},
     report::origin::AppPaths,
 };
 
@@ -367,7 +367,7 @@ async fn top(a: TopArgs) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::model::{Frame, FrameKind, StackPart};
+    use crate::model::{Frame, FrameKind, StackPart};
 
     fn stall(end_ns: u64, dur: u64, name: &str, kind: PartKind) -> Stall {
         Stall {

@@ -38,7 +38,7 @@ use thiserror::Error;
 
 use crate::{
     kernel::{btf, runtimes::ParkPoint, waits},
-    report::model::{ProbeSet, SCHED_CLASSIC, SCHED_RAW, SCHED_THREAD_EVENTS},
+    model::{ProbeSet, SCHED_CLASSIC, SCHED_RAW, SCHED_THREAD_EVENTS},
 };
 
 /// The eBPF object built by build.rs from `profiler-ebpf`.

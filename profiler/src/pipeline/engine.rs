@@ -38,6 +38,7 @@ use crate::{
     kernel::event::{self, Event},
     kernel::probe::{ProbeError, Probes},
     kernel::runtimes::ParkPoint,
+    model::{ProcessInfo, Route, RuntimeProblem, Stall, Task, ThreadInfo},
     os::outdir::{OutDir, PendingFile},
     os::proc::{is_own_fork, process_alive, read_comm, read_namespace_id},
     os::units::fmt_ns,
@@ -45,7 +46,6 @@ use crate::{
     pipeline::routes::{Routes, Want},
     pipeline::stall::{Output, RawStall, Tracker, TrackerConfig},
     pipeline::symbolizer::{self, Done, Job, Native, Symbolizer, Worker},
-    report::model::{ProcessInfo, Route, RuntimeProblem, Stall, Task, ThreadInfo},
     symbolize::python::{self, Interpreter, PythonError},
     symbolize::{
         Answers, Recorder, ResolveRuntime, RuntimeReader, SharedMaps, TableResolver, Unnamed,
@@ -532,7 +532,7 @@ pub struct Engine {
 /// on that stack; up to [`TASK_READS`] tries when it is not.
 #[derive(Clone, Debug)]
 enum BusyTask {
-    Named(crate::report::model::Task),
+    Named(crate::model::Task),
     Tried { reads: u32, last: TaskMiss },
 }
 
@@ -1396,7 +1396,7 @@ impl Engine {
             self.tracker.stacks.bytes() / 1024,
             self.stalls.len(),
             self.frames_held(),
-            self.frames_held() * std::mem::size_of::<crate::report::model::Frame>() / 1024
+            self.frames_held() * std::mem::size_of::<crate::model::Frame>() / 1024
         );
         let (resolved, moved, by_bytecode, live) = crate::symbolize::v8::counts();
         if resolved > 0 {
@@ -1708,9 +1708,9 @@ mod tests {
         let mut table = TableResolver::default();
         table.user.insert(
             "0x10".into(),
-            vec![crate::report::model::Frame::new(
+            vec![crate::model::Frame::new(
                 "handler",
-                crate::report::model::FrameKind::Native,
+                crate::model::FrameKind::Native,
             )],
         );
         let maps = SharedMaps::default();

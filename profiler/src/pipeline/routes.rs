@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use crate::report::model::{Route, RuntimeProblem};
+use crate::model::{Route, RuntimeProblem};
 use crate::symbolize::python::RouteRead;
 
 /// Reads of a busy period's route before giving up on it.

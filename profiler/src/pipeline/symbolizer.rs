@@ -29,11 +29,11 @@ use std::{
 use log::warn;
 
 use crate::{
+    model::{HolderRelation, Route, Stall, Task, ThreadInfo},
     pipeline::{
         engine::TaskMiss,
         stall::{RawStall, StallStacks},
     },
-    report::model::{HolderRelation, Route, Stall, Task, ThreadInfo},
     symbolize::{
         Answers, BlazeResolver, Joined, Recorder, ResolveNative, SharedMaps, TableResolver,
         to_stall,

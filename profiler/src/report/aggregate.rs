@@ -8,8 +8,8 @@
 //! ([`blame`]), else the older rule ([`fallback_culprit`]).
 use std::collections::{BTreeMap, HashMap};
 
+use crate::model::{Frame, FrameKind, PartKind, Recording, StackPart, Stall};
 use crate::report::{
-    model::{Frame, FrameKind, PartKind, Recording, StackPart, Stall},
     origin::{self, AppPaths, is_perf_map_js},
     view,
 };
@@ -245,10 +245,10 @@ pub struct Culprit {
     pub ns: u64,
     pub share: f64,
     /// The asyncio tasks its stalls ran, heaviest first
-    /// ([`crate::report::model::Task::describe`]).
+    /// ([`crate::model::Task::describe`]).
     pub tasks: Vec<String>,
     /// The ASGI routes its stalls served, heaviest first
-    /// ([`crate::report::model::Route::describe`]).
+    /// ([`crate::model::Route::describe`]).
     pub routes: Vec<String>,
 }
 

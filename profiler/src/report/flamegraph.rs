@@ -19,10 +19,10 @@ use inferno::flamegraph::{
 
 use super::{RenderError, write_file};
 use crate::{
+    model::{Frame, FrameKind, Recording},
     os::outdir::OutDir,
     os::units::fmt_ns,
     report::aggregate,
-    report::model::{Frame, FrameKind, Recording},
     report::view::{self, View},
 };
 

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use super::{RenderError, write_file};
 use crate::{
+    model::Recording,
     os::outdir::OutDir,
     report::aggregate,
-    report::model::Recording,
     report::view::{self, View},
 };
 

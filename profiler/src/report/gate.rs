@@ -8,13 +8,10 @@
 //! status; this module decides nothing else.
 use std::collections::HashMap;
 
+use crate::model::{Recording, Stall};
 use crate::{
     os::units::fmt_ns,
-    report::{
-        aggregate::blame,
-        model::{Recording, Stall},
-        origin::AppPaths,
-    },
+    report::{aggregate::blame, origin::AppPaths},
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +80,7 @@ pub fn check(rec: &Recording, limit_ns: u64) -> Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::model::{Frame, FrameKind, PartKind, StackPart};
+    use crate::model::{Frame, FrameKind, PartKind, StackPart};
 
     fn stall(start_ms: u64, ms: u64, func: &str) -> Stall {
         let ns = ms * 1_000_000;

@@ -30,9 +30,9 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::{
+    model::{CpuQuota, Frame, ProcessInfo, Recording, RuntimeProblem, Stall, ThreadInfo},
     os::outdir::OutDir,
     report::json::{self, FormatError, WireStall},
-    report::model::{CpuQuota, Frame, ProcessInfo, Recording, RuntimeProblem, Stall, ThreadInfo},
 };
 
 pub const NAME: &str = "stalls.journal";
@@ -397,7 +397,7 @@ pub fn read(path: &Path) -> Result<Rebuilt, JournalError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::report::model::{FrameKind, PartKind, StackPart};
+    use crate::model::{FrameKind, PartKind, StackPart};
 
     /// The header of a journal of pid 1 (`c`), 50 ns threshold, started at
     /// 10 ns.

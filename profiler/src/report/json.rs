@@ -24,11 +24,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::ser::Formatter;
 use thiserror::Error;
 
-use crate::report::aggregate;
-use crate::report::model::{
+use crate::model::{
     Container, CpuHolder, CpuQuota, Frame, GilHolder, HolderRelation, PartKind, ProbeSet,
     ProcessInfo, Recording, Route, RuntimeProblem, StackPart, Stall, Task, ThreadInfo,
 };
+use crate::report::aggregate;
 
 /// The `format` field of every stallprof recording from version 2 on.
 pub const FORMAT: &str = "stallprof-recording";
@@ -505,7 +505,7 @@ pub fn from_slice(bytes: &[u8]) -> Result<Recording, FormatError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::model::FrameKind;
+    use crate::model::FrameKind;
 
     fn frame(name: &str, file: Option<&str>, line: Option<u32>, kind: FrameKind) -> Frame {
         Frame {

@@ -13,7 +13,7 @@ use std::{
 
 use thiserror::Error;
 
-use crate::{os::outdir::OutDir, report::model::Recording};
+use crate::{model::Recording, os::outdir::OutDir};
 
 pub mod aggregate;
 pub mod flamegraph;
@@ -22,7 +22,6 @@ pub mod gate;
 pub mod journal;
 pub mod json;
 pub mod label;
-pub mod model;
 pub mod origin;
 pub mod perfetto;
 pub mod pprof;

@@ -25,7 +25,7 @@
 //! PREFIX` (repeatable; the daemon's `app_paths`) replaces it: then a
 //! Python or JavaScript frame is the app's exactly when its file starts
 //! with one of the prefixes.
-use crate::report::model::{Frame, FrameKind};
+use crate::model::{Frame, FrameKind};
 
 /// Which code is the application's: the guess, or the user's prefixes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

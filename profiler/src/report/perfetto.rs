@@ -49,13 +49,10 @@ use std::{
 
 use prost::Message;
 
+use crate::model::{FrameKind, GilHolder, PartKind, Recording, StackPart, Stall, cpu_held_by};
 use crate::{
     os::outdir::OutDir,
-    report::{
-        RenderError, aggregate,
-        model::{FrameKind, GilHolder, PartKind, Recording, StackPart, Stall, cpu_held_by},
-        write_file_with,
-    },
+    report::{RenderError, aggregate, write_file_with},
 };
 
 /// trace_packet.proto `TracePacket`.
@@ -705,7 +702,7 @@ pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::model::{Frame, ThreadInfo};
+    use crate::model::{Frame, ThreadInfo};
 
     fn part(names: &[&str], kind: PartKind, ns: u64) -> StackPart {
         StackPart {
@@ -745,7 +742,7 @@ mod tests {
             runqueue_ns: 0,
             incomplete: false,
             coroutine: Some("handle (app.py:3)".into()),
-            task: Some(crate::report::model::Task {
+            task: Some(crate::model::Task {
                 name: "batch-3".into(),
                 coro: Some("handle".into()),
                 awaited_by: vec!["runner".into(), "Task-1".into()],
@@ -892,8 +889,8 @@ mod tests {
     /// stall.
     #[test]
     fn throttled_and_woken_children_name_the_quota_and_the_park() {
+        use crate::model::{CpuHolder, HolderRelation};
         use crate::os::cpu_quota::{CgroupVersion, CpuQuota, Throttling};
-        use crate::report::model::{CpuHolder, HolderRelation};
         let mut rec = recording();
         rec.cpu_quota = Some(CpuQuota {
             cgroup_version: CgroupVersion::V1,

@@ -28,14 +28,10 @@ use std::{collections::HashMap, io::Write, path::PathBuf};
 
 use flate2::{Compression, write::GzEncoder};
 
+use crate::model::{Frame, FrameKind, Recording, Stall};
 use crate::{
     os::outdir::OutDir,
-    report::{
-        RenderError, aggregate,
-        model::{Frame, FrameKind, Recording, Stall},
-        origin::AppPaths,
-        write_file,
-    },
+    report::{RenderError, aggregate, origin::AppPaths, write_file},
 };
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -397,7 +393,7 @@ pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::model::{PartKind, StackPart};
+    use crate::model::{PartKind, StackPart};
     use prost::Message;
 
     #[test]
@@ -429,7 +425,7 @@ mod tests {
             runqueue_ns: 0,
             incomplete: false,
             coroutine: Some("handle".into()),
-            task: Some(crate::report::model::Task {
+            task: Some(crate::model::Task {
                 name: "conn-7".into(),
                 coro: Some("handle".into()),
                 awaited_by: vec![],

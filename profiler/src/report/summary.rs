@@ -4,10 +4,10 @@
 use std::{collections::BTreeMap, fmt::Write, path::PathBuf};
 
 use crate::{
+    model::{CgroupVersion, CpuHolder, Recording, cpu_held_by},
     os::units::fmt_ns,
     report::aggregate::summarize,
     report::label::escape,
-    report::model::{CgroupVersion, CpuHolder, Recording, cpu_held_by},
 };
 
 fn pct(part: u64, total: u64) -> f64 {
@@ -301,7 +301,7 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::model::{Frame, FrameKind, PartKind, Route, StackPart, Stall};
+    use crate::model::{Frame, FrameKind, PartKind, Route, StackPart, Stall};
 
     fn stall(start_ms: u64, ms: u64, handler: &str, route: Option<(&str, &str)>) -> Stall {
         let ns = ms * 1_000_000;

@@ -32,9 +32,9 @@ use std::collections::HashMap;
 
 use clap::ValueEnum;
 
+use crate::model::{Frame, FrameKind, Stall};
 use crate::report::{
     aggregate,
-    model::{Frame, FrameKind, Stall},
     origin::{self, AppPaths},
 };
 
@@ -303,7 +303,7 @@ pub fn with_tasks(mut stalls: Vec<Stall>) -> Vec<Stall> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::model::{PartKind, StackPart};
+    use crate::model::{PartKind, StackPart};
 
     fn n(name: &str, module: &str) -> Frame {
         Frame {
@@ -503,7 +503,7 @@ mod tests {
             1,
             vec![vec![py("handle"), py("crunch")], vec![py("handle")]],
         );
-        a.task = Some(crate::report::model::Task {
+        a.task = Some(crate::model::Task {
             name: "conn;7".into(),
             coro: Some("handle".into()),
             awaited_by: vec![],

@@ -31,11 +31,9 @@ use blazesym::symbolize::{
 use log::debug;
 
 use crate::{
+    model::{CpuHolder, Frame, FrameKind, GilHolder, HolderRelation, StackPart, Stall, ThreadInfo},
     os::limits,
     pipeline::stall::{OTHER_HOLDERS, PartKind, RawHolder, RawStall, Stacks},
-    report::model::{
-        CpuHolder, Frame, FrameKind, GilHolder, HolderRelation, StackPart, Stall, ThreadInfo,
-    },
     symbolize::pyframes::PyResolver,
 };
 
@@ -471,7 +469,7 @@ impl RuntimeReader {
     }
 
     /// Why a Node process's JavaScript frames cannot be read, if so.
-    pub fn js_problems(&self) -> Vec<crate::report::model::RuntimeProblem> {
+    pub fn js_problems(&self) -> Vec<crate::model::RuntimeProblem> {
         self.v8
             .values()
             .filter_map(|w| w.problem().cloned())
@@ -530,7 +528,7 @@ impl RuntimeReader {
         tid: u32,
         stack: &[(u64, u64)],
         captured: u64,
-    ) -> Result<crate::report::model::Task, python::TaskRead> {
+    ) -> Result<crate::model::Task, python::TaskRead> {
         let resolver = self
             .python
             .entry(pid)
@@ -554,7 +552,7 @@ impl RuntimeReader {
         pid: u32,
         tid: u32,
         stack: &[(u64, u64)],
-    ) -> Result<crate::report::model::Route, python::RouteRead> {
+    ) -> Result<crate::model::Route, python::RouteRead> {
         let resolver = self
             .python
             .entry(pid)
@@ -696,7 +694,7 @@ impl BlazeResolver {
         };
         let loc = |ci: Option<&blazesym::symbolize::CodeInfo>| {
             ci.map(|c| {
-                let file: crate::report::model::Name = match &c.dir {
+                let file: crate::model::Name = match &c.dir {
                     Some(d) => d.join(&c.file).to_string_lossy().into_owned().into(),
                     None => c.file.to_string_lossy().into_owned().into(),
                 };
@@ -1121,10 +1119,10 @@ pub struct TableResolver {
     pub python_threads: HashMap<String, (u32, String)>,
     /// `"tid:start_ns"` of a stall -> the asyncio task read while it ran.
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
-    pub tasks: HashMap<String, crate::report::model::Task>,
+    pub tasks: HashMap<String, crate::model::Task>,
     /// `"tid:start_ns"` of a stall -> the ASGI route read while it ran.
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
-    pub routes: HashMap<String, crate::report::model::Route>,
+    pub routes: HashMap<String, crate::model::Route>,
     /// pid -> where its V8 frames keep their function.
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
     pub js_layouts: HashMap<String, v8::FrameLayout>,

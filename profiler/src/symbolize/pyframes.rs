@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use crate::{
-    report::model::{Frame, FrameKind, Route, Task},
+    model::{Frame, FrameKind, Route, Task},
     symbolize::python::{
         CodeResolver, Interpreter, PyFrameInfo, RouteRead, RouteReader, TaskRead, TaskReader,
     },

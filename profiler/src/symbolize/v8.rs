@@ -58,7 +58,7 @@ use std::{
 use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
 
 use crate::{
-    report::model::{Frame, FrameKind, RuntimeProblem},
+    model::{Frame, FrameKind, RuntimeProblem},
     symbolize::python::{Mapping, ProcessMemory, mapped_file, parse_maps},
 };
 

@@ -1761,13 +1761,13 @@ impl HandlerApp<'_> {
     pub fn check_call<'r>(
         &self,
         c: &mut Checks,
-        rec: &'r stallprof::report::model::Recording,
+        rec: &'r stallprof::model::Recording,
         raw: &serde_json::Value,
         t: &Truth,
-    ) -> Option<(usize, &'r stallprof::report::model::Stall)> {
+    ) -> Option<(usize, &'r stallprof::model::Stall)> {
         use stallprof::report::aggregate;
         let who = t.who();
-        let found: Vec<(usize, &stallprof::report::model::Stall)> = rec
+        let found: Vec<(usize, &stallprof::model::Stall)> = rec
             .stalls
             .iter()
             .enumerate()

@@ -16,7 +16,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::report::model::{PartKind, Stall};
+use crate::model::{PartKind, Stall};
 
 /// Label pairs of one process: pid, comm, exe, cgroup, container, pod,
 /// runtime. Each is a function of the process, so a process has one set:
@@ -354,7 +354,7 @@ impl Metrics {
     }
 
     /// Which probes serve now (a part can fall back while the daemon runs).
-    pub fn set_probes(&self, set: &crate::report::model::ProbeSet) {
+    pub fn set_probes(&self, set: &crate::model::ProbeSet) {
         self.probes.clear();
         for (part, mode) in [("scheduler", &set.scheduler), ("waits", &set.waits)] {
             self.probes
@@ -437,7 +437,7 @@ pub fn self_usage() -> (f64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::model::{Frame, StackPart};
+    use crate::model::{Frame, StackPart};
 
     #[test]
     fn names_follow_conventions() {

@@ -61,8 +61,8 @@ use self::{
     reports::Window,
 };
 use crate::{
-    kernel::probe::Probes, os::clock::monotonic_ns, os::outdir::OutDir, os::units::fmt_ns,
-    pipeline::engine::Engine, report::model::Stall,
+    kernel::probe::Probes, model::Stall, os::clock::monotonic_ns, os::outdir::OutDir,
+    os::units::fmt_ns, pipeline::engine::Engine,
 };
 
 const EXAMPLES: &str = "\

@@ -7,7 +7,7 @@
 //! pid has a new start time, an exec'd one a new exe.
 use std::fs;
 
-use crate::report::model::ProcessInfo;
+use crate::model::ProcessInfo;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcInfo {

@@ -21,8 +21,8 @@ use anyhow::{Context, Result};
 
 use super::procs::ProcInfo;
 use crate::{
+    model::{ProbeSet, Recording, RuntimeProblem, Stall},
     os::outdir::OutDir,
-    report::model::{ProbeSet, Recording, RuntimeProblem, Stall},
     report::{self, flamegraph, pprof},
 };
 
@@ -412,7 +412,7 @@ mod tests {
     /// the retry writes them into the same window directory.
     #[test]
     fn failed_window_write_is_kept_and_retried() {
-        use crate::report::model::{Frame, FrameKind, PartKind, StackPart};
+        use crate::model::{Frame, FrameKind, PartKind, StackPart};
         let root = std::env::temp_dir().join(format!(
             "stallprof-window-{}",
             crate::os::outdir::random_suffix()

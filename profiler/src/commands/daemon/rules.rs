@@ -149,7 +149,7 @@ mod tests {
             comm: comm.into(),
             exe: exe.into(),
             cgroup: cgroup.into(),
-            process: crate::report::model::ProcessInfo {
+            process: crate::model::ProcessInfo {
                 ns_pid: None,
                 container: crate::os::container::from_path(cgroup),
             },
