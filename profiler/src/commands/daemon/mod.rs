@@ -613,10 +613,7 @@ impl Collector {
             .into_iter()
             .filter(|p| p.pid == pid)
             .collect();
-        if !self
-            .window
-            .add(&info, Arc::unwrap_or_clone(stall), problems)
-        {
+        if !self.window.add(&info, stall, problems) {
             self.sh.metrics.window_stalls_dropped.inc();
         }
     }

@@ -109,7 +109,9 @@ pub fn parse_stamp(name: &str) -> Option<u64> {
 
 pub struct ProcWindow {
     pub info: Arc<ProcInfo>,
-    pub stalls: Vec<Stall>,
+    /// Shared with the daemon's recent-stall view (`/debug/pprof`), not
+    /// copied: one stall in memory for both.
+    pub stalls: Vec<Arc<Stall>>,
     /// Its runtimes that could not be read, as of its latest stall and the
     /// window's close.
     pub problems: Vec<RuntimeProblem>,
@@ -166,7 +168,12 @@ impl Window {
 
     /// Add a stall, with its process's runtime problems now; false if the
     /// window is over its budget (not added).
-    pub fn add(&mut self, info: &Arc<ProcInfo>, s: Stall, problems: Vec<RuntimeProblem>) -> bool {
+    pub fn add(
+        &mut self,
+        info: &Arc<ProcInfo>,
+        s: Arc<Stall>,
+        problems: Vec<RuntimeProblem>,
+    ) -> bool {
         let b = stall_bytes(&s);
         if self.bytes + b > WINDOW_BUDGET {
             return false;
@@ -279,7 +286,12 @@ impl Window {
                 // throttled time per stall.
                 cpu_quota: None,
                 app_paths: app_paths.to_vec(),
-                stalls: std::mem::take(&mut p.stalls),
+                // Moved where the recent view let go of them, else copied
+                // for this write only.
+                stalls: std::mem::take(&mut p.stalls)
+                    .into_iter()
+                    .map(Arc::unwrap_or_clone)
+                    .collect(),
             };
             let wrote = (|| -> Result<()> {
                 report::write_json(&rec, &dir)?;
@@ -303,7 +315,7 @@ impl Window {
             if let Err(e) = wrote {
                 // Kept for the retry; the half-written directory stays
                 // (the retry writes a new `<comm>-<pid>-2`).
-                p.stalls = rec.stalls;
+                p.stalls = rec.stalls.into_iter().map(Arc::new).collect();
                 return Err(e);
             }
             self.procs.remove(&key);
@@ -461,7 +473,7 @@ mod tests {
             probes: &probes,
             app_paths: &[],
         };
-        assert!(w.add(&info, stall, Vec::new()));
+        assert!(w.add(&info, Arc::new(stall), Vec::new()));
         // The data directory is gone: the write fails, the stalls stay.
         fs::remove_dir(&root).unwrap();
         let (written, r) = w.write(&data, 70_000_000, &how);
