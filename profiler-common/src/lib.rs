@@ -26,7 +26,8 @@ pub const MAX_USTACK: usize = 96;
 pub const USER_STACK_COPY: usize = 32 << 10;
 /// Ring buffer size as compiled: the largest the agent asks for. At load
 /// the agent sizes it to the sampling rate and CPU count
-/// (`probe::ring_bytes`): 64 MiB holds ~1.9k stack events (~35 KiB each).
+/// (`probe::ring_bytes`): 64 MiB holds ~1.9k stack events at their full
+/// ~35 KiB (they are sent cut to their valid bytes: 6-12 KiB measured).
 pub const RINGBUF_BYTES: u32 = 64 << 20;
 /// Events are submitted without waking the reader until this much data is
 /// waiting; the reader also drains on a short timer (`record`: 20 ms). A

@@ -419,7 +419,8 @@ pub fn default_sample_after(threshold_ns: u64) -> u64 {
 /// The drain no longer waits on symbolization (`pipeline/symbolizer.rs`)
 /// nor on a runtime's symbol table, but it is one thread on a loaded host:
 /// with 100 ms (an 8 MiB ring for `record` on 2 CPUs when every stack event
-/// took the full ~35 KiB) the demo lost 348 events once in 7 runs at a load average of 10 on this 2-vCPU VM, the
+/// took the full ~35 KiB) the demo lost 348 events once in 7 runs at a load
+/// average of 10 on this 2-vCPU VM, the
 /// drain not scheduled for a quarter of a second. The largest backlog a
 /// drain found is logged at the end (`-v`: "at most N KiB waiting").
 const RING_SLACK_MS: u64 = 125;

@@ -1677,6 +1677,20 @@ mod tests {
     /// are assembled in far less than the 20 s it would take to name them
     /// all, none is lost, and the ones the full queue would not take keep
     /// unnamed native frames, counted in `symbolizer_behind`.
+    /// An engine over saved symbols with `symbolizer`, a 10 ms threshold.
+    fn saved_engine(symbolizer: Symbolizer, maps: SharedMaps) -> Engine {
+        Engine::with(
+            TrackerConfig {
+                threshold_ns: 10 * MS,
+                tids: None,
+            },
+            Symbols::Saved(TableResolver::default()),
+            symbolizer,
+            maps,
+            Unwinder::new(),
+        )
+    }
+
     #[test]
     fn a_process_forgotten_without_stalls_lets_go_of_its_maps_at_once() {
         // The symbolizer thread never ran (as under a sustained CPU load,
@@ -1688,16 +1702,7 @@ mod tests {
         assert!(maps.holds(me), "no maps snapshot of this process");
         let symbolizer =
             Symbolizer::threaded(Worker::new(Native::Saved(Box::default()), maps.clone()));
-        let mut engine = Engine::with(
-            TrackerConfig {
-                threshold_ns: 10 * MS,
-                tids: None,
-            },
-            Symbols::Saved(TableResolver::default()),
-            symbolizer,
-            maps.clone(),
-            Unwinder::new(),
-        );
+        let mut engine = saved_engine(symbolizer, maps.clone());
         engine.forget(me, &mut NoControl);
         assert!(!maps.holds(me), "the snapshot waited for the symbolizer");
     }
@@ -1717,16 +1722,7 @@ mod tests {
         let mut symbolizer =
             Symbolizer::threaded(Worker::new(Native::Saved(Box::new(table)), maps.clone()));
         symbolizer.set_delay(std::time::Duration::from_millis(200));
-        let mut engine = Engine::with(
-            TrackerConfig {
-                threshold_ns: 10 * MS,
-                tids: None,
-            },
-            Symbols::Saved(TableResolver::default()),
-            symbolizer,
-            maps,
-            Unwinder::new(),
-        );
+        let mut engine = saved_engine(symbolizer, maps);
         let started = std::time::Instant::now();
         // Two waits on epoll fd 3 make it the loop; then a 30 ms busy period
         // with a sample, every 50 ms.
