@@ -98,6 +98,13 @@ static TASK_LAST_ARRIVAL_OFFSET: Global<u32> = Global::new(0);
 static CFS_RQ_RQ_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static RQ_CLOCK_OFFSET: Global<u32> = Global::new(0);
+/// With per-thread switch events, `rq.curr` and `task_struct.comm`: the
+/// task that takes the CPU from a preempted loop thread, named as the one
+/// holding it (`throttle::wait_here`).
+#[unsafe(no_mangle)]
+static RQ_CURR_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TASK_COMM_OFFSET: Global<u32> = Global::new(0);
 
 /// Offset of `task_struct.sched_info.run_delay` (the ns a task ever waited
 /// runnable for a CPU; `CONFIG_SCHED_INFO`), from the kernel's BTF at load;

@@ -7,8 +7,9 @@
 //! `sched_switch` and `sched_wakeup` tracepoints — raw (`sp_raw_*`: the
 //! daemon, which watches every process) or classic (the fallback, for a
 //! kernel whose BTF or prototypes stallprof cannot check);
-//! `sched_process_exit` (raw or classic); a `cpu-clock` perf event on every
-//! CPU; the thread's state in `THREADS` (`waits` decides whether it is
+//! `sched_process_exit` (raw or classic); a `cpu-clock` perf event on each
+//! watched thread with the per-thread switch events (no other task is
+//! interrupted), else on every CPU; the thread's state in `THREADS` (`waits` decides whether it is
 //! parked).
 //! Out: `SchedEvent`s (`PREEMPTED`, `SWITCH_IN`, `WAKEUP`, `EXIT`) and
 //! `StackEvent`s (`SWITCH_OUT`, `SAMPLE`, built by `stack`); a thread's
@@ -19,7 +20,8 @@
 //! ns); a watched thread's switch-in, seen by no program, is dated at its
 //! next event from `sched_info.last_arrival` and its wakeup from the run
 //! delay it accrued (`came_back`; the waker is not known), and who held a
-//! CPU it waited for is charged per sample (`throttle::cpu_tick`).
+//! CPU it waited for is the task that took it at the preemption
+//! (`throttle::wait_here`).
 //! `sched_switch` and `sched_wakeup` run at every context switch and wakeup
 //! on the host. The raw tracepoints build no record: a task that is not the
 //! target's costs a tgid compare when it leaves a CPU (daemon mode: a hash
@@ -141,7 +143,7 @@ fn back_on_cpu(tid: u32, tgid: u32, st: &mut ThreadState, ts: u64) {
     }
     st.off_reported = 0;
     off_cpu_add(-1);
-    throttle::report_holders(tid, tgid, st);
+    throttle::report_holders(tid, tgid, st, ts);
     let mut hdr = header(kind::SWITCH_IN, tid, tgid);
     hdr.ts_ns = ts;
     emit(SchedEvent {
@@ -411,14 +413,10 @@ pub fn sp_thread_switch(ctx: PerfEventContext) -> u32 {
     0
 }
 
-/// CPU-clock sample: the stacks of a busy tracked thread that is on-CPU;
-/// with per-thread switch events, also who holds a CPU a loop thread waits
-/// for (no program sees that CPU's switches).
+/// CPU-clock sample: the stacks of a busy tracked thread that is on-CPU
+/// (per-thread events: only the watched threads are sampled).
 #[perf_event]
 pub fn sp_sample(ctx: PerfEventContext) -> u32 {
-    if THREAD_SWITCHES.load() != 0 {
-        throttle::cpu_tick();
-    }
     let Some((tgid, tid, st)) = current_tracked() else {
         return 0;
     };

@@ -11,9 +11,11 @@
 //!
 //! Constraints: `cpu_switch` runs at every context switch the scheduler
 //! programs see (host-wide tracepoints: every switch on the host; per-thread
-//! switch events: the watched threads' own), and `cpu_tick` at every CPU
-//! sample with per-thread switch events: one array lookup and a compare
-//! while no loop thread waits on that CPU.
+//! switch events: the watched threads' own): one array lookup and a compare
+//! while no loop thread waits on that CPU. With per-thread switch events no
+//! program sees that CPU's other switches, so the holder is the task the
+//! scheduler picked at the preemption (`rq.curr`, read there), charged the
+//! whole wait.
 //! Everything else runs per preemption or switch-in of a busy loop thread:
 //! at most three kernel reads, `MAX_CPU_HOLDERS` compares, and
 //! `MAX_CPU_HOLDERS + 1` small events. A failed read is counted
@@ -21,8 +23,8 @@
 //! The decision itself is `profiler_common::throttle_model`, shared with
 //! userspace's unit tests.
 use aya_ebpf::helpers::{
-    bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_smp_processor_id,
-    bpf_ktime_get_ns, bpf_probe_read_kernel,
+    bpf_get_current_comm, bpf_get_current_task, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+    bpf_probe_read_kernel,
 };
 use profiler_common::{
     CPU_HOLDER_OTHERS, CpuHolderEvent, CpuWait, Drop, MAX_CPU_HOLDERS, NO_RUN_DELAY, SchedEvent,
@@ -30,8 +32,9 @@ use profiler_common::{
 };
 
 use crate::{
-    CFS_RQ_SELF_TIME_OFFSET, CFS_RQ_THROTTLE_COUNT_OFFSET, TASK_CFS_RQ_OFFSET,
-    TASK_RUN_DELAY_OFFSET, TASK_THROTTLED_OFFSET, THROTTLE_MODEL,
+    CFS_RQ_RQ_OFFSET, CFS_RQ_SELF_TIME_OFFSET, CFS_RQ_THROTTLE_COUNT_OFFSET, RQ_CURR_OFFSET,
+    TASK_CFS_RQ_OFFSET, TASK_COMM_OFFSET, TASK_PID_OFFSET, TASK_RUN_DELAY_OFFSET,
+    TASK_THROTTLED_OFFSET, THREAD_SWITCHES, THROTTLE_MODEL,
     maps::{CPU_WAITS, count, emit, header},
 };
 
@@ -142,28 +145,6 @@ pub(crate) fn cpu_switch(pid: u32, tgid: u32) {
     held_until_now(w, pid, tgid);
 }
 
-/// A CPU-clock sample on this CPU (per-thread switch events: no program
-/// sees this CPU's switches): the current task (`pid`, `tgid`) is taken to
-/// have held it since the last sample or switch, and is charged to the loop
-/// thread waiting here, if one is. Sample-grained: what ran between two
-/// samples is charged to the one the later sample found.
-#[inline(always)]
-pub(crate) fn cpu_tick() {
-    let id = bpf_get_current_pid_tgid();
-    let (pid, tgid) = (id as u32, (id >> 32) as u32);
-    let cpu = unsafe { bpf_get_smp_processor_id() };
-    let Some(w) = CPU_WAITS.get_ptr_mut(cpu) else {
-        return;
-    };
-    // SAFETY: a map value stays valid for the program's run.
-    let w = unsafe { &mut *w };
-    // The waiting thread itself is back: its own event reports the holders.
-    if w.tid == 0 || w.tid == pid {
-        return;
-    }
-    held_until_now(w, pid, tgid);
-}
-
 #[inline(always)]
 fn held_until_now(w: &mut CpuWait, pid: u32, tgid: u32) {
     let now = unsafe { bpf_ktime_get_ns() };
@@ -173,6 +154,19 @@ fn held_until_now(w: &mut CpuWait, pid: u32, tgid: u32) {
 
 #[inline(always)]
 fn charge(w: &mut CpuWait, pid: u32, tgid: u32, ns: u64) {
+    charge_named(w, pid, tgid, ns, || {
+        bpf_get_current_comm().unwrap_or_default()
+    });
+}
+
+#[inline(always)]
+fn charge_named(
+    w: &mut CpuWait,
+    pid: u32,
+    tgid: u32,
+    ns: u64,
+    comm: impl FnOnce() -> [u8; profiler_common::COMM_LEN],
+) {
     let n = w.n as usize;
     for i in 0..MAX_CPU_HOLDERS {
         if i < n && w.held[i].pid == pid {
@@ -185,7 +179,7 @@ fn charge(w: &mut CpuWait, pid: u32, tgid: u32, ns: u64) {
             h.pid = pid;
             h.tgid = tgid;
             h.ns = ns;
-            h.comm = bpf_get_current_comm().unwrap_or_default();
+            h.comm = comm();
             w.n += 1;
         }
         None => w.others_ns += ns,
@@ -212,18 +206,54 @@ pub(crate) fn wait_here(tid: u32, tgid: u32, st: &mut ThreadState) {
     w.n = 0;
     w.others_ns = 0;
     st.wait_cpu = cpu;
+    if THREAD_SWITCHES.load() != 0 {
+        took_the_cpu(w);
+    }
 }
 
-/// A busy loop thread (`tid` of `tgid`) is back on a CPU: report who held
-/// the CPU it waited for (wherever it runs now), and free that slot.
+/// Per-thread switch events: the task the scheduler picked to run instead
+/// of the preempted current task (`rq.curr` is already the next one when
+/// the switch-out's perf event runs) becomes the wait's holder, with no
+/// time yet (`report_holders` charges it the wait). A failed read is
+/// counted and leaves the wait without a holder.
 #[inline(always)]
-pub(crate) fn report_holders(tid: u32, tgid: u32, st: &ThreadState) {
+fn took_the_cpu(w: &mut CpuWait) {
+    let task = unsafe { bpf_get_current_task() };
+    let Some(cfs_rq) = read::<u64>(task + TASK_CFS_RQ_OFFSET.load() as u64) else {
+        return;
+    };
+    let Some(rq) = read::<u64>(cfs_rq + CFS_RQ_RQ_OFFSET.load() as u64) else {
+        return;
+    };
+    let Some(next) = read::<u64>(rq + RQ_CURR_OFFSET.load() as u64) else {
+        return;
+    };
+    // task_struct.pid, then tgid.
+    let Some(ids) = read::<u64>(next + TASK_PID_OFFSET.load() as u64) else {
+        return;
+    };
+    let comm = read::<[u8; profiler_common::COMM_LEN]>(next + TASK_COMM_OFFSET.load() as u64)
+        .unwrap_or_default();
+    charge_named(w, ids as u32, (ids >> 32) as u32, 0, || comm);
+}
+
+/// A busy loop thread (`tid` of `tgid`) is back on a CPU since `ts`:
+/// report who held the CPU it waited for (wherever it runs now), and free
+/// that slot.
+#[inline(always)]
+pub(crate) fn report_holders(tid: u32, tgid: u32, st: &ThreadState, ts: u64) {
     let Some(w) = CPU_WAITS.get_ptr_mut(st.wait_cpu) else {
         return;
     };
     let w = unsafe { &mut *w };
     if w.tid != tid {
         return;
+    }
+    if THREAD_SWITCHES.load() != 0 && w.n > 0 {
+        // The task that took the CPU held it until the switch-in, as far
+        // as any program saw (another watched thread's switch-out there
+        // charged itself and moved `since`).
+        w.held[0].ns += ts.saturating_sub(w.since);
     }
     let n = w.n as usize;
     for i in 0..MAX_CPU_HOLDERS {

@@ -22,14 +22,16 @@ pub struct StallArgs {
     /// CPU-clock sampling frequency in Hz for on-CPU stacks.
     #[arg(short = 'F', long, default_value_t = 999, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub frequency: u64,
-    /// Which kernel probes: `auto` watches the target's own threads'
-    /// context switches (per-thread perf events; the daemon: raw
-    /// tracepoints) and puts uprobes on its own wait functions, so no other
-    /// process runs a program, falling back per part where those cannot
-    /// serve; `raw-tracepoints` puts the scheduler on raw tracepoints (every
-    /// context switch on the host runs a program); `tracepoints` forces the
-    /// classic tracepoints, which every process on the host pays for (its
-    /// syscalls and context switches) while attached.
+    /// Which kernel probes: `auto` watches the target's own threads —
+    /// their context switches and CPU-clock samples on per-thread perf
+    /// events (the daemon: each loop thread it elects) — and puts uprobes on
+    /// its own wait functions, so no other process runs a program or takes
+    /// an interrupt, falling back per part where those cannot serve;
+    /// `raw-tracepoints` puts the scheduler on raw tracepoints (every
+    /// context switch on the host runs a program) and the sampling on every
+    /// CPU; `tracepoints` forces the classic tracepoints, which every
+    /// process on the host pays for (its syscalls and context switches)
+    /// while attached.
     #[arg(long, env = "STALLPROF_PROBES", value_enum, default_value_t = crate::kernel::probe::ProbeChoice::Auto)]
     pub probes: crate::kernel::probe::ProbeChoice,
 }

@@ -226,6 +226,12 @@ impl<'a> Btf<'a> {
         match t.kind {
             KIND_INT | KIND_STRUCT | KIND_UNION | KIND_ENUM | KIND_ENUM64 => Some(t.size_or_type),
             KIND_PTR => Some(8),
+            // struct btf_array { type, index_type, nelems }
+            KIND_ARRAY => {
+                let elem = u32_at(self.type_sec, t.extra)?;
+                let n = u32_at(self.type_sec, t.extra + 8)?;
+                self.size(elem)?.checked_mul(n)
+            }
             _ => None,
         }
     }
@@ -401,9 +407,10 @@ fn task_cfs_rq(btf: &Btf) -> Result<u32, Unusable> {
 
 /// Where the per-thread switch program reads (BPF globals
 /// `TASK_STATE_OFFSET`, `TASK_LAST_ARRIVAL_OFFSET`, `TASK_CFS_RQ_OFFSET`,
-/// `CFS_RQ_RQ_OFFSET`, `RQ_CLOCK_OFFSET`): whether the thread leaving blocked,
-/// and — as no program sees it come back — when it did, against its run
-/// queue's clock at the switch-out.
+/// `CFS_RQ_RQ_OFFSET`, `RQ_CLOCK_OFFSET`, `RQ_CURR_OFFSET`,
+/// `TASK_COMM_OFFSET`): whether the thread leaving blocked, and — as no
+/// program sees it come back — when it did, against its run queue's clock
+/// at the switch-out; and which task takes the CPU from a preempted one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SwitchLayout {
     /// `task_struct.__state` (4 bytes; the low half of `state` before 5.14).
@@ -415,6 +422,11 @@ pub struct SwitchLayout {
     pub cfs_rq_rq: u32,
     /// `rq.clock`.
     pub rq_clock: u32,
+    /// `rq.curr` (8 bytes): at a switch-out's perf event the scheduler has
+    /// already made it the next task.
+    pub rq_curr: u32,
+    /// `task_struct.comm` (16 bytes).
+    pub task_comm: u32,
 }
 
 /// The per-thread switch layout of a BTF blob: `Err` says why this kernel
@@ -450,6 +462,9 @@ pub fn switch_layout(data: &[u8]) -> Result<SwitchLayout, Unusable> {
         cfs_rq_rq: field(&btf, cfs_rq, "rq", Some(8))
             .ok_or_else(|| missing("cfs_rq.rq (CONFIG_FAIR_GROUP_SCHED)"))?,
         rq_clock: field(&btf, rq, "clock", Some(8)).ok_or_else(|| missing("rq.clock"))?,
+        rq_curr: field(&btf, rq, "curr", Some(8)).ok_or_else(|| missing("rq.curr"))?,
+        task_comm: field(&btf, task, "comm", Some(16))
+            .ok_or_else(|| missing("task_struct.comm"))?,
     })
 }
 
@@ -650,7 +665,9 @@ mod tests {
             l.task_cfs_rq,
             running_kernel_throttle().unwrap().task_cfs_rq
         );
-        assert!(l.cfs_rq_rq > 0 && l.rq_clock > 0, "{l:?}");
+        assert!(l.cfs_rq_rq > 0 && l.rq_clock > 0 && l.rq_curr > 0, "{l:?}");
+        // comm comes after the ids, inside task_struct.
+        assert!(l.task_comm > pid, "{l:?}");
         assert!(switch_layout(b"").is_err());
     }
 

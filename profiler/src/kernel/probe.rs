@@ -381,8 +381,11 @@ pub struct Probes {
     /// recording, pid 0 (every process mapping the file) in the daemon.
     waits_done: HashSet<(u32, (u64, u64), u64)>,
     /// Daemon with per-thread switch events: each elected loop thread's
-    /// event (opened at its election, closed at its exit).
-    switch_links: std::collections::HashMap<u32, PerfEventLinkId>,
+    /// switch and sampling events (opened at its election, closed at its
+    /// exit).
+    switch_links: std::collections::HashMap<u32, ThreadLinks>,
+    /// `--frequency`: the sampling events' rate.
+    sample_hz: u64,
     /// Daemon: processes whose mappings were looked at (live ones only),
     /// and the files (device, inode) read for wait functions.
     host_scanned: HashSet<u32>,
@@ -392,13 +395,15 @@ pub struct Probes {
 /// What the user asked for (`--probes`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProbeChoice {
-    /// Uprobes on the watched processes' wait functions; for the scheduler,
-    /// per-thread perf events on the recorded process's threads (the
-    /// daemon: raw tracepoints); each falls back where it cannot serve.
+    /// Uprobes on the watched processes' wait functions; for the scheduler
+    /// and the sampling, per-thread perf events on the recorded process's
+    /// threads (the daemon: on each loop thread it elects); each falls back
+    /// where it cannot serve.
     #[default]
     Auto,
     /// The raw scheduler tracepoints even for one process (every context
-    /// switch and wakeup on the host runs a program while attached).
+    /// switch and wakeup on the host runs a program while attached), and
+    /// CPU-clock sampling on every CPU.
     RawTracepoints,
     /// The classic tracepoints for everything (every process on the host
     /// pays for its syscalls and context switches while attached).
@@ -449,6 +454,12 @@ pub fn ring_bytes(sample_hz: u64, cpus: u64) -> u32 {
 /// user-stack copy, and half of the copy.
 const PLANNED_STACK_EVENT: usize =
     std::mem::offset_of!(profiler_common::StackEvent, stack) + profiler_common::USER_STACK_COPY / 2;
+
+/// One watched thread's per-thread events (the daemon's elected loops).
+struct ThreadLinks {
+    switches: PerfEventLinkId,
+    samples: PerfEventLinkId,
+}
 
 impl Probes {
     /// Load the programs for `tgid` (0 = every process) and attach the
@@ -553,6 +564,8 @@ impl Probes {
             .override_global("TASK_LAST_ARRIVAL_OFFSET", &sw.task_last_arrival, true)
             .override_global("CFS_RQ_RQ_OFFSET", &sw.cfs_rq_rq, true)
             .override_global("RQ_CLOCK_OFFSET", &sw.rq_clock, true)
+            .override_global("RQ_CURR_OFFSET", &sw.rq_curr, true)
+            .override_global("TASK_COMM_OFFSET", &sw.task_comm, true)
             .override_global(
                 "CFS_RQ_THROTTLE_COUNT_OFFSET",
                 &throttle.cfs_rq_throttle_count,
@@ -611,6 +624,7 @@ impl Probes {
             set,
             waits_done: HashSet::new(),
             switch_links: Default::default(),
+            sample_hz,
             host_scanned: HashSet::new(),
             host_files: HashSet::new(),
         };
@@ -619,10 +633,14 @@ impl Probes {
         } else {
             probes.set.waits = "uprobes".into();
         }
+        for prog in ["sp_sample", "sp_thread_switch"] {
+            if prog == "sp_thread_switch" && switches.is_none() {
+                continue;
+            }
+            let p: &mut PerfEvent = program(&mut probes.ebpf, prog)?;
+            p.load().map_err(|source| load_error(prog, source))?;
+        }
         if switches.is_some() {
-            let p: &mut PerfEvent = program(&mut probes.ebpf, "sp_thread_switch")?;
-            p.load()
-                .map_err(|source| load_error("sp_thread_switch", source))?;
             if tgid != 0 {
                 probes.attach_thread_switches(tgid)?;
             }
@@ -656,23 +674,24 @@ impl Probes {
             probes.set.scheduler = SCHED_CLASSIC.into();
         }
 
-        let sample: &mut PerfEvent = program(&mut probes.ebpf, "sp_sample")?;
-        sample
-            .load()
-            .map_err(|source| load_error("sp_sample", source))?;
-        let cpus = online_cpus().map_err(|(_, e)| ProbeError::Cpus(e))?;
-        for cpu in cpus {
-            sample
-                .attach(
-                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(sample_hz),
-                    false,
-                )
-                .map_err(|source| ProbeError::Attach {
-                    what: format!("cpu-clock perf event on CPU {cpu}"),
-                    source,
-                })?;
+        // With the per-thread switch events the samples are per thread too
+        // (attached with them): no other task is interrupted.
+        if switches.is_none() {
+            let sample: &mut PerfEvent = program(&mut probes.ebpf, "sp_sample")?;
+            let cpus = online_cpus().map_err(|(_, e)| ProbeError::Cpus(e))?;
+            for cpu in cpus {
+                sample
+                    .attach(
+                        PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                        PerfEventScope::AllProcessesOneCpu { cpu },
+                        SamplePolicy::Frequency(sample_hz),
+                        false,
+                    )
+                    .map_err(|source| ProbeError::Attach {
+                        what: format!("cpu-clock perf event on CPU {cpu}"),
+                        source,
+                    })?;
+            }
         }
         info!(
             "probes attached (tgid {tgid}, {sample_hz} Hz; scheduler: {}, waits: {})",
@@ -681,11 +700,11 @@ impl Probes {
         Ok(probes)
     }
 
-    /// A `context-switches` software perf event on every thread of `tgid`,
-    /// sampling each switch into `sp_thread_switch` and inherited by the
-    /// threads (and children) they start; the threads are listed again
-    /// until a listing finds none new (a thread started meanwhile by one
-    /// not yet covered). A thread gone before its event opened is skipped.
+    /// The per-thread events ([`Probes::open_thread_events`]) on every
+    /// thread of `tgid`, inherited by the threads (and children) they
+    /// start; the threads are listed again until a listing finds none new
+    /// (a thread started meanwhile by one not yet covered). A thread gone
+    /// before its events opened is skipped.
     fn attach_thread_switches(&mut self, tgid: u32) -> Result<(), ProbeError> {
         const ROUNDS: usize = 50;
         let mut covered = HashSet::new();
@@ -696,11 +715,11 @@ impl Probes {
                 return Ok(());
             }
             for tid in new {
-                if let Err(source) = self.open_thread_switches(tid, true)
+                if let Err((what, source)) = self.open_thread_events(tid, true)
                     && Path::new(&format!("/proc/{tgid}/task/{tid}")).exists()
                 {
                     return Err(ProbeError::Attach {
-                        what: format!("context-switches perf event on thread {tid} of {tgid}"),
+                        what: format!("{what} perf event on thread {tid} of {tgid}"),
                         source,
                     });
                 }
@@ -712,25 +731,49 @@ impl Probes {
         ))))
     }
 
-    /// Thread `tid`'s `context-switches` event into `sp_thread_switch`
-    /// (loaded), sampling every switch; `inherit`: the threads and
-    /// processes it starts get one too.
-    fn open_thread_switches(
+    /// Thread `tid`'s events: `context-switches` into `sp_thread_switch`,
+    /// sampling every switch, and `cpu-clock` into `sp_sample` at
+    /// `--frequency` (a per-thread clock runs only while the thread does);
+    /// `inherit`: the threads and processes it starts get them too. Both
+    /// or neither: the first is closed again when the second fails.
+    fn open_thread_events(
         &mut self,
         tid: u32,
         inherit: bool,
-    ) -> Result<PerfEventLinkId, aya::programs::ProgramError> {
-        let p: &mut PerfEvent = program(&mut self.ebpf, "sp_thread_switch")
-            .map_err(|_| aya::programs::ProgramError::NotLoaded)?;
-        p.attach(
-            PerfEventConfig::Software(SoftwareEvent::ContextSwitches),
-            PerfEventScope::OneProcess {
-                pid: tid,
-                cpu: None,
-            },
-            SamplePolicy::Period(1),
-            inherit,
-        )
+    ) -> Result<ThreadLinks, (&'static str, aya::programs::ProgramError)> {
+        let scope = || PerfEventScope::OneProcess {
+            pid: tid,
+            cpu: None,
+        };
+        let switches = program::<PerfEvent>(&mut self.ebpf, "sp_thread_switch")
+            .map_err(|_| ("context-switches", aya::programs::ProgramError::NotLoaded))?
+            .attach(
+                PerfEventConfig::Software(SoftwareEvent::ContextSwitches),
+                scope(),
+                SamplePolicy::Period(1),
+                inherit,
+            )
+            .map_err(|e| ("context-switches", e))?;
+        let hz = self.sample_hz;
+        let samples = program::<PerfEvent>(&mut self.ebpf, "sp_sample")
+            .map_err(|_| aya::programs::ProgramError::NotLoaded)
+            .and_then(|p| {
+                p.attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    scope(),
+                    SamplePolicy::Frequency(hz),
+                    inherit,
+                )
+            });
+        match samples {
+            Ok(samples) => Ok(ThreadLinks { switches, samples }),
+            Err(e) => {
+                if let Ok(p) = program::<PerfEvent>(&mut self.ebpf, "sp_thread_switch") {
+                    let _ = p.detach(switches);
+                }
+                Err(("cpu-clock", e))
+            }
+        }
     }
 
     /// Load (once) and attach classic tracepoints.
@@ -972,19 +1015,19 @@ impl Probes {
         if let Err(e) = self.loop_gen.set(0, self.generation, 0) {
             log::warn!("LOOP_GEN update: {e}; loop keys may be seen late");
         }
-        // The daemon watches an elected loop thread's switches from now
-        // (a recording's are watched from attach).
+        // The daemon watches an elected loop thread's switches and samples
+        // it from now (a recording's threads are watched from attach).
         if self.tgid == 0
             && self.set.scheduler == SCHED_THREAD_EVENTS
             && !self.switch_links.contains_key(&tid)
         {
-            match self.open_thread_switches(tid, false) {
-                Ok(link) => {
-                    self.switch_links.insert(tid, link);
+            match self.open_thread_events(tid, false) {
+                Ok(links) => {
+                    self.switch_links.insert(tid, links);
                 }
                 // Gone already: its exit will be seen.
                 Err(_) if !Path::new(&format!("/proc/{tid}")).exists() => {}
-                Err(e) => self.update_failed("loop_switch_events_failed", &e),
+                Err((_, e)) => self.update_failed("loop_switch_events_failed", &e),
             }
         }
     }
@@ -1036,10 +1079,13 @@ impl Probes {
     /// A loop thread exited (or its process did): its `LOOP_KEYS` entry
     /// goes, so a reused tid starts undecided and the map does not fill.
     pub fn forget_loop_thread(&mut self, tid: u32) {
-        if let Some(link) = self.switch_links.remove(&tid)
-            && let Ok(p) = program::<PerfEvent>(&mut self.ebpf, "sp_thread_switch")
-        {
-            let _ = p.detach(link);
+        if let Some(links) = self.switch_links.remove(&tid) {
+            if let Ok(p) = program::<PerfEvent>(&mut self.ebpf, "sp_thread_switch") {
+                let _ = p.detach(links.switches);
+            }
+            if let Ok(p) = program::<PerfEvent>(&mut self.ebpf, "sp_sample") {
+                let _ = p.detach(links.samples);
+            }
         }
         if self.loop_keys.remove(&tid).is_ok() {
             self.generation += 1;

@@ -155,7 +155,7 @@ impl Metrics {
         let probes = Family::<Labels, Gauge>::default();
         r.register(
             "stallprof_probes",
-            "Which kernel probes serve (1 per part): part=scheduler mode=raw_tracepoints|tracepoints, \
+            "Which kernel probes serve (1 per part): part=scheduler mode=thread_perf_events|raw_tracepoints|tracepoints, \
              part=waits mode=uprobes|tracepoints|uprobes+tracepoints. A tracepoints mode costs every \
              process on the host its syscalls or context switches; the reason is in the daemon's log",
             probes.clone(),
