@@ -357,6 +357,9 @@ impl Proc {
     /// Waits for a line containing `needle`; its arrival time.
     fn wait_line(&mut self, needle: &str, timeout: Duration) -> Result<Instant> {
         let deadline = Instant::now() + timeout;
+        // An exit is final only once the reader thread had time to store
+        // the last lines: they are looked at once more after it.
+        let mut exited = None;
         loop {
             if let Some((t, _)) = self
                 .lines
@@ -367,13 +370,17 @@ impl Proc {
             {
                 return Ok(*t);
             }
-            if let Ok(Some(st)) = self.child.try_wait() {
-                thread::sleep(Duration::from_millis(100));
+            if let Some(st) = exited {
                 bail!(
                     "{} exited ({st}) before printing {needle:?}:\n{}",
                     self.what,
                     self.text()
                 );
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                thread::sleep(Duration::from_millis(100));
+                exited = Some(st);
+                continue;
             }
             if Instant::now() > deadline {
                 bail!(
