@@ -9,8 +9,8 @@
 //! kernel whose BTF or prototypes stallprof cannot check);
 //! `sched_process_exit` (raw or classic); a `cpu-clock` perf event on each
 //! watched thread with the per-thread switch events (no other task is
-//! interrupted), else on every CPU; the thread's state in `THREADS` (`waits` decides whether it is
-//! parked).
+//! interrupted), else on every CPU; the thread's state in `THREADS`
+//! (`waits` decides whether it is parked).
 //! Out: `SchedEvent`s (`PREEMPTED`, `SWITCH_IN`, `WAKEUP`, `EXIT`) and
 //! `StackEvent`s (`SWITCH_OUT`, `SAMPLE`, built by `stack`); a thread's
 //! `THREADS` and `LOOP_KEYS` entries go when it exits.

@@ -383,7 +383,7 @@ pub struct Probes {
     /// Daemon with per-thread switch events: each elected loop thread's
     /// switch and sampling events (opened at its election, closed at its
     /// exit).
-    switch_links: std::collections::HashMap<u32, ThreadLinks>,
+    thread_links: std::collections::HashMap<u32, ThreadLinks>,
     /// `--frequency`: the sampling events' rate.
     sample_hz: u64,
     /// Daemon: processes whose mappings were looked at (live ones only),
@@ -425,8 +425,8 @@ pub fn default_sample_after(threshold_ns: u64) -> u64 {
 /// nor on a runtime's symbol table, but it is one thread on a loaded host:
 /// with 100 ms (an 8 MiB ring for `record` on 2 CPUs when every stack event
 /// took the full ~35 KiB) the demo lost 348 events once in 7 runs at a load
-/// average of 10 on this 2-vCPU VM, the
-/// drain not scheduled for a quarter of a second. The largest backlog a
+/// average of 10 on this 2-vCPU VM, the drain not scheduled for a quarter
+/// of a second. The largest backlog a
 /// drain found is logged at the end (`-v`: "at most N KiB waiting").
 const RING_SLACK_MS: u64 = 125;
 /// The smallest ring buffer: room for switch-outs and bursts beyond samples
@@ -623,7 +623,7 @@ impl Probes {
             wait_tracepoints,
             set,
             waits_done: HashSet::new(),
-            switch_links: Default::default(),
+            thread_links: Default::default(),
             sample_hz,
             host_scanned: HashSet::new(),
             host_files: HashSet::new(),
@@ -633,16 +633,18 @@ impl Probes {
         } else {
             probes.set.waits = "uprobes".into();
         }
-        for prog in ["sp_sample", "sp_thread_switch"] {
-            if prog == "sp_thread_switch" && switches.is_none() {
-                continue;
-            }
+        let perf_programs: &[&str] = if switches.is_some() {
+            &["sp_sample", "sp_thread_switch"]
+        } else {
+            &["sp_sample"]
+        };
+        for &prog in perf_programs {
             let p: &mut PerfEvent = program(&mut probes.ebpf, prog)?;
             p.load().map_err(|source| load_error(prog, source))?;
         }
         if switches.is_some() {
             if tgid != 0 {
-                probes.attach_thread_switches(tgid)?;
+                probes.attach_thread_events(tgid)?;
             }
             probes.set.scheduler = SCHED_THREAD_EVENTS.into();
         }
@@ -705,7 +707,7 @@ impl Probes {
     /// start; the threads are listed again until a listing finds none new
     /// (a thread started meanwhile by one not yet covered). A thread gone
     /// before its events opened is skipped.
-    fn attach_thread_switches(&mut self, tgid: u32) -> Result<(), ProbeError> {
+    fn attach_thread_events(&mut self, tgid: u32) -> Result<(), ProbeError> {
         const ROUNDS: usize = 50;
         let mut covered = HashSet::new();
         for _ in 0..ROUNDS {
@@ -768,11 +770,16 @@ impl Probes {
         match samples {
             Ok(samples) => Ok(ThreadLinks { switches, samples }),
             Err(e) => {
-                if let Ok(p) = program::<PerfEvent>(&mut self.ebpf, "sp_thread_switch") {
-                    let _ = p.detach(switches);
-                }
+                self.close_perf_event("sp_thread_switch", switches);
                 Err(("cpu-clock", e))
             }
+        }
+    }
+
+    /// Close one per-thread event of perf program `prog` (loaded).
+    fn close_perf_event(&mut self, prog: &'static str, link: PerfEventLinkId) {
+        if let Ok(p) = program::<PerfEvent>(&mut self.ebpf, prog) {
+            let _ = p.detach(link);
         }
     }
 
@@ -1019,11 +1026,11 @@ impl Probes {
         // it from now (a recording's threads are watched from attach).
         if self.tgid == 0
             && self.set.scheduler == SCHED_THREAD_EVENTS
-            && !self.switch_links.contains_key(&tid)
+            && !self.thread_links.contains_key(&tid)
         {
             match self.open_thread_events(tid, false) {
                 Ok(links) => {
-                    self.switch_links.insert(tid, links);
+                    self.thread_links.insert(tid, links);
                 }
                 // Gone already: its exit will be seen.
                 Err(_) if !Path::new(&format!("/proc/{tid}")).exists() => {}
@@ -1079,13 +1086,9 @@ impl Probes {
     /// A loop thread exited (or its process did): its `LOOP_KEYS` entry
     /// goes, so a reused tid starts undecided and the map does not fill.
     pub fn forget_loop_thread(&mut self, tid: u32) {
-        if let Some(links) = self.switch_links.remove(&tid) {
-            if let Ok(p) = program::<PerfEvent>(&mut self.ebpf, "sp_thread_switch") {
-                let _ = p.detach(links.switches);
-            }
-            if let Ok(p) = program::<PerfEvent>(&mut self.ebpf, "sp_sample") {
-                let _ = p.detach(links.samples);
-            }
+        if let Some(links) = self.thread_links.remove(&tid) {
+            self.close_perf_event("sp_thread_switch", links.switches);
+            self.close_perf_event("sp_sample", links.samples);
         }
         if self.loop_keys.remove(&tid).is_ok() {
             self.generation += 1;

@@ -1672,11 +1672,6 @@ mod tests {
         }
     }
 
-    /// A symbolizer that takes 200 ms a stall (the first symbolization of a
-    /// large binary takes seconds) does not hold up the drain: 100 stalls
-    /// are assembled in far less than the 20 s it would take to name them
-    /// all, none is lost, and the ones the full queue would not take keep
-    /// unnamed native frames, counted in `symbolizer_behind`.
     /// An engine over saved symbols with `symbolizer`, a 10 ms threshold.
     fn saved_engine(symbolizer: Symbolizer, maps: SharedMaps) -> Engine {
         Engine::with(
@@ -1707,6 +1702,11 @@ mod tests {
         assert!(!maps.holds(me), "the snapshot waited for the symbolizer");
     }
 
+    /// A symbolizer that takes 200 ms a stall (the first symbolization of a
+    /// large binary takes seconds) does not hold up the drain: 100 stalls
+    /// are assembled in far less than the 20 s it would take to name them
+    /// all, none is lost, and the ones the full queue would not take keep
+    /// unnamed native frames, counted in `symbolizer_behind`.
     #[test]
     fn a_slow_symbolizer_does_not_block_the_drain() {
         const STALLS: u64 = 100;
