@@ -63,6 +63,11 @@ pub mod kind {
     /// (`CpuHolderEvent`), reported at that thread's switch-in: up to
     /// [`MAX_CPU_HOLDERS`](super::MAX_CPU_HOLDERS) of them per wait.
     pub const CPU_HOLDER: u32 = 9;
+    /// CPython 3.14+: the asyncio task a stack event's thread was running,
+    /// read with that stack (`TaskEvent`), sent just before the stack event
+    /// it belongs to: userspace names the task from it when the task is
+    /// gone by the time it reads (a short-lived task freed after its block).
+    pub const TASK: u32 = 10;
 }
 
 /// `SchedEvent::arg` of a `PREEMPTED` event: what the kernel said about
@@ -410,6 +415,11 @@ counters! {
         /// No build slot for a stack event on this CPU (a CPU number past
         /// the ones the agent sized `STACK_SCRATCH` for): the event was lost.
         StackScratchMissing = 14 => "stack_scratch_missing",
+        /// CPython 3.14+: a read of the running asyncio task's object, its
+        /// name or its coroutine's frame failed with a stack event (or no
+        /// scratch slot to build the `TaskEvent`): userspace reads the task
+        /// itself later, which fails for a task freed by then.
+        TaskSnapshotFailed = 15 => "asyncio_task_snapshot_failed",
     }
 }
 
@@ -486,6 +496,58 @@ pub struct CpuHolderEvent {
     pub comm: [u8; COMM_LEN],
 }
 
+/// Bytes of a task object a `TaskEvent` carries (3.14's `TaskObj` is 168).
+pub const TASK_OBJ_BYTES: usize = 256;
+/// Bytes of a task's name object a `TaskEvent` carries: a compact ASCII
+/// `str` header (40 bytes on 3.14) and up to 87 characters, or an `int`.
+pub const TASK_NAME_BYTES: usize = 128;
+/// Tasks a `TaskEvent` carries: the running one and the first tasks of its
+/// await chain (each awaited by one task, not a set). Userspace follows a
+/// longer chain in live memory.
+pub const TASK_CHAIN: usize = 4;
+
+/// One task of a `TaskEvent`: the object and its name, each with its
+/// address. A length of 0: that read failed (counted).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct TaskPart {
+    /// The task object, and its name object (`task + task_name`).
+    pub task: u64,
+    pub name: u64,
+    /// Where the name type's `tp_flags` is (0: not read), and its value.
+    pub name_flags_at: u64,
+    pub name_flags: u64,
+    /// Valid bytes of `task_bytes` and `name_bytes`.
+    pub task_len: u32,
+    pub name_len: u32,
+    pub task_bytes: [u8; TASK_OBJ_BYTES],
+    pub name_bytes: [u8; TASK_NAME_BYTES],
+}
+
+/// The asyncio task running on a thread, read with one of its stack events
+/// (`kind::TASK`, sent just before that `StackEvent`), so userspace can name
+/// a task freed before it reads (a short-lived task, or the task awaiting
+/// it). Each part is an address and the bytes read there; userspace parses
+/// them as it parses live memory (`symbolize::python::tasks`). Sent cut
+/// after its `parts_len` parts.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct TaskEvent {
+    pub hdr: EventHeader,
+    /// The running task's coroutine frame: its code and instruction fields
+    /// (`coro + gen_frame + PyOffsets::frame_code` / `frame_instr`; 0: not
+    /// read) and their values.
+    pub code_at: u64,
+    pub code: u64,
+    pub instr_at: u64,
+    pub instr: u64,
+    /// Valid entries of `parts`: the running task first, then the task
+    /// awaiting it, and so on.
+    pub parts_len: u32,
+    pub _pad: u32,
+    pub parts: [TaskPart; TASK_CHAIN],
+}
+
 /// An on-CPU sample or a switch-out, with the stacks at that moment.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -546,6 +608,9 @@ pub struct PyProc {
     /// (from the `_asyncio` module's debug offsets, set once they are
     /// read); 0: the running task is not read with the stack.
     pub running_task: u64,
+    /// With `running_task`: where the task's parts are, for the
+    /// `TaskEvent` sent with each stack.
+    pub task: python::TaskLayout,
 }
 
 /// A futex wait whose address lies within this many bytes after the GIL's
@@ -731,6 +796,7 @@ pub const fn wait_key(nr: u32, fd: i32) -> u64 {
 mod pod {
     use super::*;
     unsafe impl aya::Pod for PyProc {}
+    unsafe impl aya::Pod for TaskEvent {}
     unsafe impl aya::Pod for ThreadState {}
     unsafe impl aya::Pod for CpuWait {}
     unsafe impl aya::Pod for EventHeader {}

@@ -119,6 +119,31 @@ pub struct PyFrame {
     pub instr: u64,
 }
 
+/// `PyObject.ob_type` (every version, x86-64).
+pub const OB_TYPE: u64 = 8;
+/// `PyTypeObject.tp_flags` (the stable ABI's layout).
+pub const TYPE_TP_FLAGS: u64 = 168;
+
+/// CPython 3.14+: where the parts of an asyncio `TaskObj` that name it
+/// are, for BPF to read them with a stack (`TaskEvent`). Offsets from the
+/// `_asyncio` module's `.AsyncioDebug` section; all 0: not known yet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskLayout {
+    /// `sizeof(TaskObj)` (the first `TASK_OBJ_BYTES` are read).
+    pub size: u16,
+    /// `TaskObj.task_name` and `TaskObj.task_coro`.
+    pub name: u16,
+    pub coro: u16,
+    /// The coroutine object's embedded frame (`gi_iframe`).
+    pub gen_frame: u16,
+    /// `TaskObj.task_awaited_by` (the awaiting task, or a set of them) and
+    /// `task_awaited_by_is_set`.
+    pub awaited_by: u16,
+    pub awaited_by_is_set: u16,
+    pub _pad: u32,
+}
+
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for PyOffsets {}
 #[cfg(feature = "user")]
@@ -127,3 +152,4 @@ unsafe impl aya::Pod for PyFrame {}
 // The BPF side reads these with fixed sizes; make a layout change loud.
 const _: () = assert!(core::mem::size_of::<PyOffsets>() == 32);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
+const _: () = assert!(core::mem::size_of::<TaskLayout>() == 16);

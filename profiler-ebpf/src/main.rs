@@ -40,6 +40,7 @@ mod python;
 mod runtime;
 mod sched;
 mod stack;
+mod task;
 mod throttle;
 mod tracepoint;
 mod waits;

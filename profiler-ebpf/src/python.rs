@@ -7,7 +7,8 @@
 //! `StackEvent` — (code object, instruction) pairs and activation
 //! boundaries, innermost first, with `py_status` — and, for a wait on the
 //! GIL while another thread holds it, `gil_holder` and the holder's frames;
-//! on CPython 3.14+, the asyncio task running (`task`).
+//! on CPython 3.14+, the asyncio task running (`task`, and its parts in a
+//! `TaskEvent` sent first: `task::emit_task`).
 //!
 //! Constraints: nothing is resolved here (names and lines are userspace's);
 //! every read of interpreter memory can fail and is counted
@@ -28,8 +29,9 @@ use profiler_common::{
 
 use crate::maps::{PY_PROCS, PY_THREADS, count};
 
+/// A `u64` of target memory; `None` when the read fails.
 #[inline(always)]
-fn read_u64(addr: u64) -> Option<u64> {
+pub(crate) fn read_u64(addr: u64) -> Option<u64> {
     unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
 }
 
@@ -179,7 +181,13 @@ fn copy_scratch(slot: u32, dst: *mut PyFrame, frames: usize) {
 /// Fill the Python parts of a stack event: the thread's own frames and, for
 /// a switch-out into a wait for the GIL, the holder and its frames.
 #[inline(always)]
-pub(crate) fn fill_python(ev: *mut StackEvent, tid: u32, tgid: u32, futex_addr: u64) {
+pub(crate) fn fill_python(
+    ev: *mut StackEvent,
+    tid: u32,
+    tgid: u32,
+    futex_addr: u64,
+    switch_out: bool,
+) {
     let Some(tstate) = (unsafe { PY_THREADS.get(&tid) }).copied() else {
         return;
     };
@@ -191,6 +199,9 @@ pub(crate) fn fill_python(ev: *mut StackEvent, tid: u32, tgid: u32, futex_addr: 
         // The task running now, not when userspace gets to read it.
         let task = read_u64(tstate + proc_.running_task).unwrap_or(0);
         unsafe { (*ev).task = task };
+        if task != 0 {
+            crate::task::emit_task(task, tid, tgid, proc_, switch_out as u32);
+        }
     }
     let (n, status) = walk_python(o, tstate, 0, PY_MAX_FRAMES as u32);
     copy_scratch(0, unsafe { (*ev).py.as_mut_ptr() }, PY_MAX_FRAMES);

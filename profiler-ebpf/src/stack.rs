@@ -191,7 +191,7 @@ pub(crate) fn emit_stack_event<C: EbpfContext>(
     } else {
         0
     };
-    fill_python(ev, tid, tgid, futex_addr);
+    fill_python(ev, tid, tgid, futex_addr, switch_out);
     // The bound is for the verifier: `copied` is at most USER_STACK_COPY.
     let len = STACK_AT + copied.min(USER_STACK_COPY);
     // SAFETY: `ev` is a map value of size_of::<StackEvent>() >= len bytes.

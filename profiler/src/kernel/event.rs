@@ -6,8 +6,8 @@
 //! golden tests.
 use profiler_common::{
     CpuHolderEvent, EventHeader, MAX_KSTACK, MAX_USTACK, PY_HOLDER_FRAMES, SchedEvent, StackEvent,
-    THROTTLE_NOT_MEASURED, USER_STACK_COPY, UserRegs, WaitEvent, kind, preempt,
-    python::PY_MAX_FRAMES,
+    TASK_CHAIN, TASK_NAME_BYTES, TASK_OBJ_BYTES, THROTTLE_NOT_MEASURED, TaskEvent, TaskPart,
+    USER_STACK_COPY, UserRegs, WaitEvent, kind, preempt, python::PY_MAX_FRAMES,
 };
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -36,6 +36,13 @@ pub struct RawStack {
     /// The GIL holder's Python frames at that moment, innermost first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holder_python: Vec<(u64, u64)>,
+}
+
+/// Bytes BPF read at an address of the target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryRead {
+    pub addr: u64,
+    pub bytes: Vec<u8>,
 }
 
 fn is_zero64(v: &u64) -> bool {
@@ -129,6 +136,16 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "is_zero64")]
         task: u64,
     },
+    /// CPython 3.14+: the asyncio task `tid` ran when its next stack
+    /// event was captured (sent just before it): the parts of target memory
+    /// that name it, as read then (`profiler_common::TaskEvent`).
+    Task {
+        tid: u32,
+        tgid: u32,
+        ts: u64,
+        task: u64,
+        memory: Vec<MemoryRead>,
+    },
     /// A thread exited; `process` when it was the last one.
     Exit {
         tid: u32,
@@ -149,6 +166,7 @@ impl Event {
             | Event::CpuHolder { tid, .. }
             | Event::Wakeup { tid, .. }
             | Event::Sample { tid, .. }
+            | Event::Task { tid, .. }
             | Event::Exit { tid, .. } => tid,
         }
     }
@@ -163,6 +181,7 @@ impl Event {
             | Event::CpuHolder { ts, .. }
             | Event::Wakeup { ts, .. }
             | Event::Sample { ts, .. }
+            | Event::Task { ts, .. }
             | Event::Exit { ts, .. } => ts,
         }
     }
@@ -357,6 +376,52 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
                 ns: h.ns,
             }
         }
+        kind::TASK => {
+            // Sent cut after its valid parts.
+            let head = std::mem::offset_of!(TaskEvent, parts);
+            let mut full = [0u8; size_of::<TaskEvent>()];
+            let n = bytes.len().min(full.len());
+            if n < head {
+                return Err(EventError::Short {
+                    kind: hdr.kind,
+                    len: bytes.len(),
+                });
+            }
+            full[..n].copy_from_slice(&bytes[..n]);
+            let t: TaskEvent = read(&full, hdr.kind)?;
+            let sent = (n - head) / size_of::<TaskPart>();
+            let parts = &t.parts[..(t.parts_len as usize).min(sent).min(TASK_CHAIN)];
+            let read_at = |addr: u64, b: &[u8]| MemoryRead {
+                addr,
+                bytes: b.to_vec(),
+            };
+            let mut memory = Vec::new();
+            for p in parts {
+                let task_len = (p.task_len as usize).min(TASK_OBJ_BYTES);
+                if task_len != 0 {
+                    memory.push(read_at(p.task, &p.task_bytes[..task_len]));
+                }
+                let name_len = (p.name_len as usize).min(TASK_NAME_BYTES);
+                if name_len != 0 {
+                    memory.push(read_at(p.name, &p.name_bytes[..name_len]));
+                }
+                if p.name_flags_at != 0 {
+                    memory.push(read_at(p.name_flags_at, &p.name_flags.to_le_bytes()));
+                }
+            }
+            for (at, v) in [(t.code_at, t.code), (t.instr_at, t.instr)] {
+                if at != 0 {
+                    memory.push(read_at(at, &v.to_le_bytes()));
+                }
+            }
+            Event::Task {
+                tid,
+                tgid,
+                ts,
+                task: parts.first().map_or(0, |p| p.task),
+                memory,
+            }
+        }
         other => return Err(EventError::Kind(other)),
     })
 }
@@ -430,6 +495,69 @@ mod tests {
                 ret: 1
             }
         );
+    }
+
+    #[test]
+    fn task_event_keeps_each_read_that_succeeded_with_its_address() {
+        let mut t: TaskEvent = unsafe { std::mem::zeroed() };
+        t.hdr = EventHeader {
+            kind: kind::TASK,
+            tid: 7,
+            tgid: 5,
+            cpu: 0,
+            ts_ns: 99,
+        };
+        (t.code_at, t.code) = (0x4000, 0xc0de);
+        (t.instr_at, t.instr) = (0, 0); // failed
+        t.parts_len = 2;
+        let p = &mut t.parts[0];
+        (p.task, p.task_len, p.task_bytes[0]) = (0x1000, 168, 1);
+        (p.name, p.name_len) = (0x2000, 0); // its read failed: not sent
+        (p.name_flags_at, p.name_flags) = (0x3000, 1 << 28);
+        let p = &mut t.parts[1];
+        (p.task, p.task_len) = (0x5000, 168);
+        (p.name, p.name_len) = (0x6000, 48);
+        // Sent cut after its two parts.
+        let head = std::mem::offset_of!(TaskEvent, parts);
+        let all = bytes_of(&t);
+        let sent = &all[..head + 2 * size_of::<TaskPart>()];
+        let Event::Task {
+            tid,
+            tgid,
+            ts,
+            task,
+            memory,
+        } = parse(sent).unwrap()
+        else {
+            panic!("not a task event");
+        };
+        assert_eq!((tid, tgid, ts, task), (7, 5, 99, 0x1000));
+        let parts: Vec<(u64, usize)> = memory.iter().map(|m| (m.addr, m.bytes.len())).collect();
+        assert_eq!(
+            parts,
+            [
+                (0x1000, 168),
+                (0x3000, 8),
+                (0x5000, 168),
+                (0x6000, 48),
+                (0x4000, 8)
+            ]
+        );
+        assert_eq!(memory[0].bytes[0], 1);
+        assert_eq!(memory[4].bytes, 0xc0deu64.to_le_bytes());
+        // A count or a length past what was sent is cut to it.
+        t.parts_len = 9;
+        t.parts[0].task_len = 5000;
+        let all = bytes_of(&t);
+        let Ok(Event::Task { memory, .. }) = parse(&all[..head + size_of::<TaskPart>()]) else {
+            panic!("not a task event");
+        };
+        assert_eq!(memory[0].bytes.len(), TASK_OBJ_BYTES);
+        assert!(memory.iter().all(|m| m.addr < 0x5000));
+        assert!(matches!(
+            parse(&all[..head - 1]),
+            Err(EventError::Short { .. })
+        ));
     }
 
     #[test]

@@ -32,7 +32,7 @@ use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 
 use anyhow::{Context, Result};
 use log::{debug, info, warn};
-use profiler_common::PyProc;
+use profiler_common::{PyProc, python::TaskLayout};
 
 use crate::{
     kernel::event::{self, Event},
@@ -46,7 +46,7 @@ use crate::{
     pipeline::routes::{Routes, Want},
     pipeline::stall::{Output, RawStall, Tracker, TrackerConfig},
     pipeline::symbolizer::{self, Done, Job, Native, Symbolizer, Worker},
-    symbolize::python::{self, Interpreter, PythonError},
+    symbolize::python::{self, Captured, Interpreter, PythonError},
     symbolize::{
         Answers, Recorder, ResolveRuntime, RuntimeReader, SharedMaps, TableResolver, Unnamed,
     },
@@ -261,12 +261,19 @@ impl PythonWatch {
     }
 
     /// 3.14+: BPF reads the running asyncio task with every stack from now
-    /// (`PyProc::running_task`), once a task read found where it is.
-    fn read_tasks_in_kernel(&mut self, pid: u32, offset: u64, probes: &mut dyn Control) {
+    /// (`PyProc::running_task`, and its parts: `PyProc::task`), once a task
+    /// read found where it is.
+    fn read_tasks_in_kernel(
+        &mut self,
+        pid: u32,
+        (offset, layout): (u64, TaskLayout),
+        probes: &mut dyn Control,
+    ) {
         if let Some(p) = self.bpf.as_mut()
-            && p.running_task != offset
+            && (p.running_task, p.task) != (offset, layout)
         {
             p.running_task = offset;
+            p.task = layout;
             probes.set_python_proc(pid, *p);
             debug!("pid {pid}: the running asyncio task is read with each stack");
         }
@@ -323,6 +330,7 @@ impl PythonWatch {
                     gil_locked: gil.map_or(0, |g| g.locked),
                     gil_last_holder: gil.map_or(0, |g| g.last_holder),
                     running_task: 0,
+                    task: TaskLayout::default(),
                 };
                 info!(
                     "pid {pid}: CPython {} ({}); Python stacks on",
@@ -520,6 +528,9 @@ pub struct Engine {
     /// Why a process's asyncio tasks could not be read (the latest reason,
     /// once a stall went without its name because of it).
     task_problems: BTreeMap<u32, String>,
+    /// tid -> the task BPF read with its next stack event (`Event::Task`
+    /// comes just before it; taken by that stack event).
+    task_reads: HashMap<u32, Captured>,
     /// See [`Engine::ring_backlog_max`].
     ring_backlog_max: usize,
     /// The ASGI request of each open busy period, read next to its task.
@@ -599,6 +610,7 @@ impl Engine {
             exited: HashSet::new(),
             tasks: HashMap::new(),
             task_problems: BTreeMap::new(),
+            task_reads: HashMap::new(),
             ring_backlog_max: 0,
             routes: Routes::default(),
         }
@@ -993,12 +1005,13 @@ impl Engine {
 
     fn handle(&mut self, ev: Event, probes: &mut dyn Control) {
         if let Event::Exit {
-            process: true,
-            tgid,
-            ..
+            process, tgid, tid, ..
         } = ev
         {
-            self.exited.insert(tgid);
+            if process {
+                self.exited.insert(tgid);
+            }
+            self.task_reads.remove(&tid);
         }
         if let Event::Sample { tgid, .. } | Event::SwitchOut { tgid, .. } = &ev
             && self.python.get(tgid).is_some_and(|w| w.problem.is_some())
@@ -1024,6 +1037,17 @@ impl Engine {
         {
             blaze.warm_js(*tgid, &stack.js);
         }
+        if let Event::Task {
+            tid, task, memory, ..
+        } = ev
+        {
+            // For the stack event that follows (live only: a recording's
+            // tasks were named when it was made).
+            if self.symbols.live().is_some() {
+                self.task_reads.insert(tid, Captured { task, memory });
+            }
+            return;
+        }
         let task_read = match &ev {
             Event::Sample {
                 tgid,
@@ -1039,28 +1063,38 @@ impl Engine {
                 task,
                 ..
             } if !stack.python.is_empty() && self.symbols.live().is_some() => {
-                Some((*tgid, *tid, stack.python.clone(), *task))
+                // What BPF sent of this task just before the stack, if it is
+                // this task's.
+                let memory = match self.task_reads.remove(tid) {
+                    Some(c) if c.task == *task => c.memory,
+                    _ => Vec::new(),
+                };
+                let captured = Captured {
+                    task: *task,
+                    memory,
+                };
+                Some((*tgid, *tid, stack.python.clone(), captured))
             }
             _ => None,
         };
         let mut out = Vec::new();
         self.tracker.push(ev, &mut out);
-        if let Some((tgid, tid, python, task)) = task_read {
-            self.read_task(tgid, tid, &python, task, probes);
+        if let Some((tgid, tid, python, captured)) = task_read {
+            self.read_task(tgid, tid, &python, &captured, probes);
             self.read_route(tgid, tid, &python);
         }
         self.outputs(out, probes);
     }
 
     /// Reads the asyncio task of `tid`'s open busy period, unless it is
-    /// known or was tried [`TASK_READS`] times; `captured`: the task object
-    /// BPF read with the stack (3.14+; 0: none, read it now).
+    /// known or was tried [`TASK_READS`] times; `captured`: the task BPF
+    /// read with the stack (3.14+; task 0: none, read it now).
     fn read_task(
         &mut self,
         tgid: u32,
         tid: u32,
         python: &[(u64, u64)],
-        captured: u64,
+        captured: &Captured,
         probes: &mut dyn Control,
     ) {
         let Some(start) = self.tracker.open_period(tid) else {
@@ -1076,10 +1110,10 @@ impl Engine {
             return;
         };
         let found = blaze.asyncio_task(tgid, tid, python, captured);
-        if let Some(off) = blaze.running_task_offset(tgid)
+        if let Some(kernel) = blaze.kernel_task(tgid)
             && let Some(w) = self.python.get_mut(&tgid)
         {
-            w.read_tasks_in_kernel(tgid, off, probes);
+            w.read_tasks_in_kernel(tgid, kernel, probes);
         }
         let state = match found {
             Ok(task) => BusyTask::Named(task),
@@ -1557,10 +1591,14 @@ impl Engine {
         while let Some(item) = ring.next() {
             bytes += item.len();
             if let Ok(ev) = event::parse(&item)
-                && matches!(ev, Event::Sample { .. } | Event::SwitchOut { .. })
+                && matches!(
+                    ev,
+                    Event::Sample { .. } | Event::SwitchOut { .. } | Event::Task { .. }
+                )
                 && !self.tracker.loops().is_loop_thread(ev.tid())
             {
-                skipped += 1;
+                // A task read goes with a stack event: skipped with it.
+                skipped += u64::from(!matches!(ev, Event::Task { .. }));
                 continue;
             }
             self.handle_record(&item, probes);

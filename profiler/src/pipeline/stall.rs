@@ -596,6 +596,8 @@ impl Tracker {
                     out.push(Output::LoopGone { tid });
                 }
             }
+            // What names a stack's task: the engine's, not the timeline's.
+            Event::Task { .. } => {}
         }
     }
 

@@ -527,7 +527,7 @@ impl RuntimeReader {
         pid: u32,
         tid: u32,
         stack: &[(u64, u64)],
-        captured: u64,
+        captured: &python::Captured,
     ) -> Result<crate::model::Task, python::TaskRead> {
         let resolver = self
             .python
@@ -540,9 +540,9 @@ impl RuntimeReader {
     }
 
     /// CPython 3.14+: where `pid`'s thread states hold their running
-    /// asyncio task, once a task read found it.
-    pub fn running_task_offset(&self, pid: u32) -> Option<u64> {
-        self.python.get(&pid)?.as_ref()?.running_task_offset()
+    /// asyncio task, and the task's layout, once a task read found them.
+    pub fn kernel_task(&self, pid: u32) -> Option<(u64, profiler_common::python::TaskLayout)> {
+        self.python.get(&pid)?.as_ref()?.kernel_task()
     }
 
     /// The ASGI request thread `tid` of `pid` is serving now, checked

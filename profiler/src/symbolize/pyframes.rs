@@ -10,9 +10,11 @@ use std::collections::HashMap;
 use crate::{
     model::{Frame, FrameKind, Route, Task},
     symbolize::python::{
-        CodeResolver, Interpreter, PyFrameInfo, RouteRead, RouteReader, TaskRead, TaskReader,
+        Captured, CodeResolver, Interpreter, PyFrameInfo, RouteRead, RouteReader, TaskRead,
+        TaskReader,
     },
 };
+use profiler_common::python::TaskLayout;
 
 /// The native function that executes Python bytecode: each activation runs
 /// one or more Python frames. (Its inline wrapper `_PyEval_EvalFrame`
@@ -200,7 +202,7 @@ impl PyResolver {
         &mut self,
         tid: u32,
         stack: &[(u64, u64)],
-        captured: u64,
+        captured: &Captured,
     ) -> Result<Task, TaskRead> {
         let tstate = if self.interp.version().1 >= 14 {
             self.tstate_of(tid)
@@ -222,10 +224,10 @@ impl PyResolver {
         }
     }
 
-    /// 3.14+: where a thread state holds its running asyncio task, once
-    /// found (see [`TaskReader::running_task_offset`]).
-    pub fn running_task_offset(&self) -> Option<u64> {
-        self.tasks.running_task_offset()
+    /// 3.14+: where a thread state holds its running asyncio task and the
+    /// task's layout, once found (see [`TaskReader::kernel_task`]).
+    pub fn kernel_task(&self) -> Option<(u64, TaskLayout)> {
+        self.tasks.kernel_task()
     }
 
     /// The ASGI request (method, route template) thread `tid` is serving,

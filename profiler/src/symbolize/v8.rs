@@ -59,7 +59,7 @@ use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
 
 use crate::{
     model::{Frame, FrameKind, RuntimeProblem},
-    symbolize::python::{Mapping, ProcessMemory, mapped_file, parse_maps},
+    symbolize::python::{Mapping, ProcessMemory, ReadMemory, mapped_file, parse_maps},
 };
 
 /// Longest string read for a function or file name.

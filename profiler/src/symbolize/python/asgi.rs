@@ -41,7 +41,7 @@ use profiler_common::python::{PY_OFFSET_NONE, PY_OWNER_NONE};
 
 use super::PythonError;
 use super::dict::{self, DICT_MA_KEYS, DICT_MA_VALUES};
-use super::memory::{ProcessMemory, le_u64};
+use super::memory::{ProcessMemory, ReadMemory, le_u64};
 use super::offsets::{Layout, OB_TYPE, VAR_OB_SIZE};
 
 /// Frames of the live chain followed (shims included).
@@ -489,7 +489,7 @@ impl RouteReader {
         if !self.has_flag(obj, TPFLAGS_UNICODE_SUBCLASS)? {
             return Ok(None);
         }
-        let mut s = super::code::read_unicode(&self.mem, &self.layout, obj)?;
+        let mut s = super::code::read_unicode(&*self.mem, &self.layout, obj)?;
         let cap = cap.min(MAX_TEMPLATE_CHARS) as usize;
         if s.chars().count() > cap {
             s = s.chars().take(cap).collect::<String>() + "…";

@@ -15,7 +15,7 @@ use profiler_common::python::{PY_FRAME_MODEL_FRAME_OBJECT, PyFrame};
 
 use super::PythonError;
 use super::linetable::{self, LineRange};
-use super::memory::{ProcessMemory, le_u32, le_u64};
+use super::memory::{ProcessMemory, ReadMemory, le_u32, le_u64};
 use super::offsets::{self, Layout};
 
 /// A resolved Python frame.
@@ -192,7 +192,7 @@ impl CodeResolver {
 
     /// A compact `str` object (what code objects hold) -> String.
     fn read_str(&self, addr: u64) -> Result<String, PythonError> {
-        read_unicode(&self.mem, &self.layout, addr)
+        read_unicode(&*self.mem, &self.layout, addr)
     }
 
     fn read_bytes_object(&self, addr: u64) -> Result<Vec<u8>, PythonError> {
@@ -216,7 +216,7 @@ impl CodeResolver {
 /// A compact `str` object (what code objects and task names hold) ->
 /// String, at most [`MAX_STRING_CHARS`] characters.
 pub(crate) fn read_unicode(
-    mem: &ProcessMemory,
+    mem: &dyn ReadMemory,
     l: &Layout,
     addr: u64,
 ) -> Result<String, PythonError> {

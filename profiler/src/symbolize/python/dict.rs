@@ -9,7 +9,7 @@
 //! (`PythonListTooLong`) and read up to the cap.
 
 use super::PythonError;
-use super::memory::{ProcessMemory, le_u64};
+use super::memory::{ProcessMemory, ReadMemory, le_u64};
 use super::offsets::{Layout, UNICODE_LENGTH, UNICODE_STATE};
 
 /// `PyDictObject.ma_keys`, `.ma_values` (3.10-3.15).

@@ -37,10 +37,10 @@ pub use asgi::{RouteRead, RouteReader};
 pub use code::{CodeResolver, PyFrameInfo};
 pub use discover::{Mapping, is_interpreter_file, mapped_file, parse_maps};
 pub use linetable::{LineRange, LineTableFormat};
-pub use memory::ProcessMemory;
+pub use memory::{ProcessMemory, ReadMemory};
 pub use offsets::{GilFields, Layout};
 pub use profiler_common::python::{PY_MAX_FRAMES, PyFrame, PyOffsets};
-pub use tasks::{TaskRead, TaskReader};
+pub use tasks::{Captured, TaskRead, TaskReader};
 
 /// Interpreters per process, and thread states over all of them, followed
 /// before we assume a torn or hostile list: each thread state costs two or

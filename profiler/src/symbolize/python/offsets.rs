@@ -88,7 +88,7 @@ pub struct GilFields {
 
 /// Version-independent (gdb 3.10.13..3.13.0; checked against the target's
 /// `_Py_DebugOffsets` for 3.13+).
-pub const OB_TYPE: u64 = 8; // PyObject.ob_type
+pub use profiler_common::python::OB_TYPE; // PyObject.ob_type
 pub const VAR_OB_SIZE: u64 = 16; // PyVarObject.ob_size
 pub const BYTES_OB_SVAL: u64 = 32; // PyBytesObject.ob_sval
 pub const UNICODE_LENGTH: u64 = 16; // PyASCIIObject.length

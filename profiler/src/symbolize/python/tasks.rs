@@ -38,9 +38,11 @@ use std::time::{Duration, Instant};
 
 use super::PythonError;
 use super::dict::{self, DICT_MA_KEYS};
-use super::memory::{ProcessMemory, le_u64};
-use super::offsets::{Layout, OB_TYPE};
+use super::memory::{Overlay, ProcessMemory, ReadMemory, le_u64};
+use super::offsets::Layout;
+use crate::kernel::event::MemoryRead;
 use profiler_common::python::PY_FRAME_MODEL_FRAME_OBJECT;
+use profiler_common::python::{OB_TYPE, TYPE_TP_FLAGS, TaskLayout};
 
 /// Entries of `_current_tasks` considered (one per running event loop).
 pub const MAX_TASKS: usize = 64;
@@ -55,6 +57,15 @@ const MAX_AWAITERS_SET: u64 = 1024;
 /// one scan of `sys.modules` that often).
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(16);
+
+/// The running task as BPF read it with a stack (3.14+): the object, and
+/// the parts of memory that name it as they were then (`Event::Task`;
+/// empty when not sent). `task == 0`: not read with the stack.
+#[derive(Clone, Debug, Default)]
+pub struct Captured {
+    pub task: u64,
+    pub memory: Vec<MemoryRead>,
+}
 
 /// What one read found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,8 +163,6 @@ const GI_IFRAME_314: u64 = 72;
 const DEBUG_OFFSETS_IMPORTS_MODULES_313: u64 = 11;
 /// `PyModuleObject.md_dict` (3.10-3.15).
 const MODULE_MD_DICT: u64 = 16;
-/// `PyTypeObject.tp_flags` (the stable ABI's layout).
-const TYPE_TP_FLAGS: u64 = 168;
 const TPFLAGS_LONG_SUBCLASS: u64 = 1 << 24;
 const TPFLAGS_UNICODE_SUBCLASS: u64 = 1 << 28;
 /// `PySetObject.mask`, followed by `.table` (3.14, `Include/cpython/setobject.h`),
@@ -211,13 +220,13 @@ impl TaskReader {
     /// The task running on the thread of `tstate` (needed on 3.14+), checked
     /// against `stack`: the (code, instr) pairs of a stack event of that
     /// thread, innermost first, `code == 0` between activations.
-    /// `captured` (3.14+, non-zero): the task object BPF read with that
-    /// stack, the one running then rather than now.
+    /// `captured` (3.14+): the task BPF read with that stack, the one
+    /// running then rather than now, and what it read of it.
     pub fn current(
         &mut self,
         tstate: Option<u64>,
         stack: &[(u64, u64)],
-        captured: u64,
+        captured: &Captured,
     ) -> TaskRead {
         if let Source::Pending(at) = self.source {
             if Instant::now() < at {
@@ -247,13 +256,29 @@ impl TaskReader {
     }
 
     /// 3.14+, once found: the offset of `asyncio_running_task` in a
-    /// thread state, for BPF to read the task with each stack
-    /// (`PyProc::running_task`).
-    pub fn running_task_offset(&self) -> Option<u64> {
-        match self.source {
-            Source::RunningTask(off) => Some(off),
-            _ => None,
-        }
+    /// thread state and the task's layout, for BPF to read the task with
+    /// each stack (`PyProc::running_task`, `PyProc::task`).
+    pub fn kernel_task(&self) -> Option<(u64, TaskLayout)> {
+        let (Source::RunningTask(off), Some(f)) = (&self.source, &self.fields) else {
+            return None;
+        };
+        let (GenFrame::Embedded(gen_frame), Some((by, is_set, _))) = (f.gen_frame, f.awaited_by)
+        else {
+            return None;
+        };
+        let small = |v: u64| u16::try_from(v).ok();
+        Some((
+            *off,
+            TaskLayout {
+                size: small(f.size)?,
+                name: small(f.name)?,
+                coro: small(f.coro)?,
+                gen_frame: small(gen_frame)?,
+                awaited_by: small(by)?,
+                awaited_by_is_set: small(is_set)?,
+                _pad: 0,
+            },
+        ))
     }
 
     fn back_off(&mut self) {
@@ -355,18 +380,24 @@ impl TaskReader {
         &mut self,
         tstate: Option<u64>,
         stack: &[(u64, u64)],
-        captured: u64,
+        captured: &Captured,
     ) -> Result<TaskRead, PythonError> {
         let Some(fields) = self.fields else {
             return Ok(TaskRead::NoTask);
         };
         // Read with the stack: its coroutine may have run on since, so its
         // code object on the stack is check enough (against a task object
-        // freed and reused meanwhile).
-        let with_stack = captured != 0 && matches!(self.source, Source::RunningTask(_));
+        // freed and reused meanwhile). What BPF read of the task then is
+        // read in place of the live memory (the task may be gone now).
+        let with_stack = captured.task != 0 && matches!(self.source, Source::RunningTask(_));
+        let overlay = Overlay {
+            live: &self.mem,
+            reads: &captured.memory,
+        };
+        let mem: &dyn ReadMemory = if with_stack { &overlay } else { &*self.mem };
         let candidates: Vec<u64> = match self.source {
             Source::Pending(_) => return Ok(TaskRead::NoTask),
-            Source::RunningTask(_) if with_stack => vec![captured],
+            Source::RunningTask(_) if with_stack => vec![captured.task],
             Source::RunningTask(off) => {
                 let Some(ts) = tstate else {
                     return Ok(TaskRead::Unreadable(
@@ -387,9 +418,9 @@ impl TaskReader {
         }
         let innermost = stack.iter().find(|f| f.0 != 0).map(|f| f.0);
         for task in candidates {
-            let t = self.mem.read_bytes(task, fields.size as usize)?;
+            let t = mem.read_bytes(task, fields.size as usize)?;
             let coro = le_u64(&t, fields.coro as usize);
-            let Some((code, instr)) = self.coro_frame(coro, fields.gen_frame)? else {
+            let Some((code, instr)) = self.coro_frame(mem, coro, fields.gen_frame)? else {
                 continue;
             };
             let on_stack = stack.contains(&(code, instr))
@@ -398,9 +429,9 @@ impl TaskReader {
             if !on_stack {
                 continue;
             }
-            let name = self.task_name(le_u64(&t, fields.name as usize))?;
+            let name = self.task_name(mem, le_u64(&t, fields.name as usize))?;
             let awaited_by = match fields.awaited_by {
-                Some(_) => self.await_chain(task, &t, &fields),
+                Some(_) => self.await_chain(mem, task, &t, &fields),
                 None => Vec::new(),
             };
             return Ok(TaskRead::Task {
@@ -417,6 +448,7 @@ impl TaskReader {
     /// would emit them; `None` for a finished coroutine.
     fn coro_frame(
         &self,
+        mem: &dyn ReadMemory,
         coro: u64,
         gen_frame: GenFrame,
     ) -> Result<Option<(u64, u64)>, PythonError> {
@@ -425,40 +457,40 @@ impl TaskReader {
         }
         let b = &self.layout.bpf;
         let frame = match gen_frame {
-            GenFrame::Pointer(off) => self.mem.read_u64(coro + off)?,
+            GenFrame::Pointer(off) => mem.read_u64(coro + off)?,
             GenFrame::Embedded(off) => coro + off,
         };
         if frame == 0 {
             return Ok(None);
         }
-        let code = self.mem.read_u64(frame + u64::from(b.frame_code))? & !b.code_tag_mask;
+        let code = mem.read_u64(frame + u64::from(b.frame_code))? & !b.code_tag_mask;
         let instr = if b.frame_model == PY_FRAME_MODEL_FRAME_OBJECT {
             // f_lasti, an int, sign-extended as the walk does.
-            self.mem.read_u32(frame + u64::from(b.frame_instr))? as i32 as i64 as u64
+            mem.read_u32(frame + u64::from(b.frame_instr))? as i32 as i64 as u64
         } else {
-            self.mem.read_u64(frame + u64::from(b.frame_instr))?
+            mem.read_u64(frame + u64::from(b.frame_instr))?
         };
         Ok(Some((code, instr)))
     }
 
     /// `Task.get_name()`: the `str` it holds, or `Task-N` for the counter
     /// `int` 3.12+ keep until the name is asked for.
-    fn task_name(&self, obj: u64) -> Result<String, PythonError> {
+    fn task_name(&self, mem: &dyn ReadMemory, obj: u64) -> Result<String, PythonError> {
         let bad = |what| PythonError::BadData {
-            pid: self.mem.pid(),
+            pid: mem.pid(),
             what,
             addr: obj,
         };
         if obj == 0 {
             return Err(bad("task name (NULL)"));
         }
-        let ty = self.mem.read_u64(obj + OB_TYPE)?;
-        let flags = self.mem.read_u64(ty + TYPE_TP_FLAGS)?;
+        let ty = mem.read_u64(obj + OB_TYPE)?;
+        let flags = mem.read_u64(ty + TYPE_TP_FLAGS)?;
         if flags & TPFLAGS_UNICODE_SUBCLASS != 0 {
-            return super::code::read_unicode(&self.mem, &self.layout, obj);
+            return super::code::read_unicode(mem, &self.layout, obj);
         }
         if flags & TPFLAGS_LONG_SUBCLASS != 0 {
-            let h = self.mem.read_bytes(obj + 16, 16)?;
+            let h = mem.read_bytes(obj + 16, 16)?;
             let tag = le_u64(&h, 0);
             let (digits, negative) = if self.minor >= 12 {
                 (tag >> 3, tag & 3 == 2) // lv_tag: ndigits << 3 | sign
@@ -484,7 +516,13 @@ impl TaskReader {
     /// 3.14+: the tasks awaiting `task`, nearest first, following the first
     /// awaiting task at each level; stops at a cycle, at [`MAX_AWAIT_CHAIN`],
     /// or at what cannot be read (the chain so far is kept).
-    fn await_chain(&self, task: u64, t: &[u8], f: &TaskFields) -> Vec<String> {
+    fn await_chain(
+        &self,
+        mem: &dyn ReadMemory,
+        task: u64,
+        t: &[u8],
+        f: &TaskFields,
+    ) -> Vec<String> {
         let Some((by_off, is_set_off, _)) = f.awaited_by else {
             return Vec::new();
         };
@@ -494,22 +532,22 @@ impl TaskReader {
         let (mut by, mut is_set) = (le_u64(t, by_off as usize), t[is_set_off as usize] != 0);
         while by != 0 && out.len() < MAX_AWAIT_CHAIN {
             let next = if is_set {
-                self.set_keys(by).ok().and_then(|keys| {
+                self.set_keys(mem, by).ok().and_then(|keys| {
                     keys.into_iter()
-                        .find(|&k| self.is_task(k, ty, f).unwrap_or(false))
+                        .find(|&k| self.is_task(mem, k, ty, f).unwrap_or(false))
                 })
             } else {
-                self.is_task(by, ty, f).unwrap_or(false).then_some(by)
+                self.is_task(mem, by, ty, f).unwrap_or(false).then_some(by)
             };
             let Some(next) = next else { break };
             if !seen.insert(next) {
                 crate::os::limits::hit(crate::os::limits::Limit::PythonListCycle);
                 break;
             }
-            let Ok(nt) = self.mem.read_bytes(next, f.size as usize) else {
+            let Ok(nt) = mem.read_bytes(next, f.size as usize) else {
                 break;
             };
-            match self.task_name(le_u64(&nt, f.name as usize)) {
+            match self.task_name(mem, le_u64(&nt, f.name as usize)) {
                 Ok(n) => out.push(n),
                 Err(_) => break,
             }
@@ -521,25 +559,31 @@ impl TaskReader {
 
     /// A task of the same type as the running one (`task_is_task` set): not
     /// a plain future, nor the set's dummy key.
-    fn is_task(&self, obj: u64, ty: u64, f: &TaskFields) -> Result<bool, PythonError> {
+    fn is_task(
+        &self,
+        mem: &dyn ReadMemory,
+        obj: u64,
+        ty: u64,
+        f: &TaskFields,
+    ) -> Result<bool, PythonError> {
         let Some((_, _, is_task_off)) = f.awaited_by else {
             return Ok(false);
         };
-        if self.mem.read_u64(obj + OB_TYPE)? != ty {
+        if mem.read_u64(obj + OB_TYPE)? != ty {
             return Ok(false);
         }
-        Ok(self.mem.read_u8(obj + is_task_off)? != 0)
+        Ok(mem.read_u8(obj + is_task_off)? != 0)
     }
 
     /// Keys of a `set` (3.14 layout), at most [`MAX_AWAITERS_SET`] slots.
-    fn set_keys(&self, set: u64) -> Result<Vec<u64>, PythonError> {
-        let h = self.mem.read_bytes(set + SET_MASK, 16)?;
+    fn set_keys(&self, mem: &dyn ReadMemory, set: u64) -> Result<Vec<u64>, PythonError> {
+        let h = mem.read_bytes(set + SET_MASK, 16)?;
         let (mask, table) = (le_u64(&h, 0), le_u64(&h, 8));
         if mask >= MAX_AWAITERS_SET || table == 0 {
             crate::os::limits::hit(crate::os::limits::Limit::PythonListTooLong);
             return Ok(Vec::new());
         }
-        let raw = self.mem.read_bytes(table, ((mask + 1) * 16) as usize)?;
+        let raw = mem.read_bytes(table, ((mask + 1) * 16) as usize)?;
         Ok(raw
             .chunks_exact(16)
             .map(|e| le_u64(e, 0))
