@@ -70,20 +70,26 @@ pub struct WaitPoint {
 /// Executable file mappings of `pid`: (map_files path, device, inode, path
 /// as the process sees it), one per file.
 pub fn mapped_files(pid: u32) -> Vec<(String, (u64, u64), String)> {
-    let Ok(maps) = limits::read_proc(&format!("/proc/{pid}/maps")) else {
-        return Vec::new();
-    };
+    match limits::read_proc(&format!("/proc/{pid}/maps")) {
+        Ok(maps) => files_in(pid, &maps),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// An executable mapping of a file, in a line of `/proc/PID/maps`: its
+/// range and path.
+fn exec_file(line: &str) -> Option<(&str, &str)> {
+    let mut it = line.split_ascii_whitespace();
+    let (range, perms) = (it.next()?, it.next()?);
+    let path = it.nth(3).unwrap_or("");
+    (perms.contains('x') && path.starts_with('/')).then_some((range, path))
+}
+
+/// [`mapped_files`] of a maps text already read.
+fn files_in(pid: u32, maps: &str) -> Vec<(String, (u64, u64), String)> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
-    for line in maps.lines() {
-        let mut it = line.split_ascii_whitespace();
-        let (Some(range), Some(perms)) = (it.next(), it.next()) else {
-            continue;
-        };
-        let path = it.nth(3).unwrap_or("");
-        if !perms.contains('x') || !path.starts_with('/') {
-            continue;
-        }
+    for (range, path) in maps.lines().filter_map(exec_file) {
         let via = format!("/proc/{pid}/map_files/{range}");
         let Ok(meta) = std::fs::metadata(&via) else {
             continue;
@@ -96,13 +102,33 @@ pub fn mapped_files(pid: u32) -> Vec<(String, (u64, u64), String)> {
     out
 }
 
+/// How long [`wait_points`] waits for a process caught mid-exec to map
+/// its new image (microseconds to a few ms for the kernel).
+const EXEC_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The wait functions `pid` can call, with their probe points, or none;
 /// and whether more may come: a dynamic loader is mapped, so the C library
-/// may not be yet (a command that has just exec'd). A process that maps no
-/// loader and no wait function (a static binary without symbols, a runtime
-/// making raw syscalls) never will.
+/// may not be yet (a command that has just exec'd), or the process is
+/// still mid-exec. A process that maps its image and no loader (a static
+/// binary without symbols, a runtime making raw syscalls) never will, nor
+/// one whose mappings cannot be read (the caller says why). A process caught
+/// mid-exec maps no file yet: the kernel switches to the new address space
+/// and names the new executable in `/proc/PID/exe` before it maps the
+/// image and its loader. A launched command's first look often lands there
+/// (it was seen to fall back to the host-wide tracepoints), so that is
+/// waited out, up to [`EXEC_WAIT`].
 pub fn wait_points(pid: u32) -> (Vec<WaitPoint>, bool) {
-    let files = mapped_files(pid);
+    let deadline = std::time::Instant::now() + EXEC_WAIT;
+    let maps = loop {
+        let Ok(maps) = limits::read_proc(&format!("/proc/{pid}/maps")) else {
+            return (Vec::new(), false); // gone
+        };
+        if maps.lines().any(|l| exec_file(l).is_some()) || std::time::Instant::now() >= deadline {
+            break maps;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    let files = files_in(pid, &maps);
     let loader = files.iter().any(|(_, _, seen_as)| is_loader(seen_as));
     let mut points = Vec::new();
     for (i, (path, file, seen_as)) in files.iter().enumerate() {
@@ -112,7 +138,8 @@ pub fn wait_points(pid: u32) -> (Vec<WaitPoint>, bool) {
             points.extend(points_in(path, *file));
         }
     }
-    (points, loader)
+    let mid_exec = !maps.lines().any(|l| exec_file(l).is_some());
+    (points, mid_exec || loader)
 }
 
 /// The dynamic loader (glibc's `ld-linux-*.so.2`, musl's `ld-musl-*.so.1`).
@@ -249,6 +276,22 @@ pub fn emulated_point(code: &[u8], ip: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exec_file_lines_of_maps() {
+        let line = |l| exec_file(l).map(|(r, p)| (r.to_string(), p.to_string()));
+        assert_eq!(
+            line("7f00-7f10 r-xp 00001000 08:01 1234   /usr/lib/libc.so.6"),
+            Some(("7f00-7f10".into(), "/usr/lib/libc.so.6".into()))
+        );
+        assert_eq!(
+            line("7f00-7f10 rw-p 00000000 08:01 1234   /usr/lib/libc.so.6"),
+            None
+        );
+        assert_eq!(line("7ffd-7ffe rw-p 00000000 00:00 0      [stack]"), None);
+        assert_eq!(line("7ffd-7ffe r-xp 00000000 00:00 0      [vdso]"), None);
+        assert_eq!(line("garbage"), None);
+    }
 
     /// glibc 2.36's `epoll_wait` (Debian 12): a RIP-relative `cmpb`, a
     /// register move, then the branch that picks the cancellable path.
