@@ -1483,11 +1483,18 @@ fn tasks_named(test: &str, py: &'static Python, args: &[&str], threshold_ms: u64
             100.0 * TASK_NAMED_SHARE
         )
     });
-    // An unnamed short-lived task is said, never silent.
-    let missed_counted: u64 = ["asyncio_task_unverified", "asyncio_task_unreadable"]
-        .iter()
-        .filter_map(|k| run.rec.drops.get(*k))
-        .sum();
+    // An unnamed short-lived task is said, never silent: by whichever of
+    // the task-miss counters fits (docs/format.md). On 3.10-3.13 a task
+    // finished by the late read leaves no `_current_tasks` entry:
+    // `asyncio_task_unknown` (a fallback-pass run on pyenv 3.10).
+    let missed_counted: u64 = [
+        "asyncio_task_unverified",
+        "asyncio_task_unreadable",
+        "asyncio_task_unknown",
+    ]
+    .iter()
+    .filter_map(|k| run.rec.drops.get(*k))
+    .sum();
     c.check(missed_counted >= short_missed as u64, || {
         format!(
             "{short_missed} short-lived tasks unnamed, but the drops count {missed_counted} \
