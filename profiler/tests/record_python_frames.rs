@@ -35,7 +35,10 @@
 //! - gil: gil_wait stacks carry >= 70% of the loop's stall time outside the
 //!   run queue (run-queue time is the machine's load; see check_gil), and
 //!   at least 90% of them name the holder "gil-hog" (its tid) with `hog`
-//!   (py_gil.py, on the re.match line) in its frames and marker.
+//!   (py_gil.py, on the re.match line) in its frames and marker. Every
+//!   heartbeat the victim logs late during a match lies in a stall, and no
+//!   stall of the loop lies outside the matches unless it is >= 90% run
+//!   queue (the host's load, printed as a NOTE).
 //!
 //! Shares are printed (`--nocapture`) as `SHARE victim python cause measured
 //! truth`; for gateway on pyenv builds the `[gc]` share is printed, not

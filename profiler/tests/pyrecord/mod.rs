@@ -1249,12 +1249,18 @@ pub fn check_gil(test: &str, py: &'static Python) {
     // is none of this test's business.)
     let during = |s: &&PStall| s.tid == tid && s.start_ns < last + 50 * MS;
     let stalls: Vec<&PStall> = run.rec.stalls.iter().filter(during).collect();
+    let in_a_match = |a: u64, b: u64| regexes.iter().any(|u| a < u.end_ns && u.start_ns < b);
     // Every time the loop noticed a match (a heartbeat late by more than the
-    // threshold, plus margin) falls in a stall.
-    for r in late
-        .iter()
-        .filter(|r| num(r, "late_ns") >= THRESHOLD_NS + 10 * MS)
-    {
+    // threshold, plus margin, while a match ran) falls in a stall. A late
+    // heartbeat outside every match is the host's, not the GIL's: the hog
+    // sleeps then, with the GIL released. A CI machine's vCPU held back by
+    // its hypervisor for 60 ms, with the loop parked, wakes the loop's timer
+    // 60 ms late and is no stall at all (seen: two such lates, 44 and 64
+    // ms, in the idle before the first match).
+    for r in late.iter().filter(|r| {
+        num(r, "late_ns") >= THRESHOLD_NS + 10 * MS
+            && in_a_match(num(r, "start_ns"), num(r, "end_ns"))
+    }) {
         let (a, b) = (num(r, "start_ns"), num(r, "end_ns"));
         c.check(stalls.iter().any(|s| s.overlaps(a, b)), || {
             format!(
@@ -1271,12 +1277,21 @@ pub fn check_gil(test: &str, py: &'static Python) {
             s.summary()
         ));
     }
-    for s in stalls
-        .iter()
-        .filter(|s| !regexes.iter().any(|u| s.overlaps(u.start_ns, u.end_ns)))
-    {
+    // A stall of the loop outside the matches is false unless the machine
+    // made it: one spent (>= 90%) waiting for a CPU is the host's load, a
+    // true stall the victim's heartbeat sees too (no GIL is involved: a GIL
+    // waiter sleeps off-CPU). The loop's idle wait taken for a stall would
+    // be off-CPU time in epoll_wait, and still fails here.
+    for s in stalls.iter().filter(|s| !in_a_match(s.start_ns, s.end_ns)) {
+        if s.runqueue_ns * 10 >= s.duration_ns * 9 {
+            println!(
+                "NOTE gil: a stall of the loop outside the matches spent waiting for a CPU (the host's load): {}",
+                s.summary()
+            );
+            continue;
+        }
         c.fail(format!(
-            "a stall of the loop outside the matches: {}",
+            "a stall of the loop outside the matches, not the host's load (< 90% run queue): {}",
             s.summary()
         ));
     }
