@@ -1432,11 +1432,12 @@ impl Engine {
             self.frames_held(),
             self.frames_held() * std::mem::size_of::<crate::model::Frame>() / 1024
         );
-        let (resolved, moved, by_bytecode, live) = crate::symbolize::v8::counts();
+        let [resolved, moved, by_bytecode, live, names_unread, reused] =
+            crate::symbolize::v8::counts();
         if resolved > 0 {
             let ((i_ok, i_bad), (j_ok, j_bad)) = crate::symbolize::v8::tier_counts();
             info!(
-                "JavaScript functions resolved from memory: {resolved} ({moved} found moved by V8's GC, followed; {by_bytecode} frames named through their bytecode, {live} read through the frame still on the stack), {} frames unreadable; frames named/unreadable: interpreter {i_ok}/{i_bad}, JIT code {j_ok}/{j_bad}",
+                "JavaScript functions resolved from memory: {resolved} ({moved} found moved by V8's GC, followed; {by_bytecode} frames named through their bytecode, {live} read through the frame still on the stack, {names_unread} times a name unreadable when asked and asked again, {reused} bytecode addresses found reused by another function), {} frames unreadable; frames named/unreadable: interpreter {i_ok}/{i_bad}, JIT code {j_ok}/{j_bad}",
                 crate::symbolize::v8::unreadable_count()
             );
         }

@@ -90,6 +90,12 @@ static BY_BYTECODE: AtomicU64 = AtomicU64::new(0);
 /// Frames whose function had moved, named through the frame still on the
 /// stack ([`JsResolver::live_function`]).
 static LIVE: AtomicU64 = AtomicU64::new(0);
+/// Bytecode addresses remembered for one function and found running
+/// another (the first freed, the address reused): the answer replaced.
+static BYTECODE_REUSED: AtomicU64 = AtomicU64::new(0);
+/// Functions whose name (or the ScopeInfo holding it) could not be read
+/// when asked: left unnamed then, and read again with a later stack.
+static NAME_UNREAD: AtomicU64 = AtomicU64::new(0);
 
 /// JavaScript-looking frames of JIT code or a V8 builtin that could not be
 /// read (`drops.js_frames_unreadable`), since start.
@@ -97,15 +103,21 @@ pub fn unreadable_count() -> u64 {
     UNREADABLE.load(Ordering::Relaxed)
 }
 
-/// Functions resolved from memory, and objects found moved (forwarding
-/// addresses followed), since start (logged at the end of a recording).
-pub fn counts() -> (u64, u64, u64, u64) {
-    (
-        RESOLVED.load(Ordering::Relaxed),
-        FORWARDED.load(Ordering::Relaxed),
-        BY_BYTECODE.load(Ordering::Relaxed),
-        LIVE.load(Ordering::Relaxed),
-    )
+/// Functions resolved from memory, objects found moved (forwarding
+/// addresses followed), frames named through their bytecode, frames read
+/// through the live frame, names unreadable when asked, and bytecode
+/// answers replaced (their address reused), since start (logged at the end
+/// of a recording).
+pub fn counts() -> [u64; 6] {
+    [
+        &RESOLVED,
+        &FORWARDED,
+        &BY_BYTECODE,
+        &LIVE,
+        &NAME_UNREAD,
+        &BYTECODE_REUSED,
+    ]
+    .map(|c| c.load(Ordering::Relaxed))
 }
 
 pub fn count_unreadable() {
@@ -602,6 +614,24 @@ fn untag(meta: &V8Meta, v: u64) -> Option<u64> {
         .then_some(v & !meta.layout.heap_tag_mask)
 }
 
+/// Read `buf` at `addr`. When the whole range cannot be read (it runs past
+/// the object into memory V8 has not committed: a small object at the end
+/// of its heap page), what lies in `addr`'s own 4 KiB page is read and the
+/// rest zeroed (Smi 0: no pointer, no position). `None`: not even that.
+fn read_in_page(mem: &impl ReadMemory, addr: u64, buf: &mut [u8]) -> Option<()> {
+    if mem.read_into(addr, buf).is_ok() {
+        return Some(());
+    }
+    let in_page = (4096 - addr % 4096) as usize;
+    if in_page >= buf.len() {
+        return None;
+    }
+    let (head, tail) = buf.split_at_mut(in_page);
+    mem.read_into(addr, head).ok()?;
+    tail.fill(0);
+    Some(())
+}
+
 fn smi(v: u64) -> Option<i64> {
     (v & 1 == 0).then_some((v as i64) >> 32)
 }
@@ -704,12 +734,11 @@ impl JsResolver {
     /// the context locals' names and infos is the function's name; the
     /// start/end positions follow it as two Smis (V8 before 12.8) or sit
     /// at fixed slots 3 and 4 (12.8 on).
-    fn scope_info(&self, addr: u64) -> (Option<String>, Option<i64>) {
+    /// `None`: its words could not be read.
+    fn scope_info(&self, addr: u64) -> Option<(Option<String>, Option<i64>)> {
         let m = &self.meta;
         let mut buf = [0u8; SCOPE_SLOTS * 8];
-        if self.mem.read_into(addr + 8, &mut buf).is_err() {
-            return (None, None);
-        }
+        read_in_page(&self.mem, addr + 8, &mut buf)?;
         let slot =
             |i: usize| -> u64 { u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap()) };
         let new_layout = m.version >= (12, 8, 44);
@@ -748,7 +777,7 @@ impl JsResolver {
             prev = cur;
             i += 1;
         }
-        (name, start)
+        Some((name, start))
     }
 
     fn script(&mut self, v: u64) -> Option<Script> {
@@ -812,11 +841,35 @@ impl JsResolver {
             return Some(e.frame.clone());
         }
         let (mut name, mut start) = (None, None);
-        if let Some((nos, t)) = self.typed(header[0]) {
+        // The name (a String), or the ScopeInfo that holds it and the
+        // position, once compiled. One that cannot be read now is no
+        // answer, not "(anonymous)": nothing is cached, the frame is left
+        // unnamed for now (counted, asked again, see `warm`) and the next
+        // stack reads it again. (A Smi there is a function with no name.)
+        if untag(&m, header[0]).is_some() {
+            let unread = || {
+                NAME_UNREAD.fetch_add(1, Ordering::Relaxed);
+                log::debug!(
+                    "js shared info {addr:#x}: its name {:#x} unreadable",
+                    header[0]
+                );
+            };
+            let Some((nos, t)) = self.typed(header[0]) else {
+                unread();
+                return None;
+            };
             if t == m.t_scope_info {
-                (name, start) = self.scope_info(nos);
+                let Some(found) = self.scope_info(nos) else {
+                    unread();
+                    return None;
+                };
+                (name, start) = found;
             } else if t < m.first_nonstring {
-                name = self.string(header[0], MAX_NAME, MAX_STRING_DEPTH);
+                let Some(n) = self.string(header[0], MAX_NAME, MAX_STRING_DEPTH) else {
+                    unread();
+                    return None;
+                };
+                name = Some(n);
             }
         }
         let script = self.script(header[1]);
@@ -939,9 +992,15 @@ impl JsResolver {
     }
 
     /// Remember that the frame's bytecode is its function's (read from the
-    /// same frame of the same stack copy).
+    /// same frame of the same stack copy). The function, read now, is the
+    /// authority: an answer remembered for that address is replaced when it
+    /// differs — a `BytecodeArray` freed (its function's bytecode flushed,
+    /// or the function collected) and another of the same length allocated
+    /// there has the same map and length words, and would otherwise be
+    /// named as the old one (seen: a lazily compiled function named
+    /// "(anonymous)" in every stall).
     fn remember_bytecode(&mut self, slot: &JsSlot) {
-        if slot.bytecode == 0 || self.bytecode_there(slot.bytecode) {
+        if slot.bytecode == 0 {
             return;
         }
         let (Some(header), Some(f)) = (
@@ -950,6 +1009,19 @@ impl JsResolver {
         ) else {
             return;
         };
+        match self.bytecodes.get(&slot.bytecode) {
+            Some(e) if e.header == header && e.frame == f.frame => return,
+            Some(e) if e.header == header => {
+                BYTECODE_REUSED.fetch_add(1, Ordering::Relaxed);
+                log::debug!(
+                    "js bytecode {:#x}: remembered as {}, now {}'s",
+                    slot.bytecode,
+                    e.frame.name,
+                    f.frame.name
+                );
+            }
+            _ => {}
+        }
         let frame = f.frame.clone();
         if self.bytecodes.len() >= MAX_BYTECODES {
             self.bytecodes.clear();
@@ -1238,6 +1310,40 @@ mod tests {
             offset,
             fp,
         }
+    }
+
+    /// A read that runs into a page the process cannot read gives what
+    /// lies in its first page, the rest zeroed; one that starts there, none.
+    #[test]
+    fn read_in_page_stops_at_an_unreadable_page() {
+        // SAFETY: a private anonymous mapping of two pages, the second
+        // unmapped (a PROT_NONE page would still read, as zeros, through
+        // /proc/PID/mem); the first unmapped at the end.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let page = unsafe { std::slice::from_raw_parts_mut(base.cast::<u8>(), 4096) };
+        page[4096 - 16..].copy_from_slice(&[7u8; 16]);
+        assert_eq!(unsafe { libc::munmap(base.add(4096), 4096) }, 0);
+        let mem = ProcessMemory::open(std::process::id()).unwrap();
+        let at = base as u64 + 4096 - 16;
+        let mut buf = [0xffu8; 64];
+        assert_eq!(read_in_page(&mem, at, &mut buf), Some(()));
+        assert_eq!(&buf[..16], &[7u8; 16]);
+        assert!(buf[16..].iter().all(|&b| b == 0));
+        let mut whole = [0u8; 16];
+        assert_eq!(read_in_page(&mem, at, &mut whole), Some(()));
+        assert_eq!(whole, [7u8; 16]);
+        assert_eq!(read_in_page(&mem, base as u64 + 4096, &mut buf), None);
+        unsafe { libc::munmap(base, 4096) };
     }
 
     #[test]
