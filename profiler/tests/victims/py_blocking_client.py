@@ -7,12 +7,15 @@ timeout=2) + recv() make CPython wait with poll() on that one socket, inside
 the stall. A profiler must not mistake that poll() for the loop parking; the
 whole call is ONE stall.
 
-Usage: python3 py_blocking_client.py LOG_PATH [--start-file PATH] [--rounds N]
+Usage: python3 py_blocking_client.py LOG_PATH [--start-file PATH] [--rounds N] [--linger]
 
 Timeline: ~300 ms idle (attach), [wait for --start-file], then every 300 ms
 (asyncio.sleep, so the loop parks between stalls):
     fetch_blocking() x N (default 4), then retry_with_sleep() (time.sleep(0.12)),
-    then burn_cpu(0.1) (pure Python), then ~200 ms idle and exit 0.
+    then burn_cpu(0.1) (pure Python), then ~200 ms idle and exit 0. With
+    --linger it stays, idle (the loop parked), after "done" until killed: a
+    profiler that fell behind on a loaded machine still reads the code objects
+    of its last stalls from its memory.
 A heartbeat task ticks every 10 ms, as an event loop with other work would.
 
 Log (JSON lines, flushed per line):
@@ -139,6 +142,8 @@ async def main(log, addr, rounds, start_file):
     await session(log, addr, rounds, start_file)
     hb.cancel()
     log.write(kind="done")
+    if LINGER:
+        await asyncio.Event().wait()
 
 
 def parse_args(argv):
@@ -146,7 +151,7 @@ def parse_args(argv):
         sys.exit("usage: py_blocking_client.py LOG_PATH [--start-file PATH] [--rounds N] "
                  "[--loop asyncio|uvloop|select] [--path DIR]")
     log_path, start_file, rounds = argv[1], None, 4
-    global LOOP
+    global LOOP, LINGER
 
     rest = argv[2:]
     while rest:
@@ -159,6 +164,8 @@ def parse_args(argv):
             LOOP = rest.pop(0)
         elif flag == "--path" and rest:
             sys.path.insert(0, rest.pop(0))
+        elif flag == "--linger":
+            LINGER = True
         else:
             sys.exit(f"py_blocking_client.py: unknown argument {flag!r}")
     return log_path, start_file, rounds
@@ -167,6 +174,8 @@ def parse_args(argv):
 # Which event loop parks the thread: asyncio's default (epoll), uvloop
 # (libuv's epoll, from PyPI), or asyncio on a select()-based selector.
 LOOP = "asyncio"
+# Stay alive, idle, after "done" (--linger).
+LINGER = False
 
 
 if __name__ == "__main__":
