@@ -615,9 +615,11 @@ fn untag(meta: &V8Meta, v: u64) -> Option<u64> {
 }
 
 /// Read `buf` at `addr`. When the whole range cannot be read (it runs past
-/// the object into memory V8 has not committed: a small object at the end
-/// of its heap page), what lies in `addr`'s own 4 KiB page is read and the
-/// rest zeroed (Smi 0: no pointer, no position). `None`: not even that.
+/// the object into an unmapped page: a small object at the end of a heap
+/// page with no mapping after it; a PROT_NONE reservation still reads, as
+/// zeros, through /proc/PID/mem), what lies in `addr`'s own 4 KiB page is
+/// read and the rest zeroed (Smi 0: no pointer, no position). `None`: not
+/// even that.
 fn read_in_page(mem: &impl ReadMemory, addr: u64, buf: &mut [u8]) -> Option<()> {
     if mem.read_into(addr, buf).is_ok() {
         return Some(());
