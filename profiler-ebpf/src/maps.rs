@@ -1,7 +1,7 @@
 //! The maps, the failure counters and the one way out (the ring buffer).
 //!
 //! In: nothing but what userspace writes (`LOOP_KEYS`, `LOOP_GEN`,
-//! `PY_PROCS`, `PY_THREADS`) and the program context (`is_target`, current
+//! `PY_PROCS`, `PY_THREADS`, `READER_ASLEEP`) and the program context (`is_target`, current
 //! CPU and time for `header`). Out: records in `EVENTS`, thread state in
 //! `THREADS`, counters in `STATS` and `FILTERED`.
 //!
@@ -177,15 +177,30 @@ pub(crate) fn new_thread(tgid: u32, wait_key: u64, in_park: u32) -> ThreadState 
     }
 }
 
-/// Submit flags: wake the reader only once a batch has built up (see
-/// `RINGBUF_WAKEUP_BYTES`).
+/// Slot 0: non-zero while the reader sleeps (userspace sets it after a run
+/// of empty drains and stops its drain timer): the next record wakes it,
+/// and clears this. Two CPUs racing here wake it twice, no harm.
+#[map]
+pub(crate) static READER_ASLEEP: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Submit flags: wake the reader once a batch has built up (see
+/// `RINGBUF_WAKEUP_BYTES`), or at the first record after it went to sleep;
+/// otherwise its drain timer takes the records.
 #[inline(always)]
 pub(crate) fn wakeup_flags() -> u64 {
     if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= RINGBUF_WAKEUP_BYTES {
-        BPF_RB_FORCE_WAKEUP as u64
-    } else {
-        BPF_RB_NO_WAKEUP as u64
+        return BPF_RB_FORCE_WAKEUP as u64;
     }
+    if let Some(asleep) = READER_ASLEEP.get_ptr_mut(0) {
+        // SAFETY: a map value pointer, valid for this program's run.
+        unsafe {
+            if core::ptr::read_volatile(asleep) != 0 {
+                core::ptr::write_volatile(asleep, 0);
+                return BPF_RB_FORCE_WAKEUP as u64;
+            }
+        }
+    }
+    BPF_RB_NO_WAKEUP as u64
 }
 
 /// Put a small record in the ring buffer (a full buffer is counted).

@@ -215,15 +215,26 @@ fn wait_metrics(
                 out.describe()
             );
         }
-        let fams = parse_metrics(dir, &metrics_text(d.port));
+        let text = metrics_text(d.port);
+        let fams = parse_metrics(dir, &text);
         if pred(&fams) {
             return fams;
         }
-        assert!(
-            Instant::now() < deadline,
-            "waited {timeout:?} for {what}; /metrics:\n{}",
-            metrics_text(d.port)
-        );
+        if Instant::now() >= deadline {
+            // What the daemon found and probed is in its log: stop it.
+            d.prof.signal(libc::SIGTERM);
+            let stopped = Instant::now() + Duration::from_secs(20);
+            let log = loop {
+                if let Some(out) = d.prof.try_finished() {
+                    break out.describe();
+                }
+                if Instant::now() >= stopped {
+                    break "(the daemon did not stop within 20 s of SIGTERM)".to_string();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            panic!("waited {timeout:?} for {what}; /metrics:\n{text}\nthe daemon:\n{log}");
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
 }

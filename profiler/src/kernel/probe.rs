@@ -375,6 +375,9 @@ pub struct Probes {
     tgid: u32,
     /// `WAIT_TRACEPOINTS`: 1 once the syscall tracepoints serve the waits.
     wait_tracepoints: Array<MapData, u32>,
+    /// `READER_ASLEEP`: set while the ring's reader sleeps (the next
+    /// record wakes it).
+    reader_asleep: Array<MapData, u32>,
     /// Which probes serve, and why any fallback.
     set: ProbeSet,
     /// Wait functions probed, as (pid, file, offset): per process in a
@@ -390,7 +393,14 @@ pub struct Probes {
     /// and the files (device, inode) read for wait functions.
     host_scanned: HashSet<u32>,
     host_files: HashSet<(u64, u64)>,
+    /// Daemon: processes looked at in their first [`HOST_YOUNG_TICKS`]
+    /// upkeeps, with the executable they ran when last looked at.
+    host_young: std::collections::HashMap<u32, (Option<PathBuf>, u32)>,
 }
+
+/// Upkeeps (250 ms apart) during which a new process's executable is
+/// compared with the one its mappings were read under.
+const HOST_YOUNG_TICKS: u32 = 8;
 
 /// What the user asked for (`--probes`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -589,6 +599,7 @@ impl Probes {
         let stats = take_map(&mut ebpf, "STATS", PerCpuArray::try_from)?;
         let filtered = take_map(&mut ebpf, "FILTERED", PerCpuArray::try_from)?;
         let mut wait_tracepoints = take_map(&mut ebpf, "WAIT_TRACEPOINTS", Array::try_from)?;
+        let reader_asleep = take_map(&mut ebpf, "READER_ASLEEP", Array::try_from)?;
         if choice == ProbeChoice::Tracepoints {
             wait_tracepoints
                 .set(0, 1, 0)
@@ -621,12 +632,14 @@ impl Probes {
             update_failures: BTreeMap::new(),
             tgid,
             wait_tracepoints,
+            reader_asleep,
             set,
             waits_done: HashSet::new(),
             thread_links: Default::default(),
             sample_hz,
             host_scanned: HashSet::new(),
             host_files: HashSet::new(),
+            host_young: Default::default(),
         };
         if choice == ProbeChoice::Tracepoints {
             probes.attach_wait_tracepoints()?;
@@ -902,9 +915,31 @@ impl Probes {
                 continue;
             };
             live.insert(pid);
+            // Read for new processes and young ones only: an old process
+            // costs no system call here.
+            let exe_of = |pid: u32| fs::read_link(format!("/proc/{pid}/exe")).ok();
+            let exe;
             if self.host_scanned.contains(&pid) {
-                continue;
+                // A process looked at before its exec (a launcher: chroot,
+                // unshare, a container runtime's init) maps its new C
+                // library only after: looked at again when its executable
+                // changes, during its first ticks.
+                let Some((seen, ticks)) = self.host_young.get_mut(&pid) else {
+                    continue;
+                };
+                exe = exe_of(pid);
+                if *seen == exe {
+                    *ticks += 1;
+                    if *ticks >= HOST_YOUNG_TICKS {
+                        self.host_young.remove(&pid);
+                    }
+                    continue;
+                }
+                debug!("pid {pid} exec'd {exe:?} since its mappings were read: reading them again");
+            } else {
+                exe = exe_of(pid);
             }
+            self.host_young.insert(pid, (exe, 0));
             for (path, file, seen_as) in waits::mapped_files(pid) {
                 // Each C library is read once, whoever maps it. (A static
                 // binary's own waits are served by the fallback only when
@@ -912,7 +947,12 @@ impl Probes {
                 if !waits::is_c_library(&seen_as) || !self.host_files.insert(file) {
                     continue;
                 }
-                for p in waits::points_in(&path, file) {
+                let points = waits::points_in(&path, file);
+                info!(
+                    "pid {pid} maps a C library not seen before, {seen_as}: its {} wait functions probed for every process mapping it",
+                    points.len()
+                );
+                for p in points {
                     match self.attach_wait_point(&p, UProbeScope::AllProcesses) {
                         Ok(()) => {
                             self.waits_done.insert((0, p.file, p.offset));
@@ -926,6 +966,7 @@ impl Probes {
                 }
             }
         }
+        self.host_young.retain(|pid, _| live.contains(pid));
         self.host_scanned = live;
     }
 
@@ -1008,6 +1049,19 @@ impl Probes {
     /// The event ring buffer (can be taken once).
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
         take_map(&mut self.ebpf, "EVENTS", RingBuf::try_from)
+    }
+
+    /// The ring's reader goes to sleep: the kernel side wakes it with its
+    /// next record. False if the flag could not be set (counted in `drops`
+    /// as `reader_flag_failed`): the reader keeps its drain timer.
+    pub fn set_reader_asleep(&mut self) -> bool {
+        match self.reader_asleep.set(0, 1, 0) {
+            Ok(()) => true,
+            Err(e) => {
+                self.update_failed("reader_flag_failed", &e);
+                false
+            }
+        }
     }
 
     /// Tell the kernel side which wait is `tid`'s event-loop park.

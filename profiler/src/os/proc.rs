@@ -14,8 +14,13 @@ pub fn read_comm(pid: u32, tid: u32) -> Option<String> {
 /// (another user's, without CAP_SYS_PTRACE) is not ours: what cannot be
 /// read in it is for the readers to report.
 pub fn is_own_fork(pid: u32) -> bool {
+    // Our own executable, read once (the upkeep asks several times a tick).
+    static ME: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
     match fs::read_link(format!("/proc/{pid}/exe")) {
-        Ok(exe) => std::env::current_exe().is_ok_and(|me| me == exe),
+        Ok(exe) => ME
+            .get_or_init(|| std::env::current_exe().ok())
+            .as_ref()
+            .is_some_and(|me| *me == exe),
         Err(e) => e.kind() != std::io::ErrorKind::PermissionDenied,
     }
 }

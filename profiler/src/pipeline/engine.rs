@@ -893,15 +893,17 @@ impl Engine {
     }
 
     /// Decode, unwind and track every record in the ring buffer; take the
-    /// stalls the symbolizer has finished.
+    /// stalls the symbolizer has finished. Returns how many records.
     pub fn drain(
         &mut self,
         ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
         probes: &mut dyn Control,
-    ) {
+    ) -> usize {
         let mut bytes = 0;
+        let mut records = 0;
         while let Some(item) = ring.next() {
             bytes += item.len();
+            records += 1;
             self.handle_record(&item, probes);
         }
         self.ring_backlog_max = self.ring_backlog_max.max(bytes);
@@ -910,6 +912,19 @@ impl Engine {
         // Python frames from now, not from the next tick.
         let found = self.discovery.take();
         self.apply_found(found, probes);
+        records
+    }
+
+    /// Nothing waits on a drain: no busy period open, no stall held back
+    /// or with the symbolizer, no request or runtime being read. The
+    /// reader of an empty ring may then sleep until the kernel side wakes
+    /// it with its next record.
+    pub fn quiet(&self) -> bool {
+        self.pending.is_empty()
+            && self.symbolizer.idle()
+            && !self.routes.any_held()
+            && !self.discovery.any_open()
+            && self.tracker.busy_threads().next().is_none()
     }
 
     /// The most bytes one drain found waiting in the ring buffer (its

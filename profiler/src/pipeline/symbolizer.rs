@@ -274,6 +274,8 @@ pub struct Symbolizer {
     sent: HashSet<u32>,
     /// Results of inline work, until taken.
     ready: Vec<Done>,
+    /// Stalls queued and not yet taken back finished.
+    in_flight: usize,
     /// The resolver of inline work on a live engine.
     blaze: Option<Box<BlazeResolver>>,
 }
@@ -287,6 +289,7 @@ impl Symbolizer {
             deferred: VecDeque::new(),
             sent: HashSet::new(),
             ready: Vec::new(),
+            in_flight: 0,
             blaze: None,
         }
     }
@@ -354,6 +357,7 @@ impl Symbolizer {
                          unnamed (drops: symbolizer_behind); report it with the log above"
                     );
                     self.state = State::Lost;
+                    self.in_flight = 0;
                     Err(m)
                 }
             },
@@ -398,7 +402,13 @@ impl Symbolizer {
             _ => unreachable!("a stall comes back as a stall"),
         })?;
         self.sent.insert(pid);
+        self.in_flight += 1;
         Ok(())
+    }
+
+    /// No stall queued or finished and not yet taken.
+    pub fn idle(&self) -> bool {
+        self.in_flight == 0
     }
 
     /// Process `pid` is gone: after its stalls already queued, the worker's
@@ -427,6 +437,12 @@ impl Symbolizer {
 
     /// Stalls symbolized since the last call, in order.
     pub fn take_done(&mut self, out: &mut Vec<Done>) {
+        let before = out.len();
+        self.take_finished(out);
+        self.in_flight = self.in_flight.saturating_sub(out.len() - before);
+    }
+
+    fn take_finished(&mut self, out: &mut Vec<Done>) {
         out.append(&mut self.ready);
         if let State::Running { done, .. } = &self.state {
             loop {
@@ -449,6 +465,8 @@ impl Symbolizer {
             else {
                 unreachable!()
             };
+            // What it had queued will not come back.
+            self.in_flight = 0;
             match thread.join() {
                 Ok(w) => self.state = State::Idle(w),
                 Err(_) => warn!(
@@ -463,6 +481,7 @@ impl Symbolizer {
     /// stop the thread; the results go to `out`. A later job starts it
     /// again.
     pub fn close(&mut self, out: &mut Vec<Done>) {
+        self.in_flight = 0;
         out.append(&mut self.ready);
         if !matches!(self.state, State::Running { .. }) {
             for m in std::mem::take(&mut self.deferred) {

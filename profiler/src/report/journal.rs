@@ -17,7 +17,10 @@
 //! written before it, in one `write`, so a cut leaves whole stalls and at
 //! most one damaged last line, which the reader drops. Writes go to the
 //! kernel on every batch (a killed process loses nothing written); fsync
-//! runs at most once a second (a power cut loses at most the last second).
+//! runs at most once a second after stalls were written (a power cut loses
+//! at most the last second of stalls), and every 10 s when only `meta`
+//! changed (its end time: an idle recording does not wake the file
+//! system's journal every second).
 use std::{
     collections::HashMap,
     fs::File,
@@ -40,6 +43,8 @@ pub const FORMAT: &str = "stallprof-journal";
 pub const VERSION: u64 = 1;
 /// fsync at most this often: the power-cut window.
 const SYNC_EVERY: Duration = Duration::from_secs(1);
+/// Between fsyncs when no stall was written since the last.
+const SYNC_IDLE_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Error)]
 pub enum JournalError {
@@ -118,6 +123,8 @@ pub struct JournalWriter {
     stack_ids: HashMap<Vec<u32>, u32>,
     written: u64,
     stalls: usize,
+    /// `stalls` at the last fsync.
+    stalls_synced: usize,
     last_sync: Instant,
 }
 
@@ -142,6 +149,7 @@ impl JournalWriter {
             stack_ids: HashMap::new(),
             written: head.len() as u64,
             stalls: 0,
+            stalls_synced: 0,
             last_sync: Instant::now(),
         })
     }
@@ -227,7 +235,12 @@ impl JournalWriter {
             self.write(&buf)?;
             self.stalls += n;
         }
-        if self.last_sync.elapsed() >= SYNC_EVERY {
+        let every = if self.stalls > self.stalls_synced {
+            SYNC_EVERY
+        } else {
+            SYNC_IDLE_EVERY
+        };
+        if self.last_sync.elapsed() >= every {
             self.sync()?;
         }
         Ok(())
@@ -251,6 +264,7 @@ impl JournalWriter {
 
     pub fn sync(&mut self) -> Result<(), JournalError> {
         self.last_sync = Instant::now();
+        self.stalls_synced = self.stalls;
         self.file.sync_data().map_err(|e| self.error(e))
     }
 

@@ -621,6 +621,19 @@ impl Collector {
     /// A monitored process exited (or exec'd): stop its upkeep, keep its
     /// series for `forget_after`.
     fn exited(&mut self, pid: u32) {
+        // Its runtime problems go with it from the engine: its report in
+        // this window keeps them (a problem found after its stalls, e.g.
+        // an interpreter refused while the host was busy, is in no stall's
+        // copy).
+        let problems: Vec<_> = self
+            .engine
+            .runtime_problems()
+            .into_iter()
+            .filter(|p| p.pid == pid)
+            .collect();
+        if !problems.is_empty() {
+            self.window.note_problems(&problems);
+        }
         self.engine.forget(pid, &mut self.probes);
         self.forgotten_since_reset += 1;
         if let Some(t) = self.procs.remove(&pid) {
