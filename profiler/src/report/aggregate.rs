@@ -69,6 +69,10 @@ fn is_system_lib(f: &Frame) -> bool {
 
 /// Rust's standard library and async runtimes: like libc, the means, not
 /// the culprit (`Timespec::now` under a spin loop, tokio's poll machinery).
+/// By name, and by source file for what the name does not tell: a
+/// primitive type's method inlined into the app (`<u64>::wrapping_add`)
+/// is named after the type but its file is the standard library's, as the
+/// compiler's debug info gives it (`/rustc/<commit>/library/core/…`).
 fn is_runtime_frame(f: &Frame) -> bool {
     let n = f.name.trim_start_matches('<');
     [
@@ -82,6 +86,9 @@ fn is_runtime_frame(f: &Frame) -> bool {
     ]
     .iter()
     .any(|p| n.starts_with(p))
+        || f.file
+            .as_deref()
+            .is_some_and(|file| file.starts_with("/rustc/"))
 }
 
 /// Node's own JavaScript (`node:internal/...`, `node:fs`): like libc, the
@@ -478,6 +485,50 @@ mod tests {
         assert_eq!(
             culprit(&q, &AppPaths::default()).unwrap().name,
             "clock_gettime"
+        );
+    }
+
+    #[test]
+    fn a_rust_std_method_inlined_into_the_app_is_not_the_culprit() {
+        // A tokio worker's spin: `<u64>::wrapping_add` is core's, inlined
+        // into the app's function; its file says so.
+        let p = StackPart {
+            woken: false,
+            frames: vec![
+                f(
+                    "tokio::runtime::task::core::Core<T,S>::poll",
+                    Some(
+                        "/home/u/.cargo/registry/src/index.crates.io-1/tokio-1.54.1/src/runtime/task/core.rs",
+                    ),
+                    FrameKind::Native,
+                ),
+                f(
+                    "victim::stall_task::{{closure}}",
+                    Some("/srv/victim/src/main.rs"),
+                    FrameKind::Native,
+                ),
+                f(
+                    "victim::cpu_spin",
+                    Some("/srv/victim/src/main.rs"),
+                    FrameKind::Native,
+                ),
+                f(
+                    "<u64>::wrapping_add",
+                    Some(
+                        "/rustc/59807616e1fa2540724bfbac14d7976d7e4a3860/library/core/src/num/uint_macros.rs",
+                    ),
+                    FrameKind::Native,
+                ),
+            ],
+            weight_ns: 1,
+            kind: PartKind::OnCpu,
+            syscall: None,
+            waker_tid: None,
+            gil_holder: None,
+        };
+        assert_eq!(
+            culprit(&p, &AppPaths::default()).unwrap().name,
+            "victim::cpu_spin"
         );
     }
 

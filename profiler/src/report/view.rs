@@ -468,6 +468,38 @@ mod tests {
     }
 
     #[test]
+    fn a_rust_workers_shared_root_stops_at_the_apps_function_not_inlined_std() {
+        // A tokio worker that ran only the spinning task: its stacks
+        // differ only in the inlined core method under the app's function.
+        let src = |name: &str, file: &str| Frame {
+            file: Some(file.into()),
+            line: Some(3),
+            ..n(name, "victim")
+        };
+        let core = "/rustc/5980761/library/core/src/num/uint_macros.rs";
+        let root = || {
+            vec![
+                n("_start", "victim"),
+                src(
+                    "tokio::runtime::task::harness::Harness<T,S>::poll",
+                    "/r/tokio/src/harness.rs",
+                ),
+                src("victim::stall_task::{{closure}}", "/srv/victim/src/main.rs"),
+                src("victim::cpu_spin", "/srv/victim/src/main.rs"),
+            ]
+        };
+        let a = [root(), vec![src("<u64>::wrapping_add", core)]].concat();
+        let b = [root(), vec![src("<u64>::wrapping_mul", core)]].concat();
+        let v = apply(
+            &[stall(1, vec![a, b])],
+            View::default(),
+            &AppPaths::default(),
+        );
+        assert_eq!(names(&v[0], 0), ["victim::cpu_spin", "<u64>::wrapping_add"]);
+        assert_eq!(names(&v[0], 1), ["victim::cpu_spin", "<u64>::wrapping_mul"]);
+    }
+
+    #[test]
     fn c_loop_root_shared_by_every_stack_is_trimmed_short_of_the_culprit() {
         let c = |name: &str| Frame {
             file: Some("loop.c".into()),
