@@ -189,12 +189,10 @@ impl Live {
     /// enough empty drains with nothing waiting on one.
     fn drained(&mut self, records: usize) {
         if records > 0 {
-            self.empty_drains = 0;
             if self.asleep {
-                self.asleep = false;
                 self.wakes += 1;
-                self.drain_tick.reset();
             }
+            self.awake();
             return;
         }
         if self.asleep {
@@ -210,10 +208,17 @@ impl Live {
             self.sleeps += 1;
             // A record submitted before the flag was set woke no one.
             if self.engine.drain(self.ring.get_mut(), &mut self.probes) > 0 {
-                self.asleep = false;
-                self.empty_drains = 0;
-                self.drain_tick.reset();
+                self.awake();
             }
+        }
+    }
+
+    /// Records came: drain on the timer again, from now.
+    fn awake(&mut self) {
+        self.empty_drains = 0;
+        if self.asleep {
+            self.asleep = false;
+            self.drain_tick.reset();
         }
     }
 

@@ -917,7 +917,6 @@ impl Probes {
             live.insert(pid);
             // Read for new processes and young ones only: an old process
             // costs no system call here.
-            let exe_of = |pid: u32| fs::read_link(format!("/proc/{pid}/exe")).ok();
             let exe;
             if self.host_scanned.contains(&pid) {
                 // A process looked at before its exec (a launcher: chroot,
@@ -927,7 +926,7 @@ impl Probes {
                 let Some((seen, ticks)) = self.host_young.get_mut(&pid) else {
                     continue;
                 };
-                exe = exe_of(pid);
+                exe = crate::os::proc::exe(pid);
                 if *seen == exe {
                     *ticks += 1;
                     if *ticks >= HOST_YOUNG_TICKS {
@@ -937,7 +936,7 @@ impl Probes {
                 }
                 debug!("pid {pid} exec'd {exe:?} since its mappings were read: reading them again");
             } else {
-                exe = exe_of(pid);
+                exe = crate::os::proc::exe(pid);
             }
             self.host_young.insert(pid, (exe, 0));
             for (path, file, seen_as) in waits::mapped_files(pid) {

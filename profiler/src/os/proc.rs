@@ -9,6 +9,13 @@ pub fn read_comm(pid: u32, tid: u32) -> Option<String> {
         .map(|s| s.trim_end().to_string())
 }
 
+/// The executable `pid` runs (its `/proc/PID/exe` link), None when it
+/// cannot be read (gone, a kernel thread, another user's without
+/// CAP_SYS_PTRACE).
+pub fn exe(pid: u32) -> Option<std::path::PathBuf> {
+    fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
 /// A launched command before its exec is still an image of this program:
 /// nothing to discover in it yet. A process whose exe we may not read
 /// (another user's, without CAP_SYS_PTRACE) is not ours: what cannot be

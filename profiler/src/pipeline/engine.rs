@@ -444,7 +444,7 @@ impl RuntimeWatch {
         }
         // Scan once per executable image: a launched command is still our
         // own fork until it execs.
-        let exe = fs::read_link(format!("/proc/{pid}/exe")).ok();
+        let exe = crate::os::proc::exe(pid);
         if is_own_fork(pid) || exe == self.scanned_exe {
             self.attempts += 1;
             // Libraries loaded later (dlopen) get a look now and then.
