@@ -22,7 +22,7 @@
 //!    daemon's with 1–20 monitored processes.
 //!
 //! It installs what it needs: py-spy from PyPI into target/bench-venv, wrk
-//! from Debian's packages, and builds stallprof (release) and the tokio
+//! and perf from Debian's packages, and builds stallprof (release) and the tokio
 //! victim. Raw outputs stay in target/bench/run-<unix time>/.
 use std::{
     collections::BTreeMap,
@@ -219,15 +219,18 @@ fn prepare() -> Result<Env> {
         super::run(Command::new(&python).args(["-m", "venv"]).arg(&venv))?;
         super::run(Command::new(venv.join("bin/pip")).args(["install", "-q", "py-spy"]))?;
     }
-    // wrk from Debian.
-    if Command::new("wrk").arg("--version").output().is_err() {
-        let ok = Command::new("apt-get")
-            .args(["install", "-y", "wrk"])
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            super::run(Command::new("apt-get").arg("update"))?;
-            super::run(Command::new("apt-get").args(["install", "-y", "wrk"]))?;
+    // wrk, and perf (the host section's floor: `perf stat` on one
+    // thread), from Debian.
+    for (tool, package) in [("wrk", "wrk"), ("perf", "linux-perf")] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            let ok = Command::new("apt-get")
+                .args(["install", "-y", package])
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                super::run(Command::new("apt-get").arg("update"))?;
+                super::run(Command::new("apt-get").args(["install", "-y", package]))?;
+            }
         }
     }
     let event_storm = work.join("event_storm");
@@ -628,8 +631,8 @@ fn header(env: &Env, plan: &Plan, only: &[String], took: Duration) -> String {
     );
     let _ = writeln!(
         s,
-        "\nReproduce everything with `sudo cargo xtask bench` (full run, estimated ~20 min; `--quick` ~5 min) or one section with \
-         `cargo xtask bench --only accuracy|overhead|agent|scaling`; the commands each figure comes from \
+        "\nReproduce everything with `sudo cargo xtask bench` (full run, estimated ~25 min; `--quick` ~10 min) or one section with \
+         `cargo xtask bench --only accuracy|overhead|host|agent|scaling`; the commands each figure comes from \
          are given in its section. `$SP` is `target/release/stallprof`, `$PY` the Python above, \
          `$PYSPY` `target/bench-venv/bin/py-spy`, `V` `profiler/tests/victims`.\n"
     );

@@ -60,13 +60,8 @@ pub struct Live {
     tick: Interval,
     ticks: u32,
     drain_tick: Interval,
-    /// Drains in a row that found the ring empty.
-    empty_drains: u32,
-    /// The drain timer is stopped; the kernel side wakes the reader.
-    asleep: bool,
-    /// Times the reader went to sleep, and was woken by a record.
-    sleeps: u64,
-    wakes: u64,
+    /// Asleep: the drain timer is stopped; the kernel side wakes the reader.
+    reader: ReaderSleep,
 }
 
 /// Drain period while records come.
@@ -74,8 +69,63 @@ const DRAIN_EVERY: Duration = Duration::from_millis(20);
 /// Upkeeps 50 ms apart at first (then 250 ms); the reader never sleeps
 /// during them.
 const FAST_TICKS: u32 = 40;
-/// Empty drains in a row (100 ms) before the reader may sleep.
+/// Empty drains in a row before the reader may sleep (100 ms here, 0.5 s
+/// in the daemon).
 const EMPTY_DRAINS_TO_SLEEP: u32 = 5;
+
+/// Whether a ring's reader sleeps until the kernel side's next record
+/// (`READER_ASLEEP`) or drains on its timer, and how often it slept: the
+/// state `record`/`top` ([`Live`]) and the daemon's collector share. The
+/// caller decides whether nothing waits on a drain and sets the flag.
+#[derive(Default)]
+pub struct ReaderSleep {
+    asleep: bool,
+    /// Drains in a row that found the ring empty.
+    empty_drains: u32,
+    sleeps: u64,
+    wakes: u64,
+}
+
+impl ReaderSleep {
+    pub fn asleep(&self) -> bool {
+        self.asleep
+    }
+
+    /// A drain found the ring empty: true when, awake, enough empty drains
+    /// came in a row for the reader to sleep.
+    pub fn empty_drain(&mut self) -> bool {
+        if self.asleep {
+            return false;
+        }
+        self.empty_drains += 1;
+        self.empty_drains >= EMPTY_DRAINS_TO_SLEEP
+    }
+
+    /// The flag is set: the reader sleeps.
+    pub fn slept(&mut self) {
+        self.asleep = true;
+        self.sleeps += 1;
+    }
+
+    /// Records came, or work a drain finishes: drain on the timer again.
+    /// True if the reader was asleep.
+    pub fn woke(&mut self) -> bool {
+        let was = self.asleep;
+        self.wakes += u64::from(was);
+        self.asleep = false;
+        self.empty_drains = 0;
+        was
+    }
+
+    /// `-vv`: how often the reader slept.
+    pub fn log(&self) {
+        log::debug!(
+            "ring reader: slept {} times while the ring was empty, woken {} times",
+            self.sleeps,
+            self.wakes
+        );
+    }
+}
 
 /// A finished [`Live`]: the probes are detached.
 pub struct Finished {
@@ -117,10 +167,7 @@ impl Live {
             tick: interval(Duration::from_millis(50)),
             ticks: 0,
             drain_tick: interval(DRAIN_EVERY),
-            empty_drains: 0,
-            asleep: false,
-            sleeps: 0,
-            wakes: 0,
+            reader: ReaderSleep::default(),
         })
     }
 
@@ -163,7 +210,7 @@ impl Live {
                     return Ok(Step::Stop("duration"));
                 }
                 t = &mut other => return Ok(Step::Other(t)),
-                _ = self.drain_tick.tick(), if !self.asleep => {
+                _ = self.drain_tick.tick(), if !self.reader.asleep() => {
                     let records = self.engine.drain(self.ring.get_mut(), &mut self.probes);
                     self.drained(records);
                 }
@@ -172,7 +219,7 @@ impl Live {
                     if self.ticks == FAST_TICKS {
                         self.tick = interval(Duration::from_millis(250));
                     }
-                    if self.asleep {
+                    if self.reader.asleep() {
                         // What the symbolizer or discovery finished since,
                         // and a wake-up the flag missed, are taken here.
                         let records = self.engine.drain(self.ring.get_mut(), &mut self.probes);
@@ -189,23 +236,15 @@ impl Live {
     /// enough empty drains with nothing waiting on one.
     fn drained(&mut self, records: usize) {
         if records > 0 {
-            if self.asleep {
-                self.wakes += 1;
-            }
             self.awake();
             return;
         }
-        if self.asleep {
-            return;
-        }
-        self.empty_drains += 1;
-        if self.empty_drains >= EMPTY_DRAINS_TO_SLEEP
+        if self.reader.empty_drain()
             && self.ticks >= FAST_TICKS
             && self.engine.quiet()
             && self.probes.set_reader_asleep()
         {
-            self.asleep = true;
-            self.sleeps += 1;
+            self.reader.slept();
             // A record submitted before the flag was set woke no one.
             if self.engine.drain(self.ring.get_mut(), &mut self.probes) > 0 {
                 self.awake();
@@ -215,20 +254,14 @@ impl Live {
 
     /// Records came: drain on the timer again, from now.
     fn awake(&mut self) {
-        self.empty_drains = 0;
-        if self.asleep {
-            self.asleep = false;
+        if self.reader.woke() {
             self.drain_tick.reset();
         }
     }
 
     /// Drain the last events and detach the probes, before anything slow.
     pub fn finish(mut self) -> Finished {
-        log::debug!(
-            "ring reader: slept {} times while the ring was empty, woken {} times by a record",
-            self.sleeps,
-            self.wakes
-        );
+        self.reader.log();
         self.engine.drain(self.ring.get_mut(), &mut NoControl);
         let ended_ns = monotonic_ns();
         let drops = self.probes.drops();
@@ -249,5 +282,31 @@ impl Live {
             kernel_filtered,
             probes: probe_set,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reader_sleeps_after_empty_drains_and_wakes_on_records() {
+        let mut r = ReaderSleep::default();
+        for _ in 1..EMPTY_DRAINS_TO_SLEEP {
+            assert!(!r.empty_drain());
+        }
+        assert!(r.empty_drain(), "the fifth empty drain in a row may sleep");
+        r.slept();
+        assert!(r.asleep());
+        assert!(!r.empty_drain(), "asleep: nothing more to decide");
+        assert!(r.woke(), "woken from sleep");
+        assert!(!r.asleep());
+        assert!(!r.woke(), "already awake");
+        // The count starts again after a wake.
+        for _ in 1..EMPTY_DRAINS_TO_SLEEP {
+            assert!(!r.empty_drain());
+        }
+        assert!(r.empty_drain());
+        assert_eq!((r.sleeps, r.wakes), (1, 1));
     }
 }

@@ -29,7 +29,7 @@ use aya::{
     },
     util::{nr_cpus, online_cpus},
 };
-use log::{debug, info};
+use log::{debug, info, warn};
 use profiler_common::{
     Drop, Filtered, PyProc, sysno,
     tracepoint::{self, Layout},
@@ -848,10 +848,19 @@ impl Probes {
         if self.set.waits.contains("tracepoints") || self.tgid == 0 {
             return true;
         }
-        let (points, more_may_come) = waits::wait_points(pid);
+        let waits::WaitPoints {
+            points,
+            more_may_come,
+            unreadable,
+        } = waits::wait_points(pid);
         if points.is_empty() {
             if last_try || !more_may_come {
-                let why = if fs::read_link(format!("/proc/{pid}/map_files")).is_err()
+                let why = if !unreadable.is_empty() {
+                    format!(
+                        "pid {pid}'s C library could not be read for its wait functions: {}",
+                        unreadable.join("; ")
+                    )
+                } else if fs::read_link(format!("/proc/{pid}/map_files")).is_err()
                     && fs::read_dir(format!("/proc/{pid}/map_files")).is_err()
                 {
                     format!(
@@ -946,7 +955,24 @@ impl Probes {
                 if !waits::is_c_library(&seen_as) || !self.host_files.insert(file) {
                     continue;
                 }
-                let points = waits::points_in(&path, file);
+                let points = match waits::points_in(&path, file) {
+                    Ok(points) => points,
+                    // Gone while it was read: the next process mapping
+                    // the library reads it again.
+                    Err(why) if !std::path::Path::new(&format!("/proc/{pid}")).exists() => {
+                        debug!("pid {pid} exited while its C library was read: {why}");
+                        self.host_files.remove(&file);
+                        continue;
+                    }
+                    Err(why) => {
+                        warn!(
+                            "pid {pid} maps a C library stallprof cannot read for its wait functions: {why}; \
+                             event loops on it are not watched (run with --probes tracepoints to watch them \
+                             through the syscall tracepoints)"
+                        );
+                        continue;
+                    }
+                };
                 info!(
                     "pid {pid} maps a C library not seen before, {seen_as}: its {} wait functions probed for every process mapping it",
                     points.len()

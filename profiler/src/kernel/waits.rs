@@ -117,11 +117,11 @@ const EXEC_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 /// image and its loader. A launched command's first look often lands there
 /// (it was seen to fall back to the host-wide tracepoints), so that is
 /// waited out, up to [`EXEC_WAIT`].
-pub fn wait_points(pid: u32) -> (Vec<WaitPoint>, bool) {
+pub fn wait_points(pid: u32) -> WaitPoints {
     let deadline = std::time::Instant::now() + EXEC_WAIT;
     let maps = loop {
         let Ok(maps) = limits::read_proc(&format!("/proc/{pid}/maps")) else {
-            return (Vec::new(), false); // gone
+            return WaitPoints::default(); // gone
         };
         if maps.lines().any(|l| exec_file(l).is_some()) || std::time::Instant::now() >= deadline {
             break maps;
@@ -130,16 +130,31 @@ pub fn wait_points(pid: u32) -> (Vec<WaitPoint>, bool) {
     };
     let files = files_in(pid, &maps);
     let loader = files.iter().any(|(_, _, seen_as)| is_loader(seen_as));
-    let mut points = Vec::new();
+    let mut found = WaitPoints::default();
     for (i, (path, file, seen_as)) in files.iter().enumerate() {
         // The first mapping is the executable: a static one carries its own
         // C library.
         if is_c_library(seen_as) || (i == 0 && !loader) {
-            points.extend(points_in(path, *file));
+            match points_in(path, *file) {
+                Ok(points) => found.points.extend(points),
+                Err(why) => found.unreadable.push(why),
+            }
         }
     }
     let mid_exec = !maps.lines().any(|l| exec_file(l).is_some());
-    (points, mid_exec || loader)
+    found.more_may_come = mid_exec || loader;
+    found
+}
+
+/// What [`wait_points`] found in a process.
+#[derive(Default)]
+pub struct WaitPoints {
+    pub points: Vec<WaitPoint>,
+    /// More may come (see [`wait_points`]).
+    pub more_may_come: bool,
+    /// Files that should have held wait functions and could not be read,
+    /// each with why.
+    pub unreadable: Vec<String>,
 }
 
 /// The dynamic loader (glibc's `ld-linux-*.so.2`, musl's `ld-musl-*.so.1`).
@@ -158,17 +173,24 @@ pub fn is_c_library(path: &str) -> bool {
         && name.contains(".so")
 }
 
-/// The wait functions defined in one mapped file.
-pub fn points_in(path: &str, file: (u64, u64)) -> Vec<WaitPoint> {
-    let Ok(f) = limits::open_elf(std::path::Path::new(path)) else {
-        return Vec::new();
-    };
+/// The wait functions defined in one mapped file, or why it could not be
+/// read for them (the file is named in the reason).
+pub fn points_in(path: &str, file: (u64, u64)) -> Result<Vec<WaitPoint>, String> {
+    let f = limits::open_elf(std::path::Path::new(path))
+        .map_err(|e| format!("{path} could not be opened: {e}"))?;
     let data = object::ReadCache::new(f);
-    let Ok(obj) = object::File::parse(&data) else {
-        return Vec::new();
-    };
-    if obj.architecture() != object::Architecture::X86_64 || limits::elf_symbols_too_large(&obj) {
-        return Vec::new();
+    let obj = object::File::parse(&data)
+        .map_err(|e| format!("{path} is not an ELF file stallprof can read: {e}"))?;
+    if obj.architecture() != object::Architecture::X86_64 {
+        return Err(format!(
+            "{path} is built for {:?}; stallprof probes x86-64 code only",
+            obj.architecture()
+        ));
+    }
+    if limits::elf_symbols_too_large(&obj) {
+        return Err(format!(
+            "{path}: its symbol tables are over stallprof's size cap"
+        ));
     }
     let mut out = Vec::new();
     let mut addrs = HashSet::new();
@@ -210,7 +232,7 @@ pub fn points_in(path: &str, file: (u64, u64)) -> Vec<WaitPoint> {
             emulated: point.is_some(),
         });
     }
-    out
+    Ok(out)
 }
 
 /// File offset of a symbol's first byte.
@@ -356,6 +378,26 @@ mod tests {
     }
 
     #[test]
+    fn a_c_library_that_cannot_be_read_says_why() {
+        let dir = std::env::temp_dir().join(format!("stallprof-waits-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("libc.so.6");
+        std::fs::write(&path, b"not an ELF file").unwrap();
+        let why = points_in(path.to_str().unwrap(), (0, 0)).unwrap_err();
+        let gone = dir.join("gone.so");
+        let why_gone = points_in(gone.to_str().unwrap(), (0, 0)).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            why.contains("libc.so.6") && why.contains("not an ELF file"),
+            "{why}"
+        );
+        assert!(
+            why_gone.contains("gone.so") && why_gone.contains("could not be opened"),
+            "{why_gone}"
+        );
+    }
+
+    #[test]
     fn garbage_is_no_point_not_a_panic() {
         assert_eq!(emulated_point(&[], 0), None);
         assert_eq!(emulated_point(&[0xff; 64], 0), None);
@@ -369,7 +411,12 @@ mod tests {
         assert!(is_c_library("/usr/lib/x86_64-linux-gnu/libc.so.6"));
         assert!(is_c_library("/lib/ld-musl-x86_64.so.1"));
         assert!(!is_c_library("/usr/lib/libcrypto.so.3"));
-        let (points, loader) = wait_points(std::process::id());
+        let WaitPoints {
+            points,
+            more_may_come: loader,
+            unreadable,
+        } = wait_points(std::process::id());
+        assert!(unreadable.is_empty(), "{unreadable:?}");
         assert!(loader, "a test binary maps the dynamic loader");
         let names: Vec<_> = points.iter().map(|p| p.function).collect();
         for f in ["epoll_wait", "poll", "select"] {

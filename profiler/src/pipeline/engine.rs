@@ -1596,16 +1596,19 @@ impl Engine {
     /// switch-outs) of threads that are not executors are dropped before
     /// they are unwound. Host-wide, most threads that ever waited in
     /// poll/select are not event loops, and their stacks can never be part
-    /// of a reported stall. Returns how many were dropped.
+    /// of a reported stall. Returns how many records the ring held, and
+    /// how many stack events were dropped.
     pub fn drain_executors(
         &mut self,
         ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
         probes: &mut dyn Control,
-    ) -> u64 {
+    ) -> (usize, u64) {
         let mut skipped = 0;
         let mut bytes = 0;
+        let mut records = 0;
         while let Some(item) = ring.next() {
             bytes += item.len();
+            records += 1;
             if let Ok(ev) = event::parse(&item)
                 && matches!(
                     ev,
@@ -1621,7 +1624,7 @@ impl Engine {
         }
         self.ring_backlog_max = self.ring_backlog_max.max(bytes);
         self.collect();
-        skipped
+        (records, skipped)
     }
 }
 

@@ -9,9 +9,14 @@
 //! Two threads:
 //! - the *collector* owns the probes and the [`Engine`] (the same stall
 //!   model and symbolization as `record`). It drains the ring buffer every
-//!   100 ms on a timer rather than waiting on its fd: a thread that never
-//!   enters epoll/poll/select is invisible to the probes, so the daemon does
-//!   not watch itself, and batching bounds its wakeups on a busy host.
+//!   100 ms on a timer (batching bounds its wakeups on a busy host). On a
+//!   quiet one — five empty drains in a row with nothing waiting on a drain
+//!   ([`Engine::quiet`]) — it sets `READER_ASLEEP` and waits on the ring's
+//!   fd until its next tick instead: the kernel side's next record wakes
+//!   it. That wait is a raw `poll` system call (rustix), not the C
+//!   library's, so the daemon's own wait uprobes never see it and the
+//!   daemon does not watch itself; with the syscall-tracepoint waits
+//!   (`--probes tracepoints`) they would, and the timer is kept.
 //!   Every 250 ms it ticks the engine for the monitored processes; every
 //!   second it follows exits, exec and pid reuse, publishes counters, and
 //!   enforces the memory bounds; at each window's end it writes reports and
@@ -61,8 +66,8 @@ use self::{
     reports::Window,
 };
 use crate::{
-    kernel::probe::Probes, model::Stall, os::clock::monotonic_ns, os::outdir::OutDir,
-    os::units::fmt_ns, pipeline::engine::Engine,
+    commands::live::ReaderSleep, kernel::probe::Probes, model::Stall, os::clock::monotonic_ns,
+    os::outdir::OutDir, os::units::fmt_ns, pipeline::engine::Engine,
 };
 
 const EXAMPLES: &str = "\
@@ -112,6 +117,8 @@ pub struct DaemonArgs {
 
 /// Drain period of the ring buffer.
 const DRAIN_EVERY: Duration = Duration::from_millis(100);
+/// The reader never sleeps in the daemon's first seconds (start-up scans).
+const SLEEP_NOT_BEFORE: Duration = Duration::from_secs(2);
 /// A loop iteration this long is logged (`-vv`) with where its time went:
 /// the ring buffer waits that long for its next drain.
 const SLOW_LOOP: Duration = Duration::from_millis(50);
@@ -428,9 +435,26 @@ impl Collector {
     fn run(mut self, stop: &AtomicBool) -> Result<String> {
         let mut last_tick = Instant::now() - TICK_EVERY;
         let mut last_house = Instant::now();
+        let mut reader = ReaderSleep::default();
+        // The reader may sleep only where its own wait is invisible to the
+        // probes (see the module doc).
+        let may_sleep = !self.probes.probe_set().waits.contains("tracepoints");
         while !stop.load(Ordering::SeqCst) {
             let t0 = Instant::now();
-            self.drain();
+            if self.drain() > 0 {
+                reader.woke();
+            } else if may_sleep
+                && reader.empty_drain()
+                && self.started.elapsed() >= SLEEP_NOT_BEFORE
+                && self.engine.quiet()
+                && self.probes.set_reader_asleep()
+            {
+                reader.slept();
+                // A record submitted before the flag was set woke no one.
+                if self.drain() > 0 {
+                    reader.woke();
+                }
+            }
             let t1 = Instant::now();
             if last_tick.elapsed() >= TICK_EVERY {
                 last_tick = Instant::now();
@@ -455,8 +479,18 @@ impl Collector {
                     t3.elapsed()
                 );
             }
-            std::thread::sleep(DRAIN_EVERY);
+            if reader.asleep() && !self.engine.quiet() {
+                // The upkeep started something a drain finishes.
+                reader.woke();
+            }
+            if reader.asleep() {
+                let next_tick = TICK_EVERY.saturating_sub(last_tick.elapsed());
+                self.wait_for_record(next_tick.max(Duration::from_millis(1)));
+            } else {
+                std::thread::sleep(DRAIN_EVERY);
+            }
         }
+        reader.log();
         // Last events, close busy periods still open, flush, detach.
         self.drain();
         self.engine.finish(monotonic_ns());
@@ -484,8 +518,9 @@ impl Collector {
         Ok(summary)
     }
 
-    fn drain(&mut self) {
-        let skipped = self
+    /// Drain the ring; returns how many records it held.
+    fn drain(&mut self) -> usize {
+        let (records, skipped) = self
             .engine
             .drain_executors(&mut self.ring, &mut self.probes);
         self.sh.metrics.non_loop_stack_events.inc_by(skipped);
@@ -494,6 +529,24 @@ impl Collector {
         }
         for pid in self.engine.take_exited() {
             self.exited(pid);
+        }
+        records
+    }
+
+    /// Sleep until the ring's fd is readable (the kernel side woke its
+    /// reader) or `timeout` passes. A failed poll sleeps the timeout.
+    fn wait_for_record(&self, timeout: Duration) {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        let mut fds = [PollFd::new(&self.ring, PollFlags::IN)];
+        let t = Timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        if let Err(e) = poll(&mut fds, Some(&t))
+            && e != rustix::io::Errno::INTR
+        {
+            debug!("poll on the ring buffer: {e}; sleeping instead");
+            std::thread::sleep(timeout);
         }
     }
 
