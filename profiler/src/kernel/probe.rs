@@ -959,7 +959,7 @@ impl Probes {
                     Ok(points) => points,
                     // Gone while it was read: the next process mapping
                     // the library reads it again.
-                    Err(why) if !std::path::Path::new(&format!("/proc/{pid}")).exists() => {
+                    Err(why) if !crate::os::proc::process_alive(pid) => {
                         debug!("pid {pid} exited while its C library was read: {why}");
                         self.host_files.remove(&file);
                         continue;

@@ -379,8 +379,7 @@ mod tests {
 
     #[test]
     fn a_c_library_that_cannot_be_read_says_why() {
-        let dir = std::env::temp_dir().join(format!("stallprof-waits-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::os::scratch_dir("waits");
         let path = dir.join("libc.so.6");
         std::fs::write(&path, b"not an ELF file").unwrap();
         let why = points_in(path.to_str().unwrap(), (0, 0)).unwrap_err();

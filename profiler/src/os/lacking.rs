@@ -93,8 +93,7 @@ mod tests {
 
     #[test]
     fn a_file_is_known_until_it_changes() {
-        let dir = std::env::temp_dir().join(format!("stallprof-lacking-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::os::scratch_dir("lacking");
         let f = dir.join("bin");
         std::fs::write(&f, b"one").unwrap();
         let set = Lacking::new();

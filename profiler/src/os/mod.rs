@@ -11,3 +11,12 @@ pub mod outdir;
 pub mod proc;
 pub mod units;
 pub mod user;
+
+/// Tests: a new, empty directory under the temp dir, named `stallprof-NAME-`
+/// and a random suffix (never one a previous run left).
+#[cfg(test)]
+pub fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("stallprof-{name}-{}", outdir::random_suffix()));
+    std::fs::create_dir(&p).unwrap();
+    p
+}

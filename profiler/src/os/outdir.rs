@@ -486,9 +486,7 @@ mod tests {
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {
-        let p = std::env::temp_dir().join(format!("stallprof-outdir-{name}-{}", random_suffix()));
-        std::fs::create_dir(&p).unwrap();
-        p
+        crate::os::scratch_dir(&format!("outdir-{name}"))
     }
 
     #[test]

@@ -1485,10 +1485,7 @@ mod tests {
     /// forgetting processes drops theirs.
     #[test]
     fn files_held_by_the_symbolizer_are_bounded() {
-        let dir =
-            std::env::temp_dir().join(format!("stallprof-blaze-files-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+        let dir = crate::os::scratch_dir("blaze-files");
         let exe = Path::new("/bin/true");
         let mut r = BlazeResolver::default();
         let resets = || {

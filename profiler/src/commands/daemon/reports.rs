@@ -508,9 +508,7 @@ mod tests {
 
     #[test]
     fn sweep_removes_old_then_oldest() {
-        let dir = std::env::temp_dir().join(format!("stallprof-sweep-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+        let dir = crate::os::scratch_dir("sweep");
         let now = 1_700_000_000u64;
         for (age, bytes) in [(7200u64, 10usize), (300, 100), (200, 100), (100, 100)] {
             let w = dir.join(utc_stamp(now - age)).join("p-1");
