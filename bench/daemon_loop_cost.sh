@@ -2,9 +2,11 @@
 # What an epoll loop pays per iteration while the daemon runs on the host,
 # whether or not its rules watch that loop: the daemon's wait uprobes are
 # on every C library for every process. Run as root on a quiet machine:
-#   bench/daemon_loop_cost.sh STALLPROF [ROUNDS]
+#   [LEFT_OUT=1] bench/daemon_loop_cost.sh STALLPROF [ROUNDS]
 # Per round: bench/loop_cost (2 s on CPU 0, median of its 100 ms windows)
-# bare, then with `stallprof daemon` running; ns per iteration.
+# bare, then with `stallprof daemon` running; ns per iteration. With
+# LEFT_OUT=1 the daemon's rules leave the loop out (an [[include]] that
+# matches nothing): what a loop the rules leave out pays.
 set -euo pipefail
 SP=$1 ROUNDS=${2:-5}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -13,9 +15,14 @@ trap 'rm -rf "$work"' EXIT
 cc -O2 -o "$work/loop_cost" "$here/loop_cost.c"
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 once() { taskset -c 0 "$work/loop_cost" 2 | awk '/ns_per_iter/ {print $2}' | median; }
+config=()
+if [ "${LEFT_OUT:-0}" = 1 ]; then
+  printf '[[include]]\ncomm = "stallprof-matches-nothing"\n' > "$work/config.toml"
+  config=(--config "$work/config.toml")
+fi
 for r in $(seq "$ROUNDS"); do
   bare=$(once)
-  "$SP" daemon --data-dir "$work/data" --listen 127.0.0.1:19436 >/dev/null 2>&1 &
+  "$SP" daemon "${config[@]}" --data-dir "$work/data" --listen 127.0.0.1:19436 >/dev/null 2>&1 &
   daemon=$!
   sleep 3
   watched=$(once)

@@ -435,6 +435,9 @@ counters! {
         /// CPU samples skipped because the thread's busy period was younger
         /// than the sampling gate.
         YoungSamples = 1 => "samples_before_gate",
+        /// Daemon: waits (and runtime parks) of a process the rules leave
+        /// out (`LEFT_OUT`), skipped before any record or thread state.
+        LeftOutWaits = 2 => "left_out_waits",
     }
 }
 
@@ -593,6 +596,11 @@ pub struct StackEvent {
 pub const PY_HOLDER_FRAMES: usize = 32;
 /// Python-using processes tracked at once (`PY_PROCS`).
 pub const MAX_PY_PROCS: u32 = 1024;
+/// Daemon: processes the rules leave out whose waits the kernel side skips
+/// at once (`LEFT_OUT`). Past it, a left-out process is followed as before
+/// its judgement (its stalls are still dropped in userspace), and
+/// `left_out_full` counts it.
+pub const MAX_LEFT_OUT: u32 = 4096;
 
 /// What BPF needs to walk one process's Python stacks and recognise waits
 /// for its GIL (`PY_PROCS` map, keyed by tgid; set by userspace at attach).

@@ -1,7 +1,7 @@
 //! The maps, the failure counters and the one way out (the ring buffer).
 //!
 //! In: nothing but what userspace writes (`LOOP_KEYS`, `LOOP_GEN`,
-//! `PY_PROCS`, `PY_THREADS`, `READER_ASLEEP`) and the program context (`is_target`, current
+//! `PY_PROCS`, `PY_THREADS`, `READER_ASLEEP`, `LEFT_OUT`) and the program context (`is_target`, current
 //! CPU and time for `header`). Out: records in `EVENTS`, thread state in
 //! `THREADS`, counters in `STATS` and `FILTERED`.
 //!
@@ -17,8 +17,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
-    CpuWait, Drop, EventHeader, Filtered, MAX_CPUS, MAX_PY_PROCS, MAX_THREADS, NO_RUN_DELAY,
-    PyProc, RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, StackEvent, ThreadState,
+    CpuWait, Drop, EventHeader, Filtered, MAX_CPUS, MAX_LEFT_OUT, MAX_PY_PROCS, MAX_THREADS,
+    NO_RUN_DELAY, PyProc, RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, StackEvent, ThreadState,
 };
 
 use crate::TARGET_TGID;
@@ -78,6 +78,11 @@ pub(crate) static PY_PROCS: HashMap<u32, PyProc> = HashMap::with_max_entries(MAX
 #[map]
 pub(crate) static PY_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_THREADS, 0);
 
+/// Daemon: tgid -> 1 for a process the rules leave out, set once userspace
+/// has judged it (`left_out`).
+#[map]
+pub(crate) static LEFT_OUT: HashMap<u32, u8> = HashMap::with_max_entries(MAX_LEFT_OUT, 0);
+
 /// Failure counters, indexed by `profiler_common::Drop`.
 #[map]
 static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Drop::COUNT, 0);
@@ -119,6 +124,25 @@ pub(crate) fn current_target() -> Option<(u32, u32)> {
     let id = bpf_get_current_pid_tgid();
     let (tgid, tid) = ((id >> 32) as u32, id as u32);
     is_target(tgid).then_some((tgid, tid))
+}
+
+/// Daemon: true when the rules leave process `tgid` out (`LEFT_OUT`). Its
+/// thread `tid` is then forgotten here (a thread tracked before the
+/// judgement: the next events of a thread with no `THREADS` entry cost a
+/// lookup and nothing else), and the wait is counted, not reported. Asked
+/// at a wait's entry and a runtime park, where a thread's tracking begins;
+/// never in `record` (`TARGET_TGID` set).
+#[inline(always)]
+pub(crate) fn left_out(tgid: u32, tid: u32) -> bool {
+    if TARGET_TGID.load() != 0 || unsafe { LEFT_OUT.get(&tgid) }.is_none() {
+        return false;
+    }
+    if let Some(st) = THREADS.get_ptr_mut(&tid) {
+        crate::sched::forget_thread(tid, unsafe { &mut *st });
+        let _ = THREADS.remove(&tid);
+    }
+    note(Filtered::LeftOutWaits);
+    true
 }
 
 /// The current task as (tgid, tid, its `THREADS` entry) when it is a thread

@@ -17,7 +17,7 @@ use aya_ebpf::{
 use profiler_common::{Drop, WaitEvent, kind, sysno, wait_key};
 
 use crate::{
-    maps::{THREADS, count, current_target, emit, header, new_thread},
+    maps::{THREADS, count, current_target, emit, header, left_out, new_thread},
     waits::{defer_exit, flush_exit, is_loop_key, quiet_busy},
 };
 
@@ -28,6 +28,9 @@ fn runtime_park(enter: bool) -> u32 {
     let Some((tgid, tid)) = current_target() else {
         return 0;
     };
+    if left_out(tgid, tid) {
+        return 0;
+    }
     let key = wait_key(sysno::RUNTIME_PARK, 0);
     match THREADS.get_ptr_mut(&tid) {
         Some(st) => {

@@ -243,6 +243,18 @@ fn on_wakeup(tid: u32) {
     }
 }
 
+/// A tracked thread is let go (its exit, or its process left out by the
+/// daemon's rules): a CPU slot it still waits in is freed, and it no longer
+/// counts off the CPU. The caller removes its `THREADS` entry.
+#[inline(always)]
+pub(crate) fn forget_thread(tid: u32, st: &mut ThreadState) {
+    throttle::forget(tid, st);
+    if st.off_reported != 0 {
+        st.off_reported = 0;
+        off_cpu_add(-1);
+    }
+}
+
 /// A thread of the target (the current task) exits; `group_dead` when it
 /// was the last of its process.
 #[inline(always)]
@@ -255,11 +267,7 @@ fn on_exit(group_dead: u32) {
             let st = unsafe { &mut *st };
             came_back(tid, tgid, st);
             flush_exit(tid, tgid, st);
-            throttle::forget(tid, st);
-            if st.off_reported != 0 {
-                st.off_reported = 0;
-                off_cpu_add(-1);
-            }
+            forget_thread(tid, st);
             true
         }
         None => false,

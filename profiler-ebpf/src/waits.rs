@@ -34,7 +34,7 @@ use crate::{
     SAMPLE_AFTER_NS,
     maps::{
         LOOP_GEN, LOOP_KEYS, THREADS, WAIT_TRACEPOINTS, count, current_target, current_tracked,
-        emit, header, is_target, new_thread, note,
+        emit, header, is_target, left_out, new_thread, note,
     },
     throttle,
     tracepoint::tp_field,
@@ -146,6 +146,9 @@ fn on_wait_enter(nr: u32, fd: i32) -> u32 {
     let Some((tgid, tid)) = current_target() else {
         return 0;
     };
+    if left_out(tgid, tid) {
+        return 0;
+    }
     let key = wait_key(nr, fd);
     match THREADS.get_ptr_mut(&tid) {
         Some(st) => {

@@ -1476,13 +1476,15 @@ fn daemon_labels_containerized_victims() {
         &format!("system.slice/docker-{docker_id}.scope"),
         docker.host_pid,
     );
-    // On the host, in no container: left out by the rules.
+    // On the host, in no container: left out by the rules. It runs until
+    // the end of the test (killed there): it must be a live loop when the
+    // metrics are read.
     let host_script = dir.join("host_loop.py");
     std::fs::write(
         &host_script,
         "import asyncio, time\n\
          async def main():\n\
-         \x20   for _ in range(40):\n\
+         \x20   for _ in range(1000):\n\
          \x20       await asyncio.sleep(0.05)\n\
          \x20       time.sleep(0.06)\n\
          asyncio.run(main())\n",
@@ -1498,7 +1500,7 @@ fn daemon_labels_containerized_victims() {
     let fams = wait_metrics(
         &mut d,
         &dir.path,
-        "both containerized victims' stalls and the refused interpreter's problem",
+        "both containerized victims' stalls, the refused interpreter's problem and the host loop left out",
         Duration::from_secs(20),
         |f| {
             sample(
@@ -1517,6 +1519,7 @@ fn daemon_labels_containerized_victims() {
                     >= 4.0
                 && sample(f, "stallprof_runtime_problems", &[("pid", &docker_pid)]).unwrap_or(0.0)
                     >= 1.0
+                && sample(f, "stallprof_excluded_processes", &[]).unwrap_or(0.0) >= 1.0
         },
     );
     let labels_of = |pid: &str| {
@@ -1562,6 +1565,26 @@ fn daemon_labels_containerized_victims() {
         format!(
             "the host process {host_pid} is not in the included pod or container, yet it has series"
         )
+    });
+    // Left out, it must not pay for being watched: no switch or sampling
+    // events on its loop thread (every thread carrying them is a reported
+    // process's loop thread), and the kernel side skips its waits.
+    let watched = sample(&fams, "stallprof_watched_threads", &[]).unwrap_or(-1.0);
+    let tracked = sample(&fams, "stallprof_tracked_threads", &[]).unwrap_or(-1.0);
+    c.check(watched >= 0.0 && watched <= tracked, || {
+        format!(
+            "{watched} threads carry switch/sampling events but only {tracked} loop threads are reported: \
+             the left-out host loop {host_pid} is still watched"
+        )
+    });
+    let left_out_waits = sample(
+        &fams,
+        "stallprof_kernel_filtered_total",
+        &[("what", "left_out_waits")],
+    )
+    .unwrap_or(0.0);
+    c.check(left_out_waits > 0.0, || {
+        format!("stallprof_kernel_filtered_total{{what=\"left_out_waits\"}} is {left_out_waits}: the left-out host loop's waits were not skipped")
     });
     println!(
         "DAEMON  containers: pod victim {pod_pid} container={} pod={} stalls={:?}; docker victim {docker_pid} container={} stalls={:?} runtime_problems={:?}; host {host_pid} series={host_series:?}",

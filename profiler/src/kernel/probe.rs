@@ -366,6 +366,8 @@ pub struct Probes {
     generation: u64,
     py_procs: BpfHashMap<MapData, u32, PyProc>,
     py_threads: BpfHashMap<MapData, u32, u64>,
+    /// Daemon: `LEFT_OUT`, the processes the rules leave out.
+    left_out: BpfHashMap<MapData, u32, u8>,
     stats: PerCpuArray<MapData, u64>,
     filtered: PerCpuArray<MapData, u64>,
     /// Userspace's failed map updates (full maps), by counter name; shown
@@ -596,6 +598,7 @@ impl Probes {
         let loop_gen = take_map(&mut ebpf, "LOOP_GEN", Array::try_from)?;
         let py_procs = take_map(&mut ebpf, "PY_PROCS", BpfHashMap::try_from)?;
         let py_threads = take_map(&mut ebpf, "PY_THREADS", BpfHashMap::try_from)?;
+        let left_out = take_map(&mut ebpf, "LEFT_OUT", BpfHashMap::try_from)?;
         let stats = take_map(&mut ebpf, "STATS", PerCpuArray::try_from)?;
         let filtered = take_map(&mut ebpf, "FILTERED", PerCpuArray::try_from)?;
         let mut wait_tracepoints = take_map(&mut ebpf, "WAIT_TRACEPOINTS", Array::try_from)?;
@@ -627,6 +630,7 @@ impl Probes {
             generation: 0,
             py_procs,
             py_threads,
+            left_out,
             stats,
             filtered,
             update_failures: BTreeMap::new(),
@@ -1160,6 +1164,31 @@ impl Probes {
         for tid in tids {
             let _ = self.py_threads.remove(tid);
         }
+    }
+
+    /// Daemon: the rules leave process `tgid` out. The kernel side skips
+    /// its waits and runtime parks from now and forgets a thread of it it
+    /// tracked, so no record, loop election, switch or sampling event of
+    /// it follows; the caller closes the per-thread events of any loop
+    /// thread of it already elected ([`Probes::forget_loop_thread`]).
+    /// What it still pays is the trap of each wait uprobe (they sit on the
+    /// C library host-wide).
+    pub fn leave_out(&mut self, tgid: u32) {
+        if let Err(e) = self.left_out.insert(tgid, 1, 0) {
+            self.update_failed("left_out_full", &e);
+        }
+    }
+
+    /// Daemon: a left-out process is gone (or must be judged again): a
+    /// reused pid starts followed.
+    pub fn take_back(&mut self, tgid: u32) {
+        let _ = self.left_out.remove(&tgid);
+    }
+
+    /// Threads carrying their own switch and sampling events (the
+    /// daemon's elected loop threads; 0 with the tracepoints).
+    pub fn watched_threads(&self) -> usize {
+        self.thread_links.len()
     }
 
     /// A loop thread exited (or its process did): its `LOOP_KEYS` entry

@@ -57,6 +57,7 @@ pub struct Metrics {
     kernel_filtered: Family<Labels, Counter>,
     pub tracked_processes: Gauge,
     pub tracked_threads: Gauge,
+    pub watched_threads: Gauge,
     pub over_limit: Counter,
     pub excluded: Gauge,
     pub window_stalls_dropped: Counter,
@@ -181,8 +182,8 @@ impl Metrics {
         let kernel_filtered = Family::<Labels, Counter>::default();
         r.register(
             "stallprof_kernel_filtered",
-            "Work the kernel's sampling gate saved (not failures): short_busy_periods never reported, \
-             samples_before_gate skipped",
+            "Work the kernel side saved by design (not failures): short_busy_periods never reported, \
+             samples_before_gate skipped, left_out_waits of processes the rules leave out",
             kernel_filtered.clone(),
         );
         let tracked_processes = Gauge::default();
@@ -196,6 +197,13 @@ impl Metrics {
             "stallprof_tracked_threads",
             "Event-loop threads of the reported processes",
             tracked_threads.clone(),
+        );
+        let watched_threads = Gauge::default();
+        r.register(
+            "stallprof_watched_threads",
+            "Threads carrying their own switch and sampling events (the elected loop threads of reported \
+             processes; 0 with the tracepoint scheduler)",
+            watched_threads.clone(),
         );
         let excluded = Gauge::default();
         r.register(
@@ -303,6 +311,7 @@ impl Metrics {
             kernel_filtered,
             tracked_processes,
             tracked_threads,
+            watched_threads,
             over_limit,
             excluded,
             window_stalls_dropped,

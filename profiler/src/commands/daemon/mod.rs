@@ -371,8 +371,10 @@ struct Collector {
     /// Monitored live processes, by pid.
     procs: HashMap<u32, Tracked>,
     /// Live processes left out (rules, the daemon itself, over the limit):
-    /// pid -> start ticks, so a reused pid is judged again.
-    excluded: HashMap<u32, u64>,
+    /// pid -> start ticks and executable, so a reused pid, or one that
+    /// exec'd, is judged again. The kernel side skips their waits
+    /// (`Probes::leave_out`).
+    excluded: HashMap<u32, (u64, String)>,
     /// Exited processes whose series are still exported, oldest first.
     gone: VecDeque<(Instant, Tracked)>,
     window: Window,
@@ -397,6 +399,9 @@ impl Collector {
             crate::kernel::probe::default_sample_after(cfg.threshold_ns),
             cfg.probes,
         )?;
+        // Its own waits (the HTTP side's runtime calls the C library's
+        // epoll_wait) are none of its business.
+        probes.leave_out(std::process::id());
         probes.watch_host_waits();
         // The kernel's BTF, parsed for the load, is freed: give it back.
         crate::os::heap::release();
@@ -562,7 +567,8 @@ impl Collector {
         let process = self.engine.process(pid);
         let info = ProcInfo::read(pid, process)?;
         if pid == self.self_pid || !self.cfg.rules.monitored(&info) {
-            self.excluded.insert(pid, info.start_ticks);
+            debug!("pid {pid} ({}) is left out by the rules", info.comm);
+            self.leave_out(&info);
             return None;
         }
         while self.procs.len() + self.gone.len() >= self.cfg.max_processes {
@@ -573,12 +579,32 @@ impl Collector {
                     "limits.max_processes ({}) reached: not reporting pid {pid} ({})",
                     self.cfg.max_processes, info.comm
                 );
-                self.excluded.insert(pid, info.start_ticks);
+                self.leave_out(&info);
                 return None;
             };
             self.sh.metrics.remove_process(&old.labels);
         }
         Some(self.track(info))
+    }
+
+    /// A process is not reported: from now it costs the host what any
+    /// process the daemon does not watch costs — the trap of its wait
+    /// calls, nothing else. The kernel side skips its waits; the loop
+    /// threads already elected lose their switch and sampling events, and
+    /// the engine forgets what it learnt of it.
+    fn leave_out(&mut self, info: &ProcInfo) {
+        self.excluded
+            .insert(info.pid, (info.start_ticks, info.exe.clone()));
+        self.probes.leave_out(info.pid);
+        self.engine.forget(info.pid, &mut self.probes);
+    }
+
+    /// A left-out process is gone, or exec'd: followed again (its pid may
+    /// be reused; what it runs now is judged at its next loop election).
+    fn take_back(&mut self, pid: u32) {
+        if self.excluded.remove(&pid).is_some() {
+            self.probes.take_back(pid);
+        }
     }
 
     fn track(&mut self, info: ProcInfo) -> &mut Tracked {
@@ -693,7 +719,7 @@ impl Collector {
             info!("pid {pid} ({}) is gone", t.info.comm);
             self.gone.push_back((Instant::now(), t));
         }
-        self.excluded.remove(&pid);
+        self.take_back(pid);
     }
 
     fn tick(&mut self) {
@@ -702,7 +728,13 @@ impl Collector {
         self.probes.watch_host_waits();
         self.sh.metrics.set_probes(self.probes.probe_set());
         for pid in self.engine.executor_pids() {
-            self.observe(pid);
+            if self.excluded.contains_key(&pid) {
+                // Elected from records already in flight when it was left
+                // out: its loop threads' events are closed again.
+                self.engine.forget(pid, &mut self.probes);
+            } else {
+                self.observe(pid);
+            }
         }
         let pids: Vec<u32> = self.procs.keys().copied().collect();
         self.engine.tick(&pids, &mut self.probes);
@@ -723,8 +755,18 @@ impl Collector {
                 _ => self.exited(pid),
             }
         }
-        self.excluded
-            .retain(|&pid, st| procs::start_ticks(pid) == Some(*st));
+        let judged_again: Vec<u32> = self
+            .excluded
+            .iter()
+            .filter(|&(&pid, (st, exe))| {
+                procs::start_ticks(pid) != Some(*st)
+                    || (!exe.is_empty() && procs::exe_of(pid) != *exe)
+            })
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in judged_again {
+            self.take_back(pid);
+        }
         let forget_after = self.cfg.forget_after;
         while self
             .gone
@@ -751,6 +793,7 @@ impl Collector {
         m.tracked_processes.set(self.procs.len() as i64);
         m.tracked_threads.set(threads as i64);
         m.excluded.set(self.excluded.len() as i64);
+        m.watched_threads.set(self.probes.watched_threads() as i64);
         let mut agent = self.agent_base.clone();
         for (k, v) in self.engine.agent_drops() {
             *agent.entry(k.to_string()).or_default() += v;
