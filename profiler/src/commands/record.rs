@@ -25,6 +25,7 @@ use crate::{
         proc::{is_own_fork, process_alive, read_comm, refuse_target, refuse_thread},
         user::{self, User},
     },
+    pipeline::engine::Engine,
     report,
     report::journal::{self, JournalWriter},
     report::label::escape,
@@ -129,6 +130,28 @@ pub enum Target {
     /// The command, the executable it resolves to, and the user it runs as
     /// (`None`: as stallprof's own user, root).
     Command(Vec<String>, PathBuf, Option<User>),
+}
+
+impl Target {
+    /// The pid given (0 for a command: its pid is known once launched).
+    fn pid(&self) -> u32 {
+        match self {
+            Target::Pid(p) => *p,
+            Target::Command(..) => 0,
+        }
+    }
+
+    /// The name a recording has before the target's comm is read: the
+    /// command's file name, or "?".
+    fn name(&self) -> String {
+        match self {
+            Target::Command(c, ..) => Path::new(&c[0])
+                .file_name()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            Target::Pid(_) => "?".into(),
+        }
+    }
 }
 
 fn find_in_path(cmd: &str) -> Option<PathBuf> {
@@ -240,6 +263,14 @@ impl Launched {
     /// privilege the next one gives up) and execs `exe`.
     fn spawn(argv: &[String], exe: &Path, user: Option<&User>) -> Result<Launched> {
         use std::{ffi::CString, os::unix::ffi::OsStrExt};
+        if let Some(u) = user {
+            info!(
+                "the command runs as uid {} gid {} ({})",
+                u.uid,
+                u.gid,
+                u.name.as_deref().map(escape).unwrap_or_default()
+            );
+        }
         // Everything the child needs is allocated before fork: between fork
         // and exec only async-signal-safe calls are allowed.
         let cargs: Vec<CString> = argv
@@ -354,24 +385,12 @@ pub fn run(cfg: RecordConfig) -> Result<Recorded> {
 
 async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
     let mut launched = match &cfg.target {
-        Target::Command(argv, exe, user) => {
-            if let Some(u) = user {
-                info!(
-                    "the command runs as uid {} gid {} ({})",
-                    u.uid,
-                    u.gid,
-                    u.name.as_deref().map(escape).unwrap_or_default()
-                );
-            }
-            Some(Launched::spawn(argv, exe, user.as_ref())?)
-        }
+        Target::Command(argv, exe, user) => Some(Launched::spawn(argv, exe, user.as_ref())?),
         Target::Pid(_) => None,
     };
-    let pid = match (&cfg.target, &launched) {
-        (Target::Pid(p), _) => *p,
-        (_, Some(l)) => l.pid,
-        _ => unreachable!(),
-    };
+    let pid = launched
+        .as_ref()
+        .map_or_else(|| cfg.target.pid(), |l| l.pid);
     let t0 = Instant::now();
     let mut live = Live::attach(
         pid,
@@ -404,17 +423,9 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
         live.engine.save_to(&out)?;
     }
     live.first_upkeep();
+    let target_name = cfg.target.name();
     let mut comm = read_comm(pid, pid).filter(|_| launched.is_none());
-    // Every stall goes to stalls.journal as it is found (report::journal):
-    // a recording killed before its end still holds them.
-    let target_name = match &cfg.target {
-        Target::Command(c, ..) => Path::new(&c[0])
-            .file_name()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        Target::Pid(_) => "?".into(),
-    };
-    let mut journal = JournalWriter::create(
+    let mut journal = Journaled::create(
         &out,
         journal::Header {
             format: journal::FORMAT.into(),
@@ -430,14 +441,6 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
             app_paths: cfg.app_paths.clone(),
         },
     )?;
-    let mut journal_failed = None;
-    let mut journal_meta_at = Instant::now();
-    // Stalls are not held once the journal has them: the end reads them
-    // back (after the probes and the engine's caches are gone), so a long
-    // recording's memory does not grow with its stalls. Those a failed
-    // journal write may not have taken stay here.
-    let mut unjournaled: Vec<Stall> = Vec::new();
-    let (mut stall_count, mut worst_ns) = (0usize, 0u64);
     if let Some(d) = cfg.duration {
         live.stop_after(d);
     }
@@ -451,29 +454,10 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
             }
             Step::Other(()) => {}
             Step::Tick(_) => {
-                let meta = (journal_meta_at.elapsed() >= Duration::from_secs(1)).then(|| {
-                    journal_meta_at = Instant::now();
-                    journal::Meta {
-                        comm: comm.clone().unwrap_or_else(|| target_name.clone()),
-                        ended_ns: monotonic_ns(),
-                        busy_periods: live.engine.busy_periods(),
-                        executor_threads: live.engine.executors(pid),
-                        runtime_problems: live.engine.runtime_problems(),
-                        process: live.engine.process(pid),
-                        cpu_quota: cpu_quota.clone(),
-                    }
-                });
-                let fresh: Vec<Stall> = live
-                    .engine
-                    .take_stalls()
-                    .into_iter()
-                    .map(|(_, s)| s)
-                    .collect();
-                stall_count += fresh.len();
-                worst_ns = fresh.iter().map(|s| s.duration_ns).fold(worst_ns, u64::max);
-                if let Err(e) = journal.append(&fresh, meta) {
-                    journal_failed = Some(e);
-                    unjournaled = fresh;
+                let fresh = live.engine.take_stalls().into_iter().map(|(_, s)| s);
+                let name = comm.as_ref().unwrap_or(&target_name);
+                let meta = || meta_of(&mut live.engine, pid, name, monotonic_ns(), &cpu_quota);
+                if !journal.tick(fresh.collect(), meta) {
                     ended_by = "a failed write to the output directory";
                     break;
                 }
@@ -489,17 +473,8 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
                 }
                 if cfg.live_status {
                     let busy = live.engine.busy_now_ns(monotonic_ns());
-                    let busy = if busy >= cfg.threshold_ns {
-                        format!(", stalled now {}", fmt_ns(busy))
-                    } else {
-                        String::new()
-                    };
-                    eprint!(
-                        "\r\x1b[Krecording pid {pid}: {:.0}s, {} stalls, worst {}{busy}",
-                        t0.elapsed().as_secs_f64(),
-                        stall_count,
-                        fmt_ns(worst_ns)
-                    );
+                    let line = status_line(pid, t0.elapsed(), &journal, busy, cfg.threshold_ns);
+                    eprint!("\r\x1b[K{line}");
                     status_shown = true;
                 }
             }
@@ -539,45 +514,27 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
         .get(profiler_common::Drop::RingbufFull.name())
         .copied()
         .unwrap_or(0);
-    let comm = comm.unwrap_or_else(|| match &cfg.target {
-        Target::Command(c, ..) => Path::new(&c[0])
-            .file_name()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        Target::Pid(_) => "?".into(),
-    });
+    let comm = comm.unwrap_or(target_name);
     // The rest of the stalls (those the end closed) into the journal too,
     // and to disk, before the slower outputs.
-    let rest: Vec<Stall> = engine.take_stalls().into_iter().map(|(_, s)| s).collect();
-    if journal_failed.is_none() {
-        let meta = journal::Meta {
-            comm: comm.clone(),
-            ended_ns,
-            busy_periods: engine.busy_periods(),
-            executor_threads: engine.executors(pid),
-            runtime_problems: engine.runtime_problems(),
-            process: engine.process(pid),
-            cpu_quota: cpu_quota.clone(),
-        };
-        if let Err(e) = journal
-            .append(&rest, Some(meta))
-            .and_then(|()| journal.sync())
-        {
-            journal_failed = Some(e);
-            unjournaled.extend(rest);
-        }
-    } else {
-        unjournaled.extend(rest);
-    }
-    let process = engine.process(pid);
-    let busy_periods = engine.busy_periods();
-    let executor_threads = engine.executors(pid);
-    let runtime_problems = engine.runtime_problems();
+    let meta = meta_of(&mut engine, pid, &comm, ended_ns, &cpu_quota);
+    journal.finish(engine.take_stalls().into_iter().map(|(_, s)| s), &meta);
     // The engine's tables and the symbolizer's parsed files go before the
     // stalls come back from the journal.
     drop(engine);
     crate::os::heap::release();
-    let stalls = stalls_back(&out, journal_failed.is_some(), unjournaled)?;
+    let stalls = stalls_back(
+        &out,
+        journal.failed.is_some(),
+        std::mem::take(&mut journal.unjournaled),
+    )?;
+    let journal::Meta {
+        busy_periods,
+        executor_threads,
+        runtime_problems,
+        process,
+        ..
+    } = meta;
     let rec = Recording {
         pid,
         process,
@@ -600,58 +557,11 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
         app_paths: cfg.app_paths.clone(),
         stalls,
     };
-    let files = match (report::write_all_view(&rec, &out, cfg.view), journal_failed) {
-        // Done: stalls.json holds everything the journal did.
-        (Ok(files), None) => {
-            drop(journal);
-            if let Err(e) = out.remove(journal::NAME) {
-                log::warn!("cannot remove {}: {e}", out.join(journal::NAME).display());
-            }
-            files
-        }
-        (Ok(_), Some(e)) => return Err(e.into()),
-        (Err(e), journal_failed) => {
-            let kept = match journal_failed {
-                Some(j) => j.to_string(),
-                None => format!(
-                    "{} ({} bytes) holds all {} stalls: `stallprof report {}` renders them once there is room",
-                    out.join(journal::NAME).display(),
-                    journal.written(),
-                    journal.stalls(),
-                    out.path().display()
-                ),
-            };
-            return Err(anyhow::Error::new(e).context(format!(
-                "the outputs could not all be written to {} (probes detached); {kept}",
-                out.path().display()
-            )));
-        }
-    };
+    let files = write_outputs(&rec, &out, cfg.view, journal)?;
     let mut text = report::summary::text(&rec, &files);
-    if let Some(l) = launched.as_mut() {
-        // The command may still run (duration/Ctrl-C): leave it be, but reap if done.
-        match l.try_wait() {
-            Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 127 => {
-                text.push_str("  note: the command could not be executed (exit 127)\n")
-            }
-            Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == EXIT_NO_USER => {
-                text.push_str(
-                    "  note: the command could not switch to its user (setgroups/setgid/setuid failed); \
-                     is stallprof running as root?\n",
-                )
-            }
-            Some(st) if libc::WIFEXITED(st) && libc::WEXITSTATUS(st) != 0 => {
-                text.push_str(&format!(
-                    "  note: the command exited with status {}\n",
-                    libc::WEXITSTATUS(st)
-                ))
-            }
-            Some(st) if libc::WIFSIGNALED(st) => text.push_str(&format!(
-                "  note: the command was killed by signal {}\n",
-                libc::WTERMSIG(st)
-            )),
-            _ => {}
-        }
+    // The command may still run (duration/Ctrl-C): leave it be, but reap if done.
+    if let Some(note) = launched.as_mut().and_then(|l| command_note(l.try_wait()?)) {
+        text.push_str(&note);
     }
     // Last, after every output is written: the gate's verdict.
     let gate = cfg
@@ -664,6 +574,176 @@ async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
     Ok(Recorded {
         text,
         gate_failed: gate.is_some_and(|g| g.failed),
+    })
+}
+
+/// The live status line: how long, how many stalls, the worst, and the
+/// stall under way if the loop is stalled now (busy past the threshold).
+fn status_line(
+    pid: u32,
+    elapsed: Duration,
+    j: &Journaled,
+    busy_ns: u64,
+    threshold_ns: u64,
+) -> String {
+    let now = if busy_ns >= threshold_ns {
+        format!(", stalled now {}", fmt_ns(busy_ns))
+    } else {
+        String::new()
+    };
+    format!(
+        "recording pid {pid}: {:.0}s, {} stalls, worst {}{now}",
+        elapsed.as_secs_f64(),
+        j.count,
+        fmt_ns(j.worst_ns)
+    )
+}
+
+/// The recording's metadata as the engine has it now (the journal's
+/// metadata records, and the recording's own at the end).
+fn meta_of(
+    engine: &mut Engine,
+    pid: u32,
+    comm: &str,
+    ended_ns: u64,
+    cpu_quota: &Option<cpu_quota::CpuQuota>,
+) -> journal::Meta {
+    journal::Meta {
+        comm: comm.to_string(),
+        ended_ns,
+        busy_periods: engine.busy_periods(),
+        executor_threads: engine.executors(pid),
+        runtime_problems: engine.runtime_problems(),
+        process: engine.process(pid),
+        cpu_quota: cpu_quota.clone(),
+    }
+}
+
+/// The recording's stalls on their way to disk. Every stall goes to
+/// stalls.journal as it is found (report::journal): a recording killed
+/// before its end still holds them. They are not held once the journal has
+/// them: the end reads them back (after the probes and the engine's caches
+/// are gone), so a long recording's memory does not grow with its stalls.
+/// Those a failed journal write may not have taken stay in `unjournaled`.
+struct Journaled {
+    writer: JournalWriter,
+    failed: Option<journal::JournalError>,
+    meta_at: Instant,
+    unjournaled: Vec<Stall>,
+    /// Stalls so far, and the longest (the live status line).
+    count: usize,
+    worst_ns: u64,
+}
+
+impl Journaled {
+    fn create(out: &OutDir, header: journal::Header) -> Result<Journaled> {
+        Ok(Journaled {
+            writer: JournalWriter::create(out, header)?,
+            failed: None,
+            meta_at: Instant::now(),
+            unjournaled: Vec::new(),
+            count: 0,
+            worst_ns: 0,
+        })
+    }
+
+    /// A tick's new stalls, with the recording's metadata at most once a
+    /// second (`meta` is asked only then). False when the write failed:
+    /// the recording ends.
+    fn tick(&mut self, fresh: Vec<Stall>, meta: impl FnOnce() -> journal::Meta) -> bool {
+        let meta = (self.meta_at.elapsed() >= Duration::from_secs(1)).then(|| {
+            self.meta_at = Instant::now();
+            meta()
+        });
+        self.count += fresh.len();
+        self.worst_ns = fresh
+            .iter()
+            .map(|s| s.duration_ns)
+            .fold(self.worst_ns, u64::max);
+        if let Err(e) = self.writer.append(&fresh, meta) {
+            self.failed = Some(e);
+            self.unjournaled = fresh;
+            return false;
+        }
+        true
+    }
+
+    /// The stalls the end closed, with the final metadata, and the journal
+    /// synced to disk (unless a write failed before).
+    fn finish(&mut self, rest: impl Iterator<Item = Stall>, meta: &journal::Meta) {
+        let rest: Vec<Stall> = rest.collect();
+        if self.failed.is_some() {
+            self.unjournaled.extend(rest);
+            return;
+        }
+        if let Err(e) = self
+            .writer
+            .append(&rest, Some(meta.clone()))
+            .and_then(|()| self.writer.sync())
+        {
+            self.failed = Some(e);
+            self.unjournaled.extend(rest);
+        }
+    }
+}
+
+/// Write every output of the recording. Once they are all written,
+/// stalls.json holds everything the journal did and the journal goes; if
+/// one cannot be written, the journal stays and the error says so.
+fn write_outputs(
+    rec: &Recording,
+    out: &OutDir,
+    view: View,
+    journal: Journaled,
+) -> Result<Vec<PathBuf>> {
+    match (report::write_all_view(rec, out, view), journal.failed) {
+        (Ok(files), None) => {
+            drop(journal.writer);
+            if let Err(e) = out.remove(journal::NAME) {
+                log::warn!("cannot remove {}: {e}", out.join(journal::NAME).display());
+            }
+            Ok(files)
+        }
+        (Ok(_), Some(e)) => Err(e.into()),
+        (Err(e), failed) => {
+            let kept = match failed {
+                Some(j) => j.to_string(),
+                None => format!(
+                    "{} ({} bytes) holds all {} stalls: `stallprof report {}` renders them once there is room",
+                    out.join(journal::NAME).display(),
+                    journal.writer.written(),
+                    journal.writer.stalls(),
+                    out.path().display()
+                ),
+            };
+            Err(anyhow::Error::new(e).context(format!(
+                "the outputs could not all be written to {} (probes detached); {kept}",
+                out.path().display()
+            )))
+        }
+    }
+}
+
+/// The summary's note on how a launched command ended (its wait status),
+/// if that needs saying.
+fn command_note(st: i32) -> Option<String> {
+    if libc::WIFEXITED(st) {
+        return match libc::WEXITSTATUS(st) {
+            0 => None,
+            127 => Some("  note: the command could not be executed (exit 127)\n".into()),
+            EXIT_NO_USER => Some(
+                "  note: the command could not switch to its user (setgroups/setgid/setuid failed); \
+                 is stallprof running as root?\n"
+                    .into(),
+            ),
+            code => Some(format!("  note: the command exited with status {code}\n")),
+        };
+    }
+    libc::WIFSIGNALED(st).then(|| {
+        format!(
+            "  note: the command was killed by signal {}\n",
+            libc::WTERMSIG(st)
+        )
     })
 }
 
@@ -701,6 +781,17 @@ mod tests {
         JournalWriter,
         tests::{header, stall},
     };
+
+    /// How a launched command ended, said in the summary only when it
+    /// needs saying (wait statuses: exit code << 8, or the signal).
+    #[test]
+    fn command_notes() {
+        assert_eq!(command_note(0), None);
+        assert!(command_note(127 << 8).unwrap().contains("could not be executed"));
+        assert!(command_note(EXIT_NO_USER << 8).unwrap().contains("switch to its user"));
+        assert!(command_note(3 << 8).unwrap().contains("exited with status 3"));
+        assert!(command_note(libc::SIGKILL).unwrap().contains("killed by signal 9"));
+    }
 
     /// A journal write that failed part way: the stalls it may or may not
     /// have taken come back once, with those the journal holds, in order.
