@@ -787,10 +787,26 @@ mod tests {
     #[test]
     fn command_notes() {
         assert_eq!(command_note(0), None);
-        assert!(command_note(127 << 8).unwrap().contains("could not be executed"));
-        assert!(command_note(EXIT_NO_USER << 8).unwrap().contains("switch to its user"));
-        assert!(command_note(3 << 8).unwrap().contains("exited with status 3"));
-        assert!(command_note(libc::SIGKILL).unwrap().contains("killed by signal 9"));
+        assert!(
+            command_note(127 << 8)
+                .unwrap()
+                .contains("could not be executed")
+        );
+        assert!(
+            command_note(EXIT_NO_USER << 8)
+                .unwrap()
+                .contains("switch to its user")
+        );
+        assert!(
+            command_note(3 << 8)
+                .unwrap()
+                .contains("exited with status 3")
+        );
+        assert!(
+            command_note(libc::SIGKILL)
+                .unwrap()
+                .contains("killed by signal 9")
+        );
     }
 
     /// A journal write that failed part way: the stalls it may or may not
