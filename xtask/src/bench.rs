@@ -39,6 +39,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 mod host;
+mod service;
 
 const SECTIONS: &[&str] = &["accuracy", "overhead", "host", "agent", "scaling"];
 /// Threshold for the accuracy section (the tests' and victims' scale).
@@ -156,6 +157,7 @@ pub fn run(quick: bool, only: &[String]) -> Result<()> {
     }
     if want("overhead") {
         doc.push_str(&overhead(&env, &plan, &mut glance)?);
+        doc.push_str(&service::phases(&env, &plan, &mut glance)?);
     }
     if want("host") {
         doc.push_str(&host::host(&env, &plan, &mut glance)?);

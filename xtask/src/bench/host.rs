@@ -65,13 +65,13 @@ const CFGS: [Cfg; 8] = [
 ];
 
 /// One measure's result over the cycles: added % (median, min, max) and
-/// how many cycles.
+/// how many cycles (bench/service_phases.py: the efficiency, as a ratio).
 #[derive(Clone, Copy)]
-struct Added {
-    median: f64,
-    min: f64,
-    max: f64,
-    cycles: usize,
+pub(super) struct Added {
+    pub(super) median: f64,
+    pub(super) min: f64,
+    pub(super) max: f64,
+    pub(super) cycles: usize,
 }
 
 impl Added {
@@ -83,8 +83,9 @@ impl Added {
     }
 }
 
-/// The script's "result MEASURE MEDIAN MIN MAX CYCLES" line for `measure`.
-fn result(text: &str, measure: &str) -> Result<Added> {
+/// A script's "result MEASURE MEDIAN MIN MAX CYCLES" line for `measure`
+/// (bench/host_alternate.py, bench/service_phases.py).
+pub(super) fn result(text: &str, measure: &str) -> Result<Added> {
     let line = text
         .lines()
         .find_map(|l| {
@@ -92,14 +93,14 @@ fn result(text: &str, measure: &str) -> Result<Added> {
                 .strip_prefix(measure)?
                 .strip_prefix(' ')
         })
-        .with_context(|| format!("host_alternate.py printed no result for {measure}:\n{text}"))?;
+        .with_context(|| format!("the script printed no result for {measure}:\n{text}"))?;
     let v: Vec<f64> = line
         .split_whitespace()
         .map(|x| x.parse::<f64>())
         .collect::<Result<_, _>>()
-        .with_context(|| format!("host_alternate.py result line: {line}"))?;
+        .with_context(|| format!("a result line: {line}"))?;
     let [median, min, max, cycles] = v[..] else {
-        bail!("host_alternate.py result line: {line}");
+        bail!("a result line: {line}");
     };
     Ok(Added {
         median,
