@@ -1700,12 +1700,11 @@ fn iteration_cost(env: &Env, reps: usize, load: Option<&LoopLoad>) -> Result<Str
         let _ = writeln!(
             s,
             "\nA loop pays about {a:.0} ns per iteration while recorded, so a loop that wakes N times a second \
-             loses N × {a:.0} ns of its core: {:.2}% at 1 000 iterations/s, {:.1}% at 10 000. About {o:.0} ns of it \
-             is paid by *every* process's `epoll_wait`/`poll`/`select` on the host while stallprof runs, target or \
-             not: the syscall tracepoints build a perf record per event before the BPF program's first test \
-             (the kernel's cost, not the program's; BPF trampolines (fentry) would avoid it but are not permitted \
-             on this machine, and the raw `sys_enter` tracepoint would tax every syscall instead). The rest is the \
-             BPF programs themselves (two hash lookups, two clock reads; see the table above).\n",
+             loses N × {a:.0} ns of its core: {:.2}% at 1 000 iterations/s, {:.1}% at 10 000. Another process's \
+             loop pays {o:.0} ns of it (the *another process* row: within the noise; the wait uprobes are placed in \
+             the recorded process's memory only). Most of the rest is the uprobe's trap and the uretprobe's return \
+             (the kernel's cost of a uprobe, ~1 µs here), the BPF programs' bodies a few hundred ns (two hash \
+             lookups, two clock reads; see the table above).\n",
             a * 1000.0 / 1e9 * 100.0,
             a * 10000.0 / 1e9 * 100.0
         );
