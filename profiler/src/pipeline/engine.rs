@@ -941,6 +941,11 @@ impl Engine {
         }
         match event::parse(bytes) {
             Ok(mut ev) => {
+                // The live reads first: they look at the target as it is
+                // now, and the unwinding of a process's first stacks parses
+                // its modules' unwind tables (tens of ms for a large
+                // extension), which could put them past the stall's end.
+                self.read_live(&ev, probes);
                 self.unwind_user(&mut ev, bytes);
                 self.handle(ev, probes);
             }
@@ -1052,18 +1057,35 @@ impl Engine {
         {
             blaze.warm_js(*tgid, &stack.js);
         }
+        if let Event::Task { .. } = ev {
+            return; // taken by read_live
+        }
+        let mut out = Vec::new();
+        self.tracker.push(ev, &mut out);
+        self.outputs(out, probes);
+    }
+
+    /// What a stack event's busy period needs read from the live target,
+    /// read now: its asyncio task and its request's route (neither in a
+    /// replay). A `Task` event is kept for the stack event that follows it.
+    fn read_live(&mut self, ev: &Event, probes: &mut dyn Control) {
+        if self.symbols.live().is_none() {
+            return;
+        }
         if let Event::Task {
             tid, task, memory, ..
         } = ev
         {
-            // For the stack event that follows (live only: a recording's
-            // tasks were named when it was made).
-            if self.symbols.live().is_some() {
-                self.task_reads.insert(tid, Captured { task, memory });
-            }
+            self.task_reads.insert(
+                *tid,
+                Captured {
+                    task: *task,
+                    memory: memory.clone(),
+                },
+            );
             return;
         }
-        let task_read = match &ev {
+        let task_read = match ev {
             Event::Sample {
                 tgid,
                 tid,
@@ -1077,7 +1099,7 @@ impl Engine {
                 stack,
                 task,
                 ..
-            } if !stack.python.is_empty() && self.symbols.live().is_some() => {
+            } if !stack.python.is_empty() => {
                 // What BPF sent of this task just before the stack, if it is
                 // this task's.
                 let memory = match self.task_reads.remove(tid) {
@@ -1092,13 +1114,10 @@ impl Engine {
             }
             _ => None,
         };
-        let mut out = Vec::new();
-        self.tracker.push(ev, &mut out);
         if let Some((tgid, tid, python, captured)) = task_read {
             self.read_task(tgid, tid, &python, &captured, probes);
             self.read_route(tgid, tid, &python);
         }
-        self.outputs(out, probes);
     }
 
     /// Reads the asyncio task of `tid`'s open busy period, unless it is
