@@ -83,6 +83,21 @@ impl Added {
     }
 }
 
+/// Run a measuring script (`cmd`, named `what` in errors) to its end;
+/// its standard output, or an error with all it printed.
+pub(super) fn script_output(cmd: &mut Command, what: &str) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {what}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!(
+            "{what}: {}\n{text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(text)
+}
+
 /// A script's "result MEASURE MEDIAN MIN MAX CYCLES" line for `measure`
 /// (bench/host_alternate.py, bench/service_phases.py).
 pub(super) fn result(text: &str, measure: &str) -> Result<Added> {
@@ -124,23 +139,15 @@ pub(super) fn host(env: &Env, plan: &Plan, glance: &mut Glance) -> Result<String
     let mut pipe = Vec::new();
     for cfg in &CFGS {
         let agent = cfg.agent.replace("{bin}", &env.bin.to_string_lossy());
-        let out = Command::new(&env.python)
-            .arg(&script)
-            .arg(&bin)
-            .arg("both")
-            .arg(&agent)
-            .args([cycles.to_string(), phase.to_string()])
-            .output()
-            .with_context(|| format!("running {}", script.display()))?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
-            bail!(
-                "{} {agent}: {}\n{text}\n{}",
-                script.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        let text = script_output(
+            Command::new(&env.python)
+                .arg(&script)
+                .arg(&bin)
+                .arg("both")
+                .arg(&agent)
+                .args([cycles.to_string(), phase.to_string()]),
+            &format!("{} {agent}", script.display()),
+        )?;
         let (s, p) = (
             result(&text, "ns_per_syscall")?,
             result(&text, "us_per_round_trip")?,

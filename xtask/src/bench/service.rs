@@ -9,9 +9,12 @@
 //! row and a Markdown subsection for docs/benchmarks.md.
 use std::{fmt::Write as _, process::Command};
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 
-use super::{Env, Glance, Plan, host::result};
+use super::{
+    Env, Glance, Plan,
+    host::{result, script_output},
+};
 
 /// The script's configurations: its argument, and the label.
 const CFGS: [(&str, &str); 3] = [
@@ -24,26 +27,18 @@ pub(super) fn phases(env: &Env, plan: &Plan, glance: &mut Glance) -> Result<Stri
     let (rounds, phase) = if plan.quick { (5, 2) } else { (10, 3) };
     eprintln!("bench: the service's efficiency by alternation, {rounds} rounds");
     let script = env.root.join("bench/service_phases.py");
-    let out = Command::new(&env.python)
-        .arg(&script)
-        .arg(rounds.to_string())
-        .args(CFGS.map(|c| c.0))
-        .env("SP", &env.bin)
-        .env("PYSPY", &env.pyspy)
-        .env("PY", &env.python)
-        .env("PHASE", phase.to_string())
-        .current_dir(&env.root)
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        bail!(
-            "{}: {}\n{text}\n{}",
-            script.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let text = script_output(
+        Command::new(&env.python)
+            .arg(&script)
+            .arg(rounds.to_string())
+            .args(CFGS.map(|c| c.0))
+            .env("SP", &env.bin)
+            .env("PYSPY", &env.pyspy)
+            .env("PY", &env.python)
+            .env("PHASE", phase.to_string())
+            .current_dir(&env.root),
+        &script.display().to_string(),
+    )?;
     let res = CFGS
         .iter()
         .map(|(arg, _)| result(&text, &arg.replace(' ', "_")))
@@ -53,7 +48,13 @@ pub(super) fn phases(env: &Env, plan: &Plan, glance: &mut Glance) -> Result<Stri
         let r = &res[i];
         format!("{} ({} .. {})", pct(r.median), pct(r.min), pct(r.max))
     };
-    let verdict = |i: usize| if res[i].median >= 0.98 { "met" } else { "missed" };
+    let verdict = |i: usize| {
+        if res[i].median >= 0.98 {
+            "met"
+        } else {
+            "missed"
+        }
+    };
     glance.row(
         &format!(
             "the same service by alternation: CPU efficiency (one service and one wrk throughout; each agent \
