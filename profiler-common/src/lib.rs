@@ -19,15 +19,18 @@ pub const MAX_KSTACK: usize = 48;
 pub const MAX_USTACK: usize = 96;
 
 /// Bytes of user stack copied from the stack pointer up, for unwinding with
-/// `.eh_frame` in userspace (binaries without frame pointers). 32 KiB: Node
+/// `.eh_frame` in userspace (binaries without frame pointers). 64 KiB: Node
 /// running OpenSSL's SHA-512 under V8's entry frames needs more than 16 KiB
-/// from the leaf to `uv_run`; deeper stacks are unwound as far as the copy
-/// goes (`unwind_truncated`).
-pub const USER_STACK_COPY: usize = 32 << 10;
+/// from the leaf to `uv_run`, and an express handler's scavenge under
+/// js-yaml's recursive parser more than 32 KiB (a third of such stacks lost
+/// their outer frames, the handler among them, at 32). Deeper stacks are
+/// unwound as far as the copy goes (`unwind_truncated`). Only the bytes up
+/// to the stack's top are copied and sent (`copy_user_stack`).
+pub const USER_STACK_COPY: usize = 64 << 10;
 /// Ring buffer size as compiled: the largest the agent asks for. At load
 /// the agent sizes it to the sampling rate and CPU count
-/// (`probe::ring_bytes`): 64 MiB holds ~1.9k stack events at their full
-/// ~35 KiB (they are sent cut to their valid bytes: 6-12 KiB measured).
+/// (`probe::ring_bytes`): 64 MiB holds ~1k stack events at their full
+/// ~67 KiB (they are sent cut to their valid bytes: 6-12 KiB measured).
 pub const RINGBUF_BYTES: u32 = 64 << 20;
 /// Events are submitted without waking the reader until this much data is
 /// waiting; the reader also drains on a short timer (`record`: 20 ms). A

@@ -28,7 +28,7 @@ pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(RINGBUF_BYTES, 0);
 
 /// Where a `StackEvent` is built before it is copied into `EVENTS` cut to
 /// its valid bytes (`stack::emit_stack_event`): a reservation must have a
-/// constant size, so building in place took the whole ~35 KiB of ring for
+/// constant size, so building in place took the whole ~67 KiB of ring for
 /// every event however little of the user-stack copy was valid. Two slots
 /// per CPU, `2 * cpu + (kind == SWITCH_OUT)`: a switch-out is built with
 /// interrupts off (in the scheduler) and a sample in the CPU-clock

@@ -8,7 +8,7 @@
 //! to `USER_STACK_COPY` bytes of user stack from `sp`, and the Python
 //! frames (`python::fill_python`).
 //!
-//! Constraints: the event (~35 KiB) is far larger than the 512-byte BPF
+//! Constraints: the event (~67 KiB) is far larger than the 512-byte BPF
 //! stack, so it is built in a per-CPU scratch slot and sent cut to its
 //! valid bytes (`emit_stack_event`). Native
 //! frames are not unwound here: the registers and the stack copy go to
@@ -18,7 +18,7 @@ use aya_ebpf::{
     EbpfContext,
     bindings::BPF_F_USER_STACK,
     helpers::{
-        bpf_get_smp_processor_id, bpf_probe_read_kernel,
+        bpf_get_smp_processor_id, bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{
             bpf_get_current_task_btf, bpf_get_stack, bpf_probe_read_user as read_user_raw,
             bpf_task_pt_regs,
@@ -39,7 +39,7 @@ use crate::{
 /// `bpf_get_stack`, plus user registers and a copy of the user stack for
 /// unwinding in userspace.
 #[inline(always)]
-fn fill_stacks<C: EbpfContext>(ctx: &C, ev: *mut StackEvent, kernel_expected: bool) -> u32 {
+fn fill_stacks<C: EbpfContext>(ctx: &C, ev: *mut StackEvent, kernel_expected: bool) {
     unsafe {
         let k = bpf_get_stack(
             ctx.as_ptr(),
@@ -73,53 +73,65 @@ fn fill_stacks<C: EbpfContext>(ctx: &C, ev: *mut StackEvent, kernel_expected: bo
         }
         (*ev).py_len = 0;
         (*ev).py_status = 0;
-        copy_user_stack(ev)
+        copy_user_stack(ev);
     }
 }
 
-/// Copy the user stack window starting at the user stack pointer, and
-/// return its length (0: no copy, counted). The read fails as a whole if
-/// it runs past the top of the stack mapping, and that top is
-/// page-aligned: so try windows that end on successive page boundaries
-/// above `sp`, the largest (up to `USER_STACK_COPY`) first. The first that
-/// succeeds reaches either the full size or the very top of the stack, so a
-/// main thread near its top (Node's `uv_run` is a few KiB below it) keeps
-/// every frame.
+/// Copy the user stack window starting at the user stack pointer into the
+/// event (its `stack_len`: 0 when nothing could be copied, counted).
+///
+/// The read fails as a whole if it runs past the top of the stack mapping,
+/// and that top is page-aligned: the window ends on a page boundary above
+/// `sp`, as many pages up as are readable, at most `USER_STACK_COPY` bytes.
+/// A main thread near its top (Node's `uv_run` is a few KiB below it) keeps
+/// every frame; a thread deep in its stack gets the full window.
+///
+/// The number of pages is found by a binary search of one-byte probes, the
+/// last byte of each window tried (a failed read of a whole window would
+/// also zero it: a cost per byte): `log2(USER_STACK_COPY / 4096)` probes and
+/// one copy. Past its top a stack meets unmapped memory or a guard page, so
+/// "the window of `k` pages is readable" holds for every `k` below the
+/// largest; should the copy still fail (a hole), the first page is copied.
 #[inline(always)]
-unsafe fn copy_user_stack(ev: *mut StackEvent) -> u32 {
+unsafe fn copy_user_stack(ev: *mut StackEvent) {
     const PAGE: u64 = 4096;
     const PAGES: u64 = USER_STACK_COPY as u64 / PAGE;
+    const STEPS: u32 = PAGES.trailing_zeros();
     unsafe {
         (*ev).stack_len = 0;
         let sp = (*ev).regs.sp;
         if sp == 0 {
             count(Drop::StackCopyFailed);
-            return 0;
+            return;
+        }
+        // Bytes from sp to the next page boundary: 1..=PAGE.
+        let head = PAGE - (sp & (PAGE - 1));
+        let window = |pages: u64| head + (pages - 1) * PAGE;
+        // The largest readable window of lo..=hi pages (1 is sp's own page).
+        let (mut lo, mut hi) = (1u64, PAGES);
+        for _ in 0..STEPS {
+            if lo >= hi {
+                break;
+            }
+            let mid = (lo + hi).div_ceil(2);
+            let last = (sp + window(mid) - 1) as *const u8;
+            if bpf_probe_read_user(last).is_ok() {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
         }
         let dst = (*ev).stack.as_mut_ptr().cast();
         let src = sp as *const core::ffi::c_void;
-        // Bytes from sp to the next page boundary: 1..=PAGE.
-        let head = PAGE - (sp & (PAGE - 1));
-        macro_rules! attempt {
-            ($pages:expr) => {
-                // head + (pages - 1) pages: at most USER_STACK_COPY.
-                let n = (head + ($pages - 1) * PAGE) as u32;
-                if n as usize <= USER_STACK_COPY && read_user_raw(dst, n, src) == 0 {
-                    (*ev).stack_len = n;
-                    return n;
-                }
-            };
+        for pages in [lo, 1] {
+            // The bound is for the verifier: at most USER_STACK_COPY.
+            let n = window(pages) as u32;
+            if n as usize <= USER_STACK_COPY && read_user_raw(dst, n, src) == 0 {
+                (*ev).stack_len = n;
+                return;
+            }
         }
-        attempt!(PAGES);
-        attempt!(PAGES - 1);
-        attempt!(PAGES - 2);
-        attempt!(PAGES - 3);
-        attempt!(PAGES - 4);
-        attempt!(PAGES - 5);
-        attempt!(PAGES - 6);
-        attempt!(PAGES - 7);
         count(Drop::StackCopyFailed);
-        0
     }
 }
 
@@ -158,7 +170,7 @@ fn user_regs() -> (UserRegs, i64, u64) {
 ///
 /// The event is built in this CPU's `STACK_SCRATCH` slot and copied into the
 /// ring cut after its valid user-stack bytes (a reservation must be of a
-/// constant size): a main thread's copy is often a few KiB of the 32, so
+/// constant size): a main thread's copy is often a few KiB of the 64, so
 /// the ring holds several times as many events as when each took the full
 /// size. The price is one copy of the valid bytes.
 #[inline(always)]
@@ -185,14 +197,17 @@ pub(crate) fn emit_stack_event<C: EbpfContext>(
         (*ev).task = 0;
         (*ev).holder_py_len = 0;
     }
-    let copied = fill_stacks(ctx, ev, switch_out) as usize;
+    fill_stacks(ctx, ev, switch_out);
     let futex_addr = if switch_out && orig_ax == sysno::FUTEX as i64 {
         arg0
     } else {
         0
     };
     fill_python(ev, tid, tgid, futex_addr, switch_out);
-    // The bound is for the verifier: `copied` is at most USER_STACK_COPY.
+    // The copy's length is read back from the map, not carried in a
+    // register: the verifier then explores what follows once, not once per
+    // window size. The bound is for the verifier.
+    let copied = unsafe { core::ptr::read_volatile(&raw const (*ev).stack_len) } as usize;
     let len = STACK_AT + copied.min(USER_STACK_COPY);
     // SAFETY: `ev` is a map value of size_of::<StackEvent>() >= len bytes.
     let bytes = unsafe { core::slice::from_raw_parts(ev.cast::<u8>(), len) };

@@ -450,9 +450,9 @@ const RING_MIN_BYTES: u32 = 4 << 20;
 /// Ring-buffer size for `sample_hz` on `cpus` CPUs: every CPU sampling a
 /// busy loop thread fills `RING_SLACK_MS` of it, as a power of two between
 /// [`RING_MIN_BYTES`] and `RINGBUF_BYTES`. A stack event is sent cut to its
-/// valid user-stack bytes; it is planned at half the copy
+/// valid user-stack bytes; it is planned at 16 KiB of copy
 /// ([`PLANNED_STACK_EVENT`]; the recordings of Python and C loops measure
-/// 6–12 KiB, Node's deepest stacks the full 35). The agent maps the data
+/// 6–12 KiB, Node's deepest stacks up to the full 64). The agent maps the data
 /// pages twice (for reads across the wrap), all of them resident from
 /// attach, so its RSS holds twice this: sized to what the gate lets
 /// through, not to the worst case.
@@ -463,9 +463,11 @@ pub fn ring_bytes(sample_hz: u64, cpus: u64) -> u32 {
 }
 
 /// The ring space a stack event is planned to take: everything before the
-/// user-stack copy, and half of the copy.
+/// user-stack copy, and 16 KiB of it (more than the 6–12 KiB most events
+/// measure; the whole copy, 64 KiB, would double the ring and the agent's
+/// RSS for the few deepest stacks).
 const PLANNED_STACK_EVENT: usize =
-    std::mem::offset_of!(profiler_common::StackEvent, stack) + profiler_common::USER_STACK_COPY / 2;
+    std::mem::offset_of!(profiler_common::StackEvent, stack) + (16 << 10);
 
 /// One watched thread's per-thread events (the daemon's elected loops).
 struct ThreadLinks {

@@ -162,7 +162,7 @@ const FIRST_TICK_SLICE: Duration = Duration::from_millis(20);
 /// events carry the running asyncio task; preemptions the `WOKEN` flag).
 const EVENTS_MAGIC: &[u8] = b"stallprof-events 2\n";
 /// A recorded record longer than this is corrupt (the largest is a stack
-/// event, ~35 KiB).
+/// event, at most ~67 KiB).
 const MAX_RECORD: usize = 1 << 20;
 
 /// Keeps BPF's view of one process's CPython current: interpreter offsets

@@ -98,8 +98,10 @@ use object::{Object, ObjectSection, ObjectSegment, ReadRef};
 use crate::os::{lacking::FileId, limits};
 use serde::{Deserialize, Serialize};
 
-/// Most addresses returned for one stack (the first, `ip`, included).
-pub const MAX_FRAMES: usize = 128;
+/// Most addresses returned for one stack (the first, `ip`, included). An
+/// express handler's stacks under its middleware, js-yaml's recursive parser
+/// and a scavenge measure up to 150.
+pub const MAX_FRAMES: usize = 256;
 
 /// Bytes of parsed unwind sections kept for files no live process maps.
 pub const FILE_CACHE_BUDGET: usize = 256 << 20;

@@ -23,8 +23,8 @@
 //
 // Timeline: calibrate (~0.5 s of CPU, so each call takes ~TARGET_MS on this
 // machine), listen on 127.0.0.1 (a port of its own), then a client (a child
-// node process, client.js) sends ROUNDS x the four requests, one at a time,
-// GAP_MS apart; when it exits the server logs "done", idles LINGER_MS (the
+// node process, client.js) sends one warm-up request and ROUNDS x the four
+// requests, one at a time, GAP_MS apart; when it exits the server logs "done", idles LINGER_MS (the
 // agent still reads JavaScript names from this process's memory) and exits.
 //
 // Log: JSON lines, each one synchronous write(2):
@@ -189,6 +189,13 @@ app.post('/signup', hashPassword);
 app.post('/config', parseConfig);
 app.get('/report', compressReport);
 app.get('/lock', waitForLock);
+// What a deployment's warm-up request reaches before traffic: a JSON body
+// through express.json() and a JSON reply. The first of each loads code
+// lazily from disk (body-parser has iconv-lite load its encoding tables; the
+// first Date header has ICU load its time zone data): from a cold page cache
+// on a fresh CI machine that took ~100 ms of reads, in the first /signup's
+// stall, whose culprit then was the loading, not the handler. Not logged.
+app.post('/warmup', (req, res) => res.json({ ok: req.body?.ok === true }));
 
 const server = app.listen(0, '127.0.0.1', () => {
   const { port } = server.address();

@@ -1,6 +1,6 @@
-// The express victim's client (a child process of app.js): ROUNDS times,
-// POST /signup, POST /config, GET /report, GET /lock, one at a time, GAP_MS
-// apart. Exits 0 when every answer was 200.
+// The express victim's client (a child process of app.js): POST /warmup,
+// then ROUNDS times POST /signup, POST /config, GET /report, GET /lock, one
+// at a time, GAP_MS apart. Exits 0 when every answer was 200.
 //
 // Usage: node client.js PORT ROUNDS GAP_MS
 
@@ -35,6 +35,8 @@ function request(method, path, body) {
 }
 
 // The first ones after the server's calibration, once it idles.
+await sleep(gap);
+await request('POST', '/warmup', { ok: true });
 await sleep(gap);
 for (let i = 0; i < rounds; i++) {
   await request('POST', '/signup', { user: `user-${i}`, password: `hunter${i}-correct-horse` });
