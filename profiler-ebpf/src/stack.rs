@@ -80,23 +80,27 @@ fn fill_stacks<C: EbpfContext>(ctx: &C, ev: *mut StackEvent, kernel_expected: bo
 /// Copy the user stack window starting at the user stack pointer into the
 /// event (its `stack_len`: 0 when nothing could be copied, counted).
 ///
-/// The read fails as a whole if it runs past the top of the stack mapping,
-/// and that top is page-aligned: the window ends on a page boundary above
-/// `sp`, as many pages up as are readable, at most `USER_STACK_COPY` bytes.
-/// A main thread near its top (Node's `uv_run` is a few KiB below it) keeps
-/// every frame; a thread deep in its stack gets the full window.
+/// A read fails as a whole if any page of it cannot be read without a
+/// fault, so the window ends on a page boundary above `sp`, before the
+/// first page that cannot: at most `USER_STACK_COPY` bytes. A main thread
+/// near its top (Node's `uv_run` is a few KiB below it) keeps every frame;
+/// a thread deep in its stack gets the full window.
 ///
-/// The number of pages is found by a binary search of one-byte probes, the
-/// last byte of each window tried (a failed read of a whole window would
-/// also zero it: a cost per byte): `log2(USER_STACK_COPY / 4096)` probes and
-/// one copy. Past its top a stack meets unmapped memory or a guard page, so
-/// "the window of `k` pages is readable" holds for every `k` below the
-/// largest; should the copy still fail (a hole), the first page is copied.
+/// Each page above `sp`'s own is probed, one byte, in order, until one
+/// fails: at most `USER_STACK_COPY / 4096 - 1` probes and then one copy.
+/// Every page must be probed, not only the window's last: a readable page
+/// can lie beyond one that is not (past the stack's top, whatever is
+/// mapped there; inside it, most likely a page an outer frame reserved and
+/// never touched, which a nofault read cannot fault in), and a binary
+/// search of last-byte probes then picked windows whose copy failed: Node
+/// 24's main thread in the container tests lost most of its stacks to
+/// one-page copies in 1 of 2 runs. A failed read of a whole window would
+/// also zero it (a cost per byte), which the probes avoid. Should the copy still fail (a page
+/// went away between probe and copy), the first page is copied.
 #[inline(always)]
 unsafe fn copy_user_stack(ev: *mut StackEvent) {
     const PAGE: u64 = 4096;
     const PAGES: u64 = USER_STACK_COPY as u64 / PAGE;
-    const STEPS: u32 = PAGES.trailing_zeros();
     unsafe {
         (*ev).stack_len = 0;
         let sp = (*ev).regs.sp;
@@ -107,23 +111,18 @@ unsafe fn copy_user_stack(ev: *mut StackEvent) {
         // Bytes from sp to the next page boundary: 1..=PAGE.
         let head = PAGE - (sp & (PAGE - 1));
         let window = |pages: u64| head + (pages - 1) * PAGE;
-        // The largest readable window of lo..=hi pages (1 is sp's own page).
-        let (mut lo, mut hi) = (1u64, PAGES);
-        for _ in 0..STEPS {
-            if lo >= hi {
+        // sp's own page is readable; each further page while it is.
+        let mut pages = 1u64;
+        while pages < PAGES {
+            let first = (sp + window(pages)) as *const u8;
+            if bpf_probe_read_user(first).is_err() {
                 break;
             }
-            let mid = (lo + hi).div_ceil(2);
-            let last = (sp + window(mid) - 1) as *const u8;
-            if bpf_probe_read_user(last).is_ok() {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
+            pages += 1;
         }
         let dst = (*ev).stack.as_mut_ptr().cast();
         let src = sp as *const core::ffi::c_void;
-        for pages in [lo, 1] {
+        for pages in [pages, 1] {
             // The bound is for the verifier: at most USER_STACK_COPY.
             let n = window(pages) as u32;
             if n as usize <= USER_STACK_COPY && read_user_raw(dst, n, src) == 0 {

@@ -396,13 +396,26 @@ pub struct Probes {
     host_scanned: HashSet<u32>,
     host_files: HashSet<(u64, u64)>,
     /// Daemon: processes looked at in their first [`HOST_YOUNG_TICKS`]
-    /// upkeeps, with the executable they ran when last looked at.
-    host_young: std::collections::HashMap<u32, (Option<PathBuf>, u32)>,
+    /// upkeeps.
+    host_young: std::collections::HashMap<u32, Young>,
 }
 
-/// Upkeeps (250 ms apart) during which a new process's executable is
-/// compared with the one its mappings were read under.
+/// Upkeeps (250 ms apart) during which a new process is looked at again
+/// (see [`Young`]).
 const HOST_YOUNG_TICKS: u32 = 8;
+
+/// The daemon's view of a process in its first upkeeps: its mappings are
+/// read again when its executable has changed since they were read (a
+/// launcher such as chroot, unshare or a container runtime's init exec'd
+/// the program), and at every upkeep while they showed no C library (the
+/// program has exec'd but its loader has not mapped its libraries yet: on
+/// a cold page cache that takes long enough for an upkeep to fall in it,
+/// and a container's own C library was then never probed).
+struct Young {
+    exe: Option<PathBuf>,
+    ticks: u32,
+    c_library: bool,
+}
 
 /// What the user asked for (`--probes`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -932,33 +945,42 @@ impl Probes {
             live.insert(pid);
             // Read for new processes and young ones only: an old process
             // costs no system call here.
-            let exe;
-            if self.host_scanned.contains(&pid) {
-                // A process looked at before its exec (a launcher: chroot,
-                // unshare, a container runtime's init) maps its new C
-                // library only after: looked at again when its executable
-                // changes, during its first ticks.
-                let Some((seen, ticks)) = self.host_young.get_mut(&pid) else {
+            let (exe, ticks) = if self.host_scanned.contains(&pid) {
+                // Young ones only ([`Young`]).
+                let Some(y) = self.host_young.get_mut(&pid) else {
                     continue;
                 };
-                exe = crate::os::proc::exe(pid);
-                if *seen == exe {
-                    *ticks += 1;
-                    if *ticks >= HOST_YOUNG_TICKS {
+                let exe = crate::os::proc::exe(pid);
+                if y.exe == exe {
+                    y.ticks += 1;
+                    if y.ticks >= HOST_YOUNG_TICKS {
                         self.host_young.remove(&pid);
+                        continue;
                     }
-                    continue;
+                    if y.c_library {
+                        continue;
+                    }
+                    let ticks = y.ticks;
+                    (exe, ticks)
+                } else {
+                    debug!(
+                        "pid {pid} exec'd {exe:?} since its mappings were read: reading them again"
+                    );
+                    (exe, 0)
                 }
-                debug!("pid {pid} exec'd {exe:?} since its mappings were read: reading them again");
             } else {
-                exe = crate::os::proc::exe(pid);
-            }
-            self.host_young.insert(pid, (exe, 0));
+                (crate::os::proc::exe(pid), 0)
+            };
+            let mut c_library = false;
             for (path, file, seen_as) in waits::mapped_files(pid) {
                 // Each C library is read once, whoever maps it. (A static
                 // binary's own waits are served by the fallback only when
                 // recorded by pid.)
-                if !waits::is_c_library(&seen_as) || !self.host_files.insert(file) {
+                if !waits::is_c_library(&seen_as) {
+                    continue;
+                }
+                c_library = true;
+                if !self.host_files.insert(file) {
                     continue;
                 }
                 let points = match waits::points_in(&path, file) {
@@ -996,6 +1018,14 @@ impl Probes {
                     }
                 }
             }
+            self.host_young.insert(
+                pid,
+                Young {
+                    exe,
+                    ticks,
+                    c_library,
+                },
+            );
         }
         self.host_young.retain(|pid, _| live.contains(pid));
         self.host_scanned = live;
