@@ -183,6 +183,11 @@ fn start_daemon(config: &Path, port: u16) -> Daemon {
 
 /// BPF program ids held open by a process (its fds' fdinfo).
 fn prog_ids_of(pid: u32) -> BTreeSet<u64> {
+    bpf_ids_of(pid, "prog_id:")
+}
+
+/// The ids after `field` (`prog_id:`, `map_id:`) in a process's fdinfo.
+fn bpf_ids_of(pid: u32, field: &str) -> BTreeSet<u64> {
     let mut ids = BTreeSet::new();
     for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
         .into_iter()
@@ -191,12 +196,58 @@ fn prog_ids_of(pid: u32) -> BTreeSet<u64> {
     {
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();
         for l in text.lines() {
-            if let Some(v) = l.strip_prefix("prog_id:") {
+            if let Some(v) = l.strip_prefix(field) {
                 ids.insert(v.trim().parse().unwrap_or(0));
             }
         }
     }
     ids
+}
+
+/// The tgids in the `LEFT_OUT` map the daemon `pid` holds (bpftool).
+fn left_out_tgids(pid: u32) -> BTreeSet<u32> {
+    let bpftool = |args: &[String]| -> Value {
+        let out = Command::new("bpftool")
+            .arg("-j")
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("running bpftool {args:?}: {e} (`cargo xtask setup --tests` installs it)")
+            });
+        assert!(
+            out.status.success(),
+            "bpftool {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("bpftool {args:?} printed non-JSON: {e}"))
+    };
+    let mut tgids = BTreeSet::new();
+    for id in bpf_ids_of(pid, "map_id:") {
+        let id = id.to_string();
+        if bpftool(&["map".into(), "show".into(), "id".into(), id.clone()])["name"] != "LEFT_OUT" {
+            continue;
+        }
+        for e in bpftool(&["map".into(), "dump".into(), "id".into(), id])
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            // Without BTF the key is its bytes, as hex strings.
+            let bytes: Vec<u8> = e["key"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|b| u8::from_str_radix(b.as_str()?.trim_start_matches("0x"), 16).ok())
+                .collect();
+            match (e["key"].as_u64(), <[u8; 4]>::try_from(bytes.as_slice())) {
+                (Some(k), _) => tgids.insert(k as u32),
+                (None, Ok(b)) => tgids.insert(u32::from_le_bytes(b)),
+                _ => panic!("LEFT_OUT entry of an unexpected shape: {e}"),
+            };
+        }
+    }
+    tgids
 }
 
 /// Waits until `pred(metrics)` holds.
@@ -1492,6 +1543,15 @@ fn daemon_labels_containerized_victims() {
     .unwrap();
     let host = Victim::spawn(Command::new(PY).arg(&host_script));
     let host_pid = host.pid();
+    // On the host too, and no loop: three waits in `poll` on a pipe (fewer
+    // than a poll-based loop's election takes; `select` with no fds would
+    // be a sleep, not a wait), then a long sleep. Left out at its first
+    // wait, it must be in the kernel's LEFT_OUT all the same.
+    let idle = Victim::spawn(Command::new(PY).args([
+        "-c",
+        "import os, select, time\nr, w = os.pipe()\np = select.poll()\np.register(r)\n\
+         for _ in range(3):\n    p.poll(50)\ntime.sleep(600)\n",
+    ]));
     pod.go();
     docker.go();
     pod.wait(Duration::from_secs(60));
@@ -1586,6 +1646,21 @@ fn daemon_labels_containerized_victims() {
     c.check(left_out_waits > 0.0, || {
         format!("stallprof_kernel_filtered_total{{what=\"left_out_waits\"}} is {left_out_waits}: the left-out host loop's waits were not skipped")
     });
+    let left_out = left_out_tgids(d.prof.pid());
+    c.check(left_out.contains(&host_pid), || {
+        format!("the left-out host loop {host_pid} is not in LEFT_OUT: {left_out:?}")
+    });
+    c.check(left_out.contains(&idle.pid()), || {
+        format!(
+            "the host process {} that waited 3 times (no loop) is not in LEFT_OUT, so the rules \
+             were not applied at its first wait: {left_out:?}",
+            idle.pid()
+        )
+    });
+    c.check(
+        !left_out.contains(&pod.host_pid) && !left_out.contains(&docker.host_pid),
+        || format!("an included victim is in LEFT_OUT: {left_out:?}"),
+    );
     println!(
         "DAEMON  containers: pod victim {pod_pid} container={} pod={} stalls={:?}; docker victim {docker_pid} container={} stalls={:?} runtime_problems={:?}; host {host_pid} series={host_series:?}",
         pod_labels["container"],

@@ -522,6 +522,11 @@ pub struct Engine {
     /// [`crate::symbolize::v8::unreadable_count`] when this engine started.
     js_unreadable_base: u64,
     exited: HashSet<u32>,
+    /// Daemon: processes seen entering a wait, and those seen for the first
+    /// time since the last [`Engine::take_new_waiting`] (the daemon judges
+    /// them by its rules before any loop of theirs is elected).
+    waiting: HashSet<u32>,
+    new_waiting: Vec<u32>,
     /// The asyncio task of each open busy period, by (tid, start): read
     /// from the live process while it runs (see [`BusyTask`]).
     tasks: HashMap<(u32, u64), BusyTask>,
@@ -608,6 +613,8 @@ impl Engine {
             limits_base: crate::os::limits::counts(),
             js_unreadable_base: crate::symbolize::v8::unreadable_count(),
             exited: HashSet::new(),
+            waiting: HashSet::new(),
+            new_waiting: Vec::new(),
             tasks: HashMap::new(),
             task_problems: BTreeMap::new(),
             task_reads: HashMap::new(),
@@ -663,6 +670,8 @@ impl Engine {
         next.ring_backlog_max = self.ring_backlog_max;
         next.routes = self.routes.take();
         next.discovery = self.discovery;
+        next.waiting = self.waiting;
+        next.new_waiting = self.new_waiting;
         next
     }
 
@@ -890,6 +899,12 @@ impl Engine {
     /// Processes whose exit was seen since the last call.
     pub fn take_exited(&mut self) -> Vec<u32> {
         self.exited.drain().collect()
+    }
+
+    /// Daemon: the processes whose first wait was drained since the last
+    /// call (again after [`Engine::forget`]).
+    pub fn take_new_waiting(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.new_waiting)
     }
 
     /// Decode, unwind and track every record in the ring buffer; take the
@@ -1603,6 +1618,7 @@ impl Engine {
         self.runtimes.remove(&pid);
         self.unwinder.forget(pid);
         self.exited.remove(&pid);
+        self.waiting.remove(&pid);
     }
 
     /// Daemon: interned stacks held for stall assembly. The table only
@@ -1628,7 +1644,13 @@ impl Engine {
         while let Some(item) = ring.next() {
             bytes += item.len();
             records += 1;
-            if let Ok(ev) = event::parse(&item)
+            let ev = event::parse(&item);
+            if let Ok(Event::WaitEnter { tgid, .. }) = ev
+                && self.waiting.insert(tgid)
+            {
+                self.new_waiting.push(tgid);
+            }
+            if let Ok(ev) = ev
                 && matches!(
                     ev,
                     Event::Sample { .. } | Event::SwitchOut { .. } | Event::Task { .. }

@@ -208,7 +208,7 @@ impl Metrics {
         let excluded = Gauge::default();
         r.register(
             "stallprof_excluded_processes",
-            "Live processes with event-loop threads left out by the exclude/include rules",
+            "Live processes left out (by the include/exclude rules, over max_processes, or the daemon itself), event loops or not",
             excluded.clone(),
         );
         let over_limit = Counter::default();

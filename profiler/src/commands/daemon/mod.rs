@@ -370,11 +370,10 @@ struct Collector {
     engine: Engine,
     /// Monitored live processes, by pid.
     procs: HashMap<u32, Tracked>,
-    /// Live processes left out (rules, the daemon itself, over the limit):
-    /// pid -> start ticks and executable, so a reused pid, or one that
-    /// exec'd, is judged again. The kernel side skips their waits
-    /// (`Probes::leave_out`).
-    excluded: HashMap<u32, (u64, String)>,
+    /// Live processes left out (rules, the daemon itself, over the limit),
+    /// and what they were judged on: one that changed is judged again. The
+    /// kernel side skips their waits (`Probes::leave_out`).
+    excluded: HashMap<u32, procs::Judged>,
     /// Exited processes whose series are still exported, oldest first.
     gone: VecDeque<(Instant, Tracked)>,
     window: Window,
@@ -529,6 +528,9 @@ impl Collector {
             .engine
             .drain_executors(&mut self.ring, &mut self.probes);
         self.sh.metrics.non_loop_stack_events.inc_by(skipped);
+        for pid in self.engine.take_new_waiting() {
+            self.judge_early(pid);
+        }
         for (pid, s) in self.engine.take_stalls() {
             self.on_stall(pid, s);
         }
@@ -564,13 +566,7 @@ impl Collector {
         if self.excluded.contains_key(&pid) {
             return None;
         }
-        let process = self.engine.process(pid);
-        let info = ProcInfo::read(pid, process)?;
-        if pid == self.self_pid || !self.cfg.rules.monitored(&info) {
-            debug!("pid {pid} ({}) is left out by the rules", info.comm);
-            self.leave_out(&info);
-            return None;
-        }
+        let info = self.judge(pid)?;
         while self.procs.len() + self.gone.len() >= self.cfg.max_processes {
             // Room first from the exited ones still exported, oldest first.
             let Some((_, old)) = self.gone.pop_front() else {
@@ -587,23 +583,48 @@ impl Collector {
         Some(self.track(info))
     }
 
+    /// A process's first wait: one the rules leave out is left out at once,
+    /// before any loop of it is elected and whether or not it has one, so
+    /// its waits stop reaching the ring. One they take is tracked at its
+    /// loop's election ([`Collector::observe`]).
+    fn judge_early(&mut self, pid: u32) {
+        if !self.procs.contains_key(&pid) && !self.excluded.contains_key(&pid) {
+            self.judge(pid);
+        }
+    }
+
+    /// `pid` read from /proc and judged by the rules: its info when they
+    /// take it; None when it is gone, or left out (the daemon itself too).
+    fn judge(&mut self, pid: u32) -> Option<ProcInfo> {
+        let process = self.engine.process(pid);
+        let info = ProcInfo::read(pid, process)?;
+        if pid == self.self_pid || !self.cfg.rules.monitored(&info) {
+            debug!("pid {pid} ({}) is left out by the rules", info.comm);
+            self.leave_out(&info);
+            return None;
+        }
+        Some(info)
+    }
+
     /// A process is not reported: from now it costs the host what any
     /// process the daemon does not watch costs — the trap of its wait
     /// calls, nothing else. The kernel side skips its waits; the loop
     /// threads already elected lose their switch and sampling events, and
     /// the engine forgets what it learnt of it.
     fn leave_out(&mut self, info: &ProcInfo) {
-        self.excluded
-            .insert(info.pid, (info.start_ticks, info.exe.clone()));
+        self.excluded.insert(info.pid, procs::Judged::of(info));
         self.probes.leave_out(info.pid);
         self.engine.forget(info.pid, &mut self.probes);
     }
 
-    /// A left-out process is gone, or exec'd: followed again (its pid may
-    /// be reused; what it runs now is judged at its next loop election).
+    /// A left-out process is gone, exec'd or moved to another cgroup:
+    /// followed again (its pid may be reused; what it is now is judged at
+    /// its next wait).
     fn take_back(&mut self, pid: u32) {
         if self.excluded.remove(&pid).is_some() {
             self.probes.take_back(pid);
+            // What records of it were in flight when it was left out.
+            self.engine.forget(pid, &mut self.probes);
         }
     }
 
@@ -758,10 +779,7 @@ impl Collector {
         let judged_again: Vec<u32> = self
             .excluded
             .iter()
-            .filter(|&(&pid, (st, exe))| {
-                procs::start_ticks(pid) != Some(*st)
-                    || (!exe.is_empty() && procs::exe_of(pid) != *exe)
-            })
+            .filter(|&(&pid, judged)| judged.changed(pid))
             .map(|(&pid, _)| pid)
             .collect();
         for pid in judged_again {

@@ -61,6 +61,34 @@ fn runtime_of(pid: u32, exe: &str, comm: &str) -> String {
     }
 }
 
+/// What a left-out process was judged on that can change while it lives:
+/// when any of it has, it is judged again (a reused pid has a new start
+/// time, an exec'd process a new exe, a process a runtime moves into a
+/// container's cgroup after its first wait a new cgroup).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Judged {
+    start_ticks: u64,
+    exe: String,
+    cgroup: String,
+}
+
+impl Judged {
+    pub fn of(info: &ProcInfo) -> Judged {
+        Judged {
+            start_ticks: info.start_ticks,
+            exe: info.exe.clone(),
+            cgroup: info.cgroup.clone(),
+        }
+    }
+
+    /// Has `pid` changed since (or gone)? Three small /proc reads.
+    pub fn changed(&self, pid: u32) -> bool {
+        start_ticks(pid) != Some(self.start_ticks)
+            || (!self.exe.is_empty() && exe_of(pid) != self.exe)
+            || cgroup_of(pid) != self.cgroup
+    }
+}
+
 impl ProcInfo {
     /// Read a live process (`process`: the engine's descriptor of it);
     /// None if it is gone.
@@ -165,5 +193,38 @@ mod tests {
         assert!(me.start_ticks > 0);
         assert!(!me.comm.is_empty());
         assert!(me.exe.starts_with('/'));
+    }
+
+    #[test]
+    fn judged_again_when_it_changed() {
+        let me = ProcInfo::read(std::process::id(), ProcessInfo::default()).unwrap();
+        assert!(!Judged::of(&me).changed(me.pid));
+        for (what, changed) in [
+            (
+                "start time (a reused pid)",
+                ProcInfo {
+                    start_ticks: me.start_ticks + 1,
+                    ..me.clone()
+                },
+            ),
+            (
+                "exe (an exec)",
+                ProcInfo {
+                    exe: "/bin/other".into(),
+                    ..me.clone()
+                },
+            ),
+            (
+                "cgroup (a move)",
+                ProcInfo {
+                    cgroup: "/elsewhere".into(),
+                    ..me.clone()
+                },
+            ),
+        ] {
+            assert!(Judged::of(&changed).changed(me.pid), "{what}");
+        }
+        // Gone: its start time cannot be read.
+        assert!(Judged::of(&me).changed(u32::MAX));
     }
 }
