@@ -206,29 +206,13 @@ fn bpf_ids_of(pid: u32, field: &str) -> BTreeSet<u64> {
 
 /// The tgids in the `LEFT_OUT` map the daemon `pid` holds (bpftool).
 fn left_out_tgids(pid: u32) -> BTreeSet<u32> {
-    let bpftool = |args: &[String]| -> Value {
-        let out = Command::new("bpftool")
-            .arg("-j")
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("running bpftool {args:?}: {e} (`cargo xtask setup --tests` installs it)")
-            });
-        assert!(
-            out.status.success(),
-            "bpftool {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("bpftool {args:?} printed non-JSON: {e}"))
-    };
     let mut tgids = BTreeSet::new();
     for id in bpf_ids_of(pid, "map_id:") {
         let id = id.to_string();
-        if bpftool(&["map".into(), "show".into(), "id".into(), id.clone()])["name"] != "LEFT_OUT" {
+        if bpftool_json(&["map", "show", "id", &id])["name"] != "LEFT_OUT" {
             continue;
         }
-        for e in bpftool(&["map".into(), "dump".into(), "id".into(), id])
+        for e in bpftool_json(&["map", "dump", "id", &id])
             .as_array()
             .into_iter()
             .flatten()

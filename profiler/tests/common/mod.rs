@@ -1277,21 +1277,28 @@ pub fn sp_programs_left(ours: impl Fn(&(u64, String)) -> bool) -> Vec<(u64, Stri
     }
 }
 
-/// (id, name) of loaded BPF programs whose name starts with `sp_`.
-pub fn loaded_sp_programs() -> Vec<(u64, String)> {
-    let out = Command::new("bpftool").args(["-j", "prog", "list"]).output().unwrap_or_else(|e| {
+/// `bpftool -j ARGS`'s JSON; a missing bpftool or a failed run panics
+/// with the remedy.
+pub fn bpftool_json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new("bpftool").arg("-j").args(args).output().unwrap_or_else(|e| {
         panic!(
-            "bpftool is needed to check that stallprof unloads its programs, and running it failed: {e}.\n\
+            "bpftool is needed to look at stallprof's BPF programs and maps, and running it failed: {e}.\n\
              `cargo xtask test` installs it when run as root; or: apt-get install -y bpftool"
         )
     });
     assert!(
         out.status.success(),
-        "bpftool -j prog list failed: {}",
+        "bpftool -j {} failed: {}",
+        args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
-    let progs: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("bpftool -j prog list printed non-JSON ({e})"));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bpftool -j {} printed non-JSON ({e})", args.join(" ")))
+}
+
+/// (id, name) of loaded BPF programs whose name starts with `sp_`.
+pub fn loaded_sp_programs() -> Vec<(u64, String)> {
+    let progs = bpftool_json(&["prog", "list"]);
     progs
         .as_array()
         .map(|a| a.as_slice())
