@@ -95,8 +95,9 @@ fn fill_stacks<C: EbpfContext>(ctx: &C, ev: *mut StackEvent, kernel_expected: bo
 /// search of last-byte probes then picked windows whose copy failed: Node
 /// 24's main thread in the container tests lost most of its stacks to
 /// one-page copies in 1 of 2 runs. A failed read of a whole window would
-/// also zero it (a cost per byte), which the probes avoid. Should the copy still fail (a page
-/// went away between probe and copy), the first page is copied.
+/// also zero it (a cost per byte), which the probes avoid. Should the copy
+/// still fail (a page went away between probe and copy), the first page is
+/// copied.
 #[inline(always)]
 unsafe fn copy_user_stack(ev: *mut StackEvent) {
     const PAGE: u64 = 4096;
