@@ -16,10 +16,18 @@ use crate::model::{Route, RuntimeProblem};
 use crate::symbolize::python::RouteRead;
 
 /// Reads of a busy period's route before giving up on it.
-const ROUTE_READS: u32 = 6;
-/// Reads of one period at least this far apart: the stack events of a
-/// drain come in a batch, and reads at one instant see one live state.
+const ROUTE_READS: u32 = 8;
+/// Reads of one period at least this far apart after its first miss, and
+/// twice as far after each further one ([`spacing`]): the stack events of a
+/// drain come in a batch, and reads at one instant see one live state. The
+/// tries so span 1.27 s of a stall, not its first tens of milliseconds: a
+/// first request on a cold page cache spends hundreds of milliseconds
+/// importing before and inside the endpoint, its frames changing under
+/// every read (CI, 2026-12-03: six reads 10 ms apart all missed a 616 ms
+/// stall whose stack named the endpoint for most of it).
 const READ_SPACING: Duration = Duration::from_millis(10);
+/// Longest wait between two reads of one period.
+const MAX_SPACING: Duration = Duration::from_millis(640);
 /// Open busy periods remembered; past this, those no longer open go.
 const MAX_BUSY_ROUTES: usize = 4096;
 
@@ -64,6 +72,12 @@ pub struct Routes {
     problems: BTreeMap<u32, String>,
 }
 
+/// The wait after a period's `reads`-th counted miss before its next read.
+fn spacing(reads: u32) -> Duration {
+    let doubled = READ_SPACING.saturating_mul(1 << reads.saturating_sub(1).min(16));
+    doubled.min(MAX_SPACING)
+}
+
 /// Which miss a stall keeps: a read that saw the request (unverified,
 /// unrouted) over one that could not read it (a torn read of a running
 /// thread's frames), and either over "no request" (the stall had ended).
@@ -81,9 +95,9 @@ impl Routes {
         match self.busy.get(&key) {
             Some(BusyRoute::Read(_)) => Want::Never,
             Some(BusyRoute::Tried { reads, .. }) if *reads >= ROUTE_READS => Want::Never,
-            Some(BusyRoute::Tried { at: Some(t), .. }) if now.duration_since(*t) < READ_SPACING => {
-                Want::Later
-            }
+            Some(BusyRoute::Tried {
+                reads, at: Some(t), ..
+            }) if now.duration_since(*t) < spacing(*reads) => Want::Later,
             _ => Want::Now,
         }
     }
@@ -267,13 +281,34 @@ mod tests {
         assert_eq!(r.finish(1, k), (None, None), "taken once");
     }
 
+    /// Each counted miss doubles the wait before the next read, so the
+    /// tries reach past a stall's first second.
+    #[test]
+    fn the_wait_doubles_after_each_miss() {
+        let mut r = Routes::default();
+        let (k, mut t) = ((7, 100), Instant::now());
+        let mut span = Duration::ZERO;
+        for n in 1..ROUTE_READS {
+            r.record(k, Err(RouteRead::Unverified), t, HashSet::new);
+            let wait = spacing(n);
+            assert_eq!(r.wants_read(k, t + wait / 2), Want::Later, "after miss {n}");
+            assert_eq!(r.wants_read(k, t + wait), Want::Now, "after miss {n}");
+            t += wait;
+            span += wait;
+        }
+        r.record(k, Err(RouteRead::Unverified), t, HashSet::new);
+        assert_eq!(r.wants_read(k, t + MAX_SPACING), Want::Never);
+        assert_eq!(span, Duration::from_millis(1270));
+        assert_eq!(spacing(40), MAX_SPACING);
+    }
+
     #[test]
     fn misses_are_counted_by_why_and_the_most_telling_is_kept() {
         let mut r = Routes::default();
         let k = (7, 100);
         let mut t = Instant::now();
         let mut read = |r: &mut Routes, miss: RouteRead| {
-            t += READ_SPACING;
+            t += MAX_SPACING;
             r.record(k, Err(miss), t, HashSet::new);
             t
         };
