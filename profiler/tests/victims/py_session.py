@@ -292,7 +292,9 @@ async def heartbeat():
 
 
 async def main(log, h, funcs, turns):
-    log.write(kind="ready", pid=os.getpid(), tid=threading.get_native_id(),
+    # ts_ns: the loop has started and runs its first task step; the loop's
+    # busy periods before it are the interpreter's start-up, not a turn's.
+    log.write(kind="ready", ts_ns=time.monotonic_ns(), pid=os.getpid(), tid=threading.get_native_id(),
               python=".".join(map(str, sys.version_info[:3])), file=os.path.abspath(__file__), funcs=funcs)
     hb = asyncio.create_task(heartbeat())
     await asyncio.sleep(0.4)
