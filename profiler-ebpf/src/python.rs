@@ -49,7 +49,58 @@ struct PyScratch {
     n: u32,
     max: u32,
     status: u32,
-    _pad: u32,
+    /// Bytes of each frame the walk reads ([`frame_span`]).
+    span: u32,
+    /// The current frame's first `span` bytes, read at once; the slack
+    /// past [`FRAME_WINDOW`] lets a field be read at any masked offset.
+    frame: [u8; FRAME_WINDOW + 8],
+}
+
+/// Most bytes of a frame read in one go: every version's fields end by
+/// byte 100 (3.10's `f_lasti`; 3.11+ by 72).
+const FRAME_WINDOW: usize = 128;
+
+/// The bytes of a frame that hold every field the walk uses, from its
+/// start: one read per frame instead of one per field (each
+/// `bpf_probe_read_user` costs about as much for 128 bytes as for 1).
+/// Never past the last field, so the read stays inside the frame's own
+/// struct whatever follows it. 0 when a field ends past [`FRAME_WINDOW`]
+/// (a layout no CPython has): then each field is read on its own.
+#[inline(always)]
+fn frame_span(o: &PyOffsets) -> u32 {
+    let end = |off: u16, size: u32| {
+        if off == PY_OFFSET_NONE {
+            0
+        } else {
+            u32::from(off) + size
+        }
+    };
+    let instr = if o.frame_model == PY_FRAME_MODEL_FRAME_OBJECT || o.frame_instr_size == 4 {
+        4
+    } else {
+        8
+    };
+    let span = end(o.frame_code, 8)
+        .max(end(o.frame_previous, 8))
+        .max(end(o.frame_instr, instr))
+        .max(end(o.frame_owner, 1))
+        .max(end(o.frame_is_entry, 1));
+    if span as usize > FRAME_WINDOW {
+        0
+    } else {
+        span
+    }
+}
+
+/// A field of the frame at `p`: from the window read by [`walk_step`], or
+/// from the target when the layout does not fit one.
+#[inline(always)]
+fn field<T: Copy>(w: &PyScratch, p: u64, off: u16) -> Option<T> {
+    if w.span == 0 {
+        return unsafe { bpf_probe_read_user((p + off as u64) as *const T) }.ok();
+    }
+    let i = off as usize & (FRAME_WINDOW - 1);
+    Some(unsafe { core::ptr::read_unaligned(w.frame.as_ptr().add(i).cast::<T>()) })
 }
 
 #[map]
@@ -85,38 +136,50 @@ extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
         return 1;
     }
     let o = w.o;
+    // The frame's fields in one read (see `frame_span`); the length is
+    // re-read volatile and masked so the verifier bounds it.
+    let span = unsafe { core::ptr::read_volatile(&w.span) } as usize & (2 * FRAME_WINDOW - 1);
+    if span != 0 {
+        let len = span.min(FRAME_WINDOW);
+        let r = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                w.frame.as_mut_ptr().cast(),
+                len as u32,
+                p as *const core::ffi::c_void,
+            )
+        };
+        if r != 0 {
+            w.status = py_status::READ_FAILED;
+            return 1;
+        }
+    }
     let shim = o.frame_owner != PY_OFFSET_NONE
-        && unsafe { bpf_probe_read_user((p + o.frame_owner as u64) as *const u8) }.unwrap_or(0)
-            as u16
-            >= o.owner_shim_min;
+        && field::<u8>(w, p, o.frame_owner).unwrap_or(0) as u16 >= o.owner_shim_min;
     if shim {
         // 3.12+: a C-stack shim sits below each eval-loop activation
         // (3.15: also the thread's base frame, at the very bottom).
         push_frame(w, PY_BOUNDARY.code, PY_BOUNDARY.instr);
     } else {
-        let Some(code) = read_u64(p + o.frame_code as u64) else {
+        let Some(code) = field::<u64>(w, p, o.frame_code) else {
             w.status = py_status::READ_FAILED;
             return 1;
         };
         let instr = if o.frame_model == PY_FRAME_MODEL_FRAME_OBJECT || o.frame_instr_size == 4 {
-            unsafe { bpf_probe_read_user((p + o.frame_instr as u64) as *const i32) }.unwrap_or(-1)
-                as i64 as u64
+            field::<i32>(w, p, o.frame_instr).unwrap_or(-1) as i64 as u64
         } else {
-            read_u64(p + o.frame_instr as u64).unwrap_or(0)
+            field::<u64>(w, p, o.frame_instr).unwrap_or(0)
         };
         push_frame(w, code & !o.code_tag_mask, instr);
         // 3.10 runs one frame per activation; in 3.11 the first frame of
         // an activation carries is_entry.
         let entry = o.frame_model == PY_FRAME_MODEL_FRAME_OBJECT
             || (o.frame_is_entry != PY_OFFSET_NONE
-                && unsafe { bpf_probe_read_user((p + o.frame_is_entry as u64) as *const u8) }
-                    .unwrap_or(0)
-                    != 0);
+                && field::<u8>(w, p, o.frame_is_entry).unwrap_or(0) != 0);
         if entry && w.n < w.max && (w.n as usize) < PY_MAX_FRAMES {
             push_frame(w, PY_BOUNDARY.code, PY_BOUNDARY.instr);
         }
     }
-    match read_u64(p + o.frame_previous as u64) {
+    match field::<u64>(w, p, o.frame_previous) {
         Some(prev) => {
             w.p = prev;
             0
@@ -150,6 +213,7 @@ fn walk_python(o: &PyOffsets, tstate: u64, slot: u32, max: u32) -> (u32, u32) {
         (*w).n = 0;
         (*w).max = max;
         (*w).status = py_status::TRUNCATED;
+        (*w).span = frame_span(o);
     }
     let mut ctx: u32 = slot;
     // Boundaries take slots too; the step budget allows for them.
