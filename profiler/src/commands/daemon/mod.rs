@@ -374,6 +374,8 @@ struct Collector {
     /// and what they were judged on: one that changed is judged again. The
     /// kernel side skips their waits (`Probes::leave_out`).
     excluded: HashMap<u32, procs::Judged>,
+    /// The left-out process [`Collector::housekeep`] looked at last.
+    judged_cursor: u32,
     /// Exited processes whose series are still exported, oldest first.
     gone: VecDeque<(Instant, Tracked)>,
     window: Window,
@@ -425,6 +427,7 @@ impl Collector {
             engine,
             procs: HashMap::new(),
             excluded: HashMap::new(),
+            judged_cursor: 0,
             gone: VecDeque::new(),
             agent_base: BTreeMap::new(),
             forgotten_since_reset: 0,
@@ -776,11 +779,15 @@ impl Collector {
                 _ => self.exited(pid),
             }
         }
-        let judged_again: Vec<u32> = self
-            .excluded
-            .iter()
-            .filter(|&(&pid, judged)| judged.changed(pid))
-            .map(|(&pid, _)| pid)
+        let looks = procs::next_checks(
+            self.excluded.keys().copied().collect(),
+            self.judged_cursor,
+            procs::JUDGED_CHECKS,
+        );
+        self.judged_cursor = looks.last().copied().unwrap_or(0);
+        let judged_again: Vec<u32> = looks
+            .into_iter()
+            .filter(|pid| self.excluded.get(pid).is_some_and(|j| j.changed(*pid)))
             .collect();
         for pid in judged_again {
             self.take_back(pid);
