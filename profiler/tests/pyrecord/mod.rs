@@ -16,6 +16,9 @@ const THRESHOLD_MS: u64 = 40;
 const THRESHOLD_NS: u64 = THRESHOLD_MS * MS;
 /// Measured share vs the victim's own share, in share points (0..1).
 const SHARE_TOLERANCE: f64 = 0.05;
+/// Stall time a single-statement cause may show on its `def` line: two
+/// samples at the default 999 Hz (see `check_cause`).
+const ENTRY_LINE_NS: u64 = 2_100_000;
 
 // ---------------------------------------------------------------------------
 // stalls.json, including the Python parts of the contract (gil_wait stacks,
@@ -743,6 +746,9 @@ struct CauseMeasure {
     syscall_ns: u64,
     /// Of `weight_ns`, stacks whose cause frame is on the blocking line.
     block_line_ns: u64,
+    /// Of `weight_ns`, stacks whose cause frame is on its `def` line: the
+    /// function's entry (3.11+ `RESUME`), before its first statement.
+    entry_line_ns: u64,
     /// Lines of the cause frame outside the function.
     bad_lines: Vec<(u32, String)>,
 }
@@ -752,6 +758,7 @@ fn measure(run: &Run, stalls: &[&PStall], func: &Func, syscalls: &[&str]) -> Cau
         weight_ns: 0,
         syscall_ns: 0,
         block_line_ns: 0,
+        entry_line_ns: 0,
         bad_lines: Vec::new(),
     };
     for s in stalls {
@@ -770,6 +777,8 @@ fn measure(run: &Run, stalls: &[&PStall], func: &Func, syscalls: &[&str]) -> Cau
             let line = f.line.unwrap_or(0);
             if line == func.block_line {
                 m.block_line_ns += p.weight_ns;
+            } else if line == func.first_line {
+                m.entry_line_ns += p.weight_ns;
             }
             if !(func.first_line..=func.last_line).contains(&line) {
                 m.bad_lines.push((line, p.folded()));
@@ -816,14 +825,25 @@ fn check_cause(
         )
     });
     if func.single_statement {
-        c.check(m.block_line_ns == m.weight_ns, || {
-            format!(
-                "{who}: a single statement (line {}), but only {:.1} of its {:.1} ms are on that line",
-                func.block_line,
-                ms(m.block_line_ns),
-                ms(m.weight_ns)
-            )
-        });
+        // A sample now and then lands on the function's entry, its `def`
+        // line (CPython 3.11's `RESUME`): one 1 ms on-CPU sample in about 1
+        // of 7 runs of gateway::pyenv_3_11 (2026-12-03, with the BPF Python
+        // walk before and after it read each frame at once). Where the
+        // thread was, not a wrong line.
+        c.check(
+            m.block_line_ns + m.entry_line_ns == m.weight_ns && m.entry_line_ns <= ENTRY_LINE_NS,
+            || {
+                format!(
+                    "{who}: a single statement (line {}), but only {:.1} of its {:.1} ms are on that line ({:.1} ms on its def line {}, at most {:.1} allowed)",
+                    func.block_line,
+                    ms(m.block_line_ns),
+                    ms(m.weight_ns),
+                    ms(m.entry_line_ns),
+                    func.first_line,
+                    ms(ENTRY_LINE_NS)
+                )
+            },
+        );
     }
     let measured = share(m.weight_ns, stall_total_ns);
     let truth = share(truth_ns, truth_total_ns);
@@ -1075,11 +1095,6 @@ const TURN_COVERED: f64 = 0.95;
 /// shutdown never parks in the loop's wait, so a stall that starts later
 /// than this after the last turn is shutdown, not a turn's business.
 const SHUTDOWN_AFTER_NS: u64 = 150 * MS;
-/// Likewise start-up: a stall of the loop that ends before the victim's
-/// "ready" (logged from its first task step) is the loop's first
-/// iteration, the interpreter loading modules; on a cold page cache that
-/// is a real stall of ~180 ms (a fresh-clone run, CPython 3.13), and
-/// reported as one, but no turn's.
 
 fn overlap_ns(s: &PStall, u: &Unit) -> u64 {
     s.end_ns
@@ -1095,7 +1110,12 @@ fn overlap_ns(s: &PStall, u: &Unit) -> u64 {
 fn check_loop_identity(c: &mut Checks, run: &Run, turns: &[Unit]) {
     let tid = run.loop_tid();
     let last = turns.iter().map(|u| u.end_ns).max().unwrap();
-    let ready = num(&run.records("ready")[0], "ts_ns");
+    // Likewise start-up: a stall of the loop that ends before the victim's
+    // "ready" (logged from its first task step) is the loop's first
+    // iteration, the interpreter loading modules; on a cold page cache that
+    // is a real stall of ~180 ms (a fresh-clone run, CPython 3.13), and
+    // reported as one, but no turn's.
+    let ready = num(run.records("ready")[0], "ts_ns");
     let loop_stalls: Vec<&PStall> = run.rec.stalls.iter().filter(|s| s.tid == tid).collect();
 
     // No stall time is the loop's own idle wait.
