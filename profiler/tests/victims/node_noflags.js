@@ -8,7 +8,7 @@
 // Usage: node node_noflags.js LOG_PATH [FIFO_PATH [gc]]
 // (FIFO_PATH defaults to LOG_PATH.fifo, made with mkfifo)
 //
-// The loop runs a 10 ms setInterval heartbeat. After ~700 ms (startup,
+// The loop runs a 10 ms setInterval heartbeat. After ~1.5 s (startup,
 // calibration), every ~400 ms a setTimeout callback blocks the loop in one
 // of these functions, whose names and definition lines the tests look for:
 //
@@ -38,7 +38,12 @@ const { spawn } = require('child_process');
 
 const TICK_MS = 10;
 const GAP_MS = 400;
-const STARTUP_MS = 700;
+// Long enough for stallprof to have read V8's metadata (its own thread,
+// started when the loop is found) before the first stall: a fresh-clone
+// run on the fallback probes had it 51 ms into the first stall at 700 ms,
+// so that stall's first half had no JavaScript frames
+// (js_frames_v8_pending), as documented, and missed its culprit.
+const STARTUP_MS = 1500;
 const TARGET_MS = 110;
 const LINGER_MS = 3000;
 
