@@ -75,11 +75,7 @@ fn frame_span(o: &PyOffsets) -> u32 {
             u32::from(off) + size
         }
     };
-    let instr = if o.frame_model == PY_FRAME_MODEL_FRAME_OBJECT || o.frame_instr_size == 4 {
-        4
-    } else {
-        8
-    };
+    let instr = if instr_is_int(o) { 4 } else { 8 };
     let span = end(o.frame_code, 8)
         .max(end(o.frame_previous, 8))
         .max(end(o.frame_instr, instr))
@@ -90,6 +86,13 @@ fn frame_span(o: &PyOffsets) -> u32 {
     } else {
         span
     }
+}
+
+/// Whether the frame's instruction is an `int` (3.10's `f_lasti`, a
+/// 4-byte `frame_instr`) rather than a pointer.
+#[inline(always)]
+fn instr_is_int(o: &PyOffsets) -> bool {
+    o.frame_model == PY_FRAME_MODEL_FRAME_OBJECT || o.frame_instr_size == 4
 }
 
 /// A field of the frame at `p`: from the window read by [`walk_step`], or
@@ -164,7 +167,7 @@ extern "C" fn walk_step(_i: u64, ctx: *mut core::ffi::c_void) -> i64 {
             w.status = py_status::READ_FAILED;
             return 1;
         };
-        let instr = if o.frame_model == PY_FRAME_MODEL_FRAME_OBJECT || o.frame_instr_size == 4 {
+        let instr = if instr_is_int(&o) {
             field::<i32>(w, p, o.frame_instr).unwrap_or(-1) as i64 as u64
         } else {
             field::<u64>(w, p, o.frame_instr).unwrap_or(0)
