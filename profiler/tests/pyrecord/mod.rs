@@ -828,8 +828,8 @@ fn check_cause(
         // A sample now and then lands on the function's entry, its `def`
         // line (CPython 3.11's `RESUME`): one 1 ms on-CPU sample in about 1
         // of 7 runs of gateway::pyenv_3_11 (2026-12-03, with the BPF Python
-        // walk before and after it read each frame at once). Where the
-        // thread was, not a wrong line.
+        // walk before and after it read each frame at once). Why samples
+        // land there that often is not known; any other line still fails.
         c.check(
             m.block_line_ns + m.entry_line_ns == m.weight_ns && m.entry_line_ns <= ENTRY_LINE_NS,
             || {

@@ -90,9 +90,10 @@ impl Judged {
 }
 
 /// Left-out processes [`Judged::changed`] looks at per second: three /proc
-/// reads each (24–41 µs on the test VM, docs/daemon.md), so with hundreds left out (every process that
-/// waits, under an include rule) the look goes round them over several
-/// seconds instead of costing a share of a core.
+/// reads each (24–41 µs on the test VM, docs/daemon.md), so with hundreds
+/// left out (every process that waits, under an include rule) the look
+/// goes round them over several seconds instead of costing a share of a
+/// core.
 pub const JUDGED_CHECKS: usize = 64;
 
 /// The next at most `n` of `pids` to look at after `after`, the last one
