@@ -1102,6 +1102,156 @@ fn check_config(path: &Path) -> RunOutput {
         Duration::from_secs(10),
     )
 }
+/// Issue 18: with include rules each included process carries its own wait
+/// uprobes, up to `MAX_PROCESS_WAITS` (8); past that the uprobes go on the
+/// C library file for every process, and a process the rules leave out is
+/// skipped by the kernel side from its first wait, as without include
+/// rules. Nine included sleepers and an included C loop pass the limit; a
+/// second C loop, not included, runs the same schedule. Checked: the switch
+/// is logged and no process keeps its own uprobes; the included loop's
+/// every scheduled stall is reported; the left-out loop has no series, is
+/// in `LEFT_OUT`, and its waits were skipped.
+#[test]
+fn daemon_many_included_processes_share_file_probes() {
+    if !require_root_and_bpf("daemon_many_included_processes_share_file_probes") {
+        return;
+    }
+    ensure_tools();
+    let _serial = serial();
+    let dir = Scratch::new("daemon-many-included");
+    let port = free_port();
+    let (inc, out) = (dir.join("in"), dir.join("out"));
+    std::fs::create_dir_all(&inc).unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    let c_bin = build_c_loop(&dir.path, false);
+    std::fs::copy(&c_bin, inc.join("c_loop")).unwrap();
+    std::fs::copy(&c_bin, out.join("c_loop")).unwrap();
+    std::fs::copy("/bin/sleep", inc.join("sleeper")).unwrap();
+    let cfg = write_config(
+        &dir.path,
+        port,
+        &format!(
+            "window = \"1h\"\n[[include]]\nexe = \"{}/*\"\n",
+            inc.display()
+        ),
+    );
+    let mut d = start_daemon(&cfg, port);
+    let sleepers: Vec<Victim> = (0..9)
+        .map(|_| Victim::spawn(Command::new(inc.join("sleeper")).arg("600")))
+        .collect();
+    wait_metrics(
+        &mut d,
+        &dir.path,
+        "the switch to per-file wait uprobes",
+        Duration::from_secs(15),
+        |f| {
+            sample(
+                f,
+                "stallprof_probes",
+                &[("part", "wait_uprobes"), ("mode", "per_file")],
+            ) == Some(1.0)
+                && sample(f, "stallprof_wait_probed_processes", &[]) == Some(0.0)
+        },
+    );
+    const SCHEDULE: &str = "spin:80,idle:5,sleep:90,idle:5,spin:70,idle:5,";
+    let spawn = |bin: PathBuf, name: &str| {
+        let (log, start) = (
+            dir.join(&format!("{name}.log")),
+            dir.join(&format!("{name}.start")),
+        );
+        (spawn_c_loop(&bin, &log, &start, Some(SCHEDULE)), log, start)
+    };
+    let (v_in, log_in, start_in) = spawn(inc.join("c_loop"), "in");
+    let (v_out, log_out, start_out) = spawn(out.join("c_loop"), "out");
+    wait_metrics(
+        &mut d,
+        &dir.path,
+        "the included loop's thread",
+        Duration::from_secs(15),
+        |f| loop_threads(f, v_in.pid()) >= 1.0,
+    );
+    std::fs::write(&start_in, b"go").unwrap();
+    std::fs::write(&start_out, b"go").unwrap();
+    let t0 = Instant::now();
+    while !(log_has_kind(&log_in, "done") && log_has_kind(&log_out, "done"))
+        && t0.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let scheduled = read_log(&log_in)
+        .iter()
+        .filter(|r| r["kind"] == "spin" || r["kind"] == "sleep")
+        .count();
+    let pid_in = v_in.pid().to_string();
+    let fams = wait_metrics(
+        &mut d,
+        &dir.path,
+        "the included loop's stalls",
+        Duration::from_secs(10),
+        |f| {
+            sample(
+                f,
+                "stallprof_stall_duration_seconds_count",
+                &[("pid", &pid_in)],
+            )
+            .unwrap_or(0.0)
+                >= scheduled as f64
+        },
+    );
+    let mut c = Checks::new(format!(
+        "included loop {pid_in}, left-out loop {}",
+        v_out.pid()
+    ));
+    c.check(scheduled == 3, || {
+        format!("the included loop logged {scheduled} stalls, not its schedule's 3")
+    });
+    c.check(
+        sample(
+            &fams,
+            "stallprof_stall_duration_seconds_count",
+            &[("pid", &v_out.pid().to_string())],
+        )
+        .is_none(),
+        || "the left-out loop has series".into(),
+    );
+    let left_out_waits = sample(
+        &fams,
+        "stallprof_kernel_filtered_total",
+        &[("what", "left_out_waits")],
+    )
+    .unwrap_or(0.0);
+    c.check(left_out_waits > 0.0, || {
+        "no wait of the left-out loop was skipped by the kernel side".into()
+    });
+    let left_out = left_out_tgids(d.prof.pid());
+    c.check(left_out.contains(&v_out.pid()), || {
+        format!(
+            "the left-out loop {} is not in LEFT_OUT: {left_out:?}",
+            v_out.pid()
+        )
+    });
+    c.check(!left_out.contains(&v_in.pid()), || {
+        format!("the included loop is in LEFT_OUT: {left_out:?}")
+    });
+    d.prof.signal(libc::SIGTERM);
+    let run = d.prof.wait(Duration::from_secs(30));
+    c.check(run.status.success(), || {
+        format!("daemon after SIGTERM:\n{}", run.describe())
+    });
+    c.check(
+        run.stderr
+            .contains("more than 8 included processes wait in a C library"),
+        || {
+            format!(
+                "the switch to per-file uprobes is not logged:\n{}",
+                run.stderr
+            )
+        },
+    );
+    drop(sleepers);
+    c.finish();
+}
+
 /// `--check-config` validates without root and without loading anything;
 /// bad configs fail naming the key.
 #[test]
@@ -1440,7 +1590,8 @@ fn reports_of(data: &Path, comm: &str, pid: u32) -> Vec<Value> {
 /// Kubernetes pod's containerd container, and the same on a python3.15
 /// whose `Py_Version` says 3.16.0 in a Docker container. The rules include
 /// the pod (by uid) and the Docker container (by short id) only; a third
-/// asyncio process on the host is left out. Checked: the labels
+/// asyncio process on the host is left out, and with it every other
+/// process: only the two victims carry wait uprobes. Checked: the labels
 /// (`container`, `pod`), the runtime-problem gauge of the unreadable
 /// interpreter, Python frames of the readable one, and in the reports the
 /// container, the namespace pid and each request's stall under the tid the
@@ -1529,13 +1680,27 @@ fn daemon_labels_containerized_victims() {
     let host_pid = host.pid();
     // On the host too, and no loop: three waits in `poll` on a pipe (fewer
     // than a poll-based loop's election takes; `select` with no fds would
-    // be a sleep, not a wait), then a long sleep. Left out at its first
-    // wait, it must be in the kernel's LEFT_OUT all the same.
+    // be a sleep, not a wait), then a long sleep. Left out when it
+    // appears, its waits must not reach the kernel side at all.
     let idle = Victim::spawn(Command::new(PY).args([
         "-c",
         "import os, select, time\nr, w = os.pipe()\np = select.poll()\np.register(r)\n\
          for _ in range(3):\n    p.poll(50)\ntime.sleep(600)\n",
     ]));
+    // Include rules: each included process gets its own wait uprobes when
+    // the daemon sees it match, the victims once the upkeep (≤ 1 s) sees
+    // their move into the containers' cgroups; their stalls start after.
+    let probed = sample(
+        &wait_metrics(
+            &mut d,
+            &dir.path,
+            "the two containerized victims' own wait uprobes",
+            Duration::from_secs(15),
+            |f| sample(f, "stallprof_wait_probed_processes", &[]).unwrap_or(0.0) >= 2.0,
+        ),
+        "stallprof_wait_probed_processes",
+        &[],
+    );
     pod.go();
     docker.go();
     pod.wait(Duration::from_secs(60));
@@ -1621,26 +1786,35 @@ fn daemon_labels_containerized_victims() {
              the left-out host loop {host_pid} is still watched"
         )
     });
+    // With include rules the uprobes are on the included processes only:
+    // no wait of the left-out host loop, nor of the process that polled
+    // three times, reached the kernel side (not even to be skipped).
     let left_out_waits = sample(
         &fams,
         "stallprof_kernel_filtered_total",
         &[("what", "left_out_waits")],
     )
     .unwrap_or(0.0);
-    c.check(left_out_waits > 0.0, || {
-        format!("stallprof_kernel_filtered_total{{what=\"left_out_waits\"}} is {left_out_waits}: the left-out host loop's waits were not skipped")
-    });
-    let left_out = left_out_tgids(d.prof.pid());
-    c.check(left_out.contains(&host_pid), || {
-        format!("the left-out host loop {host_pid} is not in LEFT_OUT: {left_out:?}")
-    });
-    c.check(left_out.contains(&idle.pid()), || {
+    c.check(left_out_waits == 0.0, || {
         format!(
-            "the host process {} that waited 3 times (no loop) is not in LEFT_OUT, so the rules \
-             were not applied at its first wait: {left_out:?}",
+            "stallprof_kernel_filtered_total{{what=\"left_out_waits\"}} is {left_out_waits}: waits of \
+             left-out processes ({host_pid}, {}) reached the kernel side, so they carry wait uprobes",
             idle.pid()
         )
     });
+    // Read before the victims ran (they have exited since).
+    c.check(probed == Some(2.0), || {
+        format!("{probed:?} processes carried their own wait uprobes, not the two included victims")
+    });
+    c.check(
+        sample(
+            &fams,
+            "stallprof_probes",
+            &[("part", "wait_uprobes"), ("mode", "per_process")],
+        ) == Some(1.0),
+        || "stallprof_probes does not say the wait uprobes are per process".into(),
+    );
+    let left_out = left_out_tgids(d.prof.pid());
     c.check(
         !left_out.contains(&pod.host_pid) && !left_out.contains(&docker.host_pid),
         || format!("an included victim is in LEFT_OUT: {left_out:?}"),

@@ -25,7 +25,7 @@ use aya::{
         perf_event::{
             PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent,
         },
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
     },
     util::{nr_cpus, online_cpus},
 };
@@ -391,30 +391,84 @@ pub struct Probes {
     thread_links: std::collections::HashMap<u32, ThreadLinks>,
     /// `--frequency`: the sampling events' rate.
     sample_hz: u64,
-    /// Daemon: processes whose mappings were looked at (live ones only),
-    /// and the files (device, inode) read for wait functions.
-    host_scanned: HashSet<u32>,
+    /// Daemon without include rules: the files (device, inode) read for
+    /// wait functions (their uprobes serve every process mapping them).
     host_files: HashSet<(u64, u64)>,
-    /// Daemon: processes looked at in their first [`HOST_YOUNG_TICKS`]
-    /// upkeeps.
-    host_young: std::collections::HashMap<u32, Young>,
+    /// Daemon with include rules: each included process's own wait
+    /// uprobes (two links per probed function), detached when it is left
+    /// out or gone.
+    process_waits: std::collections::HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
+    /// Detaches taken links off the caller's thread ([`LinkReaper`]).
+    reaper: LinkReaper,
 }
 
-/// Upkeeps (250 ms apart) during which a new process is looked at again
-/// (see [`Young`]).
-const HOST_YOUNG_TICKS: u32 = 8;
+/// Detaching a uprobe link waits for the kernel's grace periods, one link
+/// at a time host-wide (the trace events' mutex is held through them):
+/// ~90 ms a link on the test VM, 1.3 s for one process's 14 wait links,
+/// also when several threads detach at once. So links are handed to a
+/// thread that drops them, off the thread that drains the ring buffer;
+/// dropping the reaper waits for what it was handed.
+#[derive(Default)]
+struct LinkReaper {
+    queue: Option<std::sync::mpsc::Sender<Vec<UProbeLink>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Batches handed over and not yet detached.
+    pending: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
 
-/// The daemon's view of a process in its first upkeeps: its mappings are
-/// read again when its executable has changed since they were read (a
-/// launcher such as chroot, unshare or a container runtime's init exec'd
-/// the program), and at every upkeep while they showed no C library (the
-/// program has exec'd but its loader has not mapped its libraries yet: on
-/// a cold page cache that takes long enough for an upkeep to fall in it,
-/// and a container's own C library was then never probed).
-struct Young {
-    exe: Option<PathBuf>,
-    ticks: u32,
-    c_library: bool,
+impl LinkReaper {
+    fn reap(&mut self, links: Vec<UProbeLink>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if links.is_empty() {
+            return;
+        }
+        if self.queue.is_none() {
+            let (tx, rx) = std::sync::mpsc::channel::<Vec<UProbeLink>>();
+            let pending = self.pending.clone();
+            match std::thread::Builder::new()
+                .name("stallprof-detach".into())
+                .spawn(move || {
+                    for batch in rx {
+                        detach_all(batch);
+                        pending.fetch_sub(1, Relaxed);
+                    }
+                }) {
+                Ok(t) => {
+                    self.queue = Some(tx);
+                    self.thread = Some(t);
+                }
+                Err(e) => {
+                    debug!("no detach thread ({e}): detaching here");
+                    detach_all(links);
+                    return;
+                }
+            }
+        }
+        self.pending.fetch_add(1, Relaxed);
+        if let Some(Err(e)) = self.queue.as_ref().map(|q| q.send(links)) {
+            self.pending.fetch_sub(1, Relaxed);
+            detach_all(e.0);
+        }
+    }
+
+    fn pending(&self) -> usize {
+        self.pending.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl std::ops::Drop for LinkReaper {
+    fn drop(&mut self) {
+        self.queue = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn detach_all(links: Vec<UProbeLink>) {
+    let (n, t0) = (links.len(), std::time::Instant::now());
+    drop(links);
+    debug!("{n} uprobe links detached in {:?}", t0.elapsed());
 }
 
 /// What the user asked for (`--probes`).
@@ -491,7 +545,7 @@ struct ThreadLinks {
 impl Probes {
     /// Load the programs for `tgid` (0 = every process) and attach the
     /// scheduler and sampling ones; the waits are attached per process as
-    /// they are found ([`Probes::watch_waits`], [`Probes::watch_host_waits`])
+    /// they are found ([`Probes::watch_waits`], [`Probes::watch_included_waits`], [`Probes::watch_file_waits`])
     /// unless `choice` asks for the syscall tracepoints.
     /// `sample_after_ns`: the sampling gate (0 = every sample, every busy period).
     pub fn attach(
@@ -656,9 +710,9 @@ impl Probes {
             waits_done: HashSet::new(),
             thread_links: Default::default(),
             sample_hz,
-            host_scanned: HashSet::new(),
             host_files: HashSet::new(),
-            host_young: Default::default(),
+            process_waits: Default::default(),
+            reaper: LinkReaper::default(),
         };
         if choice == ProbeChoice::Tracepoints {
             probes.attach_wait_tracepoints()?;
@@ -863,7 +917,8 @@ impl Probes {
     /// symbols, raw syscalls) gets the syscall tracepoints, host-wide, and
     /// the reason is noted.
     pub fn watch_waits(&mut self, pid: u32, last_try: bool) -> bool {
-        // The daemon probes whole files ([`Probes::watch_host_waits`]).
+        // The daemon chooses per process ([`Probes::watch_included_waits`])
+        // or per file ([`Probes::watch_file_waits`]).
         if self.set.waits.contains("tracepoints") || self.tgid == 0 {
             return true;
         }
@@ -896,182 +951,239 @@ impl Probes {
             }
             return last_try || !more_may_come;
         }
+        match self.attach_process_waits(pid, &points) {
+            Ok(()) => true,
+            // A command that has just exec'd is still mapping its
+            // libraries (a mapping read a moment ago may be gone): again
+            // at the next upkeep, unless this was the last try.
+            Err(why) if last_try => {
+                self.wait_fallback(format!("pid {pid}: {why}"));
+                true
+            }
+            Err(why) => {
+                debug!("pid {pid}: {why}; trying again");
+                false
+            }
+        }
+    }
+
+    /// `points` of process `pid` not probed yet, probed for it alone; the
+    /// links kept under its pid. Stops at the first that fails.
+    fn attach_process_waits(
+        &mut self,
+        pid: u32,
+        points: &[waits::WaitPoint],
+    ) -> Result<(), String> {
         let scope = NonZeroU32::new(pid).map_or(UProbeScope::AllProcesses, UProbeScope::OneProcess);
         for p in points {
             if self.waits_done.contains(&(pid, p.file, p.offset)) {
                 continue;
             }
-            match self.attach_wait_point(&p, scope) {
-                Ok(()) => {
-                    self.waits_done.insert((pid, p.file, p.offset));
+            let links = self.attach_wait_point(p, scope)?;
+            self.waits_done.insert((pid, p.file, p.offset));
+            self.process_waits.entry(pid).or_default().extend(links);
+        }
+        Ok(())
+    }
+
+    /// The daemon with include rules: uprobes on the wait functions of
+    /// included process `pid`, for it alone (a process the rules leave out
+    /// pays nothing). True when it maps a C library (probed, or refused and
+    /// logged); false when it maps none yet (its loader may not have mapped
+    /// it) or the attach failed (tried again at the next look). A static
+    /// binary's own waits are not seen (as without include rules).
+    pub fn watch_included_waits(&mut self, pid: u32) -> bool {
+        if self.set.waits.contains("tracepoints") {
+            return true;
+        }
+        let found = waits::wait_points(pid);
+        if found.points.is_empty() {
+            if !found.unreadable.is_empty() {
+                warn!(
+                    "pid {pid} maps a C library stallprof cannot read for its wait functions: {}; \
+                     its event loops are not watched (run with --probes tracepoints to watch \
+                     them through the syscall tracepoints)",
+                    found.unreadable.join("; ")
+                );
+                return true;
+            }
+            return false;
+        }
+        let had = self.process_waits.contains_key(&pid);
+        match self.attach_process_waits(pid, &found.points) {
+            Ok(()) => {
+                if !had {
+                    info!("pid {pid}: wait uprobes of its own");
                 }
-                // A command that has just exec'd is still mapping its
-                // libraries (a mapping read a moment ago may be gone): again
-                // at the next upkeep, unless this was the last try.
-                Err(why) if last_try => {
-                    self.wait_fallback(format!("pid {pid}: {why}"));
-                    return true;
-                }
-                Err(why) => {
-                    debug!("pid {pid}: {why}; trying again");
-                    return false;
-                }
+                true
+            }
+            Err(why) => {
+                debug!("pid {pid}: {why}; trying again at its next look");
+                false
             }
         }
+    }
+
+    /// The daemon: process `pid` is left out or gone: its own wait
+    /// uprobes go. False if it had none.
+    pub fn unwatch_waits(&mut self, pid: u32, why: &str) -> bool {
+        let Some(links) = self.process_waits.remove(&pid) else {
+            return false;
+        };
+        info!("pid {pid}: its wait uprobes detached ({why})");
+        self.waits_done.retain(|(p, _, _)| *p != pid);
+        let mut taken = Vec::with_capacity(links.len());
+        for (prog, link) in links {
+            match program::<UProbe>(&mut self.ebpf, prog).and_then(|u| {
+                u.take_link(link).map_err(|source| ProbeError::Attach {
+                    what: format!("detaching {prog} from pid {pid}"),
+                    source,
+                })
+            }) {
+                Ok(link) => taken.push(link),
+                Err(e) => debug!("{e}"),
+            }
+        }
+        self.reaper.reap(taken);
         true
     }
 
-    /// The daemon: uprobes on the wait functions of every file a process on
-    /// the host maps, for every process mapping that file (so one scan of
-    /// the host's C library covers every process started later); new
-    /// processes are looked at on each call (a container brings its own C
-    /// library).
-    pub fn watch_host_waits(&mut self) {
-        if self.set.waits == "tracepoints" {
-            return;
+    /// Processes carrying their own wait uprobes (the daemon with include
+    /// rules; `record`'s target).
+    pub fn wait_probed_processes(&self) -> usize {
+        self.process_waits.len()
+    }
+
+    /// Processes whose own wait uprobes are still being detached (each is
+    /// a consumer the kernel walks at every hit until then).
+    pub fn wait_probes_detaching(&self) -> usize {
+        self.reaper.pending()
+    }
+
+    /// Does `pid` carry its own wait uprobes?
+    pub fn has_own_waits(&self, pid: u32) -> bool {
+        self.process_waits.contains_key(&pid)
+    }
+
+    /// Their pids.
+    pub fn wait_probed_pids(&self) -> Vec<u32> {
+        self.process_waits.keys().copied().collect()
+    }
+
+    /// The daemon without include rules: uprobes on the wait functions of
+    /// every C library file process `pid` maps that no earlier process
+    /// mapped, for every process mapping that file (so one read of the
+    /// host's C library covers every process started later; a container
+    /// brings its own). True when it maps a C library.
+    pub fn watch_file_waits(&mut self, pid: u32) -> bool {
+        if self.set.waits.contains("tracepoints") {
+            return true;
         }
-        let Ok(dir) = fs::read_dir("/proc") else {
-            return;
-        };
-        let mut live = HashSet::new();
-        for entry in dir.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
+        let mut c_library = false;
+        for (path, file, seen_as) in waits::mapped_files(pid) {
+            // Each C library is read once, whoever maps it. (A static
+            // binary's own waits are served by the fallback only when
+            // recorded by pid.)
+            if !waits::is_c_library(&seen_as) {
                 continue;
-            };
-            live.insert(pid);
-            // Read for new processes and young ones only: an old process
-            // costs no system call here.
-            let (exe, ticks) = if self.host_scanned.contains(&pid) {
-                // Young ones only ([`Young`]).
-                let Some(y) = self.host_young.get_mut(&pid) else {
+            }
+            c_library = true;
+            if !self.host_files.insert(file) {
+                continue;
+            }
+            let points = match waits::points_in(&path, file) {
+                Ok(points) => points,
+                // Gone while it was read: the next process mapping
+                // the library reads it again.
+                Err(why) if !crate::os::proc::process_alive(pid) => {
+                    debug!("pid {pid} exited while its C library was read: {why}");
+                    self.host_files.remove(&file);
                     continue;
-                };
-                let exe = crate::os::proc::exe(pid);
-                if y.exe == exe {
-                    y.ticks += 1;
-                    if y.ticks >= HOST_YOUNG_TICKS {
-                        self.host_young.remove(&pid);
-                        continue;
-                    }
-                    if y.c_library {
-                        continue;
-                    }
-                    let ticks = y.ticks;
-                    (exe, ticks)
-                } else {
-                    debug!(
-                        "pid {pid} exec'd {exe:?} since its mappings were read: reading them again"
+                }
+                Err(why) => {
+                    warn!(
+                        "pid {pid} maps a C library stallprof cannot read for its wait functions: {why}; \
+                         event loops on it are not watched (run with --probes tracepoints to watch them \
+                         through the syscall tracepoints)"
                     );
-                    (exe, 0)
+                    continue;
                 }
-            } else {
-                (crate::os::proc::exe(pid), 0)
             };
-            let mut c_library = false;
-            for (path, file, seen_as) in waits::mapped_files(pid) {
-                // Each C library is read once, whoever maps it. (A static
-                // binary's own waits are served by the fallback only when
-                // recorded by pid.)
-                if !waits::is_c_library(&seen_as) {
-                    continue;
-                }
-                c_library = true;
-                if !self.host_files.insert(file) {
-                    continue;
-                }
-                let points = match waits::points_in(&path, file) {
-                    Ok(points) => points,
-                    // Gone while it was read: the next process mapping
-                    // the library reads it again.
-                    Err(why) if !crate::os::proc::process_alive(pid) => {
-                        debug!("pid {pid} exited while its C library was read: {why}");
-                        self.host_files.remove(&file);
-                        continue;
+            info!(
+                "pid {pid} maps a C library not seen before, {seen_as}: its {} wait functions probed for every process mapping it",
+                points.len()
+            );
+            for p in points {
+                match self.attach_wait_point(&p, UProbeScope::AllProcesses) {
+                    Ok(_) => {
+                        self.waits_done.insert((0, p.file, p.offset));
                     }
+                    // Looked at again with the next process mapping it.
                     Err(why) => {
-                        warn!(
-                            "pid {pid} maps a C library stallprof cannot read for its wait functions: {why}; \
-                             event loops on it are not watched (run with --probes tracepoints to watch them \
-                             through the syscall tracepoints)"
-                        );
-                        continue;
-                    }
-                };
-                info!(
-                    "pid {pid} maps a C library not seen before, {seen_as}: its {} wait functions probed for every process mapping it",
-                    points.len()
-                );
-                for p in points {
-                    match self.attach_wait_point(&p, UProbeScope::AllProcesses) {
-                        Ok(()) => {
-                            self.waits_done.insert((0, p.file, p.offset));
-                        }
-                        // Looked at again with the next process mapping it.
-                        Err(why) => {
-                            debug!("pid {pid}: {why}");
-                            self.host_files.remove(&file);
-                        }
+                        debug!("pid {pid}: {why}");
+                        self.host_files.remove(&file);
                     }
                 }
             }
-            self.host_young.insert(
-                pid,
-                Young {
-                    exe,
-                    ticks,
-                    c_library,
-                },
-            );
         }
-        self.host_young.retain(|pid, _| live.contains(pid));
-        self.host_scanned = live;
+        c_library
     }
 
     /// One wait function's uretprobe, then its uprobe (cookie: the
-    /// syscall), or why not.
+    /// syscall): their links, or why not (neither attached).
     fn attach_wait_point(
         &mut self,
         p: &waits::WaitPoint,
         scope: UProbeScope,
-    ) -> Result<(), String> {
+    ) -> Result<[(&'static str, UProbeLinkId); 2], String> {
         if !p.emulated {
-            self.set.notes.push(format!(
+            let note = format!(
                 "{} in {} is probed at its entry (single-stepped: ~10x the cost of an emulated \
                  probe on each call)",
                 p.function, p.path
-            ));
+            );
+            if !self.set.notes.contains(&note) {
+                self.set.notes.push(note);
+            }
         }
-        for prog in ["sp_uwait_exit", "sp_uwait_enter"] {
-            let point = UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(p.offset),
-                cookie: Some(p.nr as u64),
-            };
-            let res = program::<UProbe>(&mut self.ebpf, prog).and_then(|u| {
-                u.attach(point, &p.path, scope)
-                    .map_err(|source| ProbeError::Attach {
-                        what: format!("uprobe on {} in {}", p.function, p.path),
-                        source,
-                    })
-            });
-            if let Err(e) = res {
-                let mut why = e.to_string();
-                let mut src = std::error::Error::source(&e);
-                while let Some(s) = src {
-                    why.push_str(&format!(": {s}"));
-                    src = s.source();
+        let point = || UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(p.offset),
+            cookie: Some(p.nr as u64),
+        };
+        let attach = |ebpf: &mut Ebpf, prog: &'static str| {
+            program::<UProbe>(ebpf, prog)
+                .and_then(|u| {
+                    u.attach(point(), &p.path, scope)
+                        .map_err(|source| ProbeError::Attach {
+                            what: format!("uprobe on {} in {}", p.function, p.path),
+                            source,
+                        })
+                })
+                .map_err(|e| {
+                    let mut why = e.to_string();
+                    let mut src = std::error::Error::source(&e);
+                    while let Some(s) = src {
+                        why.push_str(&format!(": {s}"));
+                        src = s.source();
+                    }
+                    why
+                })
+        };
+        let exit = attach(&mut self.ebpf, "sp_uwait_exit")?;
+        let enter = match attach(&mut self.ebpf, "sp_uwait_enter") {
+            Ok(link) => link,
+            Err(why) => {
+                if let Ok(u) = program::<UProbe>(&mut self.ebpf, "sp_uwait_exit") {
+                    let _ = u.detach(exit);
                 }
                 return Err(why);
             }
-        }
+        };
         debug!(
             "wait probes on {} (+{:#x}) in {}",
             p.function, p.delta, p.path
         );
-        Ok(())
+        Ok([("sp_uwait_exit", exit), ("sp_uwait_enter", enter)])
     }
 
     /// Waits some process makes cannot be seen by uprobes: the syscall

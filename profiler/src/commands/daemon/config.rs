@@ -386,6 +386,12 @@ impl DaemonConfig {
     }
 
     /// The effective settings, as `--check-config` prints them.
+    /// Include rules, and uprobes for the waits: each included process gets
+    /// its own (up to `MAX_PROCESS_WAITS`), and nobody else pays.
+    pub fn per_process_waits(&self) -> bool {
+        self.rules.includes_some() && self.probes != crate::kernel::probe::ProbeChoice::Tracepoints
+    }
+
     pub fn describe(&self) -> String {
         use crate::os::units::fmt_ns;
         let mut s = String::new();
@@ -439,6 +445,23 @@ impl DaemonConfig {
             self.max_stacks
         ));
         s.push_str(&format!("  rules         {}\n", self.rules.describe()));
+        s.push_str(&format!(
+            "  wait probes   {}\n",
+            if self.probes == crate::kernel::probe::ProbeChoice::Tracepoints {
+                "the wait syscalls' tracepoints (every process on the host pays for its syscalls)"
+                    .to_string()
+            } else if self.per_process_waits() {
+                format!(
+                    "uprobes on each process the include rules take (no other process pays); \
+                     on each C library file past {} of them",
+                    super::MAX_PROCESS_WAITS
+                )
+            } else {
+                "uprobes on each C library file, for every process (one the rules leave out \
+                 still pays the trap of each wait call)"
+                    .to_string()
+            }
+        ));
         s.push_str(&format!(
             "  app_paths     {}\n",
             if self.app_paths.is_empty() {

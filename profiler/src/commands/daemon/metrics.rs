@@ -60,6 +60,7 @@ pub struct Metrics {
     pub watched_threads: Gauge,
     pub over_limit: Counter,
     pub excluded: Gauge,
+    pub wait_probed: Gauge,
     pub window_stalls_dropped: Counter,
     pub reports_written: Counter,
     pub report_write_failures: Counter,
@@ -211,6 +212,14 @@ impl Metrics {
             "Live processes left out (by the include/exclude rules, over max_processes, or the daemon itself), event loops or not",
             excluded.clone(),
         );
+        let wait_probed = Gauge::default();
+        r.register(
+            "stallprof_wait_probed_processes",
+            "Processes whose wait functions carry their own uprobes: with include rules, the included \
+             processes that map a C library (no other process pays a trap); 0 without, when the uprobes \
+             are on each C library file for every process that maps it",
+            wait_probed.clone(),
+        );
         let over_limit = Counter::default();
         r.register(
             "stallprof_processes_over_limit",
@@ -314,6 +323,7 @@ impl Metrics {
             watched_threads,
             over_limit,
             excluded,
+            wait_probed,
             window_stalls_dropped,
             reports_written,
             report_write_failures,
@@ -363,11 +373,31 @@ impl Metrics {
     }
 
     /// Which probes serve now (a part can fall back while the daemon runs).
-    pub fn set_probes(&self, set: &crate::model::ProbeSet) {
+    /// Which probes serve; `per_process_waits`: the wait uprobes are each
+    /// included process's own (else on each C library file).
+    pub fn set_probes(&self, set: &crate::model::ProbeSet, per_process_waits: bool) {
         self.probes.clear();
-        for (part, mode) in [("scheduler", &set.scheduler), ("waits", &set.waits)] {
+        let scope = if set.waits == "uprobes" {
+            Some(if per_process_waits {
+                "per_process"
+            } else {
+                "per_file"
+            })
+        } else {
+            None
+        };
+        for (part, mode) in [
+            ("scheduler", set.scheduler.as_str()),
+            ("waits", set.waits.as_str()),
+        ]
+        .into_iter()
+        .chain(scope.map(|s| ("wait_uprobes", s)))
+        {
             self.probes
-                .get_or_create(&vec![("part", part.to_string()), ("mode", mode.clone())])
+                .get_or_create(&vec![
+                    ("part", part.to_string()),
+                    ("mode", mode.to_string()),
+                ])
                 .set(1);
         }
     }

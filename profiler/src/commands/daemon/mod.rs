@@ -331,6 +331,9 @@ struct Tracked {
     stalls: u64,
     stall_ns: u64,
     last_report: Option<String>,
+    /// Its runtime problems when it exited (the engine forgets them then):
+    /// a stall of it delivered after its exit still carries them.
+    problems_at_exit: Vec<crate::model::RuntimeProblem>,
 }
 
 impl Tracked {
@@ -359,6 +362,17 @@ fn labels_of(p: &ProcInfo) -> Labels {
     ]
 }
 
+/// Included processes given their own wait uprobes (live, or exited and
+/// still being detached) before they go on the C library files instead
+/// ([`Collector::move_waits_to_files`]). Each process's uprobes are a consumer
+/// the kernel walks at every hit of every probed process: on the test VM
+/// an included process's `poll` cost 2.5 µs with one probed process and
+/// 5.0–6.9 µs with 31 (~85 ns a call for each other; bare 0.39 µs;
+/// docs/daemon.md), so at 8 it pays ~0.6 µs more. And a process's links
+/// take 1.3 s to detach, one link at a time host-wide: included processes
+/// that come and go faster than that would pile up.
+pub const MAX_PROCESS_WAITS: usize = 8;
+
 struct Collector {
     cfg: DaemonConfig,
     /// The data directory, opened once (reports are written relative to it).
@@ -376,6 +390,12 @@ struct Collector {
     excluded: HashMap<u32, procs::Judged>,
     /// The left-out process [`Collector::housekeep`] looked at last.
     judged_cursor: u32,
+    /// Processes not looked at yet for their wait functions.
+    new_procs: procs::NewProcesses,
+    /// Include rules: each included process gets its own wait uprobes,
+    /// judged when it appears; without, the uprobes are on each C library
+    /// file, for every process, judged at its first wait.
+    per_process_waits: bool,
     /// Exited processes whose series are still exported, oldest first.
     gone: VecDeque<(Instant, Tracked)>,
     window: Window,
@@ -403,19 +423,24 @@ impl Collector {
         // Its own waits (the HTTP side's runtime calls the C library's
         // epoll_wait) are none of its business.
         probes.leave_out(std::process::id());
-        probes.watch_host_waits();
         // The kernel's BTF, parsed for the load, is freed: give it back.
         crate::os::heap::release();
         let ring = probes.take_events()?;
         let engine = Engine::new(cfg.threshold_ns, None);
         let now = monotonic_ns();
         let next_roll_mono = now + until_boundary(cfg.window);
+        let per_process_waits = cfg.per_process_waits();
         info!(
-            "probes attached host-wide ({} Hz), threshold {}",
+            "probes attached host-wide ({} Hz), threshold {}; wait uprobes {}",
             cfg.sample_hz,
-            fmt_ns(cfg.threshold_ns)
+            fmt_ns(cfg.threshold_ns),
+            if per_process_waits {
+                "on each included process"
+            } else {
+                "on each C library file, for every process"
+            }
         );
-        Ok(Collector {
+        let mut c = Collector {
             window: Window::new(SystemTime::now(), now),
             unwritten: VecDeque::new(),
             next_roll_mono,
@@ -428,6 +453,8 @@ impl Collector {
             procs: HashMap::new(),
             excluded: HashMap::new(),
             judged_cursor: 0,
+            new_procs: procs::NewProcesses::default(),
+            per_process_waits,
             gone: VecDeque::new(),
             agent_base: BTreeMap::new(),
             forgotten_since_reset: 0,
@@ -436,7 +463,9 @@ impl Collector {
             total_stalls: 0,
             total_reports: 0,
             processes_seen: 0,
-        })
+        };
+        c.look_at_new_processes();
+        Ok(c)
     }
 
     fn run(mut self, stop: &AtomicBool) -> Result<String> {
@@ -610,24 +639,126 @@ impl Collector {
     }
 
     /// A process is not reported: from now it costs the host what any
-    /// process the daemon does not watch costs — the trap of its wait
-    /// calls, nothing else. The kernel side skips its waits; the loop
-    /// threads already elected lose their switch and sampling events, and
-    /// the engine forgets what it learnt of it.
+    /// process the daemon does not watch costs — nothing with include
+    /// rules (its own wait uprobes, if it had them, go), else the trap of
+    /// its wait calls. The kernel side skips its waits (with include
+    /// rules, only one that had wait uprobes: records of it may be in
+    /// flight); the loop threads already elected lose their switch and
+    /// sampling events, and the engine forgets what it learnt of it.
     fn leave_out(&mut self, info: &ProcInfo) {
         self.excluded.insert(info.pid, procs::Judged::of(info));
-        self.probes.leave_out(info.pid);
+        let probed = self.probes.unwatch_waits(info.pid, "left out");
+        if !self.per_process_waits || probed {
+            self.probes.leave_out(info.pid);
+        }
         self.engine.forget(info.pid, &mut self.probes);
     }
 
     /// A left-out process is gone, exec'd or moved to another cgroup:
-    /// followed again (its pid may be reused; what it is now is judged at
-    /// its next wait).
+    /// followed again (its pid may be reused). Without include rules what
+    /// it is now is judged at its next wait; with them, no wait of it is
+    /// seen until it is judged, so it is judged now.
     fn take_back(&mut self, pid: u32) {
-        if self.excluded.remove(&pid).is_some() {
-            self.probes.take_back(pid);
-            // What records of it were in flight when it was left out.
-            self.engine.forget(pid, &mut self.probes);
+        if self.release(pid) && self.per_process_waits && self.judge(pid).is_some() {
+            self.probe_included(pid);
+        }
+    }
+
+    /// [`Collector::take_back`] without judging it again; true if it was
+    /// left out.
+    fn release(&mut self, pid: u32) -> bool {
+        if self.excluded.remove(&pid).is_none() {
+            return false;
+        }
+        self.probes.take_back(pid);
+        // What records of it were in flight when it was left out.
+        self.engine.forget(pid, &mut self.probes);
+        true
+    }
+
+    /// Processes that appeared since the last upkeep (and young ones to
+    /// look at again, [`procs::NewProcesses`]): with include rules, one
+    /// they take gets its own wait uprobes; without, a C library file no
+    /// process mapped before gets them for every process. A gone process's
+    /// own uprobes go.
+    fn look_at_new_processes(&mut self) {
+        let (looks, gone) = self.new_procs.scan();
+        for pid in gone {
+            self.probes.unwatch_waits(pid, "exited");
+        }
+        for look in looks {
+            let c_library = if !self.per_process_waits {
+                self.probes.watch_file_waits(look.pid)
+            } else {
+                self.watch_if_included(&look)
+            };
+            self.new_procs.looked(look, c_library);
+        }
+    }
+
+    /// With include rules: a new process (or one that exec'd young) is
+    /// judged, and one they take gets its own wait uprobes. True when no
+    /// look again is needed (left out, a kernel thread, gone, or its C
+    /// library probed).
+    fn watch_if_included(&mut self, look: &procs::Look) -> bool {
+        let pid = look.pid;
+        if look.exe.is_none() {
+            return true; // a kernel thread, gone, or not ours to read
+        }
+        if look.exec {
+            self.release(pid);
+        } else if self.excluded.contains_key(&pid) {
+            return true;
+        }
+        if !self.procs.contains_key(&pid) && self.judge(pid).is_none() {
+            return true;
+        }
+        self.probe_included(pid)
+    }
+
+    /// An included process's own wait uprobes, or, past
+    /// [`MAX_PROCESS_WAITS`], every process's on its C library file. True
+    /// when it maps a C library.
+    fn probe_included(&mut self, pid: u32) -> bool {
+        if !self.per_process_waits {
+            return self.probes.watch_file_waits(pid);
+        }
+        if self.probes.wait_probed_processes() + self.probes.wait_probes_detaching()
+            >= MAX_PROCESS_WAITS
+            && !self.probes.has_own_waits(pid)
+        {
+            self.move_waits_to_files();
+            return self.probes.watch_file_waits(pid);
+        }
+        self.probes.watch_included_waits(pid)
+    }
+
+    /// More included processes than [`MAX_PROCESS_WAITS`]: the wait
+    /// uprobes go on each C library file instead, for every process, from
+    /// now to the daemon's end; left-out processes are skipped by the
+    /// kernel side from their first wait, as without include rules.
+    fn move_waits_to_files(&mut self) {
+        warn!(
+            "more than {MAX_PROCESS_WAITS} included processes wait in a C library: each one's \
+             own wait uprobes would make every probed wait call dearer (each is a consumer the \
+             kernel walks at every hit), so the wait uprobes go on each C library file instead, \
+             for every process; from now a process the rules leave out pays the trap of its \
+             wait calls (~2 µs each), as without include rules"
+        );
+        self.per_process_waits = false;
+        // Detached first: a wait seen by both for a moment would be
+        // reported twice.
+        let probed = self.probes.wait_probed_pids();
+        for &pid in &probed {
+            self.probes
+                .unwatch_waits(pid, "moved to the C library files");
+        }
+        for pid in probed {
+            self.probes.watch_file_waits(pid);
+        }
+        let left_out: Vec<u32> = self.excluded.keys().copied().collect();
+        for pid in left_out {
+            self.probes.leave_out(pid);
         }
     }
 
@@ -658,6 +789,7 @@ impl Collector {
             stalls: 0,
             stall_ns: 0,
             last_report: None,
+            problems_at_exit: Vec::new(),
         }
     }
 
@@ -710,12 +842,18 @@ impl Collector {
                 bytes,
                 stall: stall.clone(),
             });
-        let problems = self
+        let mut problems: Vec<_> = self
             .engine
             .runtime_problems()
             .into_iter()
             .filter(|p| p.pid == pid)
             .collect();
+        if problems.is_empty()
+            && let Some(i) = gone_ix
+        {
+            // Delivered after its exit (the engine forgot it then).
+            problems = self.gone[i].1.problems_at_exit.clone();
+        }
         if !self.window.add(&info, stall, problems) {
             self.sh.metrics.window_stalls_dropped.inc();
         }
@@ -739,18 +877,21 @@ impl Collector {
         }
         self.engine.forget(pid, &mut self.probes);
         self.forgotten_since_reset += 1;
-        if let Some(t) = self.procs.remove(&pid) {
+        if let Some(mut t) = self.procs.remove(&pid) {
             info!("pid {pid} ({}) is gone", t.info.comm);
+            t.problems_at_exit = problems;
             self.gone.push_back((Instant::now(), t));
         }
         self.take_back(pid);
     }
 
     fn tick(&mut self) {
-        // New processes' C libraries (a container brings its own): each
-        // new pid's mappings once, at the tick after it appears.
-        self.probes.watch_host_waits();
-        self.sh.metrics.set_probes(self.probes.probe_set());
+        // New processes' wait functions (a container brings its own C
+        // library): each new pid once, at the tick after it appears.
+        self.look_at_new_processes();
+        self.sh
+            .metrics
+            .set_probes(self.probes.probe_set(), self.per_process_waits);
         for pid in self.engine.executor_pids() {
             if self.excluded.contains_key(&pid) {
                 // Elected from records already in flight when it was left
@@ -776,7 +917,13 @@ impl Collector {
                         self.exited(pid);
                     }
                 }
-                _ => self.exited(pid),
+                _ => {
+                    // Gone, or its pid reused: a new process under it is
+                    // looked at afresh.
+                    self.probes.unwatch_waits(pid, "gone, or its pid reused");
+                    self.new_procs.forget(pid);
+                    self.exited(pid);
+                }
             }
         }
         let looks = procs::next_checks(
@@ -819,6 +966,8 @@ impl Collector {
         m.tracked_threads.set(threads as i64);
         m.excluded.set(self.excluded.len() as i64);
         m.watched_threads.set(self.probes.watched_threads() as i64);
+        m.wait_probed
+            .set(self.probes.wait_probed_processes() as i64);
         let mut agent = self.agent_base.clone();
         for (k, v) in self.engine.agent_drops() {
             *agent.entry(k.to_string()).or_default() += v;

@@ -5,7 +5,11 @@
 //! comm, exe, cgroup (v2 path), the container and pod it runs in, and a
 //! runtime guess. A process is identified by (pid, start time): a reused
 //! pid has a new start time, an exec'd one a new exe.
-use std::fs;
+use std::{
+    collections::{HashMap, HashSet},
+    fs,
+    path::PathBuf,
+};
 
 use crate::model::ProcessInfo;
 
@@ -104,6 +108,126 @@ pub fn next_checks(mut pids: Vec<u32>, after: u32, n: usize) -> Vec<u32> {
     pids.rotate_left(from);
     pids.truncate(n);
     pids
+}
+
+/// Upkeeps (250 ms apart) during which a new process is looked at again
+/// (see [`NewProcesses`]).
+const YOUNG_TICKS: u32 = 8;
+
+/// The processes on the host the daemon has not looked at yet, from a
+/// readdir of /proc at each upkeep: each new pid once, then again during
+/// its first [`YOUNG_TICKS`] upkeeps when its executable has changed since
+/// the look (a launcher such as chroot, unshare or a container runtime's
+/// init exec'd the program) or the look found no C library (the program
+/// has exec'd but its loader has not mapped its libraries yet: on a cold
+/// page cache that takes long enough for an upkeep to fall in it). An old
+/// process costs no system call here.
+#[derive(Default)]
+pub struct NewProcesses {
+    scanned: HashSet<u32>,
+    young: HashMap<u32, Young>,
+}
+
+struct Young {
+    exe: Option<PathBuf>,
+    ticks: u32,
+    c_library: bool,
+}
+
+/// A process to look at: its pid, and its executable as the scan read it
+/// (handed back with the look's outcome, [`NewProcesses::looked`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Look {
+    pub pid: u32,
+    pub exe: Option<PathBuf>,
+    /// A look after its executable changed (an exec): judged again.
+    pub exec: bool,
+    ticks: u32,
+}
+
+impl NewProcesses {
+    /// The processes to look at now, and the pids gone since the last scan.
+    pub fn scan(&mut self) -> (Vec<Look>, Vec<u32>) {
+        let Ok(dir) = fs::read_dir("/proc") else {
+            return (Vec::new(), Vec::new());
+        };
+        let live = dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
+        self.step(live, crate::os::proc::exe)
+    }
+
+    /// [`NewProcesses::scan`] of the `live` pids, reading an executable
+    /// with `exe_of`.
+    fn step(
+        &mut self,
+        live: impl Iterator<Item = u32>,
+        exe_of: impl Fn(u32) -> Option<PathBuf>,
+    ) -> (Vec<Look>, Vec<u32>) {
+        let mut looks = Vec::new();
+        let mut now = HashSet::new();
+        for pid in live {
+            now.insert(pid);
+            if !self.scanned.contains(&pid) {
+                looks.push(Look {
+                    pid,
+                    exe: exe_of(pid),
+                    exec: false,
+                    ticks: 0,
+                });
+                continue;
+            }
+            let Some(y) = self.young.get_mut(&pid) else {
+                continue;
+            };
+            let exe = exe_of(pid);
+            if y.exe != exe {
+                log::debug!("pid {pid} exec'd {exe:?} since it was looked at: looking again");
+                looks.push(Look {
+                    pid,
+                    exe,
+                    exec: true,
+                    ticks: 0,
+                });
+                continue;
+            }
+            y.ticks += 1;
+            if y.ticks >= YOUNG_TICKS {
+                self.young.remove(&pid);
+            } else if !y.c_library {
+                looks.push(Look {
+                    pid,
+                    exe,
+                    exec: false,
+                    ticks: y.ticks,
+                });
+            }
+        }
+        let gone: Vec<u32> = self.scanned.difference(&now).copied().collect();
+        self.young.retain(|pid, _| now.contains(pid));
+        self.scanned = now;
+        (looks, gone)
+    }
+
+    /// What a look found: whether `look.pid` maps a C library (or needs no
+    /// look again for another reason).
+    pub fn looked(&mut self, look: Look, c_library: bool) {
+        self.young.insert(
+            look.pid,
+            Young {
+                exe: look.exe,
+                ticks: look.ticks,
+                c_library,
+            },
+        );
+    }
+
+    /// Look at `pid` again at the next scan, as a new process (an exited
+    /// process's pid whose reuse the scan cannot tell apart).
+    pub fn forget(&mut self, pid: u32) {
+        self.scanned.remove(&pid);
+        self.young.remove(&pid);
+    }
 }
 
 impl ProcInfo {
@@ -222,6 +346,41 @@ mod tests {
         assert_eq!(next_checks(pids.clone(), 25, 9), [30, 40, 50, 10, 20]);
         assert_eq!(next_checks(pids, 99, 1), [10], "past the last: round again");
         assert!(next_checks(Vec::new(), 7, 3).is_empty());
+    }
+
+    /// Each new pid is looked at once; a young one again while it shows
+    /// no C library, and after an exec; an old one never; gone ones are
+    /// said.
+    #[test]
+    fn new_processes_are_looked_at_while_young() {
+        let mut n = NewProcesses::default();
+        let exe = |name: &str| Some(PathBuf::from(name));
+        let pids = |looks: &[Look]| looks.iter().map(|l| l.pid).collect::<Vec<_>>();
+        let (looks, gone) = n.step([1, 2].into_iter(), |_| exe("/bin/sh"));
+        assert_eq!((pids(&looks), gone), (vec![1, 2], vec![]));
+        let mut it = looks.into_iter();
+        n.looked(it.next().unwrap(), true);
+        n.looked(it.next().unwrap(), false); // its loader has not mapped libc yet
+        let (looks, _) = n.step([1, 2].into_iter(), |_| exe("/bin/sh"));
+        assert_eq!(pids(&looks), [2], "only the one without a C library");
+        n.looked(looks.into_iter().next().unwrap(), true);
+        let (looks, _) = n.step([1, 2].into_iter(), |p| {
+            exe(if p == 1 { "/srv/app" } else { "/bin/sh" })
+        });
+        assert_eq!(pids(&looks), [1]);
+        assert!(looks[0].exec, "an exec is judged again");
+        n.looked(looks.into_iter().next().unwrap(), true);
+        let same = |p: u32| exe(if p == 1 { "/srv/app" } else { "/bin/sh" });
+        for _ in 0..YOUNG_TICKS {
+            assert!(n.step([1, 2].into_iter(), same).0.is_empty());
+        }
+        // Past its young ticks, an exec is for the monitored and left-out
+        // processes' own checks.
+        let (looks, gone) = n.step([1].into_iter(), |_| exe("/usr/bin/other"));
+        assert!(looks.is_empty(), "{looks:?}");
+        assert_eq!(gone, [2]);
+        n.forget(1);
+        assert_eq!(pids(&n.step([1].into_iter(), |_| None).0), [1]);
     }
 
     #[test]

@@ -104,6 +104,12 @@ impl Rules {
         Ok(Rules { include, exclude })
     }
 
+    /// Some include rule is given: only the processes it matches are
+    /// reported (and pay for their waits).
+    pub fn includes_some(&self) -> bool {
+        !self.include.is_empty()
+    }
+
     pub fn monitored(&self, p: &ProcInfo) -> bool {
         (self.include.is_empty() || self.include.iter().any(|r| r.matches(p)))
             && !self.exclude.iter().any(|r| r.matches(p))
