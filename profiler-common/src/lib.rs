@@ -391,7 +391,10 @@ counters! {
         UstackFailed = 2 => "user_stack_failed",
         /// The thread table was full: a new thread could not be tracked.
         ThreadTableFull = 3 => "thread_table_full",
-        /// The user stack filled the whole buffer (possibly truncated).
+        /// No longer counted by the kernel side (recordings before
+        /// 2026-12-03 have it): the agent counts `user_stack_truncated`
+        /// where a full frame-pointer stack is kept, not replaced by the
+        /// one it unwinds.
         UstackTruncated = 4 => "user_stack_truncated",
         /// Reading `pt_regs` to learn the blocking syscall failed.
         SyscallUnknown = 5 => "syscall_unknown",

@@ -68,9 +68,9 @@ fn fill_stacks<C: EbpfContext>(ctx: &C, ev: *mut StackEvent, kernel_expected: bo
             count(Drop::UstackFailed);
             0
         };
-        if (*ev).ustack_len as usize == MAX_USTACK {
-            count(Drop::UstackTruncated);
-        }
+        // A full stack (`MAX_USTACK` frames) may be truncated: userspace
+        // counts it where it keeps this stack instead of the one it
+        // unwinds from the copy (`user_stack_truncated`).
         (*ev).py_len = 0;
         (*ev).py_status = 0;
         copy_user_stack(ev);

@@ -1248,6 +1248,19 @@ fn daemon_many_included_processes_share_file_probes() {
             )
         },
     );
+    // Before it, eight had their own, and the switch detached them.
+    let own = run.stderr.matches("wait uprobes of its own").count();
+    let moved = run
+        .stderr
+        .matches("its wait uprobes detached (moved to the C library files)")
+        .count();
+    c.check(own >= 8 && moved == own, || {
+        format!(
+            "{own} processes got their own wait uprobes and {moved} were moved to the files, \
+             not 8 and 8:\n{}",
+            run.stderr
+        )
+    });
     drop(sleepers);
     c.finish();
 }
@@ -1688,8 +1701,9 @@ fn daemon_labels_containerized_victims() {
          for _ in range(3):\n    p.poll(50)\ntime.sleep(600)\n",
     ]));
     // Include rules: each included process gets its own wait uprobes when
-    // the daemon sees it match, the victims once the upkeep (≤ 1 s) sees
-    // their move into the containers' cgroups; their stalls start after.
+    // the daemon sees it match: the victims once the upkeep's round of the
+    // left-out processes (64 a second) sees their move into the
+    // containers' cgroups; their stalls start after.
     let probed = sample(
         &wait_metrics(
             &mut d,

@@ -1018,7 +1018,10 @@ impl Probes {
                 true
             }
             Err(why) => {
-                debug!("pid {pid}: {why}; trying again at its next look");
+                warn!(
+                    "pid {pid}: its wait functions could not be probed: {why}; its event loops \
+                     are not watched until it is looked at again"
+                );
                 false
             }
         }

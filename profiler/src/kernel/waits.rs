@@ -76,6 +76,14 @@ pub fn mapped_files(pid: u32) -> Vec<(String, (u64, u64), String)> {
     }
 }
 
+/// Does `pid` map a C library (a file that may define the wait
+/// functions)?
+pub fn maps_c_library(pid: u32) -> bool {
+    mapped_files(pid)
+        .iter()
+        .any(|(_, _, seen_as)| is_c_library(seen_as))
+}
+
 /// An executable mapping of a file, in a line of `/proc/PID/maps`: its
 /// range and path.
 fn exec_file(line: &str) -> Option<(&str, &str)> {

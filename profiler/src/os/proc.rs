@@ -53,6 +53,21 @@ pub fn process_alive(pid: u32) -> bool {
 /// `PF_KTHREAD` in the flags field of `/proc/PID/stat` (include/linux/sched.h).
 const PF_KTHREAD: u64 = 0x0020_0000;
 
+/// The flags of `/proc/PID/stat` (field 9), if it can be read.
+fn stat_flags(stat: &str) -> Option<u64> {
+    // Fields after the command name, which may itself hold ") ".
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(6)?.parse().ok()
+}
+
+/// `pid` is a kernel thread (false if gone or unreadable).
+pub fn is_kernel_thread(pid: u32) -> bool {
+    super::limits::read_proc(&format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| stat_flags(&s))
+        .is_some_and(|f| f & PF_KTHREAD != 0)
+}
+
 /// Why `pid` cannot be a recording target, if it cannot: a kernel thread
 /// (no user stack, no executable), a zombie (nothing runs), or stallprof
 /// itself (it would record its own reading of the ring buffer).
@@ -87,7 +102,7 @@ pub fn refuse_target(pid: u32) -> Option<String> {
             "pid {pid} is a zombie (it has exited and waits for its parent to reap it): nothing runs to record"
         ));
     }
-    let flags: u64 = rest.get(6).and_then(|f| f.parse().ok()).unwrap_or(0);
+    let flags = stat_flags(&stat).unwrap_or(0);
     if flags & PF_KTHREAD != 0
         || fs::read_link(format!("/proc/{pid}/exe"))
             .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)

@@ -32,7 +32,7 @@ use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 
 use anyhow::{Context, Result};
 use log::{debug, info, warn};
-use profiler_common::{PyProc, python::TaskLayout};
+use profiler_common::{MAX_USTACK, PyProc, python::TaskLayout};
 
 use crate::{
     kernel::event::{self, Event},
@@ -975,12 +975,20 @@ impl Engine {
     }
 
     /// Replace the frame-pointer user stack of a stack event with the one
-    /// unwound from the copied stack bytes, unless that failed early.
+    /// unwound from the copied stack bytes, unless that failed early. A
+    /// frame-pointer stack that stays and fills the kernel's buffer
+    /// ([`MAX_USTACK`] frames) may have lost its outer frames: counted
+    /// (`user_stack_truncated`) here, where it is known to stay, not in the
+    /// kernel, where most such stacks are then replaced by the unwound one.
     fn unwind_user(&mut self, ev: &mut Event, bytes: &[u8]) {
         let (Event::Sample { tgid, stack, .. } | Event::SwitchOut { tgid, stack, .. }) = ev else {
             return;
         };
+        let fp_full = stack.user.len() >= MAX_USTACK;
         let Some((regs, copy)) = event::stack_copy(bytes) else {
+            if fp_full {
+                *self.agent_drops.entry("user_stack_truncated").or_default() += 1;
+            }
             return;
         };
         let regs = UserRegs {
@@ -1012,7 +1020,12 @@ impl Engine {
                 stack.js = crate::symbolize::v8::js_slots(&layout, &fps, regs.sp, copy);
             }
             stack.user = addrs;
-        } else if let Some(layout) = layout {
+            return;
+        }
+        if fp_full {
+            *self.agent_drops.entry("user_stack_truncated").or_default() += 1;
+        }
+        if let Some(layout) = layout {
             // The kernel's frame-pointer stack stays (JIT code in a mapping
             // not read yet): its frames' frame pointers are the same chain,
             // walked through the copy.

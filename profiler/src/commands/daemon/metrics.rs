@@ -209,7 +209,7 @@ impl Metrics {
         let excluded = Gauge::default();
         r.register(
             "stallprof_excluded_processes",
-            "Live processes left out (by the include/exclude rules, over max_processes, or the daemon itself), event loops or not",
+            "Live processes left out (by the include/exclude rules, over max_processes, or the daemon itself), event loops or not: with include rules every process they do not take, judged as it appears; without, those judged at their first wait",
             excluded.clone(),
         );
         let wait_probed = Gauge::default();

@@ -396,6 +396,12 @@ struct Collector {
     /// judged when it appears; without, the uprobes are on each C library
     /// file, for every process, judged at its first wait.
     per_process_waits: bool,
+    /// Included processes carrying their own wait uprobes, and what they
+    /// were judged on: one that changed (an exec, a cgroup move, its pid
+    /// reused) is looked at again, as the left-out ones are.
+    included: HashMap<u32, procs::Judged>,
+    /// Included processes to probe once the detaches are done.
+    deferred: HashMap<u32, procs::Judged>,
     /// Exited processes whose series are still exported, oldest first.
     gone: VecDeque<(Instant, Tracked)>,
     window: Window,
@@ -455,6 +461,8 @@ impl Collector {
             judged_cursor: 0,
             new_procs: procs::NewProcesses::default(),
             per_process_waits,
+            included: HashMap::new(),
+            deferred: HashMap::new(),
             gone: VecDeque::new(),
             agent_base: BTreeMap::new(),
             forgotten_since_reset: 0,
@@ -647,6 +655,8 @@ impl Collector {
     /// sampling events, and the engine forgets what it learnt of it.
     fn leave_out(&mut self, info: &ProcInfo) {
         self.excluded.insert(info.pid, procs::Judged::of(info));
+        self.included.remove(&info.pid);
+        self.deferred.remove(&info.pid);
         let probed = self.probes.unwatch_waits(info.pid, "left out");
         if !self.per_process_waits || probed {
             self.probes.leave_out(info.pid);
@@ -659,8 +669,11 @@ impl Collector {
     /// it is now is judged at its next wait; with them, no wait of it is
     /// seen until it is judged, so it is judged now.
     fn take_back(&mut self, pid: u32) {
-        if self.release(pid) && self.per_process_waits && self.judge(pid).is_some() {
-            self.probe_included(pid);
+        if self.release(pid)
+            && self.per_process_waits
+            && let Some(info) = self.judge(pid)
+        {
+            self.probe_included(&info);
         }
     }
 
@@ -685,6 +698,18 @@ impl Collector {
         let (looks, gone) = self.new_procs.scan();
         for pid in gone {
             self.probes.unwatch_waits(pid, "exited");
+            self.included.remove(&pid);
+            self.deferred.remove(&pid);
+            if !self.procs.contains_key(&pid) {
+                // What the engine read of it when it was judged (an
+                // included process that never waited has no exit event).
+                self.engine.forget(pid, &mut self.probes);
+            }
+            // A left-out process that exited: with include rules every
+            // process on the host is judged, so under churn (a build
+            // spawning hundreds a second) this is what keeps `excluded`
+            // to the live ones, not the upkeep's 64 looks a second.
+            self.release(pid);
         }
         for look in looks {
             let c_library = if !self.per_process_waits {
@@ -702,41 +727,96 @@ impl Collector {
     /// library probed).
     fn watch_if_included(&mut self, look: &procs::Look) -> bool {
         let pid = look.pid;
-        if look.exe.is_none() {
-            return true; // a kernel thread, gone, or not ours to read
+        if look.exe.is_none()
+            && (crate::os::proc::is_kernel_thread(pid) || !crate::os::proc::process_alive(pid))
+        {
+            return true;
         }
         if look.exec {
             self.release(pid);
         } else if self.excluded.contains_key(&pid) {
             return true;
         }
-        if !self.procs.contains_key(&pid) && self.judge(pid).is_none() {
-            return true;
+        let info = match self.procs.get(&pid) {
+            Some(t) => Some(t.info.as_ref().clone()),
+            None => self.judge(pid),
+        };
+        match info {
+            Some(info) => self.probe_included(&info),
+            None => true, // left out, or gone
         }
-        self.probe_included(pid)
     }
 
     /// An included process's own wait uprobes, or, past
     /// [`MAX_PROCESS_WAITS`], every process's on its C library file. True
-    /// when it maps a C library.
-    fn probe_included(&mut self, pid: u32) -> bool {
+    /// when no look again is needed: it maps a C library (probed, or its
+    /// probing deferred), or it is gone.
+    fn probe_included(&mut self, info: &ProcInfo) -> bool {
+        let pid = info.pid;
         if !self.per_process_waits {
             return self.probes.watch_file_waits(pid);
         }
-        if self.probes.wait_probed_processes() + self.probes.wait_probes_detaching()
-            >= MAX_PROCESS_WAITS
-            && !self.probes.has_own_waits(pid)
-        {
-            self.move_waits_to_files();
-            return self.probes.watch_file_waits(pid);
+        if !self.probes.has_own_waits(pid) {
+            if !crate::kernel::waits::maps_c_library(pid) {
+                return !crate::os::proc::process_alive(pid); // its loader may map it yet
+            }
+            let detaching = self.probes.wait_probes_detaching();
+            if self.probes.wait_probed_processes() + detaching >= MAX_PROCESS_WAITS {
+                self.move_waits_to_files();
+                return self.probes.watch_file_waits(pid);
+            }
+            if detaching > 0 {
+                // Each detach holds the kernel's trace-event lock through
+                // its grace periods (~90 ms a link), and an attach takes
+                // it too: attached once the detaches are done, at an
+                // upkeep, so the drain does not wait behind them.
+                self.deferred.insert(pid, procs::Judged::of(info));
+                return true;
+            }
         }
-        self.probes.watch_included_waits(pid)
+        let done = self.probes.watch_included_waits(pid);
+        if self.probes.has_own_waits(pid) {
+            self.included.insert(pid, procs::Judged::of(info));
+        }
+        done
+    }
+
+    /// With include rules: what `pid` was judged on has changed (or it is
+    /// gone): its own wait uprobes go and it is looked at again at the
+    /// next upkeep, as a new process (the uprobes of an exec'd process
+    /// would stay on the files its old image mapped).
+    fn look_again(&mut self, pid: u32, why: &str) {
+        self.new_procs.forget(pid);
+        if self.per_process_waits {
+            self.probes.unwatch_waits(pid, why);
+            self.included.remove(&pid);
+            self.deferred.remove(&pid);
+        }
+    }
+
+    /// Included processes whose probing waited for detaches to finish
+    /// ([`Collector::probe_included`]): probed now if they are done.
+    fn probe_deferred(&mut self) {
+        if self.deferred.is_empty() || self.probes.wait_probes_detaching() > 0 {
+            return;
+        }
+        for (pid, judged) in std::mem::take(&mut self.deferred) {
+            if judged.changed(pid) || self.excluded.contains_key(&pid) {
+                // Gone, or to be judged again: a new look.
+                self.new_procs.forget(pid);
+                continue;
+            }
+            if let Some(info) = self.judge(pid) {
+                self.probe_included(&info);
+            }
+        }
     }
 
     /// More included processes than [`MAX_PROCESS_WAITS`]: the wait
     /// uprobes go on each C library file instead, for every process, from
-    /// now to the daemon's end; left-out processes are skipped by the
-    /// kernel side from their first wait, as without include rules.
+    /// now to the daemon's end; a process the rules leave out is judged
+    /// again at its first wait and skipped by the kernel side from then,
+    /// as without include rules.
     fn move_waits_to_files(&mut self) {
         warn!(
             "more than {MAX_PROCESS_WAITS} included processes wait in a C library: each one's \
@@ -746,19 +826,28 @@ impl Collector {
              wait calls (~2 µs each), as without include rules"
         );
         self.per_process_waits = false;
-        // Detached first: a wait seen by both for a moment would be
-        // reported twice.
+        self.included.clear();
+        // Each process's own links go to the detach thread; until they
+        // are detached a wait of an included process is seen by both
+        // sets, its entry reported twice (the engine takes the second for
+        // the same park again: no busy period lies between).
         let probed = self.probes.wait_probed_pids();
         for &pid in &probed {
             self.probes
                 .unwatch_waits(pid, "moved to the C library files");
         }
-        for pid in probed {
+        let deferred: Vec<u32> = std::mem::take(&mut self.deferred).into_keys().collect();
+        for pid in probed.into_iter().chain(deferred) {
             self.probes.watch_file_waits(pid);
         }
+        // Every process left out so far never had uprobes (or had its
+        // own, then LEFT_OUT): each is judged again at its first wait
+        // rather than filling LEFT_OUT with the whole host.
         let left_out: Vec<u32> = self.excluded.keys().copied().collect();
         for pid in left_out {
-            self.probes.leave_out(pid);
+            if pid != self.self_pid {
+                self.release(pid);
+            }
         }
     }
 
@@ -915,30 +1004,35 @@ impl Collector {
                     if !t.info.exe.is_empty() && procs::exe_of(pid) != t.info.exe {
                         info!("pid {pid} exec'd {}", procs::exe_of(pid));
                         self.exited(pid);
+                        self.look_again(pid, "exec'd");
                     }
                 }
                 _ => {
-                    // Gone, or its pid reused: a new process under it is
-                    // looked at afresh.
-                    self.probes.unwatch_waits(pid, "gone, or its pid reused");
-                    self.new_procs.forget(pid);
                     self.exited(pid);
+                    self.look_again(pid, "gone, or its pid reused");
                 }
             }
         }
+        // Left-out processes, and included ones carrying their own wait
+        // uprobes, that exec'd, moved or whose pid was reused.
         let looks = procs::next_checks(
-            self.excluded.keys().copied().collect(),
+            self.excluded
+                .keys()
+                .chain(self.included.keys())
+                .copied()
+                .collect(),
             self.judged_cursor,
             procs::JUDGED_CHECKS,
         );
         self.judged_cursor = looks.last().copied().unwrap_or(0);
-        let judged_again: Vec<u32> = looks
-            .into_iter()
-            .filter(|pid| self.excluded.get(pid).is_some_and(|j| j.changed(*pid)))
-            .collect();
-        for pid in judged_again {
-            self.take_back(pid);
+        for pid in looks {
+            if self.excluded.get(&pid).is_some_and(|j| j.changed(pid)) {
+                self.take_back(pid);
+            } else if self.included.get(&pid).is_some_and(|j| j.changed(pid)) {
+                self.look_again(pid, "exec'd, moved or its pid reused");
+            }
         }
+        self.probe_deferred();
         let forget_after = self.cfg.forget_after;
         while self
             .gone
