@@ -127,7 +127,7 @@ pub(super) fn result(text: &str, measure: &str) -> Result<Added> {
 
 pub(super) fn host(env: &Env, plan: &Plan, glance: &mut Glance) -> Result<String> {
     let bin = env.work.join("host_cost");
-    super::super::run(
+    crate::run(
         Command::new("cc")
             .args(["-O2", "-o"])
             .arg(&bin)
