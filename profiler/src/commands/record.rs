@@ -20,7 +20,7 @@ use crate::{
     os::units::parse_duration,
     os::{
         clock::monotonic_ns,
-        cpu_quota::{self, CgroupFs},
+        cpu_quota::{self, CgroupFs, CpuQuota},
         outdir::{OutDir, random_suffix},
         proc::{is_own_fork, process_alive, read_comm, refuse_target, refuse_thread},
         user::{self, User},
@@ -384,197 +384,276 @@ pub fn run(cfg: RecordConfig) -> Result<Recorded> {
 }
 
 async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
-    let mut launched = match &cfg.target {
-        Target::Command(argv, exe, user) => Some(Launched::spawn(argv, exe, user.as_ref())?),
-        Target::Pid(_) => None,
-    };
-    let pid = launched
-        .as_ref()
-        .map_or_else(|| cfg.target.pid(), |l| l.pid);
-    let t0 = Instant::now();
-    let mut live = Live::attach(
-        pid,
-        cfg.threshold_ns,
-        cfg.tids.clone(),
-        cfg.sample_hz,
-        cfg.sample_after_ns,
-        cfg.probes,
-    )?;
-    if let Some(l) = launched.as_mut() {
-        l.release()?;
-    } else if !process_alive(pid) {
-        bail!("process {pid} exited while stallprof was attaching; nothing to record");
-    }
-    let attach_ms = t0.elapsed().as_secs_f64() * 1e3;
-    info!("attached to {pid} in {attach_ms:.0} ms");
-    let started_ns = monotonic_ns();
-    // The target's CPU limit and its cgroup's throttling counters, now and
-    // at the end: the recording says how much the kernel throttled it.
-    let cgroups = CgroupFs::of_host();
-    let mut cpu_quota = match cpu_quota::of_process(pid, &cgroups) {
-        Ok(q) => q,
-        Err(e) => {
-            warn!("the target's CPU quota is not reported: {e}");
-            None
-        }
-    };
+    let mut session = Session::attach(&cfg, &out)?;
+    let ended_by = session.watch(&cfg).await?;
+    session.conclude(&cfg, &out, ended_by)
+}
 
-    if cfg.save_events {
-        live.engine.save_to(&out)?;
-    }
-    live.first_upkeep();
-    let target_name = cfg.target.name();
-    let mut comm = read_comm(pid, pid).filter(|_| launched.is_none());
-    let mut journal = Journaled::create(
-        &out,
-        journal::Header {
-            format: journal::FORMAT.into(),
-            version: journal::VERSION,
+/// A recording under way: the target, its probes (inside `live`) and the
+/// journal its stalls go to as they end.
+struct Session {
+    launched: Option<Launched>,
+    pid: u32,
+    /// When attaching began (the attach time, the status line's clock).
+    t0: Instant,
+    started_ns: u64,
+    live: Live,
+    cgroups: CgroupFs,
+    cpu_quota: Option<CpuQuota>,
+    target_name: String,
+    /// The target's comm, re-read each tick (a launcher may exec again);
+    /// None for a command not yet exec'd.
+    comm: Option<String>,
+    journal: Journaled,
+}
+
+impl Session {
+    /// Start the command (held before exec) or find the pid, attach the
+    /// probes, release the command, open the journal.
+    fn attach(cfg: &RecordConfig, out: &OutDir) -> Result<Session> {
+        let mut launched = match &cfg.target {
+            Target::Command(argv, exe, user) => Some(Launched::spawn(argv, exe, user.as_ref())?),
+            Target::Pid(_) => None,
+        };
+        let pid = launched
+            .as_ref()
+            .map_or_else(|| cfg.target.pid(), |l| l.pid);
+        let t0 = Instant::now();
+        let mut live = Live::attach(
             pid,
-            comm: comm.clone().unwrap_or_else(|| target_name.clone()),
+            cfg.threshold_ns,
+            cfg.tids.clone(),
+            cfg.sample_hz,
+            cfg.sample_after_ns,
+            cfg.probes,
+        )?;
+        if let Some(l) = launched.as_mut() {
+            l.release()?;
+        } else if !process_alive(pid) {
+            bail!("process {pid} exited while stallprof was attaching; nothing to record");
+        }
+        let attach_ms = t0.elapsed().as_secs_f64() * 1e3;
+        info!("attached to {pid} in {attach_ms:.0} ms");
+        let started_ns = monotonic_ns();
+        // The target's CPU limit and its cgroup's throttling counters, now and
+        // at the end: the recording says how much the kernel throttled it.
+        let cgroups = CgroupFs::of_host();
+        let cpu_quota = match cpu_quota::of_process(pid, &cgroups) {
+            Ok(q) => q,
+            Err(e) => {
+                warn!("the target's CPU quota is not reported: {e}");
+                None
+            }
+        };
+
+        if cfg.save_events {
+            live.engine.save_to(out)?;
+        }
+        live.first_upkeep();
+        let target_name = cfg.target.name();
+        let comm = read_comm(pid, pid).filter(|_| launched.is_none());
+        let journal = Journaled::create(
+            out,
+            journal::Header {
+                format: journal::FORMAT.into(),
+                version: journal::VERSION,
+                pid,
+                comm: comm.clone().unwrap_or_else(|| target_name.clone()),
+                threshold_ns: cfg.threshold_ns,
+                sample_hz: cfg.sample_hz,
+                sample_after_ns: cfg.sample_after_ns,
+                clock: "monotonic".into(),
+                started_ns,
+                stallprof_version: env!("CARGO_PKG_VERSION").into(),
+                app_paths: cfg.app_paths.clone(),
+            },
+        )?;
+        if let Some(d) = cfg.duration {
+            live.stop_after(d);
+        }
+        Ok(Session {
+            launched,
+            pid,
+            t0,
+            started_ns,
+            live,
+            cgroups,
+            cpu_quota,
+            target_name,
+            comm,
+            journal,
+        })
+    }
+
+    /// Until the end (duration, a signal, the target's exit, a failed
+    /// journal write): each tick, the stalls that ended go to the journal.
+    /// Returns what ended it.
+    async fn watch(&mut self, cfg: &RecordConfig) -> Result<&'static str> {
+        let pid = self.pid;
+        let mut ended_by = "target exit";
+        let mut status_shown = false;
+        loop {
+            match self.live.next(std::future::pending::<()>()).await? {
+                Step::Stop(why) => {
+                    ended_by = why;
+                    break;
+                }
+                Step::Other(()) => {}
+                Step::Tick(_) => {
+                    let engine = &mut self.live.engine;
+                    let fresh = engine.take_stalls().into_iter().map(|(_, s)| s);
+                    let name = self.comm.as_ref().unwrap_or(&self.target_name);
+                    let meta = || meta_of(engine, pid, name, monotonic_ns(), &self.cpu_quota);
+                    if !self.journal.tick(fresh.collect(), meta) {
+                        ended_by = "a failed write to the output directory";
+                        break;
+                    }
+                    let exited = self
+                        .launched
+                        .as_mut()
+                        .is_some_and(|l| l.try_wait().is_some());
+                    if exited
+                        || !process_alive(pid)
+                        || self.live.engine.take_exited().contains(&pid)
+                    {
+                        break;
+                    }
+                    // Every tick: a launcher (a pyenv shim, `env`) may exec again.
+                    if !is_own_fork(pid)
+                        && let Some(c) = read_comm(pid, pid)
+                    {
+                        self.comm = Some(c);
+                    }
+                    if cfg.live_status {
+                        let busy = self.live.engine.busy_now_ns(monotonic_ns());
+                        let line = status_line(
+                            pid,
+                            self.t0.elapsed(),
+                            &self.journal,
+                            busy,
+                            cfg.threshold_ns,
+                        );
+                        eprint!("\r\x1b[K{line}");
+                        status_shown = true;
+                    }
+                }
+            }
+        }
+        if status_shown {
+            eprint!("\r\x1b[K");
+        }
+        Ok(ended_by)
+    }
+
+    /// Detach first, then close the last stalls, bring every stall back
+    /// from the journal and write the outputs; the summary, and last the
+    /// gate's verdict.
+    fn conclude(self, cfg: &RecordConfig, out: &OutDir, ended_by: &str) -> Result<Recorded> {
+        let Session {
+            mut launched,
+            pid,
+            started_ns,
+            live,
+            cgroups,
+            mut cpu_quota,
+            target_name,
+            comm,
+            mut journal,
+            ..
+        } = self;
+        // Last events, then detach before anything slow.
+        let Finished {
+            mut engine,
+            ended_ns,
+            mut drops,
+            kernel_filtered,
+            probes,
+        } = live.finish();
+        info!("recording ended by {ended_by}; probes detached");
+        if let Some(q) = cpu_quota.as_mut() {
+            q.read_end(&cgroups);
+            if q.end.is_none() {
+                warn!(
+                    "the CPU counters of cgroup {} could not be read at the end (removed?): \
+                     the recording has their start only",
+                    q.cgroup
+                );
+            }
+        }
+
+        engine.finish(ended_ns);
+        if cfg.save_events {
+            engine.finish_saving(out)?;
+        }
+        for (k, v) in engine.agent_drops() {
+            drops.insert(k.to_string(), v);
+        }
+        let lost_events = drops
+            .get(profiler_common::Drop::RingbufFull.name())
+            .copied()
+            .unwrap_or(0);
+        let comm = comm.unwrap_or(target_name);
+        // The rest of the stalls (those the end closed) into the journal too,
+        // and to disk, before the slower outputs.
+        let meta = meta_of(&mut engine, pid, &comm, ended_ns, &cpu_quota);
+        journal.finish(engine.take_stalls().into_iter().map(|(_, s)| s), &meta);
+        // The engine's tables and the symbolizer's parsed files go before the
+        // stalls come back from the journal.
+        drop(engine);
+        crate::os::heap::release();
+        let stalls = stalls_back(
+            out,
+            journal.failed.is_some(),
+            std::mem::take(&mut journal.unjournaled),
+        )?;
+        let journal::Meta {
+            busy_periods,
+            executor_threads,
+            runtime_problems,
+            process,
+            ..
+        } = meta;
+        let rec = Recording {
+            pid,
+            process,
+            comm,
             threshold_ns: cfg.threshold_ns,
             sample_hz: cfg.sample_hz,
             sample_after_ns: cfg.sample_after_ns,
+            kernel_filtered,
+            busy_periods,
             clock: "monotonic".into(),
             started_ns,
+            ended_ns,
+            lost_events,
+            drops,
+            executor_threads,
             stallprof_version: env!("CARGO_PKG_VERSION").into(),
+            runtime_problems,
+            probes,
+            cpu_quota,
             app_paths: cfg.app_paths.clone(),
-        },
-    )?;
-    if let Some(d) = cfg.duration {
-        live.stop_after(d);
-    }
-    let mut ended_by = "target exit";
-    let mut status_shown = false;
-    loop {
-        match live.next(std::future::pending::<()>()).await? {
-            Step::Stop(why) => {
-                ended_by = why;
-                break;
-            }
-            Step::Other(()) => {}
-            Step::Tick(_) => {
-                let fresh = live.engine.take_stalls().into_iter().map(|(_, s)| s);
-                let name = comm.as_ref().unwrap_or(&target_name);
-                let meta = || meta_of(&mut live.engine, pid, name, monotonic_ns(), &cpu_quota);
-                if !journal.tick(fresh.collect(), meta) {
-                    ended_by = "a failed write to the output directory";
-                    break;
-                }
-                let exited = launched.as_mut().is_some_and(|l| l.try_wait().is_some());
-                if exited || !process_alive(pid) || live.engine.take_exited().contains(&pid) {
-                    break;
-                }
-                // Every tick: a launcher (a pyenv shim, `env`) may exec again.
-                if !is_own_fork(pid)
-                    && let Some(c) = read_comm(pid, pid)
-                {
-                    comm = Some(c);
-                }
-                if cfg.live_status {
-                    let busy = live.engine.busy_now_ns(monotonic_ns());
-                    let line = status_line(pid, t0.elapsed(), &journal, busy, cfg.threshold_ns);
-                    eprint!("\r\x1b[K{line}");
-                    status_shown = true;
-                }
-            }
+            stalls,
+        };
+        let files = write_outputs(&rec, out, cfg.view, journal)?;
+        let mut text = report::summary::text(&rec, &files);
+        // The command may still run (duration/Ctrl-C): leave it be, but reap if done.
+        if let Some(note) = launched.as_mut().and_then(|l| command_note(l.try_wait()?)) {
+            text.push_str(&note);
         }
-    }
-    if status_shown {
-        eprint!("\r\x1b[K");
-    }
-    // Last events, then detach before anything slow.
-    let Finished {
-        mut engine,
-        ended_ns,
-        mut drops,
-        kernel_filtered,
-        probes,
-    } = live.finish();
-    info!("recording ended by {ended_by}; probes detached");
-    if let Some(q) = cpu_quota.as_mut() {
-        q.read_end(&cgroups);
-        if q.end.is_none() {
-            warn!(
-                "the CPU counters of cgroup {} could not be read at the end (removed?): \
-                 the recording has their start only",
-                q.cgroup
-            );
+        // Last, after every output is written: the gate's verdict.
+        let gate = cfg
+            .fail_on_stall_ns
+            .map(|limit| report::gate::check(&rec, limit));
+        if let Some(g) = &gate {
+            text.push_str(&g.line);
+            text.push('\n');
         }
+        Ok(Recorded {
+            text,
+            gate_failed: gate.is_some_and(|g| g.failed),
+        })
     }
-
-    engine.finish(ended_ns);
-    if cfg.save_events {
-        engine.finish_saving(&out)?;
-    }
-    for (k, v) in engine.agent_drops() {
-        drops.insert(k.to_string(), v);
-    }
-    let lost_events = drops
-        .get(profiler_common::Drop::RingbufFull.name())
-        .copied()
-        .unwrap_or(0);
-    let comm = comm.unwrap_or(target_name);
-    // The rest of the stalls (those the end closed) into the journal too,
-    // and to disk, before the slower outputs.
-    let meta = meta_of(&mut engine, pid, &comm, ended_ns, &cpu_quota);
-    journal.finish(engine.take_stalls().into_iter().map(|(_, s)| s), &meta);
-    // The engine's tables and the symbolizer's parsed files go before the
-    // stalls come back from the journal.
-    drop(engine);
-    crate::os::heap::release();
-    let stalls = stalls_back(
-        &out,
-        journal.failed.is_some(),
-        std::mem::take(&mut journal.unjournaled),
-    )?;
-    let journal::Meta {
-        busy_periods,
-        executor_threads,
-        runtime_problems,
-        process,
-        ..
-    } = meta;
-    let rec = Recording {
-        pid,
-        process,
-        comm,
-        threshold_ns: cfg.threshold_ns,
-        sample_hz: cfg.sample_hz,
-        sample_after_ns: cfg.sample_after_ns,
-        kernel_filtered,
-        busy_periods,
-        clock: "monotonic".into(),
-        started_ns,
-        ended_ns,
-        lost_events,
-        drops,
-        executor_threads,
-        stallprof_version: env!("CARGO_PKG_VERSION").into(),
-        runtime_problems,
-        probes,
-        cpu_quota,
-        app_paths: cfg.app_paths.clone(),
-        stalls,
-    };
-    let files = write_outputs(&rec, &out, cfg.view, journal)?;
-    let mut text = report::summary::text(&rec, &files);
-    // The command may still run (duration/Ctrl-C): leave it be, but reap if done.
-    if let Some(note) = launched.as_mut().and_then(|l| command_note(l.try_wait()?)) {
-        text.push_str(&note);
-    }
-    // Last, after every output is written: the gate's verdict.
-    let gate = cfg
-        .fail_on_stall_ns
-        .map(|limit| report::gate::check(&rec, limit));
-    if let Some(g) = &gate {
-        text.push_str(&g.line);
-        text.push('\n');
-    }
-    Ok(Recorded {
-        text,
-        gate_failed: gate.is_some_and(|g| g.failed),
-    })
 }
 
 /// The live status line: how long, how many stalls, the worst, and the
