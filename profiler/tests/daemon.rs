@@ -352,17 +352,46 @@ fn report_stalls(data: &Path, comm: &str, pid: u32) -> Vec<Value> {
     all
 }
 
-fn write_config(dir: &Path, port: u16, extra: &str) -> PathBuf {
-    let cfg = dir.join("daemon.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\nthreshold = \"40ms\"\n{extra}",
-            dir.join("data").display()
-        ),
-    )
-    .unwrap();
-    cfg
+/// What every daemon test begins with: root and BPF (`None` when they are
+/// missing, said loudly by `require_root_and_bpf`, which fails under CI),
+/// the readers, the suite's lock (one daemon at a time: they would share
+/// the kernel's probes and the host's processes), a scratch directory and
+/// a free loopback port.
+struct Case {
+    dir: Scratch,
+    port: u16,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Case {
+    fn begin(test: &str, scratch: &str) -> Option<Case> {
+        if !require_root_and_bpf(test) {
+            return None;
+        }
+        ensure_tools();
+        let serial = serial();
+        Some(Case {
+            dir: Scratch::new(scratch),
+            port: free_port(),
+            _serial: serial,
+        })
+    }
+
+    /// daemon.toml in the scratch directory: the port, a data directory
+    /// inside it and a 40 ms threshold, then `extra`.
+    fn config(&self, extra: &str) -> PathBuf {
+        let cfg = self.dir.join("daemon.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "listen = \"127.0.0.1:{}\"\ndata_dir = \"{}\"\nthreshold = \"40ms\"\n{extra}",
+                self.port,
+                self.dir.join("data").display()
+            ),
+        )
+        .unwrap();
+        cfg
+    }
 }
 
 /// Per-process metric checks against a C victim's own log.
@@ -514,20 +543,16 @@ fn c_truth(log: &Path) -> Vec<Truth> {
 /// the index page, SIGTERM flushing the window and unloading every program.
 #[test]
 fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
-    if !require_root_and_bpf("daemon_end_to_end_c_python_restart_pid_reuse_sigterm") {
+    let Some(case) = Case::begin(
+        "daemon_end_to_end_c_python_restart_pid_reuse_sigterm",
+        "daemon-e2e",
+    ) else {
         return;
-    }
-    ensure_tools();
-    let _serial = serial();
-    let dir = Scratch::new("daemon-e2e");
-    let port = free_port();
+    };
+    let (dir, port) = (&case.dir, case.port);
     // A one-hour window: nothing is written before SIGTERM, so every report
     // on disk afterwards was flushed by it.
-    let cfg = write_config(
-        &dir.path,
-        port,
-        "window = \"1h\"\n[limits]\nforget_after = \"5m\"\n",
-    );
+    let cfg = case.config("window = \"1h\"\n[limits]\nforget_after = \"5m\"\n");
     let c_bin = build_c_loop(&dir.path, false);
     let mut d = start_daemon(&cfg, port);
     let daemon_progs = prog_ids_of(d.prof.pid());
@@ -883,21 +908,15 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
 /// every pprof file written reads back.
 #[test]
 fn daemon_retention_limits_hold() {
-    if !require_root_and_bpf("daemon_retention_limits_hold") {
+    let Some(case) = Case::begin("daemon_retention_limits_hold", "daemon-retention") else {
         return;
-    }
-    ensure_tools();
-    let _serial = serial();
-    let dir = Scratch::new("daemon-retention");
-    let port = free_port();
+    };
+    let (dir, port) = (&case.dir, case.port);
     const MAX_BYTES: u64 = 300 * 1024;
     const MAX_AGE_S: u64 = 4;
     // Only the victim (an include rule on its exe): other processes of the
     // host must not fill the budget.
-    let cfg = write_config(
-        &dir.path,
-        port,
-        &format!(
+    let cfg = case.config(&format!(
             "window = \"1s\"\n[retention]\nmax_age = \"{MAX_AGE_S}s\"\nmax_size = \"{MAX_BYTES}\"\n[[include]]\nexe = \"{}/*\"\n",
             dir.path.display()
         ),
@@ -1113,13 +1132,13 @@ fn check_config(path: &Path) -> RunOutput {
 /// in `LEFT_OUT`, and its waits were skipped.
 #[test]
 fn daemon_many_included_processes_share_file_probes() {
-    if !require_root_and_bpf("daemon_many_included_processes_share_file_probes") {
+    let Some(case) = Case::begin(
+        "daemon_many_included_processes_share_file_probes",
+        "daemon-many-included",
+    ) else {
         return;
-    }
-    ensure_tools();
-    let _serial = serial();
-    let dir = Scratch::new("daemon-many-included");
-    let port = free_port();
+    };
+    let (dir, port) = (&case.dir, case.port);
     let (inc, out) = (dir.join("in"), dir.join("out"));
     std::fs::create_dir_all(&inc).unwrap();
     std::fs::create_dir_all(&out).unwrap();
@@ -1127,14 +1146,10 @@ fn daemon_many_included_processes_share_file_probes() {
     std::fs::copy(&c_bin, inc.join("c_loop")).unwrap();
     std::fs::copy(&c_bin, out.join("c_loop")).unwrap();
     std::fs::copy("/bin/sleep", inc.join("sleeper")).unwrap();
-    let cfg = write_config(
-        &dir.path,
-        port,
-        &format!(
-            "window = \"1h\"\n[[include]]\nexe = \"{}/*\"\n",
-            inc.display()
-        ),
-    );
+    let cfg = case.config(&format!(
+        "window = \"1h\"\n[[include]]\nexe = \"{}/*\"\n",
+        inc.display()
+    ));
     let mut d = start_daemon(&cfg, port);
     let sleepers: Vec<Victim> = (0..9)
         .map(|_| Victim::spawn(Command::new(inc.join("sleeper")).arg("600")))
@@ -1320,18 +1335,14 @@ fn daemon_check_config() {
 /// the culprit's Python frame on the stack.
 #[test]
 fn daemon_rebuild_keeps_loops_and_full_stacks() {
-    if !require_root_and_bpf("daemon_rebuild_keeps_loops_and_full_stacks") {
+    let Some(case) = Case::begin(
+        "daemon_rebuild_keeps_loops_and_full_stacks",
+        "daemon-rebuild",
+    ) else {
         return;
-    }
-    ensure_tools();
-    let _serial = serial();
-    let dir = Scratch::new("daemon-rebuild");
-    let port = free_port();
-    let cfg = write_config(
-        &dir.path,
-        port,
-        "window = \"1h\"\n[limits]\nmax_stacks = 1\n",
-    );
+    };
+    let (dir, port) = (&case.dir, case.port);
+    let cfg = case.config("window = \"1h\"\n[limits]\nmax_stacks = 1\n");
     let mut d = start_daemon(&cfg, port);
     let (log, start) = (dir.join("p.log"), dir.join("p.start"));
     let p = spawn_python(&log, &start, 3);
@@ -1453,18 +1464,11 @@ impl Drop for Busy {
 /// daemon's peak RSS is printed.
 #[test]
 fn daemon_python_churn_keeps_python_stacks() {
-    if !require_root_and_bpf("daemon_python_churn_keeps_python_stacks") {
+    let Some(case) = Case::begin("daemon_python_churn_keeps_python_stacks", "daemon-churn") else {
         return;
-    }
-    ensure_tools();
-    let _serial = serial();
-    let dir = Scratch::new("daemon-churn");
-    let port = free_port();
-    let cfg = write_config(
-        &dir.path,
-        port,
-        "window = \"1h\"\n[limits]\nforget_after = \"1s\"\n",
-    );
+    };
+    let (dir, port) = (&case.dir, case.port);
+    let cfg = case.config("window = \"1h\"\n[limits]\nforget_after = \"1s\"\n");
     let mut d = start_daemon(&cfg, port);
     let busy = Busy::per_core(2);
     // Each child runs an asyncio loop for ~1.2 s: long enough to be found
@@ -1612,14 +1616,11 @@ fn reports_of(data: &Path, comm: &str, pid: u32) -> Vec<Value> {
 #[test]
 fn daemon_labels_containerized_victims() {
     let test = "daemon_labels_containerized_victims";
-    if !require_root_and_bpf(test) {
+    let Some(case) = Case::begin(test, "daemon-containers") else {
         return;
-    }
-    ensure_tools();
+    };
+    let (dir, port) = (&case.dir, case.port);
     let root = require_forky_root();
-    let _serial = serial();
-    let dir = Scratch::new("daemon-containers");
-    let port = free_port();
     let (pod_id, docker_id) = (
         fake_container_id(std::process::id()),
         fake_container_id(std::process::id() ^ 0xffff),
@@ -1630,14 +1631,10 @@ fn daemon_labels_containerized_victims() {
         docker_id[..12],
         "the two short ids must differ"
     );
-    let cfg = write_config(
-        &dir.path,
-        port,
-        &format!(
-            "window = \"1h\"\n[[include]]\npod = \"{uid}\"\n[[include]]\ncontainer = \"{}\"\n",
-            &docker_id[..12]
-        ),
-    );
+    let cfg = case.config(&format!(
+        "window = \"1h\"\n[[include]]\npod = \"{uid}\"\n[[include]]\ncontainer = \"{}\"\n",
+        &docker_id[..12]
+    ));
     let mut d = start_daemon(&cfg, port);
 
     // An interpreter stallprof must refuse, in the sandbox's /tmp.
@@ -1999,17 +1996,15 @@ fn raw_get(mut s: impl Read + Write, path: &str, extra: &str) -> std::io::Result
 /// nothing blocks on the FIFO.
 #[test]
 fn daemon_http_held_connections_and_planted_files() {
-    if !require_root_and_bpf("daemon_http_held_connections_and_planted_files") {
+    let Some(case) = Case::begin(
+        "daemon_http_held_connections_and_planted_files",
+        "daemon-http",
+    ) else {
         return;
-    }
-    let _g = serial();
+    };
+    let (dir, port) = (&case.dir, case.port);
     raise_nofile(4096);
-    let dir = Scratch::new("daemon-http");
-    let port = free_port();
-    let cfg = write_config(
-        &dir.path,
-        port,
-        "window = \"1h\"\n[http]\nheader_timeout = \"3s\"\nidle_timeout = \"5s\"\nmax_connections = 2000\n",
+    let cfg = case.config("window = \"1h\"\n[http]\nheader_timeout = \"3s\"\nidle_timeout = \"5s\"\nmax_connections = 2000\n",
     );
     let d = start_daemon(&cfg, port);
     let mut c = Checks::new("daemon HTTP under held connections");
@@ -2138,11 +2133,10 @@ fn daemon_http_held_connections_and_planted_files() {
 /// `max_connections` closes connections beyond it at once.
 #[test]
 fn daemon_http_token_and_unix_socket() {
-    if !require_root_and_bpf("daemon_http_token_and_unix_socket") {
+    let Some(case) = Case::begin("daemon_http_token_and_unix_socket", "daemon-token") else {
         return;
-    }
-    let _g = serial();
-    let dir = Scratch::new("daemon-token");
+    };
+    let dir = &case.dir;
     let sock = dir.join("sp.sock");
     let token = dir.join("token");
     std::fs::write(&token, "s3cret-token-0123456789abcdef\n").unwrap();

@@ -374,27 +374,42 @@ fn node_perf_map_in_container() {
             node_share(&rec, victim.host_pid, &calls, func, |fr| {
                 fr.name.contains(func) && fr.name.contains("node_loop.js")
             });
-        let (measured, truth) = (
-            measured_ns as f64 / stall_ns.max(1) as f64,
-            truth_ns as f64 / stall_ns.max(1) as f64,
+        check_share(
+            &mut c,
+            "node     container ",
+            func,
+            (stall_ns, truth_ns, measured_ns),
+            "naming it",
         );
-        println!(
-            "SHARE node     container  {func:<10} measured {:5.1}%  truth {:5.1}%  ({} of {} ms of stalls)",
-            100.0 * measured,
-            100.0 * truth,
-            measured_ns / MS,
-            stall_ns / MS
-        );
-        c.check(stall_ns > 0, || format!("no stall overlaps a {func} call"));
-        c.check((measured - truth).abs() <= 0.10, || {
-            format!(
-                "{func}: {:.1}% of its stalls on stacks naming it, the victim says {:.1}%",
-                100.0 * measured,
-                100.0 * truth
-            )
-        });
     }
     c.finish();
+}
+
+/// One function's share of a Node victim's stall time (`node_share`'s
+/// stall, truth and measured ns), printed as a SHARE line headed `who`:
+/// some stall overlaps a call of it, and the stacks `frames` (what counts
+/// as naming it) hold within 10 points of the share the victim logged.
+fn check_share(c: &mut Checks, who: &str, func: &str, ns: (u64, u64, u64), frames: &str) {
+    let (stall_ns, truth_ns, measured_ns) = ns;
+    let (measured, truth) = (
+        measured_ns as f64 / stall_ns.max(1) as f64,
+        truth_ns as f64 / stall_ns.max(1) as f64,
+    );
+    println!(
+        "SHARE {who} {func:<12} measured {:5.1}%  truth {:5.1}%  ({} of {} ms of stalls)",
+        100.0 * measured,
+        100.0 * truth,
+        measured_ns / MS,
+        stall_ns / MS
+    );
+    c.check(stall_ns > 0, || format!("no stall overlaps a {func} call"));
+    c.check((measured - truth).abs() <= 0.10, || {
+        format!(
+            "{func}: {:.1}% of its stalls on stacks {frames}, the victim says {:.1}%",
+            100.0 * measured,
+            100.0 * truth
+        )
+    });
 }
 
 /// A Node victim's call as it logged it: (function, start, end).
@@ -523,25 +538,13 @@ fn node_no_flags_in_container() {
                         .as_deref()
                         .is_some_and(|f| f.ends_with("node_noflags.js"))
             });
-        let (measured, truth) = (
-            measured_ns as f64 / stall_ns.max(1) as f64,
-            truth_ns as f64 / stall_ns.max(1) as f64,
+        check_share(
+            &mut c,
+            "node24 no-flags container ",
+            func,
+            (stall_ns, truth_ns, measured_ns),
+            &format!("with its JS frame (node_noflags.js:{line})"),
         );
-        println!(
-            "SHARE node24 no-flags container  {func:<12} measured {:5.1}%  truth {:5.1}%  ({} of {} ms of stalls)",
-            100.0 * measured,
-            100.0 * truth,
-            measured_ns / MS,
-            stall_ns / MS
-        );
-        c.check(stall_ns > 0, || format!("no stall overlaps a {func} call"));
-        c.check((measured - truth).abs() <= 0.10, || {
-            format!(
-                "{func}: {:.1}% of its stalls on stacks with its JS frame (node_noflags.js:{line}), the victim says {:.1}%",
-                100.0 * measured,
-                100.0 * truth
-            )
-        });
         // With or without the library call it went through (`→ …`).
         let label = format!("{func} (node_noflags.js:{line}) ");
         c.check(
