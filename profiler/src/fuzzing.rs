@@ -25,9 +25,12 @@ pub fn perf_map(data: &[u8]) -> usize {
 }
 
 /// An ELF file: unwind info parsed as from a mapped file, its CFI scanned
-/// and frames unwound through it.
+/// and frames unwound through it; and named symbols read from it as V8's
+/// metadata, `_PyRuntime` and tokio's park functions are
+/// (`os::elf_symbols`).
 pub fn elf_unwind(data: &[u8]) {
     crate::unwind::fuzz_elf_unwind(data);
+    crate::os::elf_symbols::fuzz(data);
 }
 
 /// A ring-buffer record as the kernel sends it (the target shapes its

@@ -8,9 +8,7 @@
 //! from to run tasks again) can, for both flavours.
 use std::{collections::HashSet, path::PathBuf};
 
-use object::{Object, ObjectSymbol};
-
-use crate::os::{lacking, limits};
+use crate::os::{elf_symbols::ElfSymbols, lacking, limits};
 
 /// Demangled names (hash stripped) of the park functions, by preference:
 /// the first found per scheduler flavour is used.
@@ -75,29 +73,23 @@ pub fn tokio_park_points(pid: u32) -> Vec<ParkPoint> {
             None => limits::open_elf(&bin),
         };
         let Ok(f) = opened else { continue };
-        let data = object::ReadCache::new(f);
-        let Ok(file) = object::File::parse(&data) else {
+        let Ok(elf) = ElfSymbols::open(&f) else {
             continue;
         };
-        if limits::elf_symbols_too_large(&file) {
+        if limits::symbol_tables_too_large(elf.tables_size()) {
             continue;
         }
+        let Ok(syms) = elf.find(&["tokio"], &|n| n.contains("tokio") && n.contains("park")) else {
+            continue;
+        };
         let mut found: Vec<Option<(usize, String, String)>> = vec![None; TOKIO_PARKS.len()];
-        for sym in file.symbols() {
-            let Ok(name) = sym.name() else { continue };
-            if !name.contains("tokio")
-                || !name.contains("park")
-                || sym.address() == 0
-                || !sym.is_definition()
-            {
-                continue;
-            }
-            let demangled = format!("{:#}", rustc_demangle::demangle(name));
+        for sym in syms.into_iter().filter(|s| s.value != 0) {
+            let demangled = format!("{:#}", rustc_demangle::demangle(&sym.name));
             for (flavour, prefs) in TOKIO_PARKS.iter().enumerate() {
                 if let Some(rank) = prefs.iter().position(|p| *p == demangled)
                     && found[flavour].as_ref().is_none_or(|(r, _, _)| rank < *r)
                 {
-                    found[flavour] = Some((rank, name.to_string(), demangled.clone()));
+                    found[flavour] = Some((rank, sym.name.clone(), demangled.clone()));
                 }
             }
         }

@@ -139,6 +139,12 @@ pub fn elf_symbols_too_large<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, 
         .filter_map(|n| obj.section_by_name(n))
         .map(|s| s.size())
         .fold(0u64, u64::saturating_add);
+    symbol_tables_too_large(size)
+}
+
+/// Whether symbol and string tables of `size` bytes together are over
+/// [`ELF_SYMBOLS_MAX`] (counted): then their symbols are not read.
+pub fn symbol_tables_too_large(size: u64) -> bool {
     let over = size > ELF_SYMBOLS_MAX;
     if over {
         hit(Limit::ElfTooLarge);

@@ -4,6 +4,7 @@
 pub mod clock;
 pub mod container;
 pub mod cpu_quota;
+pub mod elf_symbols;
 pub mod heap;
 pub mod lacking;
 pub mod limits;

@@ -186,11 +186,16 @@ struct PythonWatch {
     failures: u32,
     /// What BPF was told about this process (`PY_PROCS`), once found.
     bpf: Option<PyProc>,
+    /// Polls since the interpreter was found without its GIL.
+    gil_misses: u32,
 }
 
 /// Failed attempts in a row after which a failure that may be transient
 /// (a read racing with the target's start) is reported as a problem.
 const PYTHON_FAILURES_REPORTED: u32 = 8;
+/// Polls of an interpreter found without its GIL (3.12+ before it made
+/// it) after which that is logged as a warning.
+const GIL_MISSES_REPORTED: u32 = 8;
 
 /// The problem to report for a failed read of `pid`'s interpreter: what it
 /// costs, why, and what the user can do.
@@ -257,6 +262,7 @@ impl PythonWatch {
             problem: None,
             failures: 0,
             bpf: None,
+            gil_misses: 0,
         }
     }
 
@@ -309,7 +315,38 @@ impl PythonWatch {
                 self.attempts -= 1;
             }
         }
+        self.gil_again(pid, probes);
         self.threads(pid, probes);
+    }
+
+    /// A 3.12+ interpreter found before it made its GIL (`interp->ceval.gil`
+    /// still NULL: discovery can land in the first milliseconds of a
+    /// command's start): look again at each poll, and tell the probes once
+    /// it is there. Two reads of the target's memory a poll until then.
+    fn gil_again(&mut self, pid: u32, probes: &mut dyn Control) {
+        let (Some(interp), Some(bpf)) = (&self.interp, self.bpf.as_mut()) else {
+            return;
+        };
+        if bpf.gil_locked != 0 {
+            return;
+        }
+        match interp.gil_addrs() {
+            Ok(g) => {
+                bpf.gil_locked = g.locked;
+                bpf.gil_last_holder = g.last_holder;
+                probes.set_python_proc(pid, *bpf);
+                debug!("pid {pid}: GIL found; GIL waits are told apart from now on");
+            }
+            Err(e) => {
+                self.gil_misses += 1;
+                if self.gil_misses == GIL_MISSES_REPORTED {
+                    warn!(
+                        "pid {pid}: GIL not found ({e}); GIL waits show as plain off-CPU time \
+                         until it is (looking again at each upkeep)"
+                    );
+                }
+            }
+        }
     }
 
     /// The discovery thread's answer for `pid`'s interpreter.
@@ -324,7 +361,11 @@ impl PythonWatch {
         }
         match found {
             Ok(Some(interp)) => {
-                let gil = interp.gil_addrs().ok();
+                let gil = interp.gil_addrs();
+                if let Err(e) = &gil {
+                    debug!("pid {pid}: GIL not found yet ({e}); looking again at each upkeep");
+                }
+                let gil = gil.ok();
                 let proc_ = PyProc {
                     offsets: interp.offsets(),
                     gil_locked: gil.map_or(0, |g| g.locked),
@@ -337,9 +378,6 @@ impl PythonWatch {
                     interp.version_string(),
                     interp.path()
                 );
-                if gil.is_none() {
-                    warn!("pid {pid}: GIL not found; GIL waits will show as plain off-CPU time");
-                }
                 probes.set_python_proc(pid, proc_);
                 self.bpf = Some(proc_);
                 self.interp = Some(interp);

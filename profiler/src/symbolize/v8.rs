@@ -55,10 +55,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
-
 use crate::{
     model::{Frame, FrameKind, RuntimeProblem},
+    os::elf_symbols::ElfSymbols,
     symbolize::python::{Mapping, ProcessMemory, ReadMemory, mapped_file, parse_maps},
 };
 
@@ -328,57 +327,34 @@ pub struct V8Meta {
 #[derive(Debug)]
 pub struct MetaError(pub String);
 
-/// Symbol values of an ELF file: each `int` the wanted symbols hold.
-fn symbol_values(
-    path: &Path,
-    wanted: &dyn Fn(&str) -> bool,
-) -> Result<HashMap<String, i64>, String> {
+/// Symbol values of an ELF file: each `int` held by a defined symbol
+/// whose name starts with one of `prefixes` (the first of a name, from
+/// `.dynsym` before `.symtab`).
+fn symbol_values(path: &Path, prefixes: &[&str]) -> Result<HashMap<String, i64>, String> {
     let file = crate::os::limits::open_elf(path)
         .map_err(|e| format!("opening {}: {e}", path.display()))?;
-    let cache = object::ReadCache::new(file);
-    let obj =
-        object::File::parse(&cache).map_err(|e| format!("{}: not ELF: {e}", path.display()))?;
-    if crate::os::limits::elf_symbols_too_large(&obj) {
+    let elf = ElfSymbols::open(&file).map_err(|e| format!("{}: {e}", path.display()))?;
+    if crate::os::limits::symbol_tables_too_large(elf.tables_size()) {
         return Err(format!(
             "{}: symbol tables over the size cap",
             path.display()
         ));
     }
-    let mut out = HashMap::new();
-    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
-        let Ok(name) = sym.name() else { continue };
-        if !wanted(name) || out.contains_key(name) || !sym.is_definition() {
-            continue;
-        }
-        let Some(idx) = sym.section_index() else {
-            continue;
-        };
-        let Ok(sec) = obj.section_by_index(idx) else {
-            continue;
-        };
-        let v = if sec.kind() == SectionKind::UninitializedData
-            || sec.kind() == SectionKind::UninitializedTls
-        {
-            0
-        } else {
-            match sec.data_range(sym.address(), 4) {
-                Ok(Some(b)) => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64,
-                _ => continue,
-            }
-        };
-        out.insert(name.to_string(), v);
-    }
-    Ok(out)
+    let found = elf
+        .find(prefixes, &|n| prefixes.iter().any(|p| n.starts_with(p)))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(found
+        .iter()
+        .filter_map(|sym| Some((sym.name.clone(), i64::from(elf.read_i32(sym)?))))
+        .collect())
 }
 
 impl V8Meta {
     /// Reads the metadata from `file` (opened as `mapped_as` in the
     /// target). `Ok(None)`: the file has no V8 metadata at all.
     pub fn read(file: &Path, mapped_as: &str) -> Result<Option<V8Meta>, MetaError> {
-        let vals = symbol_values(file, &|n: &str| {
-            n.starts_with("v8dbg_") || n.starts_with("_ZN2v88internal7Version6")
-        })
-        .map_err(MetaError)?;
+        let vals =
+            symbol_values(file, &["v8dbg_", "_ZN2v88internal7Version6"]).map_err(MetaError)?;
         if !vals.keys().any(|k| k.starts_with("v8dbg_")) {
             return Ok(None);
         }

@@ -14,11 +14,11 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use object::Object;
 use object::read::ReadCache;
-use object::{Object, ObjectSegment, ObjectSymbol};
 
 use super::PythonError;
-use crate::os::lacking;
+use crate::os::{elf_symbols::ElfSymbols, lacking};
 
 /// One line of /proc/PID/maps that maps a file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -246,32 +246,30 @@ fn open_elf_cache(path: &Path) -> Result<Option<ReadCache<std::fs::File>>, Pytho
 /// symbols first, then the static table if the file still has one.
 /// `Ok(None)`: not an ELF file we can parse (not an error: keep looking).
 fn symbols(path: &Path, wanted: &[&str]) -> Result<Option<Symbols>, PythonError> {
-    let Some(cache) = open_elf_cache(path)? else {
-        return Ok(None);
-    };
-    let Ok(obj) = object::File::parse(&cache) else {
-        return Ok(None);
-    };
-    if crate::os::limits::elf_symbols_too_large(&obj) {
-        return Ok(None);
-    }
-    let mut values = HashMap::new();
-    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
-        if let Ok(name) = sym.name()
-            && wanted.contains(&name)
-            && sym.is_definition()
-            && !values.contains_key(name)
-        {
-            values.insert(name.to_string(), sym.address());
+    let file = match crate::os::limits::open_elf(path) {
+        Ok(f) => f,
+        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::Other) => {
+            return Ok(None);
         }
+        Err(e) => {
+            return Err(PythonError::Io {
+                path: path.to_owned(),
+                source: e,
+            });
+        }
+    };
+    let Ok(elf) = ElfSymbols::open(&file) else {
+        return Ok(None);
+    };
+    if crate::os::limits::symbol_tables_too_large(elf.tables_size()) {
+        return Ok(None);
     }
-    let load_segments = obj
-        .segments()
-        .map(|s| (s.address(), s.file_range().0))
-        .collect();
+    let Ok(found) = elf.find(wanted, &|n| wanted.contains(&n)) else {
+        return Ok(None);
+    };
     Ok(Some(Symbols {
-        values,
-        load_segments,
+        values: found.into_iter().map(|s| (s.name, s.value)).collect(),
+        load_segments: elf.load_segments().to_vec(),
     }))
 }
 
