@@ -35,7 +35,7 @@ for r in $(seq "$ROUNDS"); do
     t_v8=$(grep 'JavaScript frames from memory' "$work/log" | stamp || true)
     v8_ms=$(awk -v a="$t_attach" -v b="$t_v8" 'BEGIN { if (b == "") print "never"; else printf "%.0f", (b - a) * 1000 }')
     pending=$(grep -o 'js_frames_v8_pending=[0-9]*' "$work/log" | cut -d= -f2 || true)
-    read -r user sys < "$work/time"
+    read -r user sys < <(tail -1 "$work/time")
     echo "$which attach ${attach_ms} ms, V8 read ${v8_ms} ms after it, stacks without JS frames ${pending:-0}, agent user ${user} s sys ${sys} s"
   done
 done

@@ -6,12 +6,20 @@
 //! in chunks of [`CHUNK`] and only the strings holding one of the caller's
 //! needles are kept; then the symbol table is read in chunks, and a symbol
 //! whose name lies in a kept string is handed to the caller's test
-//! (~10 ms for Node). Memory: a chunk, plus the kept strings.
+//! (~10 ms for Node). Memory: at most two chunks, plus the kept strings.
 //!
 //! The file is input a target may shape: every offset and size comes from
-//! its headers and is checked against the section it claims to lie in; a
-//! string longer than a chunk, or a table that cannot be read, is an error.
-use std::{collections::BTreeMap, fs::File, os::unix::fs::FileExt};
+//! its headers and is checked against the section it claims to lie in;
+//! each string is searched once; only the first table of each kind is read,
+//! and only through a real string table; a string longer than 4 KiB is no
+//! name looked for; over 16 MiB of kept strings or 65 536 matching symbols,
+//! a string with no end within 2 MiB, or a table that cannot be read, is
+//! an error.
+use std::{
+    collections::{BTreeMap, HashSet},
+    fs::File,
+    os::unix::fs::FileExt,
+};
 
 use object::{
     Endian, Endianness,
@@ -23,6 +31,13 @@ use object::{
 const CHUNK: usize = 1 << 20;
 /// An ELF64 symbol's size in the file.
 const SYM_SIZE: usize = 24;
+/// A string longer than this is not a name looked for (`object` read at
+/// most 4 KiB of a name).
+const MAX_NAME: usize = 4096;
+/// The bytes of kept strings, and the symbols found, past which a file is
+/// refused (real files: a few hundred names, tens of KiB).
+const MAX_KEPT: usize = 16 << 20;
+const MAX_FOUND: usize = 1 << 16;
 
 /// A defined symbol the caller asked for.
 #[derive(Clone, Debug, PartialEq)]
@@ -100,24 +115,33 @@ impl<'f> ElfSymbols<'f> {
         wanted: &dyn Fn(&str) -> bool,
     ) -> Result<Vec<Symbol>, String> {
         let mut out = Vec::new();
+        let mut seen = HashSet::new();
+        // The first table of each kind, as `object` reads them: a file of
+        // many tables sharing one huge string table is read once.
         for kind in [elf::SHT_DYNSYM, elf::SHT_SYMTAB] {
-            for table in self
+            let Some(table) = self
                 .sections
                 .iter()
-                .filter(|s| s.sh_type(self.endian) == kind)
-            {
-                let link = table.sh_link(self.endian) as usize;
-                let Some(strings) = self.sections.get(link) else {
-                    return Err(format!(
-                        "a symbol table links to section {link}, which is not there"
-                    ));
-                };
-                let kept = self.strings_holding(strings, needles)?;
-                if kept.is_empty() {
-                    continue;
-                }
-                self.symbols_named(table, &kept, kind == elf::SHT_DYNSYM, wanted, &mut out)?;
+                .find(|s| s.sh_type(self.endian) == kind)
+            else {
+                continue;
+            };
+            let link = table.sh_link(self.endian) as usize;
+            let Some(strings) = self
+                .sections
+                .get(link)
+                .filter(|s| s.sh_type(self.endian) == elf::SHT_STRTAB)
+            else {
+                return Err(format!(
+                    "a symbol table links to section {link}, which is not a string table"
+                ));
+            };
+            let kept = self.strings_holding(strings, needles)?;
+            if kept.is_empty() {
+                continue;
             }
+            let dynamic = kind == elf::SHT_DYNSYM;
+            self.symbols_named(table, &kept, dynamic, wanted, &mut seen, &mut out)?;
         }
         Ok(out)
     }
@@ -153,6 +177,7 @@ impl<'f> ElfSymbols<'f> {
         needles: &[&str],
     ) -> Result<BTreeMap<u64, Vec<u8>>, String> {
         let mut kept = BTreeMap::new();
+        let mut kept_bytes = 0usize;
         let finders: Vec<memchr::memmem::Finder> = needles
             .iter()
             .filter(|n| !n.is_empty())
@@ -185,14 +210,31 @@ impl<'f> ElfSymbols<'f> {
             };
             let whole = &buf[..last];
             for finder in &finders {
-                for at in finder.find_iter(whole) {
-                    let start = whole[..at]
-                        .iter()
-                        .rposition(|&b| b == 0)
-                        .map_or(0, |i| i + 1);
+                // Each string is looked at once: after a hit the search
+                // goes on past the end of the string it is in.
+                let mut from = 0;
+                while let Some(i) = finder.find(&whole[from..]) {
+                    let at = from + i;
+                    let start = memchr::memrchr(0, &whole[from..at]).map_or(from, |j| from + j + 1);
                     let end = at + memchr::memchr(0, &whole[at..]).unwrap_or(whole.len() - at);
-                    kept.entry(base + start as u64)
-                        .or_insert_with(|| whole[start..end].to_vec());
+                    from = (end + 1).min(whole.len());
+                    if end - start > MAX_NAME {
+                        continue;
+                    }
+                    if let std::collections::btree_map::Entry::Vacant(v) =
+                        kept.entry(base + start as u64)
+                    {
+                        kept_bytes += end - start;
+                        if kept_bytes > MAX_KEPT {
+                            return Err(format!(
+                                "over {MAX_KEPT} bytes of its string table hold the names looked for"
+                            ));
+                        }
+                        v.insert(whole[start..end].to_vec());
+                    }
+                    if from >= whole.len() {
+                        break;
+                    }
                 }
             }
             buf.drain(..=last);
@@ -209,6 +251,7 @@ impl<'f> ElfSymbols<'f> {
         kept: &BTreeMap<u64, Vec<u8>>,
         dynamic: bool,
         wanted: &dyn Fn(&str) -> bool,
+        seen: &mut HashSet<String>,
         out: &mut Vec<Symbol>,
     ) -> Result<(), String> {
         let e = self.endian;
@@ -250,7 +293,13 @@ impl<'f> ElfSymbols<'f> {
                 let Ok(name) = std::str::from_utf8(name) else {
                     continue;
                 };
-                if defined && wanted(name) && !out.iter().any(|o: &Symbol| o.name == name) {
+                if defined && wanted(name) && !seen.contains(name) {
+                    if out.len() >= MAX_FOUND {
+                        return Err(format!(
+                            "over {MAX_FOUND} symbols match the names looked for"
+                        ));
+                    }
+                    seen.insert(name.to_string());
                     out.push(Symbol {
                         name: name.to_string(),
                         value,
@@ -348,5 +397,42 @@ mod tests {
         let found = ours(path, &["uv_run"], &mid);
         assert!(!found.is_empty());
         assert_eq!(found, as_object_finds(&data, &mid));
+    }
+
+    /// A string table a target shaped: one 1 MiB string of needles (each
+    /// hit used to walk back to its string's start: quadratic), then a
+    /// real name. The long string is no name; the real one is kept, once.
+    #[test]
+    fn a_string_of_needles_is_searched_once() {
+        use object::{U32, U64};
+        let mut table = b"\0".to_vec();
+        table.extend(b"v8dbg_".repeat((1 << 20) / 6));
+        table.extend(b"\0v8dbg_real\0");
+        let e = Endianness::Little;
+        let header = SectionHeader64::<Endianness> {
+            sh_name: U32::new(e, 0),
+            sh_type: U32::new(e, elf::SHT_STRTAB),
+            sh_flags: U64::new(e, 0),
+            sh_addr: U64::new(e, 0),
+            sh_offset: U64::new(e, 0),
+            sh_size: U64::new(e, table.len() as u64),
+            sh_link: U32::new(e, 0),
+            sh_info: U32::new(e, 0),
+            sh_addralign: U64::new(e, 1),
+            sh_entsize: U64::new(e, 0),
+        };
+        let path = std::env::temp_dir().join(format!("stallprof-strtab-{}", std::process::id()));
+        std::fs::write(&path, &table).unwrap();
+        let f = File::open(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let elf = ElfSymbols {
+            file: &f,
+            endian: e,
+            sections: vec![header],
+            loads: Vec::new(),
+        };
+        let kept = elf.strings_holding(&header, &["v8dbg_"]).unwrap();
+        let names: Vec<&[u8]> = kept.values().map(Vec::as_slice).collect();
+        assert_eq!(names, [&b"v8dbg_real"[..]]);
     }
 }

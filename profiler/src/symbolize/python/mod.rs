@@ -400,7 +400,10 @@ impl Interpreter {
                         self.runtime,
                     ));
                 }
-                let gil = self.mem.read_u64(interp + u64::from(ptr_off))?;
+                let at = interp
+                    .checked_add(u64::from(ptr_off))
+                    .ok_or_else(|| self.bad("main interpreter pointer", interp))?;
+                let gil = self.mem.read_u64(at)?;
                 if gil == 0 {
                     return Err(self.bad("GIL pointer (interp->ceval.gil)", interp));
                 }
@@ -408,9 +411,14 @@ impl Interpreter {
             }
             (None, None) => unreachable!("every layout row locates the GIL"),
         };
+        // Pointers the target wrote: an address past the end is a bad read.
+        let field = |off: u32| {
+            base.checked_add(u64::from(off))
+                .ok_or_else(|| self.bad("GIL pointer (interp->ceval.gil)", base))
+        };
         Ok(GilAddrs {
-            locked: base + u64::from(fields.locked),
-            last_holder: base + u64::from(fields.last_holder),
+            locked: field(fields.locked)?,
+            last_holder: field(fields.last_holder)?,
         })
     }
 
