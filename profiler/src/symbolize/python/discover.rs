@@ -228,12 +228,12 @@ pub fn is_interpreter_file(path: &Path) -> bool {
     matches!(symbols(path, &["_PyRuntime"]), Ok(Some(s)) if s.values.contains_key("_PyRuntime"))
 }
 
-/// An ELF file opened for `object` to parse in place. `Ok(None)`: missing,
+/// An ELF file opened for reading its symbols or sections. `Ok(None)`: missing,
 /// or refused by the read limits (a FIFO, a device, a huge file: counted):
 /// not an interpreter, keep looking.
-fn open_elf_cache(path: &Path) -> Result<Option<ReadCache<std::fs::File>>, PythonError> {
+fn open_elf_file(path: &Path) -> Result<Option<std::fs::File>, PythonError> {
     match crate::os::limits::open_elf(path) {
-        Ok(f) => Ok(Some(ReadCache::new(f))),
+        Ok(f) => Ok(Some(f)),
         Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::Other) => Ok(None),
         Err(e) => Err(PythonError::Io {
             path: path.to_owned(),
@@ -246,17 +246,8 @@ fn open_elf_cache(path: &Path) -> Result<Option<ReadCache<std::fs::File>>, Pytho
 /// symbols first, then the static table if the file still has one.
 /// `Ok(None)`: not an ELF file we can parse (not an error: keep looking).
 fn symbols(path: &Path, wanted: &[&str]) -> Result<Option<Symbols>, PythonError> {
-    let file = match crate::os::limits::open_elf(path) {
-        Ok(f) => f,
-        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::Other) => {
-            return Ok(None);
-        }
-        Err(e) => {
-            return Err(PythonError::Io {
-                path: path.to_owned(),
-                source: e,
-            });
-        }
+    let Some(file) = open_elf_file(path)? else {
+        return Ok(None);
     };
     let Ok(elf) = ElfSymbols::open(&file) else {
         return Ok(None);
@@ -282,7 +273,7 @@ pub(crate) fn elf_section(
     max: u64,
 ) -> Result<Option<Vec<u8>>, PythonError> {
     use object::ObjectSection;
-    let Some(cache) = open_elf_cache(path)? else {
+    let Some(cache) = open_elf_file(path)?.map(ReadCache::new) else {
         return Ok(None);
     };
     let Ok(obj) = object::File::parse(&cache) else {
