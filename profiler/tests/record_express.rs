@@ -129,6 +129,16 @@ fn record_express_culprits_are_the_apps_handlers() {
         run.stdout
     ));
     check_contract(&mut c, &contract, THRESHOLD_NS);
+    // Node maps its C library: the host-wide syscall tracepoints are no
+    // fallback it needs (its first look once landed between the kernel
+    // mapping its image and its loader).
+    let (_, waits) = expected_probes();
+    c.check(contract.probes["waits"] == waits, || {
+        format!(
+            "waits probed by {}, want {waits}: a fallback taxes every process on the host",
+            contract.probes["waits"]
+        )
+    });
 
     for t in &truth {
         APP.check_call(&mut c, &rec, &raw, t);

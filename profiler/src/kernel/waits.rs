@@ -32,7 +32,7 @@ use iced_x86::{
 use object::{Object, ObjectSection, ObjectSymbol};
 use profiler_common::sysno;
 
-use crate::os::limits;
+use crate::os::{elf_symbols::ElfSymbols, limits};
 
 /// The C library wait functions, and the syscall each makes.
 pub const WAIT_FUNCTIONS: [(&str, u32); 7] = [
@@ -137,11 +137,18 @@ pub fn wait_points(pid: u32) -> WaitPoints {
         std::thread::sleep(std::time::Duration::from_millis(1));
     };
     let files = files_in(pid, &maps);
-    let loader = files.iter().any(|(_, _, seen_as)| is_loader(seen_as));
+    let mut loader = files.iter().any(|(_, _, seen_as)| is_loader(seen_as));
     let mut found = WaitPoints::default();
     for (i, (path, file, seen_as)) in files.iter().enumerate() {
         // The first mapping is the executable: a static one carries its own
-        // C library.
+        // C library. A dynamic one seen before its loader is mapped (the
+        // kernel maps the image first, then the loader: a launched
+        // command's first look can land between them, and fell back to
+        // the host-wide tracepoints) waits for them.
+        if i == 0 && !loader && asks_for_loader(path) {
+            loader = true;
+            continue;
+        }
         if is_c_library(seen_as) || (i == 0 && !loader) {
             match points_in(path, *file) {
                 Ok(points) => found.points.extend(points),
@@ -152,6 +159,15 @@ pub fn wait_points(pid: u32) -> WaitPoints {
     let mid_exec = !maps.lines().any(|l| exec_file(l).is_some());
     found.more_may_come = mid_exec || loader;
     found
+}
+
+/// Does the executable at `path` name a program interpreter? (Unreadable:
+/// no; it is then searched as a static one, and says why it cannot be.)
+fn asks_for_loader(path: &str) -> bool {
+    limits::open_elf(std::path::Path::new(path))
+        .ok()
+        .and_then(|f| ElfSymbols::open(&f).ok().map(|e| e.asks_for_loader()))
+        .unwrap_or(false)
 }
 
 /// What [`wait_points`] found in a process.
@@ -383,6 +399,22 @@ mod tests {
         // endbr64 ; xor %r8d,%r8d ; jmp rel32 (musl's epoll_wait shape)
         let code = [0xf3, 0x0f, 0x1e, 0xfa, 0x45, 0x31, 0xc0, 0xe9, 0, 0, 0, 0];
         assert_eq!(emulated_point(&code, 0x1000), Some(7));
+    }
+
+    #[test]
+    fn a_dynamic_executable_asks_for_its_loader() {
+        let me = std::env::current_exe().unwrap();
+        assert!(asks_for_loader(me.to_str().unwrap()), "{}", me.display());
+        // The loader itself is the one that does not (nor does a static
+        // binary, or a file that cannot be read).
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let (_, loader) = maps
+            .lines()
+            .filter_map(exec_file)
+            .find(|(_, p)| is_loader(p))
+            .expect("a test binary maps the dynamic loader");
+        assert!(!asks_for_loader(loader), "{loader}");
+        assert!(!asks_for_loader("/nonexistent/stallprof-test"));
     }
 
     #[test]

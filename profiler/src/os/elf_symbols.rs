@@ -58,6 +58,8 @@ pub struct ElfSymbols<'f> {
     sections: Vec<SectionHeader64<Endianness>>,
     /// (p_vaddr, p_offset) of its `PT_LOAD` segments.
     loads: Vec<(u64, u64)>,
+    /// It names a program interpreter (`PT_INTERP`): a dynamic executable.
+    interp: bool,
 }
 
 impl<'f> ElfSymbols<'f> {
@@ -71,19 +73,28 @@ impl<'f> ElfSymbols<'f> {
             .section_headers(endian, &cache)
             .map_err(|e| format!("its section headers: {e}"))?
             .to_vec();
-        let loads = header
+        let segments = header
             .program_headers(endian, &cache)
-            .map_err(|e| format!("its program headers: {e}"))?
+            .map_err(|e| format!("its program headers: {e}"))?;
+        let loads = segments
             .iter()
             .filter(|p| p.p_type(endian) == elf::PT_LOAD)
             .map(|p| (p.p_vaddr(endian), p.p_offset(endian)))
             .collect();
+        let interp = segments.iter().any(|p| p.p_type(endian) == elf::PT_INTERP);
         Ok(ElfSymbols {
             file,
             endian,
             sections,
             loads,
+            interp,
         })
+    }
+
+    /// Does it name a program interpreter (`PT_INTERP`)? A dynamic
+    /// executable: the kernel maps that loader, which maps the C library.
+    pub fn asks_for_loader(&self) -> bool {
+        self.interp
     }
 
     /// (p_vaddr, p_offset) of its `PT_LOAD` segments.
@@ -430,6 +441,7 @@ mod tests {
             endian: e,
             sections: vec![header],
             loads: Vec::new(),
+            interp: false,
         };
         let kept = elf.strings_holding(&header, &["v8dbg_"]).unwrap();
         let names: Vec<&[u8]> = kept.values().map(Vec::as_slice).collect();

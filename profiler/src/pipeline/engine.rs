@@ -954,6 +954,9 @@ impl Engine {
     ) -> usize {
         let mut bytes = 0;
         let mut records = 0;
+        if let Some(reader) = self.symbols.live() {
+            reader.next_drain();
+        }
         while let Some(item) = ring.next() {
             bytes += item.len();
             records += 1;
@@ -1692,6 +1695,9 @@ impl Engine {
         let mut skipped = 0;
         let mut bytes = 0;
         let mut records = 0;
+        if let Some(reader) = self.symbols.live() {
+            reader.next_drain();
+        }
         while let Some(item) = ring.next() {
             bytes += item.len();
             records += 1;

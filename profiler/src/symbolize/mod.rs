@@ -426,6 +426,8 @@ pub struct RuntimeReader {
     py_frames: HashMap<(u32, u64, u64), Frame>,
     python: HashMap<u32, Option<PyResolver>>,
     v8: HashMap<u32, v8::V8Watch>,
+    /// The ring drain under way ([`RuntimeReader::next_drain`]).
+    drain: u64,
 }
 
 /// Files blazesym may hold parsed at once. It caches every file it opened,
@@ -451,8 +453,13 @@ impl RuntimeReader {
     /// where the stack says (see [`v8`]).
     pub fn warm_js(&mut self, pid: u32, slots: &[v8::JsSlot]) {
         if let Some(r) = self.v8.entry(pid).or_default().get(pid) {
-            r.warm(slots);
+            r.warm(slots, self.drain);
         }
+    }
+
+    /// A ring drain begins: what the warm-ups check is checked once in it.
+    pub fn next_drain(&mut self) {
+        self.drain += 1;
     }
 
     /// Start looking for V8 in `pid` on a thread of its own (its loop was

@@ -536,7 +536,9 @@ impl Unwinder {
                     .entry(key)
                     .or_insert_with(|| {
                         let cache = object::ReadCache::new(file);
+                        let t0 = std::time::Instant::now();
                         let parsed = ElfUnwindInfo::parse(&cache).map(Arc::new);
+                        log::debug!("unwind: {path} parsed in {:?}", t0.elapsed());
                         if parsed.is_none() {
                             log::debug!("unwind: no usable ELF unwind info in {path}");
                         }
