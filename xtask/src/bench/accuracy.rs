@@ -16,7 +16,7 @@ use anyhow::{Result, bail};
 
 use super::{
     ACC_THRESHOLD_MS, Env, PYSPY_ACC_RATE, Plan,
-    measure::{Proc, median, spread},
+    measure::{Proc, commands_block, median, spread},
 };
 
 struct Victim {
@@ -410,54 +410,30 @@ pub(super) fn accuracy(env: &Env, plan: &Plan) -> Result<String> {
              column; the raw stalls.json of each run is in the run directory.\n"
         );
     }
-    let _ = writeln!(
-        s,
-        "Commands (one run; `LOG` is the victim's log, `bench/accuracy.py VICTIM LOG {ACC_THRESHOLD_MS} TOOL OUTPUT` scores it):\n"
+    commands_block(
+        &mut s,
+        &format!(
+            "Commands (one run; `LOG` is the victim's log, `bench/accuracy.py VICTIM LOG {ACC_THRESHOLD_MS} TOOL OUTPUT` scores it):"
+        ),
+        &[
+            "cc -O1 -g -fomit-frame-pointer -pthread -o c_loop $V/c_loop.c".to_string(),
+            "cargo build --release --locked --manifest-path $V/tokio-victim/Cargo.toml --target-dir target/victims".to_string(),
+            "# stallprof, per victim (VICTIM_CMD: ./c_loop | $PY $V/py_gateway.py | $PY $V/py_blocking_client.py | $PY $V/py_gil.py".to_string(),
+            "#                       | target/victims/release/tokio-victim | node --perf-basic-prof --interpreted-frames-native-stack $V/node_loop.js\n\
+#                       | node $V/node_noflags.js)".to_string(),
+            format!("$SP record -q --threshold {ACC_THRESHOLD_MS}ms -o out -- VICTIM_CMD LOG"),
+            format!(
+                "python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} stallprof out/stalls.json"
+            ),
+            "# the field report's watchdog inside the victim".to_string(),
+            format!("$PY bench/watchdog.py wd.log {ACC_THRESHOLD_MS} $V/py_gateway.py LOG"),
+            format!("python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} watchdog wd.log"),
+            "# py-spy, without and with --idle".to_string(),
+            format!(
+                "$PYSPY record --nonblocking [--idle] -t -r {PYSPY_ACC_RATE} -f raw -o raw.txt -- $PY $V/py_gateway.py LOG"
+            ),
+            format!("python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} pyspy raw.txt"),
+        ],
     );
-    let _ = writeln!(s, "```sh");
-    let _ = writeln!(
-        s,
-        "cc -O1 -g -fomit-frame-pointer -pthread -o c_loop $V/c_loop.c"
-    );
-    let _ = writeln!(
-        s,
-        "cargo build --release --locked --manifest-path $V/tokio-victim/Cargo.toml --target-dir target/victims"
-    );
-    let _ = writeln!(
-        s,
-        "# stallprof, per victim (VICTIM_CMD: ./c_loop | $PY $V/py_gateway.py | $PY $V/py_blocking_client.py | $PY $V/py_gil.py"
-    );
-    let _ = writeln!(
-        s,
-        "#                       | target/victims/release/tokio-victim | node --perf-basic-prof --interpreted-frames-native-stack $V/node_loop.js\n\
-#                       | node $V/node_noflags.js)"
-    );
-    let _ = writeln!(
-        s,
-        "$SP record -q --threshold {ACC_THRESHOLD_MS}ms -o out -- VICTIM_CMD LOG"
-    );
-    let _ = writeln!(
-        s,
-        "python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} stallprof out/stalls.json"
-    );
-    let _ = writeln!(s, "# the field report's watchdog inside the victim");
-    let _ = writeln!(
-        s,
-        "$PY bench/watchdog.py wd.log {ACC_THRESHOLD_MS} $V/py_gateway.py LOG"
-    );
-    let _ = writeln!(
-        s,
-        "python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} watchdog wd.log"
-    );
-    let _ = writeln!(s, "# py-spy, without and with --idle");
-    let _ = writeln!(
-        s,
-        "$PYSPY record --nonblocking [--idle] -t -r {PYSPY_ACC_RATE} -f raw -o raw.txt -- $PY $V/py_gateway.py LOG"
-    );
-    let _ = writeln!(
-        s,
-        "python3 bench/accuracy.py gateway LOG {ACC_THRESHOLD_MS} pyspy raw.txt"
-    );
-    let _ = writeln!(s, "```\n");
     Ok(s)
 }

@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 
 use super::{
     Env, Glance, Plan,
-    measure::{Proc, cpu_secs, median, spread, vm_hwm_mib, wait_file},
+    measure::{Proc, commands_block, cpu_secs, median, spread, vm_hwm_mib, wait_file},
 };
 
 /// `stallprof record --pid` on a target for `secs`: attach (log and wall),
@@ -458,28 +458,17 @@ pub(super) fn agent(env: &Env, plan: &Plan, glance: &mut Glance) -> Result<Strin
     }
     let _ = writeln!(s);
     demo_memory(env, plan, &mut s, glance)?;
-    let _ = writeln!(s, "Commands:\n\n```sh");
-    let _ = writeln!(s, "cc -O2 -pthread -o event_storm bench/event_storm.c");
-    let _ = writeln!(
-        s,
-        "./event_storm 1 100 0 0 &                     # attach target (C)"
+    commands_block(
+        &mut s,
+        "Commands:",
+        &[
+            "cc -O2 -pthread -o event_storm bench/event_storm.c".to_string(),
+            "./event_storm 1 100 0 0 &                     # attach target (C)".to_string(),
+            "$PY bench/http_service.py port.txt &          # attach target (asyncio)".to_string(),
+            "$SP -v record -q --pid $PID -o out            # attach: its \"attached to\" line; CPU/RSS: /proc/$SP_PID/{stat,status}".to_string(),
+            "./event_storm 2 $RATE 0 5 result.txt & $SP -v record -q --pid $! --duration 3s -o out".to_string(),
+            "$SP record -q --threshold 20ms -o out -- $PY demo/gateway.py 10   # demo: VmHWM of $SP until it exits".to_string(),
+        ],
     );
-    let _ = writeln!(
-        s,
-        "$PY bench/http_service.py port.txt &          # attach target (asyncio)"
-    );
-    let _ = writeln!(
-        s,
-        "$SP -v record -q --pid $PID -o out            # attach: its \"attached to\" line; CPU/RSS: /proc/$SP_PID/{{stat,status}}"
-    );
-    let _ = writeln!(
-        s,
-        "./event_storm 2 $RATE 0 5 result.txt & $SP -v record -q --pid $! --duration 3s -o out"
-    );
-    let _ = writeln!(
-        s,
-        "$SP record -q --threshold 20ms -o out -- $PY demo/gateway.py 10   # demo: VmHWM of $SP until it exits"
-    );
-    let _ = writeln!(s, "```\n");
     Ok(s)
 }

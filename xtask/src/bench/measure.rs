@@ -237,3 +237,14 @@ pub(super) fn rel(p: &Path, root: &Path) -> String {
 
 // ---------------------------------------------------------------------------
 // Header
+
+/// A report's commands: `title` (a leading newline kept), then `lines` in
+/// a shell block, then a blank line.
+pub(super) fn commands_block(s: &mut String, title: &str, lines: &[String]) {
+    use std::fmt::Write;
+    let _ = writeln!(s, "{title}\n\n```sh");
+    for l in lines {
+        let _ = writeln!(s, "{l}");
+    }
+    let _ = writeln!(s, "```\n");
+}

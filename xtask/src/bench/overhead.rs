@@ -19,7 +19,9 @@ use anyhow::{Context, Result};
 use super::{
     DAEMON_PORT, Env, Glance, Plan, STALLPROF_DEFAULT_HZ,
     loop_cost::{bpf_cost, iteration_cost, verdict_ratio},
-    measure::{Proc, cpu_secs, median, spread, task_cpu_secs, vm_hwm_mib, wait_file},
+    measure::{
+        Proc, commands_block, cpu_secs, median, spread, task_cpu_secs, vm_hwm_mib, wait_file,
+    },
     pct,
 };
 
@@ -461,45 +463,28 @@ pub(super) fn overhead(env: &Env, plan: &Plan, glance: &mut Glance) -> Result<St
         "\nThe daemon watches every event-loop process on the host, here including wrk itself and whatever \
          the other users of the machine ran; its CPU is its whole cost, not the part due to the service.\n"
     );
-    let _ = writeln!(s, "Commands (one round):\n\n```sh");
-    let _ = writeln!(
-        s,
-        "taskset -c 0 $PY bench/http_service.py port.txt &   # writes \"PORT PID TID\""
+    commands_block(
+        &mut s,
+        "Commands (one round):",
+        &[
+            "taskset -c 0 $PY bench/http_service.py port.txt &   # writes \"PORT PID TID\"".to_string(),
+            "taskset -c 1 wrk -t1 -c32 -d1s http://127.0.0.1:$PORT/        # warm-up".to_string(),
+            format!(
+                "taskset -c 1 wrk -t1 -c32 -d{}s --latency http://127.0.0.1:$PORT/",
+                plan.ovh_secs
+            ),
+            "# the same, with one of these running (started after the server, stopped with SIGINT after wrk):".to_string(),
+            "$SP -v record -q --pid $PID -o out [--sample-after 0]   # measured from its \"attached to\" line".to_string(),
+            format!(
+                "$SP -v daemon --listen 127.0.0.1:{DAEMON_PORT} --data-dir d   # from its \"monitoring pid $PID\" line"
+            ),
+            format!("$PYSPY record -r {STALLPROF_DEFAULT_HZ} -f raw -o raw.txt --pid $PID"),
+            format!(
+                "$PYSPY record -r {STALLPROF_DEFAULT_HZ} -f raw -o raw.txt --nonblocking --pid $PID"
+            ),
+            "# agent CPU: utime+stime from /proc/$AGENT/stat across the wrk run; RSS: VmHWM from /proc/$AGENT/status".to_string(),
+        ],
     );
-    let _ = writeln!(
-        s,
-        "taskset -c 1 wrk -t1 -c32 -d1s http://127.0.0.1:$PORT/        # warm-up"
-    );
-    let _ = writeln!(
-        s,
-        "taskset -c 1 wrk -t1 -c32 -d{}s --latency http://127.0.0.1:$PORT/",
-        plan.ovh_secs
-    );
-    let _ = writeln!(
-        s,
-        "# the same, with one of these running (started after the server, stopped with SIGINT after wrk):"
-    );
-    let _ = writeln!(
-        s,
-        "$SP -v record -q --pid $PID -o out [--sample-after 0]   # measured from its \"attached to\" line"
-    );
-    let _ = writeln!(
-        s,
-        "$SP -v daemon --listen 127.0.0.1:{DAEMON_PORT} --data-dir d   # from its \"monitoring pid $PID\" line"
-    );
-    let _ = writeln!(
-        s,
-        "$PYSPY record -r {STALLPROF_DEFAULT_HZ} -f raw -o raw.txt --pid $PID"
-    );
-    let _ = writeln!(
-        s,
-        "$PYSPY record -r {STALLPROF_DEFAULT_HZ} -f raw -o raw.txt --nonblocking --pid $PID"
-    );
-    let _ = writeln!(
-        s,
-        "# agent CPU: utime+stime from /proc/$AGENT/stat across the wrk run; RSS: VmHWM from /proc/$AGENT/status"
-    );
-    let _ = writeln!(s, "```");
     let load = match bpf_cost(env, plan.ovh_secs) {
         Ok((t, load)) => {
             s.push_str(&t);

@@ -12,7 +12,7 @@ use anyhow::Result;
 use super::{
     DAEMON_PORT, Env, Plan,
     agent::{AgentRun, record_for, storm},
-    measure::{Proc, cpu_secs, spread, vm_hwm_mib},
+    measure::{Proc, commands_block, cpu_secs, spread, vm_hwm_mib},
     overhead::daemon_cmd,
 };
 
@@ -148,19 +148,14 @@ pub(super) fn scaling(env: &Env, plan: &Plan) -> Result<String> {
             spread(&ready, 0)
         );
     }
-    let _ = writeln!(s, "\nCommands:\n\n```sh");
-    let _ = writeln!(
-        s,
-        "./event_storm $N 100 200 0 & $SP -v record -q --pid $! -o out      # N = 1, 10, 100"
+    commands_block(
+        &mut s,
+        "\nCommands:",
+        &[
+            "./event_storm $N 100 200 0 & $SP -v record -q --pid $! -o out      # N = 1, 10, 100".to_string(),
+            format!("$SP -v daemon --listen 127.0.0.1:{DAEMON_PORT} --data-dir d &"),
+            "for i in $(seq $K); do ./event_storm 1 100 200 0 & done                 # K = 1, 5, 10, 20".to_string(),
+        ],
     );
-    let _ = writeln!(
-        s,
-        "$SP -v daemon --listen 127.0.0.1:{DAEMON_PORT} --data-dir d &"
-    );
-    let _ = writeln!(
-        s,
-        "for i in $(seq $K); do ./event_storm 1 100 200 0 & done                 # K = 1, 5, 10, 20"
-    );
-    let _ = writeln!(s, "```\n");
     Ok(s)
 }
