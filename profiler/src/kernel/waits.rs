@@ -22,14 +22,12 @@
 //! looks at most [`SCAN_BYTES`] of a function.
 use std::{
     collections::HashSet,
-    io::{Read, Seek, SeekFrom},
-    os::unix::fs::MetadataExt,
+    os::unix::fs::{FileExt, MetadataExt},
 };
 
 use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, OpAccess, OpKind, Register,
 };
-use object::{Object, ObjectSection, ObjectSymbol};
 use profiler_common::sysno;
 
 use crate::os::{elf_symbols::ElfSymbols, limits};
@@ -202,49 +200,42 @@ pub fn is_c_library(path: &str) -> bool {
 pub fn points_in(path: &str, file: (u64, u64)) -> Result<Vec<WaitPoint>, String> {
     let f = limits::open_elf(std::path::Path::new(path))
         .map_err(|e| format!("{path} could not be opened: {e}"))?;
-    let data = object::ReadCache::new(f);
-    let obj = object::File::parse(&data)
+    let elf = ElfSymbols::open(&f)
         .map_err(|e| format!("{path} is not an ELF file stallprof can read: {e}"))?;
-    if obj.architecture() != object::Architecture::X86_64 {
+    if elf.machine() != object::elf::EM_X86_64 {
         return Err(format!(
-            "{path} is built for {:?}; stallprof probes x86-64 code only",
-            obj.architecture()
+            "{path} is built for ELF machine {}; stallprof probes x86-64 code only",
+            elf.machine()
         ));
     }
-    if limits::elf_symbols_too_large(&obj) {
+    if limits::symbol_tables_too_large(elf.tables_size()) {
         return Err(format!(
             "{path}: its symbol tables are over stallprof's size cap"
         ));
     }
+    let names: Vec<&str> = WAIT_FUNCTIONS.iter().map(|(n, _)| *n).collect();
+    let is_wait = |name: &str| names.contains(&name);
+    let found = elf
+        .find(&names, &is_wait)
+        .map_err(|e| format!("{path}: {e}"))?;
     let mut out = Vec::new();
-    let mut addrs = HashSet::new();
-    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
-        let Ok(name) = sym.name() else { continue };
-        let Some(&(function, nr)) = WAIT_FUNCTIONS.iter().find(|(n, _)| *n == name) else {
+    for sym in found {
+        let Some(&(function, nr)) = WAIT_FUNCTIONS.iter().find(|(n, _)| *n == sym.name) else {
             continue;
         };
-        if !sym.is_definition() || sym.kind() != object::SymbolKind::Text {
+        // A function's code (an IFUNC symbol is its resolver's, and is
+        // not found).
+        if sym.kind != object::elf::STT_FUNC {
             continue;
         }
-        if !addrs.insert((function, sym.address())) {
-            continue;
-        }
-        let Some(start) = file_offset(&obj, &sym) else {
+        let Some(start) = elf.file_offset(&sym, 1) else {
             continue;
         };
         let mut code = [0u8; SCAN_BYTES];
-        let mut f = match std::fs::File::open(path) {
-            Ok(f) => f,
-            Err(_) => continue,
+        let Ok(n) = f.read_at(&mut code, start) else {
+            continue;
         };
-        let n = match f
-            .seek(SeekFrom::Start(start))
-            .and_then(|_| f.read(&mut code))
-        {
-            Ok(n) => n,
-            Err(_) => continue,
-        };
-        let point = emulated_point(&code[..n], sym.address());
+        let point = emulated_point(&code[..n], sym.value);
         let delta = point.unwrap_or(0);
         out.push(WaitPoint {
             path: path.to_string(),
@@ -257,17 +248,6 @@ pub fn points_in(path: &str, file: (u64, u64)) -> Result<Vec<WaitPoint>, String>
         });
     }
     Ok(out)
-}
-
-/// File offset of a symbol's first byte.
-fn file_offset<'d, R: object::ReadRef<'d>>(
-    obj: &object::File<'d, R>,
-    sym: &object::Symbol<'d, '_, R>,
-) -> Option<u64> {
-    let section = obj.section_by_index(sym.section_index()?).ok()?;
-    let (off, size) = section.file_range()?;
-    let rel = sym.address().checked_sub(section.address())?;
-    (rel < size).then_some(off + rel)
 }
 
 /// Registers a probe point must find as the call left them: the arguments

@@ -49,6 +49,8 @@ pub struct Symbol {
     pub shndx: u16,
     /// From `.dynsym` (else `.symtab`).
     pub dynamic: bool,
+    /// Its type (`STT_FUNC`, `STT_OBJECT`, or `STT_NOTYPE` with a size).
+    pub kind: u8,
 }
 
 /// An ELF64 file's headers, read once, and the file to read from.
@@ -60,6 +62,8 @@ pub struct ElfSymbols<'f> {
     loads: Vec<(u64, u64)>,
     /// It names a program interpreter (`PT_INTERP`): a dynamic executable.
     interp: bool,
+    /// `e_machine`.
+    machine: u16,
 }
 
 impl<'f> ElfSymbols<'f> {
@@ -88,7 +92,13 @@ impl<'f> ElfSymbols<'f> {
             sections,
             loads,
             interp,
+            machine: header.e_machine(endian),
         })
+    }
+
+    /// Its `e_machine` (`EM_X86_64`, ...).
+    pub fn machine(&self) -> u16 {
+        self.machine
     }
 
     /// Does it name a program interpreter (`PT_INTERP`)? A dynamic
@@ -165,19 +175,29 @@ impl<'f> ElfSymbols<'f> {
         if sec.sh_type(self.endian) == elf::SHT_NOBITS {
             return Some(0);
         }
-        let (addr, size) = (sec.sh_addr(self.endian), sec.sh_size(self.endian));
-        let rel = sym.value.checked_sub(addr)?;
-        if rel.checked_add(4)? > size {
-            return None;
-        }
         let mut b = [0u8; 4];
         self.file
-            .read_exact_at(&mut b, sec.sh_offset(self.endian).checked_add(rel)?)
+            .read_exact_at(&mut b, self.file_offset(sym, 4)?)
             .ok()?;
         Some(match self.endian {
             Endianness::Little => i32::from_le_bytes(b),
             Endianness::Big => i32::from_be_bytes(b),
         })
+    }
+
+    /// Where in the file the first byte of symbol `sym` lies, when `len`
+    /// bytes from it lie within its section's file data.
+    pub fn file_offset(&self, sym: &Symbol, len: u64) -> Option<u64> {
+        let sec = self.sections.get(sym.shndx as usize)?;
+        if sec.sh_type(self.endian) == elf::SHT_NOBITS {
+            return None;
+        }
+        let (addr, size) = (sec.sh_addr(self.endian), sec.sh_size(self.endian));
+        let rel = sym.value.checked_sub(addr)?;
+        if rel.checked_add(len)? > size {
+            return None;
+        }
+        sec.sh_offset(self.endian).checked_add(rel)
     }
 
     /// The strings of string table `sec` that hold a needle: by the
@@ -317,6 +337,7 @@ impl<'f> ElfSymbols<'f> {
                         size,
                         shndx,
                         dynamic,
+                        kind: info & 0xf,
                     });
                 }
             }
@@ -442,6 +463,7 @@ mod tests {
             sections: vec![header],
             loads: Vec::new(),
             interp: false,
+            machine: elf::EM_X86_64,
         };
         let kept = elf.strings_holding(&header, &["v8dbg_"]).unwrap();
         let names: Vec<&[u8]> = kept.values().map(Vec::as_slice).collect();

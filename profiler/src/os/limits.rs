@@ -130,18 +130,6 @@ pub const UNWIND_DATA_MAX: u64 = 512 << 20;
 /// read while looking for a symbol by name: they are read whole.
 pub const ELF_SYMBOLS_MAX: u64 = 256 << 20;
 
-/// Whether `obj`'s symbol tables are over [`ELF_SYMBOLS_MAX`] (counted):
-/// then its symbols are not read.
-pub fn elf_symbols_too_large<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>) -> bool {
-    use object::{Object, ObjectSection};
-    let size: u64 = [".symtab", ".strtab", ".dynsym", ".dynstr"]
-        .iter()
-        .filter_map(|n| obj.section_by_name(n))
-        .map(|s| s.size())
-        .fold(0u64, u64::saturating_add);
-    symbol_tables_too_large(size)
-}
-
 /// Whether symbol and string tables of `size` bytes together are over
 /// [`ELF_SYMBOLS_MAX`] (counted): then their symbols are not read.
 pub fn symbol_tables_too_large(size: u64) -> bool {
