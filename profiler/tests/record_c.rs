@@ -554,6 +554,38 @@ fn record_c_loop_without_wait_symbols_falls_back_to_syscall_tracepoints() {
     );
 }
 
+/// A static binary that keeps its C library's symbols (`cc -static`, its
+/// image at 0x400000, which `/proc/PID/map_files` names without the zero
+/// padding of `/proc/PID/maps`): its own wait functions get the uprobes,
+/// and no other process pays. (The padded name was never found: such a
+/// binary, and a launched Node caught before its loader was mapped, fell
+/// back to the host-wide syscall tracepoints.)
+#[test]
+fn record_c_loop_static_gets_its_own_wait_uprobes() {
+    if !require_root_and_bpf("record_c_loop_static_gets_its_own_wait_uprobes") {
+        return;
+    }
+    let _serial = serial();
+    let dir = Scratch::new("c-static-symbols");
+    let exe = build_c_loop_static(&dir.path);
+    let host = HostTime::now();
+    let (_run, out, pid) = record_c_loop(&dir, &exe, &[]);
+    check_c_loop_recording(
+        &out,
+        &dir.join("victim.jsonl"),
+        pid,
+        "record -- static c_loop with symbols",
+        THRESHOLD_NS / 20,
+        &host,
+    );
+    let (sched, waits, notes) = probes_of(&out);
+    assert_eq!(
+        (sched.as_str(), waits.as_str()),
+        expected_probes(),
+        "{notes:?}"
+    );
+}
+
 /// `stallprof record --pid`: attach to a victim that is already running,
 /// release it with its start file, stop the recording with SIGINT.
 #[test]

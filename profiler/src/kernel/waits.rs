@@ -91,12 +91,27 @@ fn exec_file(line: &str) -> Option<(&str, &str)> {
     (perms.contains('x') && path.starts_with('/')).then_some((range, path))
 }
 
+/// The `/proc/PID/map_files` entry of a maps line's range. `maps` pads
+/// addresses to 8 digits, `map_files` names them unpadded: a range below
+/// 0x10000000 (a non-PIE executable at 0x400000: Node, a `cc -static`
+/// binary) has another name there.
+fn map_file(pid: u32, range: &str) -> Option<String> {
+    let (lo, hi) = range.split_once('-')?;
+    let (lo, hi) = (
+        u64::from_str_radix(lo, 16).ok()?,
+        u64::from_str_radix(hi, 16).ok()?,
+    );
+    Some(format!("/proc/{pid}/map_files/{lo:x}-{hi:x}"))
+}
+
 /// [`mapped_files`] of a maps text already read.
 fn files_in(pid: u32, maps: &str) -> Vec<(String, (u64, u64), String)> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for (range, path) in maps.lines().filter_map(exec_file) {
-        let via = format!("/proc/{pid}/map_files/{range}");
+        let Some(via) = map_file(pid, range) else {
+            continue;
+        };
         let Ok(meta) = std::fs::metadata(&via) else {
             continue;
         };
@@ -379,6 +394,19 @@ mod tests {
         // endbr64 ; xor %r8d,%r8d ; jmp rel32 (musl's epoll_wait shape)
         let code = [0xf3, 0x0f, 0x1e, 0xfa, 0x45, 0x31, 0xc0, 0xe9, 0, 0, 0, 0];
         assert_eq!(emulated_point(&code, 0x1000), Some(7));
+    }
+
+    #[test]
+    fn map_files_names_ranges_unpadded() {
+        assert_eq!(
+            map_file(7, "00400000-00b6f000").as_deref(),
+            Some("/proc/7/map_files/400000-b6f000")
+        );
+        assert_eq!(
+            map_file(7, "7f758ff64000-7f75900ba000").as_deref(),
+            Some("/proc/7/map_files/7f758ff64000-7f75900ba000")
+        );
+        assert_eq!(map_file(7, "garbage"), None);
     }
 
     #[test]

@@ -182,10 +182,10 @@ pub fn build_c_loop(dir: &Path, frame_pointers: bool) -> PathBuf {
     out
 }
 
-/// c_loop linked statically, with the C library's wait functions' symbols
-/// removed: a process whose waits no uprobe can find (as one making raw
-/// syscalls), so stallprof must fall back to the syscall tracepoints.
-pub fn build_c_loop_without_wait_symbols(dir: &Path) -> PathBuf {
+/// c_loop linked statically (`cc -static`: not position-independent, its
+/// image at 0x400000), with its C library's symbols: its waits are found
+/// in the image itself.
+pub fn build_c_loop_static(dir: &Path) -> PathBuf {
     // Named c_loop too: the checks compare the process's name.
     let sub = dir.join("static");
     std::fs::create_dir_all(&sub).unwrap();
@@ -209,6 +209,14 @@ pub fn build_c_loop_without_wait_symbols(dir: &Path) -> PathBuf {
         c_loop_source().display(),
         String::from_utf8_lossy(&result.stderr)
     );
+    out
+}
+
+/// [`build_c_loop_static`] with the C library's wait functions' symbols
+/// removed: a process whose waits no uprobe can find (as one making raw
+/// syscalls), so stallprof must fall back to the syscall tracepoints.
+pub fn build_c_loop_without_wait_symbols(dir: &Path) -> PathBuf {
+    let out = build_c_loop_static(dir);
     let mut strip = Command::new("objcopy");
     for f in [
         "epoll_wait",
