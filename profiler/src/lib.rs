@@ -8,6 +8,7 @@
 //! speak: the recording, its stalls and frames. `commands` are thin
 //! drivers (`record`, `report`, `daemon`); `cli` turns argv into their
 //! configs; `os` is procfs, the clock and units.
+pub mod assemble;
 pub mod cli;
 pub mod commands;
 pub mod fuzzing;

@@ -9,7 +9,7 @@ use stallprof::{
         record::{self, RecordConfig},
         report, top,
     },
-    report::label::escape,
+    model::text::escape,
 };
 
 fn main() -> ExitCode {

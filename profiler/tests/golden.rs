@@ -15,10 +15,7 @@
 //! (whose lines then sort as the replay's do).
 use std::{fs, path::PathBuf};
 
-use stallprof::{
-    pipeline::{engine, stall::TrackerConfig},
-    report::aggregate,
-};
+use stallprof::{assemble::stall::TrackerConfig, pipeline::engine, report::aggregate};
 
 fn case(name: &str, threshold_ns: u64) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -47,11 +47,12 @@ use std::{
 };
 
 use profiler_common::wait_key;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::{
+    assemble::loops::{Decision, LoopRegistry},
     kernel::event::{Event, RawStack},
-    pipeline::loops::{Decision, LoopRegistry},
+    model::{Holder, PartKind},
 };
 
 pub type StackId = u32;
@@ -112,7 +113,7 @@ impl StackTable {
             .iter()
             .map(|s| {
                 per + 8 * (s.kernel.len() + s.user.len())
-                    + std::mem::size_of::<crate::symbolize::v8::JsSlot>() * s.js.len()
+                    + std::mem::size_of::<crate::kernel::event::JsSlot>() * s.js.len()
                     + 16 * (s.python.len() + s.holder_python.len())
             })
             .sum::<usize>()
@@ -142,30 +143,6 @@ impl Stacks for StallStacks {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
-#[serde(rename_all = "snake_case")]
-pub enum PartKind {
-    OnCpu,
-    OffCpu,
-    Runqueue,
-    /// Off-CPU waiting for a CPython GIL another thread holds.
-    GilWait,
-    /// Runnable, but its cgroup's CPU bandwidth (CFS quota) was used up.
-    Throttled,
-}
-
-impl PartKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PartKind::OnCpu => "on_cpu",
-            PartKind::OffCpu => "off_cpu",
-            PartKind::Runqueue => "runqueue",
-            PartKind::GilWait => "gil_wait",
-            PartKind::Throttled => "throttled",
-        }
-    }
-}
-
 /// A slice of a stall's time attributed to one stack.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawPart {
@@ -181,21 +158,9 @@ pub struct RawPart {
     pub woken: bool,
 }
 
-/// A task that held the CPU while a loop thread waited for it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RawHolder {
-    /// Thread id and process id; 0 for the idle task, and for
-    /// [`OTHER_HOLDERS`] (the tasks past the per-stall cap).
-    pub pid: u32,
-    pub tgid: u32,
-    pub comm: String,
-}
-
 /// Distinct CPU holders kept per busy period; later ones are summed under
 /// one `[other tasks]` entry. A stall on a busy host sees a handful.
 pub const MAX_HOLDERS: usize = 32;
-/// The name the holders past [`MAX_HOLDERS`] are summed under.
-pub const OTHER_HOLDERS: &str = "[other tasks]";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawStall {
@@ -211,7 +176,7 @@ pub struct RawStall {
     pub throttled_ns: u64,
     pub parts: Vec<RawPart>,
     /// Who held the CPU while the thread waited for it, heaviest first.
-    pub cpu_holders: Vec<(RawHolder, u64)>,
+    pub cpu_holders: Vec<(Holder, u64)>,
     /// The recording ended (or the thread exited) before the loop parked again.
     pub incomplete: bool,
 }
@@ -293,7 +258,7 @@ struct Busy {
     samples: HashMap<StackId, u64>,
     offs: HashMap<OffKey, OffTime>,
     pending: Option<Pending>,
-    holders: HashMap<RawHolder, u64>,
+    holders: HashMap<Holder, u64>,
 }
 
 impl Busy {
@@ -326,13 +291,9 @@ impl Busy {
         e.runq += waiting - throttled;
     }
 
-    fn add_holder(&mut self, h: RawHolder, ns: u64) {
+    fn add_holder(&mut self, h: Holder, ns: u64) {
         let h = if self.holders.len() >= MAX_HOLDERS && !self.holders.contains_key(&h) {
-            RawHolder {
-                pid: 0,
-                tgid: 0,
-                comm: OTHER_HOLDERS.to_string(),
-            }
+            Holder::OtherTasks
         } else {
             h
         };
@@ -552,23 +513,12 @@ impl Tracker {
                     b.back_on_cpu(ts, throttled_ns);
                 }
             }
-            Event::CpuHolder {
-                pid,
-                holder_tgid,
-                comm,
-                ns,
-                ..
-            } => match self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
-                Some(b) => b.add_holder(
-                    RawHolder {
-                        pid,
-                        tgid: holder_tgid,
-                        comm,
-                    },
-                    ns,
-                ),
-                None => self.stats.events_outside_busy += 1,
-            },
+            Event::CpuHolder { holder, ns, .. } => {
+                match self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
+                    Some(b) => b.add_holder(holder, ns),
+                    None => self.stats.events_outside_busy += 1,
+                }
+            }
             Event::Sample { ts, stack, .. } => {
                 if let Some(b) = self.threads.get_mut(&tid).and_then(|t| t.busy.as_mut()) {
                     // A sample means the thread runs: a switch-in we did not
@@ -683,7 +633,7 @@ impl Tracker {
         // Clock skew between CPUs can make the parts exceed the wall time by
         // a hair; on-CPU takes the remainder and never goes negative.
         let on_cpu = duration.saturating_sub(off + runq + throttled);
-        let mut cpu_holders: Vec<(RawHolder, u64)> = b.holders.into_iter().collect();
+        let mut cpu_holders: Vec<(Holder, u64)> = b.holders.into_iter().collect();
         cpu_holders.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         parts.extend(spread(on_cpu, b.samples));
         self.stats.stalls += 1;
@@ -747,7 +697,7 @@ fn spread(total: u64, samples: HashMap<StackId, u64>) -> Vec<RawPart> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::loops::POLL_DECIDE;
+    use crate::assemble::loops::POLL_DECIDE;
     use profiler_common::sysno::{EPOLL_WAIT, POLL};
 
     const MS: u64 = 1_000_000;
@@ -1133,7 +1083,7 @@ mod tests {
     /// ```
     #[test]
     fn loop_that_recreates_its_epoll_fd() {
-        use crate::pipeline::loops::LOOP_IDLE_NS;
+        use crate::assemble::loops::LOOP_IDLE_NS;
         let mut t = warmed(50);
         let mut ev = vec![exit(0, EPOLL_WAIT, 3)];
         let idle_ms = LOOP_IDLE_NS / MS;
@@ -1396,9 +1346,11 @@ mod tests {
             tid: 1,
             tgid: 1,
             ts: ts * MS,
-            pid,
-            holder_tgid: pid,
-            comm: comm.into(),
+            holder: Holder::Task {
+                pid,
+                tgid: pid,
+                comm: comm.into(),
+            },
             ns: ms * MS,
         }
     }
@@ -1456,7 +1408,7 @@ mod tests {
         // The throttled time is at the stack the thread was running.
         let thr = s.parts.iter().find(|p| p.kind == PartKind::Throttled);
         assert_eq!(t.stacks.get(thr.unwrap().stack.unwrap()).user, [0xA]);
-        assert_eq!(s.cpu_holders[0].0.comm, "swapper/1");
+        assert_eq!(s.cpu_holders[0].0.ids().2, "swapper/1");
     }
 
     /// A kernel that cannot measure the throttled share (no
@@ -1511,7 +1463,7 @@ mod tests {
         assert_eq!(
             s[0].cpu_holders,
             [(
-                RawHolder {
+                Holder::Task {
                     pid: 77,
                     tgid: 77,
                     comm: "cpuhog".into()
@@ -1572,7 +1524,7 @@ mod tests {
         let s = run(&mut t, ev);
         let h = &s[0].cpu_holders;
         assert_eq!(h.len(), MAX_HOLDERS + 1);
-        assert_eq!(h[0].0.comm, OTHER_HOLDERS);
+        assert_eq!(h[0].0, Holder::OtherTasks);
         assert_eq!(h[0].1, 10 * MS);
         assert_eq!(
             h.iter().map(|x| x.1).sum::<u64>(),

@@ -15,6 +15,7 @@ use std::{
 use crate::{
     commands::live::{Finished, Live, Step},
     commands::{AppArgs, StallArgs},
+    model::text::escape,
     model::{Recording, Stall},
     os::units::fmt_ns,
     os::units::parse_duration,
@@ -28,7 +29,6 @@ use crate::{
     pipeline::engine::Engine,
     report,
     report::journal::{self, JournalWriter},
-    report::label::escape,
     report::view::{Native, View},
 };
 use anyhow::{Context, Result, bail};

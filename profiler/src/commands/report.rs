@@ -9,12 +9,12 @@ use anyhow::{Result, bail};
 use clap::Args;
 
 use crate::{
+    assemble::stall::TrackerConfig,
     commands::AppArgs,
     os::outdir::{OutDir, random_suffix},
     os::units::fmt_ns,
     os::units::parse_duration,
     pipeline::engine,
-    pipeline::stall::TrackerConfig,
     report,
     report::view::{Native, View},
 };
@@ -196,7 +196,7 @@ fn diff(
     for f in files {
         text.push_str(&format!(
             "    {}\n",
-            report::label::escape(&f.to_string_lossy())
+            crate::model::text::escape(&f.to_string_lossy())
         ));
     }
     Ok(text)

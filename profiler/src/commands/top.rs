@@ -21,12 +21,12 @@ use clap::Args;
 use crate::{
     commands::live::{Live, Step},
     commands::{AppArgs, StallArgs},
+    model::text::escape,
     model::{PartKind, Stall},
     os::clock::monotonic_ns,
     os::proc::{process_alive, read_comm, refuse_target, refuse_thread},
     os::units::{fmt_ns, parse_duration},
     report::aggregate::culprit_name,
-    report::label::escape,
     report::origin::AppPaths,
 };
 

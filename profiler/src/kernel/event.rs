@@ -2,7 +2,7 @@
 //!
 //! In: one ring-buffer record (`profiler_common` layout). Out: [`Event`], an
 //! owned, serializable value. Everything downstream is fed `Event`s, so the
-//! same pipeline serves live recording, replay of a saved `events.jsonl`, and
+//! same pipeline serves live recording, replay of a saved recording (the raw records), and
 //! golden tests.
 use profiler_common::{
     CpuHolderEvent, EventHeader, MAX_KSTACK, MAX_USTACK, PY_HOLDER_FRAMES, SchedEvent, StackEvent,
@@ -11,6 +11,27 @@ use profiler_common::{
 };
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use crate::model::Holder;
+
+/// What a stack copy says of one JavaScript frame, taken at sample time
+/// (the copy is gone after unwinding): its index in the user stack, its
+/// tagged `JSFunction`, and, for interpreted and baseline frames, its
+/// tagged `BytecodeArray` and bytecode-offset slot (0 where the frame has
+/// none or the layout does not say), and its frame pointer.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub struct JsSlot {
+    pub frame: u32,
+    pub func: u64,
+    #[serde(default)]
+    pub bytecode: u64,
+    #[serde(default)]
+    pub offset: u64,
+    #[serde(default)]
+    pub fp: u64,
+}
 
 /// Stacks captured at one instant, innermost frame first in each list.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -23,7 +44,7 @@ pub struct RawStack {
     /// tagged `JSFunction` and, interpreted, `BytecodeArray` and offset;
     /// innermost first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub js: Vec<crate::symbolize::v8::JsSlot>,
+    pub js: Vec<JsSlot>,
     /// Python frames as (code object address, instruction value).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub python: Vec<(u64, u64)>,
@@ -113,9 +134,7 @@ pub enum Event {
         tid: u32,
         tgid: u32,
         ts: u64,
-        pid: u32,
-        holder_tgid: u32,
-        comm: String,
+        holder: Holder,
         ns: u64,
     },
     Wakeup {
@@ -361,18 +380,21 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
         kind::CPU_HOLDER => {
             let h: CpuHolderEvent = read(bytes, hdr.kind)?;
             let len = h.comm.iter().position(|&b| b == 0).unwrap_or(h.comm.len());
-            let others = h.pid == profiler_common::CPU_HOLDER_OTHERS;
+            let comm = || String::from_utf8_lossy(&h.comm[..len]).into_owned();
+            let holder = match h.pid {
+                profiler_common::CPU_HOLDER_OTHERS => Holder::OtherTasks,
+                0 => Holder::Idle { comm: comm() },
+                pid => Holder::Task {
+                    pid,
+                    tgid: h.tgid,
+                    comm: comm(),
+                },
+            };
             Event::CpuHolder {
                 tid,
                 tgid,
                 ts,
-                pid: if others { 0 } else { h.pid },
-                holder_tgid: if others { 0 } else { h.tgid },
-                comm: if others {
-                    crate::pipeline::stall::OTHER_HOLDERS.to_string()
-                } else {
-                    String::from_utf8_lossy(&h.comm[..len]).into_owned()
-                },
+                holder,
                 ns: h.ns,
             }
         }

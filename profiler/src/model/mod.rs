@@ -5,9 +5,36 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod text;
+
 pub use crate::os::container::Container;
 pub use crate::os::cpu_quota::{CgroupVersion, CpuQuota, Throttling};
-pub use crate::pipeline::stall::PartKind;
+
+/// What a loop thread was doing in a slice of a stall: the five kinds
+/// every nanosecond of a stall is exactly one of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum PartKind {
+    OnCpu,
+    OffCpu,
+    Runqueue,
+    /// Off-CPU waiting for a CPython GIL another thread holds.
+    GilWait,
+    /// Runnable, but its cgroup's CPU bandwidth (CFS quota) was used up.
+    Throttled,
+}
+
+impl PartKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PartKind::OnCpu => "on_cpu",
+            PartKind::OffCpu => "off_cpu",
+            PartKind::Runqueue => "runqueue",
+            PartKind::GilWait => "gil_wait",
+            PartKind::Throttled => "throttled",
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -177,34 +204,6 @@ impl Frame {
         self.kind == FrameKind::Python
             || (self.kind == FrameKind::Marker && self.name.as_ref() == UNKNOWN_PYTHON)
     }
-
-    /// Folded-stack text: the plain name first, then `(file:line)` with the
-    /// file's base name, e.g. `load_tokenizer (tok.py:41)`. Control
-    /// characters are escaped ([`crate::report::label::escape`]) and `;`,
-    /// the folded format's separator, becomes `:`, so a label is always one
-    /// frame on one line.
-    pub fn label(&self) -> String {
-        let mut s = self.name.to_string();
-        if let Some(file) = &self.file {
-            let base = file.rsplit('/').next().unwrap_or(file);
-            match self.line {
-                Some(l) if l > 0 => s.push_str(&format!(" ({base}:{l})")),
-                _ => s.push_str(&format!(" ({base})")),
-            }
-        }
-        crate::report::label::escape(&s).replace(';', ":")
-    }
-
-    /// The function without the line: `parse_resume (app.py)`, escaped as
-    /// [`Frame::label`]. One function is one entry point whichever line
-    /// of it was running.
-    pub fn function_label(&self) -> String {
-        Frame {
-            line: None,
-            ..self.clone()
-        }
-        .label()
-    }
 }
 
 /// Stall time attributed to one stack.
@@ -230,21 +229,50 @@ pub struct StackPart {
     pub woken: bool,
 }
 
-impl StackPart {
-    /// What this part's time was, in words: `on-CPU`, `blocked in read`,
-    /// `run queue`, `CPU throttled`, `woken from epoll_wait, waiting for a
-    /// CPU`, `GIL wait`.
-    pub fn kind_text(&self) -> String {
-        let syscall = self.syscall.as_deref().unwrap_or("?");
-        match (self.kind, self.woken) {
-            (PartKind::OnCpu, _) => "on-CPU".into(),
-            (PartKind::OffCpu, _) => format!("blocked in {syscall}"),
-            (PartKind::GilWait, _) => "GIL wait".into(),
-            (PartKind::Runqueue, false) => "run queue".into(),
-            (PartKind::Runqueue, true) => format!("woken from {syscall}, waiting for a CPU"),
-            (PartKind::Throttled, false) => "CPU throttled".into(),
-            (PartKind::Throttled, true) => format!("woken from {syscall}, CPU throttled"),
+/// Who ran on the CPU a loop thread waited for, as the kernel side names
+/// it: a task, the CPU's idle task, or the tasks past the per-stall cap
+/// summed as one (`[other tasks]`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Holder {
+    Task {
+        pid: u32,
+        tgid: u32,
+        comm: String,
+    },
+    /// pid 0: the CPU was free (the wait was the loop's own throttling).
+    Idle {
+        comm: String,
+    },
+    /// The holders past the per-stall cap, summed.
+    OtherTasks,
+}
+
+/// The name a [`CpuHolder`] carries for [`Holder::OtherTasks`] (its `comm`
+/// in `stalls.json`).
+pub const OTHER_TASKS: &str = "[other tasks]";
+
+impl Holder {
+    /// (pid, tgid, comm) as `stalls.json` carries them.
+    pub fn ids(&self) -> (u32, u32, &str) {
+        match self {
+            Holder::Task { pid, tgid, comm } => (*pid, *tgid, comm),
+            Holder::Idle { comm } => (0, 0, comm),
+            Holder::OtherTasks => (0, 0, OTHER_TASKS),
         }
+    }
+}
+
+/// Holders are ordered by (pid, tgid, comm): the tie-break of holders
+/// that held a CPU equally long.
+impl Ord for Holder {
+    fn cmp(&self, o: &Holder) -> std::cmp::Ordering {
+        self.ids().cmp(&o.ids())
+    }
+}
+
+impl PartialOrd for Holder {
+    fn partial_cmp(&self, o: &Holder) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
     }
 }
 
@@ -275,49 +303,6 @@ pub enum HolderRelation {
     Idle,
 }
 
-/// `cpuhog (pid 4242) 92%, idle CPU 8%`: the `top` heaviest holders with
-/// their share of the time the CPU was held (all holders' time); None when
-/// there are none.
-pub fn cpu_held_by(holders: &[CpuHolder], top: usize) -> Option<String> {
-    let total: u64 = holders.iter().map(|h| h.ns).sum();
-    if total == 0 {
-        return None;
-    }
-    let mut v: Vec<&CpuHolder> = holders.iter().collect();
-    v.sort_by(|a, b| b.ns.cmp(&a.ns).then_with(|| a.pid.cmp(&b.pid)));
-    let mut parts: Vec<String> = v
-        .iter()
-        .take(top)
-        .map(|h| {
-            format!(
-                "{} {:.0}%",
-                h.describe(),
-                100.0 * h.ns as f64 / total as f64
-            )
-        })
-        .collect();
-    if v.len() > top {
-        parts.push(format!("{} more", v.len() - top));
-    }
-    Some(parts.join(", "))
-}
-
-impl CpuHolder {
-    /// `cpuhog (pid 4242)`, `python3 (tid 12, same process)`, `idle CPU`.
-    pub fn describe(&self) -> String {
-        let comm = crate::report::label::escape(&self.comm);
-        match self.relation {
-            HolderRelation::Idle => "idle CPU".into(),
-            HolderRelation::SameProcess => format!("{comm} (tid {}, same process)", self.pid),
-            HolderRelation::SameContainer => {
-                format!("{comm} (pid {}, same container)", self.tgid)
-            }
-            HolderRelation::Other if self.pid == 0 => comm.into_owned(),
-            HolderRelation::Other => format!("{comm} (pid {})", self.tgid),
-        }
-    }
-}
-
 /// The thread holding a CPython GIL that an executor thread waited for.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GilHolder {
@@ -328,26 +313,6 @@ pub struct GilHolder {
     pub thread_name: Option<String>,
     /// The holder's Python frames when the wait began, outermost first.
     pub frames: Vec<Frame>,
-}
-
-impl GilHolder {
-    /// `worker (tid 12) in match_all (w.py:12)`; in a container
-    /// `worker (tid 12, 3 in its namespace) in ...`.
-    pub fn describe(&self) -> String {
-        let tid = self.tid.map(|t| match self.ns_tid {
-            Some(ns) => format!("tid {t}, {ns} in its namespace"),
-            None => format!("tid {t}"),
-        });
-        let who = match (&self.thread_name, tid) {
-            (Some(n), Some(t)) => format!("{n} ({t})"),
-            (None, Some(t)) => t,
-            _ => "another thread".to_string(),
-        };
-        match self.frames.last() {
-            Some(f) => format!("{who} in {}", f.label()),
-            None => who,
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -402,13 +367,6 @@ pub struct Route {
     pub template: String,
 }
 
-impl Route {
-    /// `POST /resume/{rid}`: the label every output shows.
-    pub fn describe(&self) -> String {
-        format!("{} {}", self.method, self.template)
-    }
-}
-
 /// An asyncio Task, as read from the target.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Task {
@@ -423,21 +381,6 @@ pub struct Task {
     /// shows them. Empty when none does, or before 3.14.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub awaited_by: Vec<String>,
-}
-
-impl Task {
-    /// `"conn-12" (handle_client)`, with the await chain when known:
-    /// `"batch-3" (run_batch) ← "main-server"`.
-    pub fn describe(&self) -> String {
-        let mut s = format!("{:?}", self.name);
-        if let Some(c) = &self.coro {
-            s.push_str(&format!(" ({c})"));
-        }
-        for a in &self.awaited_by {
-            s.push_str(&format!(" ← {a:?}"));
-        }
-        s
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -555,25 +498,6 @@ pub struct ProcessInfo {
     pub container: Option<Container>,
 }
 
-impl ProcessInfo {
-    /// `pid 4242` with what else identifies it: `pid 4242 (1 in its
-    /// namespace, docker container 3f2a9c0b1d4e)`.
-    pub fn describe(&self, pid: u32) -> String {
-        let mut more = Vec::new();
-        if let Some(ns) = self.ns_pid {
-            more.push(format!("{ns} in its namespace"));
-        }
-        if let Some(c) = &self.container {
-            more.push(c.describe());
-        }
-        if more.is_empty() {
-            format!("pid {pid}")
-        } else {
-            format!("pid {pid} ({})", more.join(", "))
-        }
-    }
-}
-
 /// A thread as the engine first saw it: the one place its name and
 /// namespace id are read; stalls and GIL holders take them from here.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -617,11 +541,6 @@ impl Recording {
 }
 
 impl Recording {
-    /// Which frames are the application's in this recording.
-    pub fn app(&self) -> crate::report::origin::AppPaths {
-        crate::report::origin::AppPaths::new(&self.app_paths)
-    }
-
     pub fn total_stall_ns(&self) -> u64 {
         self.stalls.iter().map(|s| s.duration_ns).sum()
     }
@@ -647,38 +566,5 @@ impl Recording {
             });
         }
         by_tid.into_values().collect()
-    }
-
-    /// The target for titles: `pid 4242 (python3)`, and in a container
-    /// `pid 4242 (python3; pid 1 in its namespace, docker container
-    /// 3f2a9c0b1d4e; tid 4242 = 1, 4250 = 9 in its namespace)`: the ids the
-    /// application's own logs show next to the host's. Names escaped.
-    pub fn target(&self) -> String {
-        let mut more = vec![crate::report::label::escape(&self.comm).into_owned()];
-        let mut ids = Vec::new();
-        if let Some(ns) = self.process.ns_pid {
-            ids.push(format!("pid {ns} in its namespace"));
-        }
-        if let Some(c) = &self.process.container {
-            ids.push(crate::report::label::escape(&c.describe()).into_owned());
-        }
-        if !ids.is_empty() {
-            more.push(ids.join(", "));
-        }
-        let tids: Vec<String> = self
-            .stall_threads()
-            .iter()
-            .filter_map(|t| t.ns_tid.map(|ns| format!("{} = {ns}", t.tid)))
-            .collect();
-        const SHOWN: usize = 4;
-        if !tids.is_empty() {
-            let rest = tids.len().saturating_sub(SHOWN);
-            let mut s = format!("tid {}", tids[..tids.len().min(SHOWN)].join(", "));
-            if rest > 0 {
-                s.push_str(&format!(" (+{rest} more)"));
-            }
-            more.push(format!("{s} in its namespace"));
-        }
-        format!("pid {} ({})", self.pid, more.join("; "))
     }
 }

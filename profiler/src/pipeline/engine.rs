@@ -35,16 +35,16 @@ use log::{debug, info, warn};
 use profiler_common::{MAX_USTACK, PyProc};
 
 use crate::{
+    assemble::stall::{Output, RawStall, Tracker, TrackerConfig},
     kernel::event::{self, Event},
     kernel::probe::{ProbeError, Probes},
     kernel::runtimes::ParkPoint,
-    model::{ProcessInfo, Route, RuntimeProblem, Stall, Task, ThreadInfo},
+    model::{Holder, ProcessInfo, Route, RuntimeProblem, Stall, Task, ThreadInfo},
     os::outdir::{OutDir, PendingFile},
     os::proc::{read_comm, read_namespace_id},
     os::units::fmt_ns,
     pipeline::discovery::{Answer, Discovery},
     pipeline::routes::{Routes, Want},
-    pipeline::stall::{Output, RawStall, Tracker, TrackerConfig},
     pipeline::symbolizer::{self, Done, Job, Native, Symbolizer, Worker},
     pipeline::watch::{PythonWatch, RuntimeWatch},
     symbolize::python::{self, Captured},
@@ -1066,12 +1066,12 @@ impl Engine {
         // (only looked up when it is in one: on the host there is none).
         let mut same_container = Vec::new();
         if let Some(mine) = self.process(raw.tgid).container {
-            for h in raw.cpu_holders.iter().map(|(h, _)| h) {
-                if h.tgid != 0
-                    && h.tgid != raw.tgid
-                    && self.process(h.tgid).container.as_ref() == Some(&mine)
+            for (h, _) in &raw.cpu_holders {
+                if let Holder::Task { tgid, .. } = *h
+                    && tgid != raw.tgid
+                    && self.process(tgid).container.as_ref() == Some(&mine)
                 {
-                    same_container.push(h.tgid);
+                    same_container.push(tgid);
                 }
             }
         }

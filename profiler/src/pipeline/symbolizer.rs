@@ -29,11 +29,9 @@ use std::{
 use log::warn;
 
 use crate::{
+    assemble::stall::{RawStall, StallStacks},
     model::{HolderRelation, Route, Stall, Task, ThreadInfo},
-    pipeline::{
-        engine::TaskMiss,
-        stall::{RawStall, StallStacks},
-    },
+    pipeline::engine::TaskMiss,
     symbolize::{
         Answers, BlazeResolver, Joined, Recorder, ResolveNative, SharedMaps, TableResolver,
         to_stall,

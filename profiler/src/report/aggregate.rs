@@ -155,7 +155,7 @@ impl Blame<'_> {
             Some(v) => format!(
                 "{} → {}",
                 self.frame.label(),
-                crate::report::label::escape(v).replace(';', ":")
+                crate::model::text::escape(v).replace(';', ":")
             ),
             None => self.frame.label(),
         }

@@ -21,7 +21,6 @@ pub mod folded;
 pub mod gate;
 pub mod journal;
 pub mod json;
-pub mod label;
 pub mod origin;
 pub mod perfetto;
 pub mod pprof;
@@ -102,7 +101,7 @@ pub fn read_json(path: &Path) -> Result<Recording, RenderError> {
         log::warn!(
             "{}: rebuilding every output from {} ({} stalls up to +{:.1}s{}): the recording did not \
              finish, so kernel drop and lost-event counts are unknown",
-            label::escape(&path.to_string_lossy()),
+            crate::model::text::escape(&path.to_string_lossy()),
             journal::NAME,
             r.recording.stalls.len(),
             r.recording.ended_ns.saturating_sub(r.recording.started_ns) as f64 / 1e9,

@@ -27,6 +27,14 @@
 //! with one of the prefixes.
 use crate::model::{Frame, FrameKind};
 
+impl crate::model::Recording {
+    /// Which frames are the application's in this recording (its
+    /// `app_paths`, else the guess).
+    pub fn app(&self) -> AppPaths {
+        AppPaths::new(&self.app_paths)
+    }
+}
+
 /// Which code is the application's: the guess, or the user's prefixes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AppPaths {

@@ -49,7 +49,9 @@ use std::{
 
 use prost::Message;
 
-use crate::model::{FrameKind, GilHolder, PartKind, Recording, StackPart, Stall, cpu_held_by};
+use crate::model::{
+    FrameKind, GilHolder, PartKind, Recording, StackPart, Stall, text::cpu_held_by,
+};
 use crate::{
     os::outdir::OutDir,
     report::{RenderError, aggregate, write_file_with},

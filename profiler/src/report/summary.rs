@@ -4,10 +4,10 @@
 use std::{collections::BTreeMap, fmt::Write, path::PathBuf};
 
 use crate::{
-    model::{CgroupVersion, CpuHolder, Recording, cpu_held_by},
+    model::text::escape,
+    model::{CgroupVersion, CpuHolder, Recording, text::cpu_held_by},
     os::units::fmt_ns,
     report::aggregate::summarize,
-    report::label::escape,
 };
 
 fn pct(part: u64, total: u64) -> f64 {

@@ -31,9 +31,13 @@ use blazesym::symbolize::{
 use log::debug;
 
 use crate::{
-    model::{CpuHolder, Frame, FrameKind, GilHolder, HolderRelation, StackPart, Stall, ThreadInfo},
+    assemble::stall::{RawStall, Stacks},
+    kernel::event::JsSlot,
+    model::{
+        CpuHolder, Frame, FrameKind, GilHolder, Holder, HolderRelation, PartKind, StackPart, Stall,
+        ThreadInfo,
+    },
     os::limits,
-    pipeline::stall::{OTHER_HOLDERS, PartKind, RawHolder, RawStall, Stacks},
     symbolize::pyframes::PyResolver,
 };
 
@@ -59,7 +63,7 @@ pub trait ResolveRuntime {
     fn js_layout(&mut self, pid: u32) -> Option<v8::FrameLayout>;
     /// The JavaScript frame of a tagged `JSFunction` seen in a stack
     /// (`None`: it was not one when the stack was first seen).
-    fn js(&mut self, pid: u32, slot: &v8::JsSlot) -> Option<Frame>;
+    fn js(&mut self, pid: u32, slot: &JsSlot) -> Option<Frame>;
 }
 
 /// Turns addresses into frames: both halves.
@@ -451,7 +455,7 @@ impl Default for BlazeResolver {
 impl RuntimeReader {
     /// Resolve the JavaScript functions of a new stack now, while they are
     /// where the stack says (see [`v8`]).
-    pub fn warm_js(&mut self, pid: u32, slots: &[v8::JsSlot]) {
+    pub fn warm_js(&mut self, pid: u32, slots: &[JsSlot]) {
         if let Some(r) = self.v8.entry(pid).or_default().get(pid) {
             r.warm(slots, self.drain);
         }
@@ -882,7 +886,7 @@ impl ResolveRuntime for RuntimeReader {
         Some(self.v8.entry(pid).or_default().get(pid)?.meta.layout)
     }
 
-    fn js(&mut self, pid: u32, slot: &v8::JsSlot) -> Option<Frame> {
+    fn js(&mut self, pid: u32, slot: &JsSlot) -> Option<Frame> {
         self.v8
             .get(&pid)?
             .state
@@ -1002,20 +1006,18 @@ fn asyncio_coroutine(frames: &[Frame]) -> Option<String> {
 
 /// A CPU holder as the report shows it; whether it is in the same
 /// container is the engine's to say (it knows the processes).
-fn cpu_holder(tgid: u32, h: &RawHolder, ns: u64) -> CpuHolder {
-    let relation = if h.comm == OTHER_HOLDERS {
-        HolderRelation::Other
-    } else if h.pid == 0 {
-        HolderRelation::Idle
-    } else if h.tgid == tgid {
-        HolderRelation::SameProcess
-    } else {
-        HolderRelation::Other
+fn cpu_holder(tgid: u32, h: &Holder, ns: u64) -> CpuHolder {
+    let relation = match h {
+        Holder::OtherTasks => HolderRelation::Other,
+        Holder::Idle { .. } => HolderRelation::Idle,
+        Holder::Task { tgid: t, .. } if *t == tgid => HolderRelation::SameProcess,
+        Holder::Task { .. } => HolderRelation::Other,
     };
+    let (pid, tgid, comm) = h.ids();
     CpuHolder {
-        pid: h.pid,
-        tgid: h.tgid,
-        comm: h.comm.clone(),
+        pid,
+        tgid,
+        comm: comm.to_string(),
         ns,
         relation,
     }
@@ -1186,7 +1188,7 @@ impl<R: ResolveRuntime + ?Sized> ResolveRuntime for Recorder<'_, R> {
         }
         l
     }
-    fn js(&mut self, pid: u32, slot: &v8::JsSlot) -> Option<Frame> {
+    fn js(&mut self, pid: u32, slot: &JsSlot) -> Option<Frame> {
         let f = self.inner.js(pid, slot);
         if let Some(f) = &f {
             self.table.js.insert(js_key(pid, slot), f.clone());
@@ -1221,14 +1223,14 @@ impl TableResolver {
 pub struct Answers {
     python: HashMap<(u64, u64), Frame>,
     threads: HashMap<u64, (u32, String)>,
-    js: HashMap<v8::JsSlot, Frame>,
+    js: HashMap<JsSlot, Frame>,
     /// JavaScript frames with a bytecode that no answer named yet.
     js_missing: usize,
 }
 
 /// A JavaScript frame's key in `symbols.json`: `"pid:JSFunction"`, and
 /// `":BytecodeArray:offset"` after it where the frame has them (hex).
-fn js_key(pid: u32, slot: &v8::JsSlot) -> String {
+fn js_key(pid: u32, slot: &JsSlot) -> String {
     if slot.bytecode == 0 && slot.offset == 0 {
         format!("{pid}:{:#x}", slot.func)
     } else {
@@ -1274,7 +1276,7 @@ impl Answers {
         for p in &raw.parts {
             let Some(id) = p.stack else { continue };
             for slot in stacks.get(id).js.iter().rev() {
-                let key = v8::JsSlot { frame: 0, ..*slot };
+                let key = JsSlot { frame: 0, ..*slot };
                 if self.js.contains_key(&key) || missing.contains(&key) {
                     continue;
                 }
@@ -1324,8 +1326,8 @@ impl ResolveRuntime for Answers {
     fn js_layout(&mut self, _pid: u32) -> Option<v8::FrameLayout> {
         None
     }
-    fn js(&mut self, _pid: u32, slot: &v8::JsSlot) -> Option<Frame> {
-        self.js.get(&v8::JsSlot { frame: 0, ..*slot }).cloned()
+    fn js(&mut self, _pid: u32, slot: &JsSlot) -> Option<Frame> {
+        self.js.get(&JsSlot { frame: 0, ..*slot }).cloned()
     }
 }
 
@@ -1354,7 +1356,7 @@ impl ResolveRuntime for Joined<'_> {
     fn js_layout(&mut self, pid: u32) -> Option<v8::FrameLayout> {
         self.runtime.js_layout(pid)
     }
-    fn js(&mut self, pid: u32, slot: &v8::JsSlot) -> Option<Frame> {
+    fn js(&mut self, pid: u32, slot: &JsSlot) -> Option<Frame> {
         self.runtime.js(pid, slot)
     }
 }
@@ -1413,7 +1415,7 @@ impl ResolveRuntime for TableResolver {
     fn js_layout(&mut self, pid: u32) -> Option<v8::FrameLayout> {
         self.js_layouts.get(&pid.to_string()).copied()
     }
-    fn js(&mut self, pid: u32, slot: &v8::JsSlot) -> Option<Frame> {
+    fn js(&mut self, pid: u32, slot: &JsSlot) -> Option<Frame> {
         self.js.get(&js_key(pid, slot)).cloned()
     }
 }
@@ -1421,8 +1423,8 @@ impl ResolveRuntime for TableResolver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::assemble::stall::StackTable;
     use crate::kernel::event::RawStack;
-    use crate::pipeline::stall::StackTable;
 
     /// JavaScript frames replace their native symbol (not a perf map's
     /// name), an unreadable one in JIT code is said, V8's collector gets
@@ -1459,10 +1461,10 @@ mod tests {
         let id = stacks.intern(RawStack {
             user: vec![0x10, 0x20, 0x30, 0x40, 0x50, 0x60],
             js: [(2, 0x1001), (3, 0x2001), (4, 0x1001)]
-                .map(|(frame, func)| v8::JsSlot {
+                .map(|(frame, func)| JsSlot {
                     frame,
                     func,
-                    ..v8::JsSlot::default()
+                    ..JsSlot::default()
                 })
                 .to_vec(),
             ..RawStack::default()

@@ -56,6 +56,7 @@ use std::{
 };
 
 use crate::{
+    kernel::event::JsSlot,
     model::{Frame, FrameKind, RuntimeProblem},
     os::elf_symbols::ElfSymbols,
     symbolize::python::{Mapping, ProcessMemory, ReadMemory, mapped_file, parse_maps},
@@ -190,25 +191,6 @@ impl FrameLayout {
     fn is_heap(&self, v: u64) -> bool {
         v & self.heap_tag_mask == self.heap_tag && v > 0x10000
     }
-}
-
-/// What a stack copy says of one JavaScript frame, taken at sample time
-/// (the copy is gone after unwinding): its index in the user stack, its
-/// tagged `JSFunction`, and, for interpreted and baseline frames, its
-/// tagged `BytecodeArray` and bytecode-offset slot (0 where the frame has
-/// none or the layout does not say), and its frame pointer.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
-)]
-pub struct JsSlot {
-    pub frame: u32,
-    pub func: u64,
-    #[serde(default)]
-    pub bytecode: u64,
-    #[serde(default)]
-    pub offset: u64,
-    #[serde(default)]
-    pub fp: u64,
 }
 
 /// Frame pointers of a frame-pointer walk through a stack copy, as the
