@@ -9,6 +9,7 @@
 //! drivers (`record`, `report`, `daemon`); `cli` turns argv into their
 //! configs; `os` is procfs, the clock and units.
 pub mod assemble;
+pub mod classify;
 pub mod cli;
 pub mod commands;
 pub mod fuzzing;

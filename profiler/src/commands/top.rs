@@ -19,6 +19,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 
 use crate::{
+    classify::AppPaths,
     commands::live::{Live, Step},
     commands::{AppArgs, StallArgs},
     model::text::escape,
@@ -27,7 +28,6 @@ use crate::{
     os::proc::{process_alive, read_comm, refuse_target, refuse_thread},
     os::units::{fmt_ns, parse_duration},
     report::aggregate::culprit_name,
-    report::origin::AppPaths,
 };
 
 #[derive(Args, Debug)]

@@ -432,7 +432,7 @@ pub struct Recording {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_quota: Option<CpuQuota>,
     /// `--app-path` prefixes: where the application's code is; empty for
-    /// the guess ([`crate::report::origin`]).
+    /// the guess ([`crate::classify`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub app_paths: Vec<String>,
     pub stalls: Vec<Stall>,

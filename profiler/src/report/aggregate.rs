@@ -3,16 +3,16 @@
 //! In: [`Recording`]. Out: folded stacks (one weight per distinct stack, in
 //! microseconds of stall time) and [`Summary`] (duration percentiles, time
 //! split, top culprits in the app's terms, entry points). Which frames are
-//! the app's is [`origin`]'s answer; the culprit of a part is its innermost
+//! the app's is [`classify`]'s answer; the culprit of a part is its innermost
 //! app frame past the loop, with the library call it went through
 //! ([`blame`]), else the older rule ([`fallback_culprit`]).
 use std::collections::{BTreeMap, HashMap};
 
-use crate::model::{Frame, FrameKind, PartKind, Recording, StackPart, Stall};
-use crate::report::{
-    origin::{self, AppPaths, is_perf_map_js},
-    view,
+use crate::classify::{
+    self, AppPaths, is_interpreter_frame, is_node_internal_js, is_perf_map_js, is_runtime_frame,
+    is_system_lib,
 };
+use crate::model::{Frame, FrameKind, PartKind, Recording, StackPart, Stall};
 
 /// Stall time per distinct folded stack, in nanoseconds, sorted by stack.
 pub fn folded_ns(stalls: &[Stall]) -> BTreeMap<String, u64> {
@@ -43,64 +43,6 @@ pub fn folded_lines(stalls: &[Stall]) -> Vec<String> {
         .into_iter()
         .map(|(k, ns)| format!("{k} {}", ((ns + 500) / 1000).max(1)))
         .collect()
-}
-
-/// The C runtime and the vDSO: their frames are the means of blocking
-/// (`read`, `nanosleep`), never the culprit.
-fn is_system_lib(f: &Frame) -> bool {
-    let Some(m) = f.module.as_deref() else {
-        return f.name.starts_with('[');
-    };
-    m.starts_with('[')
-        || [
-            "libc.so",
-            "libc-",
-            "ld-linux",
-            "libpthread",
-            "libm.so",
-            "librt",
-            "libdl",
-            "libgcc_s",
-            "libstdc++",
-        ]
-        .iter()
-        .any(|p| m.starts_with(p))
-}
-
-/// Rust's standard library and async runtimes: like libc, the means, not
-/// the culprit (`Timespec::now` under a spin loop, tokio's poll machinery).
-/// By name, and by source file for what the name does not tell: a
-/// primitive type's method inlined into the app (`<u64>::wrapping_add`)
-/// is named after the type but its file is the standard library's, as the
-/// compiler's debug info gives it (`/rustc/<commit>/library/core/…`).
-fn is_runtime_frame(f: &Frame) -> bool {
-    let n = f.name.trim_start_matches('<');
-    [
-        "std::",
-        "core::",
-        "alloc::",
-        "tokio::",
-        "futures_",
-        "futures::",
-        "__rust",
-    ]
-    .iter()
-    .any(|p| n.starts_with(p))
-        || f.file
-            .as_deref()
-            .is_some_and(|file| file.starts_with("/rustc/"))
-}
-
-/// Node's own JavaScript (`node:internal/...`, `node:fs`): like libc, the
-/// means, not the culprit.
-fn is_node_internal_js(f: &Frame) -> bool {
-    match f.kind {
-        FrameKind::Js => f
-            .file
-            .as_deref()
-            .is_none_or(|file| file.starts_with("node:")),
-        _ => f.name.contains(" node:"),
-    }
 }
 
 /// The frame to blame when a part has no app frame ([`AppPaths::is_app`]):
@@ -176,7 +118,7 @@ fn via(p: &StackPart, i: usize, app: &AppPaths) -> Option<String> {
         matches!(
             f.kind,
             FrameKind::Python | FrameKind::Js | FrameKind::Native
-        ) && !view::is_interpreter_frame(f)
+        ) && !is_interpreter_frame(f)
     })?;
     Some(match app.library(f) {
         Some(lib) => format!("{lib} … {}", f.name),
@@ -185,12 +127,12 @@ fn via(p: &StackPart, i: usize, app: &AppPaths) -> Option<String> {
 }
 
 /// The blame for a part: its innermost app frame ([`AppPaths::is_app`])
-/// past the loop ([`origin::work_start`]: not the `main` that started the
+/// past the loop ([`classify::work_start`]: not the `main` that started the
 /// loop) with the library call it went through, so that a library's time
 /// spread over many of its functions adds up under the app function that
 /// called it; without an app frame there, [`fallback_culprit`] (no `via`).
 pub fn blame<'a>(p: &'a StackPart, app: &AppPaths) -> Option<Blame<'a>> {
-    let from = origin::work_start(&p.frames);
+    let from = classify::work_start(&p.frames);
     match p.frames[from..].iter().rposition(|f| app.is_app(f)) {
         Some(i) => Some(Blame {
             frame: &p.frames[from + i],
@@ -213,10 +155,10 @@ pub fn culprit<'a>(p: &'a StackPart, app: &AppPaths) -> Option<&'a Frame> {
 
 /// A part's entry point: the outermost app frame past the loop's last
 /// dispatch point (asyncio's or uvloop's `Handle._run`: the handler a
-/// server's framework called; [`origin::work_start`]), or the outermost
+/// server's framework called; [`classify::work_start`]), or the outermost
 /// app frame of a stack without a loop. None without an app frame there.
 pub fn entry<'a>(p: &'a StackPart, app: &AppPaths) -> Option<&'a Frame> {
-    p.frames[origin::work_start(&p.frames)..]
+    p.frames[classify::work_start(&p.frames)..]
         .iter()
         .find(|f| app.is_app(f))
 }

@@ -9,10 +9,7 @@
 use std::collections::HashMap;
 
 use crate::model::{Recording, Stall};
-use crate::{
-    os::units::fmt_ns,
-    report::{aggregate::blame, origin::AppPaths},
-};
+use crate::{classify::AppPaths, os::units::fmt_ns, report::aggregate::blame};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gate {

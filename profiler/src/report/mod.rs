@@ -21,7 +21,6 @@ pub mod folded;
 pub mod gate;
 pub mod journal;
 pub mod json;
-pub mod origin;
 pub mod perfetto;
 pub mod pprof;
 pub mod summary;

@@ -30,8 +30,9 @@ use flate2::{Compression, write::GzEncoder};
 
 use crate::model::{Frame, FrameKind, Recording, Stall};
 use crate::{
+    classify::AppPaths,
     os::outdir::OutDir,
-    report::{RenderError, aggregate, origin::AppPaths, write_file},
+    report::{RenderError, aggregate, write_file},
 };
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -32,11 +32,12 @@ use std::collections::HashMap;
 
 use clap::ValueEnum;
 
-use crate::model::{Frame, FrameKind, Stall};
-use crate::report::{
-    aggregate,
-    origin::{self, AppPaths},
+use crate::classify::{
+    AppPaths, is_dispatch_frame, is_interpreter_frame, is_interpreter_module, is_libuv,
+    is_loop_machinery, work_start,
 };
+use crate::model::{Frame, FrameKind, Stall};
+use crate::report::aggregate;
 
 /// Which native frames a view keeps (`--native`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -59,74 +60,6 @@ impl View {
     pub const ALL: View = View {
         native: Native::All,
     };
-}
-
-/// Is `module` the CPython interpreter: its shared library or an executable
-/// with it linked in (`libpython3.11.so.1.0`, `python3.11`, `python3`)?
-pub fn is_interpreter_module(module: &str) -> bool {
-    module.starts_with("libpython") || module.starts_with("python")
-}
-
-/// CPython's eval loop, call dispatch and start-up, by name.
-fn is_interpreter_machinery(name: &str) -> bool {
-    const PREFIXES: &[&str] = &[
-        "_PyEval_",
-        "PyEval_",
-        "_PyObject_Vectorcall",
-        "PyObject_Vectorcall",
-        "_PyObject_Call",
-        "PyObject_Call",
-        "_PyObject_FastCall",
-        "_PyObject_MakeTpCall",
-        "_PyFunction_Vectorcall",
-        "_PyVectorcall_",
-        "PyVectorcall_",
-        "_PyCFunction",
-        "PyCFunction_Call",
-        "cfunction_vectorcall",
-        "cfunction_call",
-        "method_vectorcall",
-        "vectorcall_",
-        "slot_tp_call",
-        "Py_RunMain",
-        "Py_BytesMain",
-        "Py_Main",
-        "pymain_",
-        "_PyRun_",
-        "PyRun_",
-        "pyrun_",
-        "run_mod",
-        "run_eval_code_obj",
-        "_PyGen_Send",
-        "PyGen_am_send",
-        "gen_send",
-        "gen_iternext",
-        "PyIter_Send",
-        "context_run",
-        "_PyContext_",
-        "builtin_exec",
-        "exec_code_in_module",
-        "object_vacall",
-        "function_code_fastcall",
-        "call_function",
-        "do_call_core",
-    ];
-    name == "main" || PREFIXES.iter().any(|p| name.starts_with(p))
-}
-
-/// Is this native frame the interpreter's own, or process start-up?
-pub fn is_interpreter_frame(f: &Frame) -> bool {
-    if f.kind != FrameKind::Native {
-        return false;
-    }
-    let module = f.module.as_deref().unwrap_or("");
-    if f.name == "_start" || f.name.starts_with("__libc_start") {
-        return true;
-    }
-    if module.starts_with("_asyncio") && f.name.starts_with("task_step") {
-        return true;
-    }
-    is_interpreter_module(module) && is_interpreter_machinery(&f.name)
 }
 
 /// The view of one stack before trimming: interpreter frames folded away
@@ -152,7 +85,7 @@ fn fold(frames: &[Frame]) -> Vec<Frame> {
 /// index of the first frame after it, 0 when the stack has none.
 /// - asyncio: after the last `Handle._run`;
 /// - a Cython/libuv loop (uvloop): from the first frame of its machinery
-///   ([`origin::is_loop_machinery`]: libuv, the Cython functions of the
+///   ([`classify::is_loop_machinery`]: libuv, the Cython functions of the
 ///   object file libuv is linked into, asyncio's C task step) through
 ///   every machinery or dispatch frame that follows it without a break.
 ///   Only that first run: a handler calling back into the loop
@@ -160,16 +93,16 @@ fn fold(frames: &[Frame]) -> Vec<Frame> {
 fn dispatch_end(frames: &[Frame]) -> usize {
     let asyncio = frames
         .iter()
-        .rposition(|f| f.kind == FrameKind::Python && origin::is_dispatch_frame(f))
+        .rposition(|f| f.kind == FrameKind::Python && is_dispatch_frame(f))
         .map_or(0, |i| i + 1);
     if !frames.iter().any(Frame::is_interpreted) {
         return asyncio;
     }
     let libuv = frames
         .iter()
-        .find(|f| f.kind == FrameKind::Native && f.name.starts_with("uv_"))
+        .find(|f| is_libuv(f))
         .and_then(|f| f.module.as_deref());
-    let machinery = |f: &Frame| origin::is_loop_machinery(f, libuv) || origin::is_dispatch_frame(f);
+    let machinery = |f: &Frame| is_loop_machinery(f, libuv) || is_dispatch_frame(f);
     let uv = match frames.iter().position(|f| libuv.is_some() && machinery(f)) {
         Some(first) => first + frames[first..].iter().take_while(|f| machinery(f)).count(),
         None => 0,
@@ -187,10 +120,10 @@ fn trim_dispatch(frames: &mut Vec<Frame>, app: &AppPaths) {
     if !frames.iter().any(Frame::is_interpreted) {
         return;
     }
-    // Past the loop's run too ([`origin::work_start`]): a stack whose
+    // Past the loop's run too ([`classify::work_start`]): a stack whose
     // native frames were not unwound shows uvloop's run only as
     // `Runner.run` before the task's Python frames.
-    let end = dispatch_end(frames).max(origin::work_start(frames));
+    let end = dispatch_end(frames).max(work_start(frames));
     if end == 0 {
         return;
     }

@@ -32,6 +32,7 @@ use log::debug;
 
 use crate::{
     assemble::stall::{RawStall, Stacks},
+    classify::is_task_step,
     kernel::event::JsSlot,
     model::{
         CpuHolder, Frame, FrameKind, GilHolder, Holder, HolderRelation, PartKind, StackPart, Stall,
@@ -994,13 +995,10 @@ fn gil_holder(res: &mut dyn Resolve, pid: u32, stacks: &dyn Stacks, id: u32) -> 
 /// after the C task step (`task_step`) or the pure-Python `Task.__step`.
 /// Handles (`Handle._run`) without a task have no coroutine.
 fn asyncio_coroutine(frames: &[Frame]) -> Option<String> {
-    let step = frames.iter().rposition(|f| {
-        (f.kind == FrameKind::Native && (f.name == "task_step" || f.name == "task_step_impl"))
-            || (f.kind == FrameKind::Python && f.name.contains("Task.__step"))
-    })?;
+    let step = frames.iter().rposition(is_task_step)?;
     frames[step + 1..]
         .iter()
-        .find(|f| f.kind == FrameKind::Python && !f.name.contains("Task.__step"))
+        .find(|f| f.kind == FrameKind::Python && !is_task_step(f))
         .map(Frame::label)
 }
 

@@ -8,40 +8,14 @@
 use std::collections::HashMap;
 
 use crate::{
-    model::{Frame, FrameKind, Route, Task},
+    classify::{is_eval_frame, is_gc_frame},
+    model::{Frame, Route, Task},
     symbolize::python::{
         Captured, CodeResolver, Interpreter, PyFrameInfo, RouteRead, RouteReader, TaskRead,
         TaskReader,
     },
 };
 use profiler_common::python::TaskLayout;
-
-/// The native function that executes Python bytecode: each activation runs
-/// one or more Python frames. (Its inline wrapper `_PyEval_EvalFrame`
-/// shows up as an inlined frame of the caller and must not count twice.)
-fn is_eval_frame(f: &Frame) -> bool {
-    f.kind == FrameKind::Native && f.name == "_PyEval_EvalFrameDefault"
-}
-
-/// Entry points of CPython's cyclic garbage collector (3.10-3.13).
-fn is_gc_frame(f: &Frame) -> bool {
-    f.kind == FrameKind::Native
-        && matches!(
-            &*f.name,
-            "collect_with_callback"
-                | "collect_generations"
-                | "gc_collect_main"
-                | "gc_collect_with_callback"
-                | "gc_collect_generations"
-                | "gc_collect_region"
-                | "gc_collect_full"
-                | "gc_collect_young"
-                | "gc_collect_increment"
-                | "_PyGC_Collect"
-                | "_Py_RunGC"
-                | "PyGC_Collect"
-        )
-}
 
 /// Split the walked Python frames (innermost first, `None` = boundary
 /// between eval-loop activations) into groups, outermost group first, each
@@ -244,6 +218,7 @@ impl PyResolver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::FrameKind;
 
     fn n(name: &str) -> Frame {
         Frame::new(name, FrameKind::Native)

@@ -161,7 +161,7 @@ pub struct DaemonConfig {
     pub max_stacks: usize,
     pub rules: Rules,
     /// `app_paths`: where the application's code is (empty: the guess;
-    /// [`crate::report::origin`]).
+    /// [`crate::classify`]).
     pub app_paths: Vec<String>,
 }
 

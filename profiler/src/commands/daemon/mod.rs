@@ -191,7 +191,7 @@ pub struct Shared {
     pub data_dir: PathBuf,
     pub threshold_ns: u64,
     /// Which frames are the application's (`app_paths`).
-    pub app: crate::report::origin::AppPaths,
+    pub app: crate::classify::AppPaths,
     pub recent: Mutex<Recent>,
     pub index: Mutex<Index>,
 }
@@ -247,7 +247,7 @@ async fn daemon(cfg: DaemonConfig, data: OutDir) -> Result<String> {
         metrics: Metrics::new(),
         data_dir: cfg.data_dir.clone(),
         threshold_ns: cfg.threshold_ns,
-        app: crate::report::origin::AppPaths::new(&cfg.app_paths),
+        app: crate::classify::AppPaths::new(&cfg.app_paths),
         recent: Mutex::new(Recent::default()),
         index: Mutex::new(Index::default()),
     });

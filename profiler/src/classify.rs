@@ -1,14 +1,26 @@
-//! Whose code a frame is: the application's, a library's, or the event
-//! loop's dispatch.
+//! What a frame is, by its name, module and file: the one place every
+//! name-based rule lives, so that adding one runtime's machinery touches
+//! this file only.
 //!
-//! In: a [`Frame`] (and the recording's `--app-path` prefixes). Out: is it
-//! the app's ([`AppPaths::is_app`]), which library it belongs to
-//! ([`AppPaths::library`]), is it the loop's dispatch machinery
-//! ([`is_dispatch_frame`], [`is_loop_machinery`]). The culprit and entry
-//! rules ([`crate::report::aggregate`]) and the default view
-//! ([`crate::report::view`]) ask here; nothing else decides it.
+//! In: a [`Frame`] (and the recording's `--app-path` prefixes). Out:
+//! - whose code it is: the application's ([`AppPaths::is_app`]) or which
+//!   library's ([`AppPaths::library`]);
+//! - the interpreter's own machinery ([`is_interpreter_frame`]: CPython's
+//!   eval, call and start-up frames) and its eval loop
+//!   ([`is_eval_frame`]: where Python frames are merged into native ones);
+//! - the event loop's: its dispatch to a callback ([`is_dispatch_frame`]),
+//!   its run ([`work_start`]), uvloop/libuv machinery
+//!   ([`is_loop_machinery`]), asyncio's task step ([`is_task_step`]);
+//! - the means of blocking, never the culprit: the C runtime
+//!   ([`is_system_lib`]), Rust's standard library and async runtimes
+//!   ([`is_runtime_frame`]), Node's own JavaScript
+//!   ([`is_node_internal_js`]).
 //!
-//! The guess, by the path the runtime reports for the code (a Python code
+//! The symbolizer (a task's coroutine, merging Python frames), the culprit
+//! and entry rules (`report::aggregate`) and the default view
+//! (`report::view`) ask here; nothing else decides it.
+//!
+//! App or library: the guess, by the path the runtime reports for the code (a Python code
 //! object's file, a JavaScript script's name):
 //! - **library**: the runtime's standard library (a path under
 //!   `…/lib/pythonX.Y/` or `…/lib64/pythonX.Y/`, frozen and generated code
@@ -90,7 +102,7 @@ impl AppPaths {
             });
         }
         let module = f.module.as_deref()?;
-        if f.kind != FrameKind::Native || crate::report::view::is_interpreter_module(module) {
+        if f.kind != FrameKind::Native || is_interpreter_module(module) {
             return None;
         }
         Some(module.split('.').next().unwrap_or(module).to_string())
@@ -169,7 +181,7 @@ fn is_cython(f: &Frame) -> bool {
 
 /// libuv's own functions (`uv_run`, `uv__io_poll`, `uv__run_idle`), linked
 /// into uvloop's extension or a shared libuv.
-fn is_libuv(f: &Frame) -> bool {
+pub fn is_libuv(f: &Frame) -> bool {
     f.kind == FrameKind::Native && (f.name.starts_with("uv_") || f.name.starts_with("uv__"))
 }
 
@@ -231,6 +243,167 @@ pub fn is_loop_machinery(f: &Frame, module_of_libuv: Option<&str>) -> bool {
             .as_deref()
             .is_some_and(|m| m.starts_with("_asyncio"))
         && (f.name.starts_with("task_step") || f.name.starts_with("TaskStepMethWrapper"))
+}
+
+/// Is `module` the CPython interpreter: its shared library or an executable
+/// with it linked in (`libpython3.11.so.1.0`, `python3.11`, `python3`)?
+pub fn is_interpreter_module(module: &str) -> bool {
+    module.starts_with("libpython") || module.starts_with("python")
+}
+
+/// CPython's eval loop, call dispatch and start-up, by name.
+fn is_interpreter_machinery(name: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "_PyEval_",
+        "PyEval_",
+        "_PyObject_Vectorcall",
+        "PyObject_Vectorcall",
+        "_PyObject_Call",
+        "PyObject_Call",
+        "_PyObject_FastCall",
+        "_PyObject_MakeTpCall",
+        "_PyFunction_Vectorcall",
+        "_PyVectorcall_",
+        "PyVectorcall_",
+        "_PyCFunction",
+        "PyCFunction_Call",
+        "cfunction_vectorcall",
+        "cfunction_call",
+        "method_vectorcall",
+        "vectorcall_",
+        "slot_tp_call",
+        "Py_RunMain",
+        "Py_BytesMain",
+        "Py_Main",
+        "pymain_",
+        "_PyRun_",
+        "PyRun_",
+        "pyrun_",
+        "run_mod",
+        "run_eval_code_obj",
+        "_PyGen_Send",
+        "PyGen_am_send",
+        "gen_send",
+        "gen_iternext",
+        "PyIter_Send",
+        "context_run",
+        "_PyContext_",
+        "builtin_exec",
+        "exec_code_in_module",
+        "object_vacall",
+        "function_code_fastcall",
+        "call_function",
+        "do_call_core",
+    ];
+    name == "main" || PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// Is this native frame the interpreter's own, or process start-up?
+pub fn is_interpreter_frame(f: &Frame) -> bool {
+    if f.kind != FrameKind::Native {
+        return false;
+    }
+    let module = f.module.as_deref().unwrap_or("");
+    if f.name == "_start" || f.name.starts_with("__libc_start") {
+        return true;
+    }
+    if module.starts_with("_asyncio") && f.name.starts_with("task_step") {
+        return true;
+    }
+    is_interpreter_module(module) && is_interpreter_machinery(&f.name)
+}
+
+/// The C runtime and the vDSO: their frames are the means of blocking
+/// (`read`, `nanosleep`), never the culprit.
+pub fn is_system_lib(f: &Frame) -> bool {
+    let Some(m) = f.module.as_deref() else {
+        return f.name.starts_with('[');
+    };
+    m.starts_with('[')
+        || [
+            "libc.so",
+            "libc-",
+            "ld-linux",
+            "libpthread",
+            "libm.so",
+            "librt",
+            "libdl",
+            "libgcc_s",
+            "libstdc++",
+        ]
+        .iter()
+        .any(|p| m.starts_with(p))
+}
+
+/// Rust's standard library and async runtimes: like libc, the means, not
+/// the culprit (`Timespec::now` under a spin loop, tokio's poll machinery).
+/// By name, and by source file for what the name does not tell: a
+/// primitive type's method inlined into the app (`<u64>::wrapping_add`)
+/// is named after the type but its file is the standard library's, as the
+/// compiler's debug info gives it (`/rustc/<commit>/library/core/…`).
+pub fn is_runtime_frame(f: &Frame) -> bool {
+    let n = f.name.trim_start_matches('<');
+    [
+        "std::",
+        "core::",
+        "alloc::",
+        "tokio::",
+        "futures_",
+        "futures::",
+        "__rust",
+    ]
+    .iter()
+    .any(|p| n.starts_with(p))
+        || f.file
+            .as_deref()
+            .is_some_and(|file| file.starts_with("/rustc/"))
+}
+
+/// Node's own JavaScript (`node:internal/...`, `node:fs`): like libc, the
+/// means, not the culprit.
+pub fn is_node_internal_js(f: &Frame) -> bool {
+    match f.kind {
+        FrameKind::Js => f
+            .file
+            .as_deref()
+            .is_none_or(|file| file.starts_with("node:")),
+        _ => f.name.contains(" node:"),
+    }
+}
+
+/// asyncio's task step, where a task's coroutine is resumed: the C
+/// accelerator's `task_step`/`task_step_impl` (native), or the pure-Python
+/// `Task.__step` (3.10's and a build without `_asyncio`).
+pub fn is_task_step(f: &Frame) -> bool {
+    (f.kind == FrameKind::Native && (f.name == "task_step" || f.name == "task_step_impl"))
+        || (f.kind == FrameKind::Python && f.name.contains("Task.__step"))
+}
+
+/// The native function that executes Python bytecode: each activation runs
+/// one or more Python frames. (Its inline wrapper `_PyEval_EvalFrame`
+/// shows up as an inlined frame of the caller and must not count twice.)
+pub fn is_eval_frame(f: &Frame) -> bool {
+    f.kind == FrameKind::Native && f.name == "_PyEval_EvalFrameDefault"
+}
+
+/// Entry points of CPython's cyclic garbage collector (3.10-3.13).
+pub fn is_gc_frame(f: &Frame) -> bool {
+    f.kind == FrameKind::Native
+        && matches!(
+            &*f.name,
+            "collect_with_callback"
+                | "collect_generations"
+                | "gc_collect_main"
+                | "gc_collect_with_callback"
+                | "gc_collect_generations"
+                | "gc_collect_region"
+                | "gc_collect_full"
+                | "gc_collect_young"
+                | "gc_collect_increment"
+                | "_PyGC_Collect"
+                | "_Py_RunGC"
+                | "PyGC_Collect"
+        )
 }
 
 #[cfg(test)]
