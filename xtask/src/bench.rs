@@ -172,12 +172,11 @@ pub fn run(quick: bool, only: &[String]) -> Result<()> {
     }
     let full = header(&env, &plan, only, started.elapsed()) + &glance.text() + &doc;
     fs::write(env.work.join("benchmarks.md"), &full)?;
-    let target = if only.is_empty() {
-        env.root.join("docs/benchmarks.md")
+    let target = env.root.join(if only.is_empty() {
+        "target/bench/benchmarks.md"
     } else {
-        // A partial run must not replace the other sections' figures.
-        env.root.join("target/bench/benchmarks-partial.md")
-    };
+        "target/bench/benchmarks-partial.md"
+    });
     fs::write(&target, &full)?;
     eprintln!(
         "bench: wrote {} ({:.0} s)",
