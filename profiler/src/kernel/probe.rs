@@ -38,7 +38,7 @@ use thiserror::Error;
 
 use crate::{
     kernel::{btf, runtimes::ParkPoint, waits},
-    model::{ProbeSet, SCHED_CLASSIC, SCHED_RAW, SCHED_THREAD_EVENTS},
+    model::{ProbeSet, SchedulerProbes, WaitProbes},
 };
 
 /// The eBPF object built by build.rs from `profiler-ebpf`.
@@ -717,7 +717,7 @@ impl Probes {
         if choice == ProbeChoice::Tracepoints {
             probes.attach_wait_tracepoints()?;
         } else {
-            probes.set.waits = "uprobes".into();
+            probes.set.waits = WaitProbes::Uprobes;
         }
         let perf_programs: &[&str] = if switches.is_some() {
             &["sp_sample", "sp_thread_switch"]
@@ -732,7 +732,7 @@ impl Probes {
             if tgid != 0 {
                 probes.attach_thread_events(tgid)?;
             }
-            probes.set.scheduler = SCHED_THREAD_EVENTS.into();
+            probes.set.scheduler = SchedulerProbes::ThreadEvents;
         }
         if raw.is_some() {
             let all = [
@@ -751,7 +751,7 @@ impl Probes {
                 })?;
             }
             if switches.is_none() {
-                probes.set.scheduler = SCHED_RAW.into();
+                probes.set.scheduler = SchedulerProbes::RawTracepoints;
             }
         } else {
             let sched: Vec<&Tracepoint> = tracepoints
@@ -759,7 +759,7 @@ impl Probes {
                 .filter(|t| t.category == "sched")
                 .collect();
             probes.attach_tracepoints(&sched)?;
-            probes.set.scheduler = SCHED_CLASSIC.into();
+            probes.set.scheduler = SchedulerProbes::Tracepoints;
         }
 
         // With the per-thread switch events the samples are per thread too
@@ -783,7 +783,8 @@ impl Probes {
         }
         info!(
             "probes attached (tgid {tgid}, {sample_hz} Hz; scheduler: {}, waits: {})",
-            probes.set.scheduler, probes.set.waits
+            probes.set.scheduler.as_str(),
+            probes.set.waits.as_str()
         );
         Ok(probes)
     }
@@ -888,7 +889,7 @@ impl Probes {
     /// The wait syscalls' tracepoints, host-wide: the fallback for waits no
     /// uprobe sees (and `--probes tracepoints`). Once.
     fn attach_wait_tracepoints(&mut self) -> Result<(), ProbeError> {
-        if self.set.waits.contains("tracepoints") {
+        if self.set.waits.on_tracepoints() {
             return Ok(());
         }
         let all = tracepoints();
@@ -897,9 +898,9 @@ impl Probes {
         // Uprobes already serving some process stand down now (see
         // `WAIT_TRACEPOINTS`), but they did serve until here.
         self.set.waits = if self.waits_done.is_empty() {
-            "tracepoints".into()
+            WaitProbes::Tracepoints
         } else {
-            "uprobes+tracepoints".into()
+            WaitProbes::UprobesThenTracepoints
         };
         Ok(())
     }
@@ -919,7 +920,7 @@ impl Probes {
     pub fn watch_waits(&mut self, pid: u32, last_try: bool) -> bool {
         // The daemon chooses per process ([`Probes::watch_included_waits`])
         // or per file ([`Probes::watch_file_waits`]).
-        if self.set.waits.contains("tracepoints") || self.tgid == 0 {
+        if self.set.waits.on_tracepoints() || self.tgid == 0 {
             return true;
         }
         let waits::WaitPoints {
@@ -993,7 +994,7 @@ impl Probes {
     /// it) or the attach failed (tried again at the next look). A static
     /// binary's own waits are not seen (as without include rules).
     pub fn watch_included_waits(&mut self, pid: u32) -> bool {
-        if self.set.waits.contains("tracepoints") {
+        if self.set.waits.on_tracepoints() {
             return true;
         }
         let found = waits::wait_points(pid);
@@ -1079,7 +1080,7 @@ impl Probes {
     /// host's C library covers every process started later; a container
     /// brings its own). True when it maps a C library.
     pub fn watch_file_waits(&mut self, pid: u32) -> bool {
-        if self.set.waits.contains("tracepoints") {
+        if self.set.waits.on_tracepoints() {
             return true;
         }
         let mut c_library = false;
@@ -1192,7 +1193,7 @@ impl Probes {
     /// Waits some process makes cannot be seen by uprobes: the syscall
     /// tracepoints serve from now on, and the reason is noted.
     fn wait_fallback(&mut self, why: String) {
-        if self.set.waits.contains("tracepoints") {
+        if self.set.waits.on_tracepoints() {
             return;
         }
         log::warn!(
@@ -1255,7 +1256,7 @@ impl Probes {
         // The daemon watches an elected loop thread's switches and samples
         // it from now (a recording's threads are watched from attach).
         if self.tgid == 0
-            && self.set.scheduler == SCHED_THREAD_EVENTS
+            && self.set.scheduler == SchedulerProbes::ThreadEvents
             && !self.thread_links.contains_key(&tid)
         {
             match self.open_thread_events(tid, false) {
