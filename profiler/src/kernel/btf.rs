@@ -3,8 +3,10 @@
 //! that `tgid` follows it), and that each raw tracepoint passes what the
 //! programs expect (`btf_trace_<name>`'s prototype).
 //!
-//! In: `/sys/kernel/btf/vmlinux`. Out: [`RawLayout`], or why not — then the
-//! probes fall back to the classic tracepoints, which need neither.
+//! In: `/sys/kernel/btf/vmlinux`, read once. Out: [`KernelLayouts`]: the
+//! raw tracepoints' [`RawLayout`] (or why not — then the probes fall back
+//! to the classic tracepoints, which need neither), and the task and run
+//! queue fields the per-thread switch and throttling readers load.
 //!
 //! Constraints: a raw tracepoint has no record layout to check; its
 //! arguments are the kernel function's, and a task field read at a wrong
@@ -468,16 +470,6 @@ pub fn switch_layout(data: &[u8]) -> Result<SwitchLayout, Unusable> {
     })
 }
 
-/// [`switch_layout`] of the running kernel.
-pub fn running_kernel_switches() -> Result<SwitchLayout, Unusable> {
-    switch_layout(&vmlinux()?)
-}
-
-/// [`throttle_layout`] of the running kernel.
-pub fn running_kernel_throttle() -> Result<ThrottleLayout, Unusable> {
-    throttle_layout(&vmlinux()?)
-}
-
 /// Offset of `task_struct.sched_info.run_delay` (an 8-byte count of the ns
 /// a task ever waited runnable for a CPU, kept with `CONFIG_SCHED_INFO`):
 /// how long a loop thread woken in its park waited for a CPU, read at the
@@ -497,11 +489,6 @@ pub fn run_delay_offset(data: &[u8]) -> Result<u32, Unusable> {
     }
 }
 
-/// [`run_delay_offset`] of the running kernel.
-pub fn running_kernel_run_delay() -> Result<u32, Unusable> {
-    run_delay_offset(&vmlinux()?)
-}
-
 fn vmlinux() -> Result<Vec<u8>, Unusable> {
     std::fs::read(VMLINUX).map_err(|e| {
         Unusable(format!(
@@ -512,9 +499,45 @@ fn vmlinux() -> Result<Vec<u8>, Unusable> {
 
 const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
-/// [`raw_layout`] of the running kernel.
-pub fn running_kernel() -> Result<RawLayout, Unusable> {
-    raw_layout(&vmlinux()?)
+/// Every layout the programs may be given, each read from one BTF blob, or
+/// why this kernel cannot give it: what the kernel offers each probe mode,
+/// read before the attach plan (`kernel::plan`) chooses among them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelLayouts {
+    pub raw: Result<RawLayout, Unusable>,
+    pub switches: Result<SwitchLayout, Unusable>,
+    pub throttle: Result<ThrottleLayout, Unusable>,
+    pub run_delay: Result<u32, Unusable>,
+}
+
+impl KernelLayouts {
+    /// The layouts of BTF blob `data`.
+    pub fn of(data: &[u8]) -> KernelLayouts {
+        KernelLayouts {
+            raw: raw_layout(data),
+            switches: switch_layout(data),
+            throttle: throttle_layout(data),
+            run_delay: run_delay_offset(data),
+        }
+    }
+
+    /// The running kernel's, from one read of its BTF.
+    pub fn running_kernel() -> KernelLayouts {
+        match vmlinux() {
+            Ok(data) => KernelLayouts::of(&data),
+            Err(why) => KernelLayouts::none(why),
+        }
+    }
+
+    /// None of them, all for the same reason (a kernel without BTF).
+    pub fn none(why: Unusable) -> KernelLayouts {
+        KernelLayouts {
+            raw: Err(why.clone()),
+            switches: Err(why.clone()),
+            throttle: Err(why.clone()),
+            run_delay: Err(why),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -643,7 +666,9 @@ mod tests {
     /// The running kernel (6.18 here) is given raw tracepoints.
     #[test]
     fn this_kernel_tells_throttled_tasks_by_their_flag() {
-        let l = running_kernel_throttle().expect("this 6.18 kernel has CFS bandwidth in its BTF");
+        let l = KernelLayouts::running_kernel()
+            .throttle
+            .expect("this 6.18 kernel has CFS bandwidth in its BTF");
         assert_eq!(l.model, profiler_common::throttle_model::TASK);
         assert!(l.task_throttled > 0 && l.task_cfs_rq > 0 && l.cfs_rq_self_time > 0);
     }
@@ -651,9 +676,11 @@ mod tests {
     /// This kernel keeps run delays (`/proc/PID/schedstat`'s second field).
     #[test]
     fn this_kernel_has_the_per_thread_switch_layout() {
-        let l = running_kernel_switches().expect("BTF with sched_info and group scheduling here");
-        let pid = running_kernel().unwrap().task_pid_offset;
-        let delay = running_kernel_run_delay().unwrap();
+        let l = KernelLayouts::running_kernel()
+            .switches
+            .expect("BTF with sched_info and group scheduling here");
+        let pid = KernelLayouts::running_kernel().raw.unwrap().task_pid_offset;
+        let delay = KernelLayouts::running_kernel().run_delay.unwrap();
         assert!(l.task_state > 0 && l.task_state < pid, "{l:?}");
         // Both in task_struct.sched_info, last_arrival after run_delay.
         let arrival = l.task_last_arrival;
@@ -663,7 +690,10 @@ mod tests {
         );
         assert_eq!(
             l.task_cfs_rq,
-            running_kernel_throttle().unwrap().task_cfs_rq
+            KernelLayouts::running_kernel()
+                .throttle
+                .unwrap()
+                .task_cfs_rq
         );
         assert!(l.cfs_rq_rq > 0 && l.rq_clock > 0 && l.rq_curr > 0, "{l:?}");
         // comm comes after the ids, inside task_struct.
@@ -673,8 +703,10 @@ mod tests {
 
     #[test]
     fn this_kernel_keeps_run_delays() {
-        let off = running_kernel_run_delay().expect("CONFIG_SCHED_INFO=y here");
-        let pid = running_kernel().unwrap().task_pid_offset;
+        let off = KernelLayouts::running_kernel()
+            .run_delay
+            .expect("CONFIG_SCHED_INFO=y here");
+        let pid = KernelLayouts::running_kernel().raw.unwrap().task_pid_offset;
         assert!(off > 0 && off != pid, "run_delay at {off}");
         assert!(run_delay_offset(b"").is_err());
         assert!(
@@ -688,7 +720,7 @@ mod tests {
         if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
             panic!("/sys/kernel/btf/vmlinux missing: this machine's kernel has no BTF");
         }
-        let layout = running_kernel().unwrap();
+        let layout = KernelLayouts::running_kernel().raw.unwrap();
         assert!(layout.task_pid_offset > 0);
     }
 }

@@ -5,6 +5,7 @@
 //! functions (`waits`) and runtime park functions (`runtimes`).
 pub mod btf;
 pub mod event;
+pub mod plan;
 pub mod probe;
 pub mod runtimes;
 pub mod waits;

@@ -1,10 +1,12 @@
 //! Probes: load the eBPF object, set its globals, attach, and detach.
 //!
 //! The only module that owns `aya::Ebpf`. In: target tgid, sampling
-//! frequency. Out: the ring buffer to read events from, loop-key updates in,
-//! failure counters out. Dropping [`Probes`] detaches every program and
-//! closes every map: nothing stays loaded after a recording, whatever route
-//! it ended by.
+//! frequency, `--probes`. Out: the ring buffer to read events from, loop-key
+//! updates in, failure counters out. [`Probes::attach`] reads what the host
+//! offers, lets `kernel::plan` decide everything (scheduler mode, globals,
+//! programs), then loads and attaches what the plan lists, in its order.
+//! Dropping [`Probes`] detaches every program and closes every map: nothing
+//! stays loaded after a recording, whatever route it ended by.
 //!
 //! Before loading anything, every tracepoint record field the programs load
 //! at a fixed offset (`profiler_common::tracepoint`) is checked against the
@@ -36,9 +38,16 @@ use profiler_common::{
 };
 use thiserror::Error;
 
+// The CLI and the daemon's config name it here, beside `Probes::attach`.
+pub use crate::kernel::plan::ProbeChoice;
 use crate::{
-    kernel::{btf, runtimes::ParkPoint, waits},
-    model::{ProbeSet, SCHED_CLASSIC, SCHED_RAW, SCHED_THREAD_EVENTS},
+    kernel::{
+        btf,
+        plan::{Attach, AttachPlan, GlobalValue, Host, Load, ProgramKind, Request},
+        runtimes::ParkPoint,
+        waits,
+    },
+    model::{ProbeSet, SchedulerProbes, WaitProbes},
 };
 
 /// The eBPF object built by build.rs from `profiler-ebpf`.
@@ -471,22 +480,17 @@ fn detach_all(links: Vec<UProbeLink>) {
     debug!("{n} uprobe links detached in {:?}", t0.elapsed());
 }
 
-/// What the user asked for (`--probes`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum ProbeChoice {
-    /// Uprobes on the watched processes' wait functions; for the scheduler
-    /// and the sampling, per-thread perf events on the recorded process's
-    /// threads (the daemon: on each loop thread it elects); each falls back
-    /// where it cannot serve.
-    #[default]
-    Auto,
-    /// The raw scheduler tracepoints even for one process (every context
-    /// switch and wakeup on the host runs a program while attached), and
-    /// CPU-clock sampling on every CPU.
-    RawTracepoints,
-    /// The classic tracepoints for everything (every process on the host
-    /// pays for its syscalls and context switches while attached).
-    Tracepoints,
+/// What the host offers the plan: the kernel's BTF layouts (one read of
+/// its BTF) and its CPU counts.
+fn read_host() -> Result<Host, ProbeError> {
+    let layouts = btf::KernelLayouts::running_kernel();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let possible_cpus = nr_cpus().map_err(|(_, e)| ProbeError::Cpus(e))? as u32;
+    Ok(Host {
+        layouts,
+        cpus,
+        possible_cpus,
+    })
 }
 
 /// The default sampling gate for a stall threshold (see `SAMPLE_AFTER_NS` in
@@ -498,43 +502,6 @@ pub enum ProbeChoice {
 pub fn default_sample_after(threshold_ns: u64) -> u64 {
     (threshold_ns / 20).min(2_000_000)
 }
-
-/// Agent delay the ring buffer absorbs at full sampling rate on every CPU.
-/// The drain no longer waits on symbolization (`pipeline/symbolizer.rs`)
-/// nor on a runtime's symbol table, but it is one thread on a loaded host:
-/// with 100 ms (an 8 MiB ring for `record` on 2 CPUs when every stack event
-/// took the full ~35 KiB) the demo lost 348 events once in 7 runs at a load
-/// average of 10 on this 2-vCPU VM, the drain not scheduled for a quarter
-/// of a second. The largest backlog a
-/// drain found is logged at the end (`-v`: "at most N KiB waiting").
-const RING_SLACK_MS: u64 = 125;
-/// The smallest ring buffer: room for switch-outs and bursts beyond samples
-/// (the daemon at 199 Hz: 0.5 s of both CPUs' stacks at the planned size,
-/// 1.5 s at the 7 KiB a Python stack event measures). Its pages are
-/// resident from attach, twice over (see [`ring_bytes`]).
-const RING_MIN_BYTES: u32 = 4 << 20;
-
-/// Ring-buffer size for `sample_hz` on `cpus` CPUs: every CPU sampling a
-/// busy loop thread fills `RING_SLACK_MS` of it, as a power of two between
-/// [`RING_MIN_BYTES`] and `RINGBUF_BYTES`. A stack event is sent cut to its
-/// valid user-stack bytes; it is planned at 16 KiB of copy
-/// ([`PLANNED_STACK_EVENT`]; the recordings of Python and C loops measure
-/// 6–12 KiB, Node's deepest stacks up to the full 64). The agent maps the data
-/// pages twice (for reads across the wrap), all of them resident from
-/// attach, so its RSS holds twice this: sized to what the gate lets
-/// through, not to the worst case.
-pub fn ring_bytes(sample_hz: u64, cpus: u64) -> u32 {
-    let per_sec = sample_hz * cpus * PLANNED_STACK_EVENT as u64;
-    let want = (per_sec * RING_SLACK_MS / 1000).next_power_of_two();
-    want.clamp(RING_MIN_BYTES as u64, profiler_common::RINGBUF_BYTES as u64) as u32
-}
-
-/// The ring space a stack event is planned to take: everything before the
-/// user-stack copy, and 16 KiB of it (more than the 6–12 KiB most events
-/// measure; the whole copy, 64 KiB, would double the ring and the agent's
-/// RSS for the few deepest stacks).
-const PLANNED_STACK_EVENT: usize =
-    std::mem::offset_of!(profiler_common::StackEvent, stack) + (16 << 10);
 
 /// One watched thread's per-thread events (the daemon's elected loops).
 struct ThreadLinks {
@@ -559,110 +526,48 @@ impl Probes {
             debug!("not root; relying on capabilities");
         }
         ensure_tracefs()?;
-        let tracepoints = tracepoints();
-        check_layouts(&tracepoints)?;
-        let mut set = ProbeSet::default();
-        let raw = match choice {
-            ProbeChoice::Tracepoints => {
-                set.notes
-                    .push("classic tracepoints, as asked (--probes tracepoints)".into());
-                None
-            }
-            ProbeChoice::Auto | ProbeChoice::RawTracepoints => match btf::running_kernel() {
-                Ok(layout) => Some(layout),
-                Err(why) => {
-                    set.notes.push(format!(
-                        "scheduler: classic tracepoints, because {why}: every context switch \
-                         on the host builds a trace record while attached"
-                    ));
-                    None
-                }
-            },
+        check_layouts(&tracepoints())?;
+        let request = Request {
+            tgid,
+            sample_hz,
+            sample_after_ns,
+            choice,
         };
-        let task_pid_offset = raw.map_or(0, |l| l.task_pid_offset);
-        // Only the watched threads' own switches: the recorded process's
-        // threads, or each loop thread the daemon elects.
-        let switches = match (raw, choice) {
-            (None, _) | (_, ProbeChoice::RawTracepoints) => None,
-            _ => match btf::running_kernel_switches()
-                .and_then(|l| btf::running_kernel_run_delay().map(|_| l))
-            {
-                Ok(l) => Some(l),
-                Err(why) => {
-                    set.notes.push(format!(
-                        "scheduler: raw tracepoints, because {why}: every context switch and \
-                         wakeup on the host runs a program while attached"
-                    ));
-                    None
-                }
-            },
-        };
-        if choice == ProbeChoice::RawTracepoints && raw.is_some() {
-            set.notes.push(
-                "scheduler: raw tracepoints, as asked (--probes raw-tracepoints): every context \
-                 switch and wakeup on the host runs a program while attached"
-                    .into(),
-            );
+        let plan = AttachPlan::new(request, &read_host()?);
+        debug!("ring buffer: {} MiB", plan.maps.events >> 20);
+        let mut probes = Probes::load(&plan)?;
+        for step in &plan.attach {
+            probes.attach_step(step)?;
         }
-        let sw = switches.unwrap_or_default();
-        // CPU throttling is told apart by task fields, whatever probes run.
-        let throttle = match btf::running_kernel_throttle() {
-            Ok(l) => l,
-            Err(why) => {
-                set.notes.push(format!(
-                    "CPU throttling (cgroup CPU quota) is not told apart from run-queue \
-                     waits, because {why}"
-                ));
-                btf::ThrottleLayout::default()
-            }
-        };
-        let run_delay = btf::running_kernel_run_delay().unwrap_or_else(|why| {
-            set.notes.push(format!(
-                "a loop thread's wait for a CPU after its wakeup is not measured, because {why}"
-            ));
-            0
-        });
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
-        let ring = ring_bytes(sample_hz, cpus);
-        debug!("ring buffer: {} MiB", ring >> 20);
-        // Two build slots per CPU that may come online (stack.rs).
-        let possible = nr_cpus().map_err(|(_, e)| ProbeError::Cpus(e))? as u32;
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries("EVENTS", ring)
-            .map_max_entries("STACK_SCRATCH", 2 * possible)
-            .override_global("TARGET_TGID", &tgid, true)
-            .override_global("SAMPLE_AFTER_NS", &sample_after_ns, true)
-            .override_global("TASK_PID_OFFSET", &task_pid_offset, true)
-            .override_global("THROTTLE_MODEL", &throttle.model, true)
-            .override_global("TASK_THROTTLED_OFFSET", &throttle.task_throttled, true)
-            .override_global(
-                "TASK_CFS_RQ_OFFSET",
-                &throttle.task_cfs_rq.max(sw.task_cfs_rq),
-                true,
-            )
-            .override_global("THREAD_SWITCHES", &(switches.is_some() as u32), true)
-            .override_global("TASK_STATE_OFFSET", &sw.task_state, true)
-            .override_global("TASK_LAST_ARRIVAL_OFFSET", &sw.task_last_arrival, true)
-            .override_global("CFS_RQ_RQ_OFFSET", &sw.cfs_rq_rq, true)
-            .override_global("RQ_CLOCK_OFFSET", &sw.rq_clock, true)
-            .override_global("RQ_CURR_OFFSET", &sw.rq_curr, true)
-            .override_global("TASK_COMM_OFFSET", &sw.task_comm, true)
-            .override_global(
-                "CFS_RQ_THROTTLE_COUNT_OFFSET",
-                &throttle.cfs_rq_throttle_count,
-                true,
-            )
-            .override_global("CFS_RQ_SELF_TIME_OFFSET", &throttle.cfs_rq_self_time, true)
-            .override_global("TASK_RUN_DELAY_OFFSET", &run_delay, true)
-            .load(EBPF_OBJECT)
-            .map_err(|e| {
-                if is_eperm(&e) {
-                    ProbeError::Permission
-                } else {
-                    ProbeError::Load(e)
-                }
-            })?;
+        info!(
+            "probes attached (tgid {tgid}, {sample_hz} Hz; scheduler: {}, waits: {})",
+            probes.set.scheduler.as_str(),
+            probes.set.waits.as_str()
+        );
+        Ok(probes)
+    }
 
+    /// The object loaded with the plan's globals and map sizes, its maps
+    /// taken and the plan's programs loaded; nothing attached yet.
+    fn load(plan: &AttachPlan) -> Result<Probes, ProbeError> {
+        let globals = plan.globals.each();
+        let mut loader = EbpfLoader::new();
+        loader
+            .map_max_entries("EVENTS", plan.maps.events)
+            .map_max_entries("STACK_SCRATCH", plan.maps.stack_scratch);
+        for (name, value) in &globals {
+            match value {
+                GlobalValue::U32(v) => loader.override_global(name, v, true),
+                GlobalValue::U64(v) => loader.override_global(name, v, true),
+            };
+        }
+        let mut ebpf = loader.load(EBPF_OBJECT).map_err(|e| {
+            if is_eperm(&e) {
+                ProbeError::Permission
+            } else {
+                ProbeError::Load(e)
+            }
+        })?;
         let loop_keys = take_map(&mut ebpf, "LOOP_KEYS", BpfHashMap::try_from)?;
         let loop_gen = take_map(&mut ebpf, "LOOP_GEN", Array::try_from)?;
         let py_procs = take_map(&mut ebpf, "PY_PROCS", BpfHashMap::try_from)?;
@@ -672,7 +577,7 @@ impl Probes {
         let filtered = take_map(&mut ebpf, "FILTERED", PerCpuArray::try_from)?;
         let mut wait_tracepoints = take_map(&mut ebpf, "WAIT_TRACEPOINTS", Array::try_from)?;
         let reader_asleep = take_map(&mut ebpf, "READER_ASLEEP", Array::try_from)?;
-        if choice == ProbeChoice::Tracepoints {
+        if plan.wait_tracepoints {
             wait_tracepoints
                 .set(0, 1, 0)
                 .map_err(|source| ProbeError::Map {
@@ -680,19 +585,19 @@ impl Probes {
                     source,
                 })?;
         }
-
-        // Loaded now, attached as runtimes and wait functions are found.
-        for prog in [
-            "sp_park_enter",
-            "sp_park_exit",
-            "sp_uwait_enter",
-            "sp_uwait_exit",
-        ] {
-            let p: &mut UProbe = program(&mut ebpf, prog)?;
-            p.load().map_err(|source| load_error(prog, source))?;
+        for &Load {
+            program: name,
+            kind,
+        } in &plan.load
+        {
+            match kind {
+                ProgramKind::UProbe => program::<UProbe>(&mut ebpf, name)?.load(),
+                ProgramKind::PerfEvent => program::<PerfEvent>(&mut ebpf, name)?.load(),
+                ProgramKind::RawTracePoint => program::<RawTracePoint>(&mut ebpf, name)?.load(),
+            }
+            .map_err(|source| load_error(name, source))?;
         }
-
-        let mut probes = Probes {
+        Ok(Probes {
             ebpf,
             loop_keys,
             loop_gen,
@@ -703,89 +608,55 @@ impl Probes {
             stats,
             filtered,
             update_failures: BTreeMap::new(),
-            tgid,
+            tgid: plan.request.tgid,
             wait_tracepoints,
             reader_asleep,
-            set,
+            set: plan.probes.clone(),
             waits_done: HashSet::new(),
             thread_links: Default::default(),
-            sample_hz,
+            sample_hz: plan.request.sample_hz,
             host_files: HashSet::new(),
             process_waits: Default::default(),
             reaper: LinkReaper::default(),
-        };
-        if choice == ProbeChoice::Tracepoints {
-            probes.attach_wait_tracepoints()?;
-        } else {
-            probes.set.waits = "uprobes".into();
-        }
-        let perf_programs: &[&str] = if switches.is_some() {
-            &["sp_sample", "sp_thread_switch"]
-        } else {
-            &["sp_sample"]
-        };
-        for &prog in perf_programs {
-            let p: &mut PerfEvent = program(&mut probes.ebpf, prog)?;
-            p.load().map_err(|source| load_error(prog, source))?;
-        }
-        if switches.is_some() {
-            if tgid != 0 {
-                probes.attach_thread_events(tgid)?;
-            }
-            probes.set.scheduler = SCHED_THREAD_EVENTS.into();
-        }
-        if raw.is_some() {
-            let all = [
-                ("sp_raw_exit", "sched_process_exit"),
-                ("sp_raw_sched_wakeup", "sched_wakeup"),
-                ("sp_raw_sched_switch", "sched_switch"),
-            ];
-            // Per-thread switch events need only the exits.
-            let n = if switches.is_some() { 1 } else { all.len() };
-            for (prog, tp) in all.into_iter().take(n) {
-                let p: &mut RawTracePoint = program(&mut probes.ebpf, prog)?;
-                p.load().map_err(|source| load_error(prog, source))?;
-                p.attach(tp).map_err(|source| ProbeError::Attach {
-                    what: format!("raw tracepoint {tp}"),
+        })
+    }
+
+    /// Attach one step of the plan (its programs are loaded).
+    fn attach_step(&mut self, step: &Attach) -> Result<(), ProbeError> {
+        match *step {
+            Attach::WaitTracepoints => self.attach_tracepoints_of("syscalls"),
+            Attach::ThreadEvents { tgid } => self.attach_thread_events(tgid),
+            Attach::SchedTracepoints => self.attach_tracepoints_of("sched"),
+            Attach::RawTracepoint {
+                program: prog,
+                tracepoint,
+            } => {
+                let p: &mut RawTracePoint = program(&mut self.ebpf, prog)?;
+                p.attach(tracepoint).map_err(|source| ProbeError::Attach {
+                    what: format!("raw tracepoint {tracepoint}"),
                     source,
                 })?;
+                Ok(())
             }
-            if switches.is_none() {
-                probes.set.scheduler = SCHED_RAW.into();
-            }
-        } else {
-            let sched: Vec<&Tracepoint> = tracepoints
-                .iter()
-                .filter(|t| t.category == "sched")
-                .collect();
-            probes.attach_tracepoints(&sched)?;
-            probes.set.scheduler = SCHED_CLASSIC.into();
-        }
-
-        // With the per-thread switch events the samples are per thread too
-        // (attached with them): no other task is interrupted.
-        if switches.is_none() {
-            let sample: &mut PerfEvent = program(&mut probes.ebpf, "sp_sample")?;
-            let cpus = online_cpus().map_err(|(_, e)| ProbeError::Cpus(e))?;
-            for cpu in cpus {
-                sample
-                    .attach(
-                        PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                        PerfEventScope::AllProcessesOneCpu { cpu },
-                        SamplePolicy::Frequency(sample_hz),
-                        false,
-                    )
-                    .map_err(|source| ProbeError::Attach {
-                        what: format!("cpu-clock perf event on CPU {cpu}"),
-                        source,
-                    })?;
+            Attach::SampleEveryCpu { hz } => {
+                let sample: &mut PerfEvent = program(&mut self.ebpf, "sp_sample")?;
+                let cpus = online_cpus().map_err(|(_, e)| ProbeError::Cpus(e))?;
+                for cpu in cpus {
+                    sample
+                        .attach(
+                            PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                            PerfEventScope::AllProcessesOneCpu { cpu },
+                            SamplePolicy::Frequency(hz),
+                            false,
+                        )
+                        .map_err(|source| ProbeError::Attach {
+                            what: format!("cpu-clock perf event on CPU {cpu}"),
+                            source,
+                        })?;
+                }
+                Ok(())
             }
         }
-        info!(
-            "probes attached (tgid {tgid}, {sample_hz} Hz; scheduler: {}, waits: {})",
-            probes.set.scheduler, probes.set.waits
-        );
-        Ok(probes)
     }
 
     /// The per-thread events ([`Probes::open_thread_events`]) on every
@@ -869,9 +740,10 @@ impl Probes {
         }
     }
 
-    /// Load (once) and attach classic tracepoints.
-    fn attach_tracepoints(&mut self, tps: &[&Tracepoint]) -> Result<(), ProbeError> {
-        for tp in tps {
+    /// Load (once) and attach the classic tracepoints of `category`
+    /// (`syscalls`: the waits; `sched`).
+    fn attach_tracepoints_of(&mut self, category: &str) -> Result<(), ProbeError> {
+        for tp in tracepoints().iter().filter(|t| t.category == category) {
             let p: &mut TracePoint = program(&mut self.ebpf, tp.program)?;
             if p.fd().is_err() {
                 p.load().map_err(|source| load_error(tp.program, source))?;
@@ -886,20 +758,18 @@ impl Probes {
     }
 
     /// The wait syscalls' tracepoints, host-wide: the fallback for waits no
-    /// uprobe sees (and `--probes tracepoints`). Once.
+    /// uprobe sees. Once.
     fn attach_wait_tracepoints(&mut self) -> Result<(), ProbeError> {
-        if self.set.waits.contains("tracepoints") {
+        if self.set.waits.on_tracepoints() {
             return Ok(());
         }
-        let all = tracepoints();
-        let waits: Vec<&Tracepoint> = all.iter().filter(|t| t.category == "syscalls").collect();
-        self.attach_tracepoints(&waits)?;
+        self.attach_tracepoints_of("syscalls")?;
         // Uprobes already serving some process stand down now (see
         // `WAIT_TRACEPOINTS`), but they did serve until here.
         self.set.waits = if self.waits_done.is_empty() {
-            "tracepoints".into()
+            WaitProbes::Tracepoints
         } else {
-            "uprobes+tracepoints".into()
+            WaitProbes::UprobesThenTracepoints
         };
         Ok(())
     }
@@ -919,7 +789,7 @@ impl Probes {
     pub fn watch_waits(&mut self, pid: u32, last_try: bool) -> bool {
         // The daemon chooses per process ([`Probes::watch_included_waits`])
         // or per file ([`Probes::watch_file_waits`]).
-        if self.set.waits.contains("tracepoints") || self.tgid == 0 {
+        if self.set.waits.on_tracepoints() || self.tgid == 0 {
             return true;
         }
         let waits::WaitPoints {
@@ -993,7 +863,7 @@ impl Probes {
     /// it) or the attach failed (tried again at the next look). A static
     /// binary's own waits are not seen (as without include rules).
     pub fn watch_included_waits(&mut self, pid: u32) -> bool {
-        if self.set.waits.contains("tracepoints") {
+        if self.set.waits.on_tracepoints() {
             return true;
         }
         let found = waits::wait_points(pid);
@@ -1079,7 +949,7 @@ impl Probes {
     /// host's C library covers every process started later; a container
     /// brings its own). True when it maps a C library.
     pub fn watch_file_waits(&mut self, pid: u32) -> bool {
-        if self.set.waits.contains("tracepoints") {
+        if self.set.waits.on_tracepoints() {
             return true;
         }
         let mut c_library = false;
@@ -1192,7 +1062,7 @@ impl Probes {
     /// Waits some process makes cannot be seen by uprobes: the syscall
     /// tracepoints serve from now on, and the reason is noted.
     fn wait_fallback(&mut self, why: String) {
-        if self.set.waits.contains("tracepoints") {
+        if self.set.waits.on_tracepoints() {
             return;
         }
         log::warn!(
@@ -1255,7 +1125,7 @@ impl Probes {
         // The daemon watches an elected loop thread's switches and samples
         // it from now (a recording's threads are watched from attach).
         if self.tgid == 0
-            && self.set.scheduler == SCHED_THREAD_EVENTS
+            && self.set.scheduler == SchedulerProbes::ThreadEvents
             && !self.thread_links.contains_key(&tid)
         {
             match self.open_thread_events(tid, false) {
@@ -1398,16 +1268,6 @@ fn sum_counters<const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ring_is_sized_to_the_sampling_rate() {
-        // 2 CPUs at 999 Hz: ~5 MB of planned stack events in 125 ms -> 8 MiB.
-        assert_eq!(ring_bytes(999, 2), 8 << 20);
-        assert_eq!(ring_bytes(199, 2), RING_MIN_BYTES);
-        assert_eq!(ring_bytes(999, 4), 16 << 20);
-        assert_eq!(ring_bytes(999, 8), 32 << 20);
-        assert_eq!(ring_bytes(10_000, 64), profiler_common::RINGBUF_BYTES);
-    }
 
     /// `events/sched/sched_switch/format` of x86-64 Linux 6.18.
     const SCHED_SWITCH_FORMAT: &str = "\

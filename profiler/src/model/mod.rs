@@ -442,33 +442,164 @@ pub struct Recording {
 /// the summary says it, since the fallbacks cost every process on the host.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProbeSet {
-    /// [`SCHED_THREAD_EVENTS`], [`SCHED_RAW`] or [`SCHED_CLASSIC`].
-    pub scheduler: String,
-    /// `uprobes` (on the watched processes' C library wait functions),
-    /// `tracepoints` (the wait syscalls' tracepoints, host-wide), or
-    /// `uprobes+tracepoints` when some process needed the fallback later.
-    pub waits: String,
+    pub scheduler: SchedulerProbes,
+    pub waits: WaitProbes,
     /// Why any part fell back, and wait functions probed at their entry
     /// (single-stepped: dearer), one line each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
 }
 
-/// The scheduler's probes in a [`ProbeSet`]: a `context-switches` perf
-/// event on each watched thread (the default); the raw `sched_switch` and
-/// `sched_wakeup` tracepoints; the classic ones (the fallback).
-pub const SCHED_THREAD_EVENTS: &str = "thread_perf_events";
-pub const SCHED_RAW: &str = "raw_tracepoints";
-pub const SCHED_CLASSIC: &str = "tracepoints";
-
 impl ProbeSet {
     /// True when some part runs a program for every process on the host:
     /// the scheduler on tracepoints (raw or classic: every context switch),
     /// the waits on the syscall tracepoints (every syscall).
     pub fn host_wide(&self) -> bool {
-        self.scheduler == SCHED_RAW
-            || self.scheduler == SCHED_CLASSIC
-            || self.waits.contains("tracepoints")
+        self.scheduler.host_wide() || self.waits.on_tracepoints()
+    }
+}
+
+/// The scheduler's probes in a [`ProbeSet`]. Its name ([`Self::as_str`])
+/// is what `stalls.json`, the summary and the daemon's `mode` label say.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "&'static str", try_from = "String")]
+pub enum SchedulerProbes {
+    /// A recording from before the probes were recorded (`""`).
+    #[default]
+    Unrecorded,
+    /// A `context-switches` perf event on each watched thread (the default).
+    ThreadEvents,
+    /// The raw `sched_switch` and `sched_wakeup` tracepoints.
+    RawTracepoints,
+    /// The classic ones (the fallback).
+    Tracepoints,
+}
+
+impl SchedulerProbes {
+    const ALL: [SchedulerProbes; 4] = [
+        Self::Unrecorded,
+        Self::ThreadEvents,
+        Self::RawTracepoints,
+        Self::Tracepoints,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unrecorded => "",
+            Self::ThreadEvents => "thread_perf_events",
+            Self::RawTracepoints => "raw_tracepoints",
+            Self::Tracepoints => "tracepoints",
+        }
+    }
+
+    /// A program runs at every context switch on the host.
+    pub fn host_wide(self) -> bool {
+        matches!(self, Self::RawTracepoints | Self::Tracepoints)
+    }
+}
+
+impl From<SchedulerProbes> for &'static str {
+    fn from(s: SchedulerProbes) -> &'static str {
+        s.as_str()
+    }
+}
+
+impl TryFrom<String> for SchedulerProbes {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| format!("unknown scheduler probes {s:?}"))
+    }
+}
+
+/// The wait probes in a [`ProbeSet`], named as [`SchedulerProbes`] are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "&'static str", try_from = "String")]
+pub enum WaitProbes {
+    /// A recording from before the probes were recorded (`""`).
+    #[default]
+    Unrecorded,
+    /// Uprobes on the watched processes' C library wait functions.
+    Uprobes,
+    /// The wait syscalls' tracepoints, host-wide.
+    Tracepoints,
+    /// Uprobes first, the tracepoints once some process needed them.
+    UprobesThenTracepoints,
+}
+
+impl WaitProbes {
+    const ALL: [WaitProbes; 4] = [
+        Self::Unrecorded,
+        Self::Uprobes,
+        Self::Tracepoints,
+        Self::UprobesThenTracepoints,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unrecorded => "",
+            Self::Uprobes => "uprobes",
+            Self::Tracepoints => "tracepoints",
+            Self::UprobesThenTracepoints => "uprobes+tracepoints",
+        }
+    }
+
+    /// The syscall tracepoints serve (a program runs at every syscall on
+    /// the host); the uprobes, if any, stood down.
+    pub fn on_tracepoints(self) -> bool {
+        matches!(self, Self::Tracepoints | Self::UprobesThenTracepoints)
+    }
+}
+
+impl From<WaitProbes> for &'static str {
+    fn from(w: WaitProbes) -> &'static str {
+        w.as_str()
+    }
+}
+
+impl TryFrom<String> for WaitProbes {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| format!("unknown wait probes {s:?}"))
+    }
+}
+
+#[cfg(test)]
+mod probe_set_tests {
+    use super::*;
+
+    /// The names stalls.json has always carried (docs/format.md), each read
+    /// back as the mode it names.
+    #[test]
+    fn probe_modes_keep_their_names_on_the_wire() {
+        let names = |json: String| json.trim_matches('"').to_string();
+        for (m, want) in SchedulerProbes::ALL.into_iter().zip([
+            "",
+            "thread_perf_events",
+            "raw_tracepoints",
+            "tracepoints",
+        ]) {
+            let json = serde_json::to_string(&m).unwrap();
+            assert_eq!(names(json.clone()), want);
+            assert_eq!(serde_json::from_str::<SchedulerProbes>(&json).unwrap(), m);
+        }
+        for (m, want) in
+            WaitProbes::ALL
+                .into_iter()
+                .zip(["", "uprobes", "tracepoints", "uprobes+tracepoints"])
+        {
+            let json = serde_json::to_string(&m).unwrap();
+            assert_eq!(names(json.clone()), want);
+            assert_eq!(serde_json::from_str::<WaitProbes>(&json).unwrap(), m);
+        }
+        assert!(serde_json::from_str::<WaitProbes>("\"kprobes\"").is_err());
+        let set: ProbeSet = serde_json::from_str(r#"{"scheduler":"","waits":""}"#).unwrap();
+        assert_eq!(set, ProbeSet::default());
     }
 }
 

@@ -505,7 +505,7 @@ pub fn from_slice(bytes: &[u8]) -> Result<Recording, FormatError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::FrameKind;
+    use crate::model::{FrameKind, SchedulerProbes, WaitProbes};
 
     fn frame(name: &str, file: Option<&str>, line: Option<u32>, kind: FrameKind) -> Frame {
         Frame {
@@ -605,8 +605,8 @@ mod tests {
             }],
             stallprof_version: "0.1.0".into(),
             probes: ProbeSet {
-                scheduler: "raw_tracepoints".into(),
-                waits: "uprobes+tracepoints".into(),
+                scheduler: SchedulerProbes::RawTracepoints,
+                waits: WaitProbes::UprobesThenTracepoints,
                 notes: vec!["waits: syscall tracepoints, because pid 4 maps none".into()],
             },
             runtime_problems: vec![RuntimeProblem {

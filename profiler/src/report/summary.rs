@@ -256,8 +256,8 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
         let _ = writeln!(
             out,
             "  probes: scheduler {}, waits {}{}",
-            escape(&rec.probes.scheduler),
-            escape(&rec.probes.waits),
+            rec.probes.scheduler.as_str(),
+            rec.probes.waits.as_str(),
             if rec.probes.host_wide() {
                 " — every process on the host paid for its syscalls or context switches \
                  while attached (docs/architecture.md, \"What runs in the kernel\")"

@@ -377,7 +377,7 @@ impl Metrics {
     /// included process's own (else on each C library file).
     pub fn set_probes(&self, set: &crate::model::ProbeSet, per_process_waits: bool) {
         self.probes.clear();
-        let scope = if set.waits == "uprobes" {
+        let scope = if set.waits == crate::model::WaitProbes::Uprobes {
             Some(if per_process_waits {
                 "per_process"
             } else {

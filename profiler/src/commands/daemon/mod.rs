@@ -482,7 +482,7 @@ impl Collector {
         let mut reader = ReaderSleep::default();
         // The reader may sleep only where its own wait is invisible to the
         // probes (see the module doc).
-        let may_sleep = !self.probes.probe_set().waits.contains("tracepoints");
+        let may_sleep = !self.probes.probe_set().waits.on_tracepoints();
         while !stop.load(Ordering::SeqCst) {
             let t0 = Instant::now();
             if self.drain() > 0 {
