@@ -39,18 +39,18 @@ pub fn event(data: &[u8]) {
     let _ = crate::kernel::event::parse(data);
 }
 
-/// `/proc` text formats: `maps` (as the symbolizer, the unwinder and the
-/// Python discovery parse it), `status` lines (`NSpid:`) and `cgroup`
-/// (the container it names).
+/// `/proc` text formats: `maps` (parsed by `os::maps`, then looked up as
+/// the symbolizer does and filtered as the unwinder does), `status` lines
+/// (`NSpid:`) and `cgroup` (the container it names).
 pub fn proc_text(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let addr = data
         .iter()
         .take(8)
         .fold(0u64, |a, &b| a << 8 | u64::from(b));
+    let _ = crate::os::maps::parse(&text);
     let _ = crate::symbolize::fuzz_maps(&text, addr);
     let _ = crate::unwind::fuzz_maps(&text);
-    let _ = crate::symbolize::python::parse_maps(&text);
     let _ = crate::os::proc::innermost_nspid(&text);
     let _ = crate::os::container::from_cgroup(&text);
 }

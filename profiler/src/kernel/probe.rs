@@ -804,9 +804,7 @@ impl Probes {
                         "pid {pid}'s C library could not be read for its wait functions: {}",
                         unreadable.join("; ")
                     )
-                } else if fs::read_link(format!("/proc/{pid}/map_files")).is_err()
-                    && fs::read_dir(format!("/proc/{pid}/map_files")).is_err()
-                {
+                } else if crate::os::maps::map_files_hidden(pid) {
                     format!(
                         "pid {pid}'s mappings cannot be read (another user's process: \
                          stallprof lacks CAP_SYS_PTRACE, or CAP_SYS_ADMIN for map_files)"

@@ -8,7 +8,7 @@
 //! from to run tasks again) can, for both flavours.
 use std::{collections::HashSet, path::PathBuf};
 
-use crate::os::{elf_symbols::ElfSymbols, lacking, limits};
+use crate::os::{elf_symbols::ElfSymbols, lacking, limits, maps};
 
 /// Demangled names (hash stripped) of the park functions, by preference:
 /// the first found per scheduler flavour is used.
@@ -33,16 +33,16 @@ pub struct ParkPoint {
 
 /// Executable file mappings of a process, as paths the agent can open.
 fn mapped_binaries(pid: u32) -> Vec<PathBuf> {
-    let Ok(maps) = limits::read_proc(&format!("/proc/{pid}/maps")) else {
+    let Ok(maps) = maps::read(pid) else {
         return Vec::new();
     };
     let mut seen = HashSet::new();
     let mut out = Vec::new();
-    for line in maps.lines() {
-        let mut it = line.split_ascii_whitespace();
-        let perms = it.nth(1).unwrap_or("");
-        let path = it.nth(3).unwrap_or("");
-        if !perms.contains('x') || !path.starts_with('/') || !seen.insert(path.to_string()) {
+    for m in &maps {
+        // The name it was mapped under: a file deleted since is looked
+        // for there (and not found).
+        let path = m.path_undeleted();
+        if !m.is_exec() || !m.is_file() || !seen.insert(path.to_string()) {
             continue;
         }
         let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));

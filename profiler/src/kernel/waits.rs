@@ -30,7 +30,11 @@ use iced_x86::{
 };
 use profiler_common::sysno;
 
-use crate::os::{elf_symbols::ElfSymbols, limits};
+use crate::os::{
+    elf_symbols::ElfSymbols,
+    limits,
+    maps::{self, Mapping},
+};
 
 /// The C library wait functions, and the syscall each makes.
 pub const WAIT_FUNCTIONS: [(&str, u32); 7] = [
@@ -68,7 +72,7 @@ pub struct WaitPoint {
 /// Executable file mappings of `pid`: (map_files path, device, inode, path
 /// as the process sees it), one per file.
 pub fn mapped_files(pid: u32) -> Vec<(String, (u64, u64), String)> {
-    match limits::read_proc(&format!("/proc/{pid}/maps")) {
+    match maps::read(pid) {
         Ok(maps) => files_in(pid, &maps),
         Err(_) => Vec::new(),
     }
@@ -82,42 +86,27 @@ pub fn maps_c_library(pid: u32) -> bool {
         .any(|(_, _, seen_as)| is_c_library(seen_as))
 }
 
-/// An executable mapping of a file, in a line of `/proc/PID/maps`: its
-/// range and path.
-fn exec_file(line: &str) -> Option<(&str, &str)> {
-    let mut it = line.split_ascii_whitespace();
-    let (range, perms) = (it.next()?, it.next()?);
-    let path = it.nth(3).unwrap_or("");
-    (perms.contains('x') && path.starts_with('/')).then_some((range, path))
+/// An executable mapping of a file: its path as the process sees it
+/// (without the `" (deleted)"` of a file removed since).
+fn exec_file(m: &Mapping) -> Option<&str> {
+    (m.is_exec() && m.is_file()).then(|| m.path_undeleted())
 }
 
-/// The `/proc/PID/map_files` entry of a maps line's range. `maps` pads
-/// addresses to 8 digits, `map_files` names them unpadded: a range below
-/// 0x10000000 (a non-PIE executable at 0x400000: Node, a `cc -static`
-/// binary) has another name there.
-fn map_file(pid: u32, range: &str) -> Option<String> {
-    let (lo, hi) = range.split_once('-')?;
-    let (lo, hi) = (
-        u64::from_str_radix(lo, 16).ok()?,
-        u64::from_str_radix(hi, 16).ok()?,
-    );
-    Some(format!("/proc/{pid}/map_files/{lo:x}-{hi:x}"))
-}
-
-/// [`mapped_files`] of a maps text already read.
-fn files_in(pid: u32, maps: &str) -> Vec<(String, (u64, u64), String)> {
+/// [`mapped_files`] of mappings already read.
+fn files_in(pid: u32, maps: &[Mapping]) -> Vec<(String, (u64, u64), String)> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
-    for (range, path) in maps.lines().filter_map(exec_file) {
-        let Some(via) = map_file(pid, range) else {
+    for m in maps {
+        let Some(path) = exec_file(m) else {
             continue;
         };
+        let via = m.map_file(pid);
         let Ok(meta) = std::fs::metadata(&via) else {
             continue;
         };
         let file = (meta.dev(), meta.ino());
         if seen.insert(file) {
-            out.push((via, file, path.to_string()));
+            out.push((via.to_string_lossy().into_owned(), file, path.to_string()));
         }
     }
     out
@@ -141,10 +130,10 @@ const EXEC_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 pub fn wait_points(pid: u32) -> WaitPoints {
     let deadline = std::time::Instant::now() + EXEC_WAIT;
     let maps = loop {
-        let Ok(maps) = limits::read_proc(&format!("/proc/{pid}/maps")) else {
+        let Ok(maps) = maps::read(pid) else {
             return WaitPoints::default(); // gone
         };
-        if maps.lines().any(|l| exec_file(l).is_some()) || std::time::Instant::now() >= deadline {
+        if maps.iter().any(|m| exec_file(m).is_some()) || std::time::Instant::now() >= deadline {
             break maps;
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
@@ -169,7 +158,7 @@ pub fn wait_points(pid: u32) -> WaitPoints {
             }
         }
     }
-    let mid_exec = !maps.lines().any(|l| exec_file(l).is_some());
+    let mid_exec = !maps.iter().any(|m| exec_file(m).is_some());
     found.more_may_come = mid_exec || loader;
     found
 }
@@ -320,7 +309,11 @@ mod tests {
 
     #[test]
     fn exec_file_lines_of_maps() {
-        let line = |l| exec_file(l).map(|(r, p)| (r.to_string(), p.to_string()));
+        let line = |l| {
+            let m = maps::parse_line(l)?;
+            let range = format!("{:x}-{:x}", m.start, m.end);
+            exec_file(&m).map(|p| (range, p.to_string()))
+        };
         assert_eq!(
             line("7f00-7f10 r-xp 00001000 08:01 1234   /usr/lib/libc.so.6"),
             Some(("7f00-7f10".into(), "/usr/lib/libc.so.6".into()))
@@ -397,29 +390,16 @@ mod tests {
     }
 
     #[test]
-    fn map_files_names_ranges_unpadded() {
-        assert_eq!(
-            map_file(7, "00400000-00b6f000").as_deref(),
-            Some("/proc/7/map_files/400000-b6f000")
-        );
-        assert_eq!(
-            map_file(7, "7f758ff64000-7f75900ba000").as_deref(),
-            Some("/proc/7/map_files/7f758ff64000-7f75900ba000")
-        );
-        assert_eq!(map_file(7, "garbage"), None);
-    }
-
-    #[test]
     fn a_dynamic_executable_asks_for_its_loader() {
         let me = std::env::current_exe().unwrap();
         assert!(asks_for_loader(me.to_str().unwrap()), "{}", me.display());
         // The loader itself is the one that does not (nor does a static
         // binary, or a file that cannot be read).
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        let (_, loader) = maps
-            .lines()
+        let maps = maps::parse(&std::fs::read_to_string("/proc/self/maps").unwrap());
+        let loader = maps
+            .iter()
             .filter_map(exec_file)
-            .find(|(_, p)| is_loader(p))
+            .find(|p| is_loader(p))
             .expect("a test binary maps the dynamic loader");
         assert!(!asks_for_loader(loader), "{loader}");
         assert!(!asks_for_loader("/nonexistent/stallprof-test"));

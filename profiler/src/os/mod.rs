@@ -1,6 +1,8 @@
 //! The operating system as stallprof sees it: procfs, the clock, units, output
 //! directories that cannot be redirected, the container a process runs in, the invoking user, the bounds on
-//! reads the target controls.
+//! reads the target controls; and the target as the OS shows it: its
+//! mappings ([`maps`], the one `/proc/PID/maps` parser) and its memory
+//! ([`memory`], the one `/proc/PID/mem` reader).
 pub mod clock;
 pub mod container;
 pub mod cpu_quota;
@@ -8,6 +10,8 @@ pub mod elf_symbols;
 pub mod heap;
 pub mod lacking;
 pub mod limits;
+pub mod maps;
+pub mod memory;
 pub mod outdir;
 pub mod proc;
 pub mod units;

@@ -8,7 +8,7 @@
 //! then symbolized from the ELF file with blazesym (demangled, with file:line
 //! and inlined functions where DWARF exists). The snapshot outlives the
 //! process, so a command that exits right after its last stall still gets
-//! names. Files are opened as mapped ([`python::mapped_file`]: through the
+//! names. Files are opened as mapped ([`maps::mapped_file`]: through the
 //! target's root, a container's, when device and inode match the mapping;
 //! else its `map_files` entry; never a host file that merely has the same
 //! path). Results are cached per (device, inode, offset) and per kernel
@@ -38,7 +38,10 @@ use crate::{
         CpuHolder, Frame, FrameKind, GilHolder, Holder, HolderRelation, PartKind, StackPart, Stall,
         ThreadInfo,
     },
-    os::limits,
+    os::{
+        limits,
+        maps::{self, Mapping, mapped_file},
+    },
     symbolize::pyframes::PyResolver,
 };
 
@@ -71,17 +74,6 @@ pub trait ResolveRuntime {
 pub trait Resolve: ResolveNative + ResolveRuntime {}
 impl<T: ResolveNative + ResolveRuntime + ?Sized> Resolve for T {}
 
-#[derive(Clone, Debug)]
-struct Mapping {
-    start: u64,
-    end: u64,
-    offset: u64,
-    /// Device (major, minor) and inode of the mapped file.
-    dev: (u32, u32),
-    inode: u64,
-    path: String,
-}
-
 /// A snapshot of one process's file mappings.
 #[derive(Debug)]
 struct Maps {
@@ -91,49 +83,15 @@ struct Maps {
 
 impl Maps {
     fn read(pid: u32) -> Option<Maps> {
-        let text = limits::read_proc(&format!("/proc/{pid}/maps")).ok()?;
-        Self::parse(&text)
+        Self::of(maps::read(pid).ok()?)
     }
 
-    /// `/proc/PID/maps` text -> its file mappings; `None` when there are none.
+    /// `/proc/PID/maps` text -> its mappings; `None` when there are none.
     fn parse(text: &str) -> Option<Maps> {
-        let mut entries = Vec::new();
-        for line in text.lines() {
-            let mut it = line.split_ascii_whitespace();
-            let (Some(range), Some(_perms), Some(off), Some(dev), Some(inode)) =
-                (it.next(), it.next(), it.next(), it.next(), it.next())
-            else {
-                continue;
-            };
-            let path = it.collect::<Vec<_>>().join(" ");
-            let Some((s, e)) = range.split_once('-') else {
-                continue;
-            };
-            let (Ok(start), Ok(end), Ok(offset)) = (
-                u64::from_str_radix(s, 16),
-                u64::from_str_radix(e, 16),
-                u64::from_str_radix(off, 16),
-            ) else {
-                continue;
-            };
-            let dev = dev
-                .split_once(':')
-                .and_then(|(a, b)| {
-                    Some((
-                        u32::from_str_radix(a, 16).ok()?,
-                        u32::from_str_radix(b, 16).ok()?,
-                    ))
-                })
-                .unwrap_or((0, 0));
-            entries.push(Mapping {
-                start,
-                end,
-                offset,
-                dev,
-                inode: inode.parse().unwrap_or(0),
-                path,
-            });
-        }
+        Self::of(maps::parse(text))
+    }
+
+    fn of(entries: Vec<Mapping>) -> Option<Maps> {
         // An exiting process (a zombie) shows no mappings: keep the last
         // real snapshot rather than replace it with an empty one.
         (!entries.is_empty()).then(|| Maps {
@@ -796,17 +754,7 @@ impl ResolveNative for BlazeResolver {
         if let Some(f) = self.user_cache.get(&key) {
             return f.clone();
         }
-        let opened = python::mapped_file(
-            pid,
-            &python::Mapping {
-                start: m.start,
-                end: m.end,
-                offset: m.offset,
-                dev: m.dev,
-                inode: m.inode,
-                path: m.path.clone(),
-            },
-        );
+        let opened = mapped_file(pid, &m);
         // blazesym maps the whole file: only a regular file under the ELF
         // size cap (a target can map a sparse file of any size).
         let opened = opened.filter(|p| {
@@ -1529,6 +1477,7 @@ mod tests {
                 Mapping {
                     start: 0x1000,
                     end: 0x2000,
+                    perms: *b"r-xp",
                     offset: 0,
                     dev: (8, 1),
                     inode: 1,
@@ -1537,6 +1486,7 @@ mod tests {
                 Mapping {
                     start: 0x3000,
                     end: 0x4000,
+                    perms: *b"r-xp",
                     offset: 0x1000,
                     dev: (8, 1),
                     inode: 2,

@@ -58,8 +58,11 @@ use std::{
 use crate::{
     kernel::event::JsSlot,
     model::{Frame, FrameKind, RuntimeProblem},
-    os::elf_symbols::ElfSymbols,
-    symbolize::python::{Mapping, ProcessMemory, ReadMemory, mapped_file, parse_maps},
+    os::{
+        elf_symbols::ElfSymbols,
+        maps::{self, Mapping, mapped_file},
+        memory::{ProcessMemory, ReadMemory},
+    },
 };
 
 /// Longest string read for a function or file name.
@@ -487,16 +490,20 @@ fn may_be_v8(path: &str) -> bool {
 /// Finds the V8 metadata of process `pid`. `Ok(None)`: no Node binary is
 /// mapped.
 pub fn discover(pid: u32) -> Result<Option<V8Meta>, MetaError> {
-    let text = match crate::os::limits::read_proc(&format!("/proc/{pid}/maps")) {
-        Ok(t) => t,
+    let maps = match maps::read(pid) {
+        Ok(m) => m,
         // Gone (an upkeep that raced the target's exit): nothing to read,
         // and nothing to report as a runtime problem.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(MetaError(format!("reading /proc/{pid}/maps: {e}"))),
+        Err(e) => {
+            return Err(MetaError(format!(
+                "reading {}: {e}",
+                maps::path(pid).display()
+            )));
+        }
     };
-    let maps = parse_maps(&text);
     let mut seen: Vec<&Mapping> = Vec::new();
-    for m in &maps {
+    for m in maps.iter().filter(|m| m.is_file()) {
         if !may_be_v8(&m.path) || seen.iter().any(|s| s.inode == m.inode && s.dev == m.dev) {
             continue;
         }

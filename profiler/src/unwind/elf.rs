@@ -300,16 +300,8 @@ impl UnwindBundle {
     pub(super) fn add_maps(&mut self, pid: u32, text: &str) {
         let lines = self.maps.entry(pid).or_default();
         for line in text.lines() {
-            let start = line
-                .split_once('-')
-                .and_then(|(s, _)| u64::from_str_radix(s, 16).ok());
-            if let Some(start) = start
-                && line
-                    .split_whitespace()
-                    .nth(1)
-                    .is_some_and(|p| p.as_bytes().get(2) == Some(&b'x'))
-            {
-                lines.insert(start, line.to_string());
+            if let Some(m) = crate::os::maps::parse_line(line).filter(|m| m.is_exec()) {
+                lines.insert(m.start, line.to_string());
             }
         }
     }
@@ -320,8 +312,9 @@ impl UnwindBundle {
     }
 }
 
-pub(super) fn file_id(dev: &str, inode: u64) -> String {
-    format!("{dev} {inode}")
+/// `MAJOR:MINOR INODE`, the device as maps prints it.
+pub(super) fn file_id(dev: (u32, u32), inode: u64) -> String {
+    format!("{:02x}:{:02x} {inode}", dev.0, dev.1)
 }
 
 /// Where modules come from.

@@ -34,7 +34,7 @@
 //! (listed once per file) are unwound with gimli from the copied stack instead
 //! (see "Slow path" below); all others by framehop.
 //!
-//! Modules come from `/proc/PID/maps` (executable mappings). Each ELF is opened
+//! Modules come from `/proc/PID/maps` (executable mappings, [`crate::os::maps`]). Each ELF is opened
 //! through `/proc/PID/map_files/START-END` (works for deleted files and other
 //! mount namespaces), falling back to `/proc/PID/root/PATH`, then `PATH`, if
 //! that is the mapped file (device and inode as maps shows them), and
@@ -95,7 +95,11 @@ use gimli::{
 };
 use object::{Object, ObjectSection, ObjectSegment, ReadRef};
 
-use crate::os::{lacking::FileId, limits};
+use crate::os::{
+    lacking::FileId,
+    limits, maps,
+    memory::{ProcessMemory, ReadMemory},
+};
 use serde::{Deserialize, Serialize};
 
 /// Most addresses returned for one stack (the first, `ip`, included). An
@@ -146,14 +150,14 @@ pub enum UnwindOutcome {
 }
 
 mod elf;
-mod maps;
+mod exec_maps;
 mod slow;
 #[cfg(test)]
 mod tests;
 
 pub use elf::UnwindBundle;
 use elf::*;
-use maps::*;
+use exec_maps::*;
 use slow::*;
 
 /// Per-process state.
@@ -508,13 +512,13 @@ impl Unwinder {
                 let Source::Saved(b) = &self.source else {
                     return None;
                 };
-                let info = ElfUnwindInfo::restore(b.files.get(&file_id(dev, *inode))?)?;
+                let info = ElfUnwindInfo::restore(b.files.get(&file_id(*dev, *inode))?)?;
                 let info = Arc::new(info);
                 let module = info.module(path, m.start..m.end, m.offset)?;
                 Some(with_cfi(info, module))
             }
             MapKind::File { path, dev, inode } => {
-                let file = open_mapped_file(pid, m, path, dev, *inode)?;
+                let file = open_mapped_file(pid, m, path, *dev, *inode)?;
                 let meta = file.metadata().ok()?;
                 if meta.size() > limits::ELF_FILE_MAX {
                     limits::hit(limits::Limit::ElfTooLarge);
@@ -547,7 +551,7 @@ impl Unwinder {
                     .clone()?;
                 if let Source::Live(Some(b)) = &mut self.source {
                     b.files
-                        .entry(file_id(dev, *inode))
+                        .entry(file_id(*dev, *inode))
                         .or_insert_with(|| info.save());
                 }
                 let module = info.module(path, m.start..m.end, m.offset)?;
@@ -561,7 +565,7 @@ impl Unwinder {
         let text = match &mut self.source {
             Source::Saved(b) => b.maps_text(pid)?,
             Source::Live(keep) => {
-                let text = limits::read_proc(&format!("/proc/{pid}/maps")).ok()?;
+                let text = maps::read_text(pid).ok()?;
                 if let Some(b) = keep {
                     b.add_maps(pid, &text);
                 }
@@ -645,18 +649,22 @@ pub(crate) fn fuzz_maps(text: &str) -> usize {
 /// Only a regular file is returned (never a FIFO or device the target mapped
 /// or planted), and the root is never left through a symlink
 /// ([`limits::open_in_root`]).
-fn open_mapped_file(pid: u32, m: &ExecMapping, path: &str, dev: &str, inode: u64) -> Option<File> {
-    if let Ok(f) = File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end)) {
+fn open_mapped_file(
+    pid: u32,
+    m: &ExecMapping,
+    path: &str,
+    dev: (u32, u32),
+    inode: u64,
+) -> Option<File> {
+    if let Ok(f) = File::open(maps::map_file(pid, m.start, m.end)) {
         return limits::regular(f).ok();
     }
     // By path only if it is the file mapped (device and inode as maps shows
     // them): a file at the same path in another root, or replaced since it
     // was mapped, has other unwind info.
     let is_mapped = |f: &File| {
-        f.metadata().is_ok_and(|meta| {
-            let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
-            meta.ino() == inode && format!("{major:02x}:{minor:02x}") == dev
-        })
+        f.metadata()
+            .is_ok_and(|meta| maps::same_file(&meta, dev, inode))
     };
     let path = path.strip_suffix(" (deleted)").unwrap_or(path);
     let found = limits::open_in_root(pid, path)
@@ -677,17 +685,15 @@ fn open_mapped_file(pid: u32, m: &ExecMapping, path: &str, dev: &str, inode: u64
 /// Parse this process's vDSO image: every 64-bit process on this kernel maps
 /// the same one.
 fn own_vdso() -> Option<ElfUnwindInfo> {
-    let text = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let line = text.lines().find(|l| l.trim_end().ends_with("[vdso]"))?;
-    let (s, rest) = line.split_once('-')?;
-    let e = rest.split(' ').next()?;
-    let (start, end) = (
-        u64::from_str_radix(s, 16).ok()?,
-        u64::from_str_radix(e, 16).ok()?,
-    );
-    // Read through /proc/self/mem: a failed read is an error, not a fault.
-    let mem = File::open("/proc/self/mem").ok()?;
-    let mut buf = vec![0u8; end.checked_sub(start)? as usize];
-    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut buf, start).ok()?;
+    let me = std::process::id();
+    let vdso = maps::read(me)
+        .ok()?
+        .into_iter()
+        .find(|m| m.path == "[vdso]")?;
+    // Read through /proc/PID/mem: a failed read is an error, not a fault.
+    let mem = ProcessMemory::open(me).ok()?;
+    let buf = mem
+        .read_bytes(vdso.start, (vdso.end - vdso.start) as usize)
+        .ok()?;
     ElfUnwindInfo::parse(&buf[..])
 }

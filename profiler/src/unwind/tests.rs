@@ -611,11 +611,7 @@ fn unwinder_is_send() {
 fn a_path_is_opened_only_if_it_is_the_mapped_file() {
     let exe = std::fs::read_link("/proc/self/exe").unwrap();
     let meta = std::fs::metadata(&exe).unwrap();
-    let dev = format!(
-        "{:02x}:{:02x}",
-        libc::major(meta.dev()),
-        libc::minor(meta.dev())
-    );
+    let dev = (libc::major(meta.dev()), libc::minor(meta.dev()));
     let m = ExecMapping {
         start: 0x1000,
         end: 0x2000,
@@ -626,7 +622,7 @@ fn a_path_is_opened_only_if_it_is_the_mapped_file() {
     };
     let path = exe.to_str().unwrap();
     let pid = std::process::id();
-    assert!(open_mapped_file(pid, &m, path, &dev, meta.ino()).is_some());
+    assert!(open_mapped_file(pid, &m, path, dev, meta.ino()).is_some());
     let refused = || {
         limits::counts()
             .into_iter()
@@ -635,8 +631,8 @@ fn a_path_is_opened_only_if_it_is_the_mapped_file() {
             .1
     };
     let before = refused();
-    assert!(open_mapped_file(pid, &m, path, &dev, meta.ino() + 1).is_none());
-    assert!(open_mapped_file(pid, &m, path, "ff:ff", meta.ino()).is_none());
+    assert!(open_mapped_file(pid, &m, path, dev, meta.ino() + 1).is_none());
+    assert!(open_mapped_file(pid, &m, path, (0xff, 0xff), meta.ino()).is_none());
     assert!(refused() >= before + 2);
 }
 

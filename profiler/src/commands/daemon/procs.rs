@@ -55,7 +55,7 @@ fn runtime_of(pid: u32, exe: &str, comm: &str) -> String {
     if base == "node" || base == "nodejs" {
         return "node".into();
     }
-    let maps = crate::os::limits::read_proc(&format!("/proc/{pid}/maps")).unwrap_or_default();
+    let maps = crate::os::maps::read_text(pid).unwrap_or_default();
     if maps.contains("/libpython3") {
         "cpython".into()
     } else if maps.contains("/libuv.so") {

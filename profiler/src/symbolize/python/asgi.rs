@@ -41,8 +41,8 @@ use profiler_common::python::{PY_OFFSET_NONE, PY_OWNER_NONE};
 
 use super::PythonError;
 use super::dict::{self, DICT_MA_KEYS, DICT_MA_VALUES};
-use super::memory::{ProcessMemory, ReadMemory, le_u64};
 use super::offsets::{Layout, OB_TYPE, VAR_OB_SIZE};
+use crate::os::memory::{ProcessMemory, ReadMemory, le_u64};
 
 /// Frames of the live chain followed (shims included).
 pub const MAX_FRAMES: usize = 512;

@@ -15,8 +15,8 @@ use profiler_common::python::{PY_FRAME_MODEL_FRAME_OBJECT, PyFrame};
 
 use super::PythonError;
 use super::linetable::{self, LineRange};
-use super::memory::{ProcessMemory, ReadMemory, le_u32, le_u64};
 use super::offsets::{self, Layout};
+use crate::os::memory::{ProcessMemory, ReadMemory, le_u32, le_u64};
 
 /// A resolved Python frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -201,8 +201,9 @@ impl CodeResolver {
             crate::os::limits::hit(crate::os::limits::Limit::PythonLineTableCapped);
             return Err(self.bad("bytes object (co_linetable)", addr));
         }
-        self.mem
-            .read_bytes(addr + offsets::BYTES_OB_SVAL, len as usize)
+        Ok(self
+            .mem
+            .read_bytes(addr + offsets::BYTES_OB_SVAL, len as usize)?)
     }
 
     fn bad(&self, what: &'static str, addr: u64) -> PythonError {

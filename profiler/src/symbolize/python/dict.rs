@@ -9,8 +9,8 @@
 //! (`PythonListTooLong`) and read up to the cap.
 
 use super::PythonError;
-use super::memory::{ProcessMemory, ReadMemory, le_u64};
 use super::offsets::{Layout, UNICODE_LENGTH, UNICODE_STATE};
+use crate::os::memory::{ProcessMemory, ReadMemory, le_u64};
 
 /// `PyDictObject.ma_keys`, `.ma_values` (3.10-3.15).
 pub(super) const DICT_MA_KEYS: u64 = 32;

@@ -2,12 +2,12 @@
 //! where it is loaded, and which version it is.
 //!
 //! In: a pid. Out: [`Found`]: runtime addresses of the few symbols we need
-//! and the version. Files are opened as the target maps them: through
-//! `/proc/PID/root` (a target in another mount namespace, a container,
-//! names paths inside its own root) when the file there is the mapped one
-//! (device and inode as `/proc/PID/maps` shows them), else through
-//! `/proc/PID/map_files/START-END`; never by the host path, which may be
-//! another file. ELF parsing reads only the headers and dynamic symbol
+//! and the version. Files are opened as the target maps them
+//! ([`maps::mapped_file`]): through `/proc/PID/root` (a target in another
+//! mount namespace, a container, names paths inside its own root) when the
+//! file there is the mapped one (device and inode as `/proc/PID/maps` shows
+//! them), else through its `map_files` entry; never by the host path, which
+//! may be another file. ELF parsing reads only the headers and dynamic symbol
 //! table (`object::ReadCache`), not whole files.
 
 use std::collections::HashMap;
@@ -18,47 +18,11 @@ use object::Object;
 use object::read::ReadCache;
 
 use super::PythonError;
-use crate::os::{elf_symbols::ElfSymbols, lacking};
-
-/// One line of /proc/PID/maps that maps a file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Mapping {
-    pub start: u64,
-    pub end: u64,
-    pub offset: u64,
-    /// Device (major, minor) and inode of the mapped file.
-    pub dev: (u32, u32),
-    pub inode: u64,
-    pub path: String,
-}
-
-/// Parses /proc/PID/maps text, keeping file-backed mappings.
-pub fn parse_maps(text: &str) -> Vec<Mapping> {
-    text.lines()
-        .filter_map(|line| {
-            let mut it = line.split_ascii_whitespace();
-            let (range, _perms, offset, dev, inode) =
-                (it.next()?, it.next()?, it.next()?, it.next()?, it.next()?);
-            let path = it.collect::<Vec<_>>().join(" ");
-            if !path.starts_with('/') {
-                return None; // anonymous, [heap], [stack], ...
-            }
-            let (start, end) = range.split_once('-')?;
-            let (major, minor) = dev.split_once(':')?;
-            Some(Mapping {
-                start: u64::from_str_radix(start, 16).ok()?,
-                end: u64::from_str_radix(end, 16).ok()?,
-                offset: u64::from_str_radix(offset, 16).ok()?,
-                dev: (
-                    u32::from_str_radix(major, 16).ok()?,
-                    u32::from_str_radix(minor, 16).ok()?,
-                ),
-                inode: inode.parse().ok()?,
-                path,
-            })
-        })
-        .collect()
-}
+use crate::os::{
+    elf_symbols::ElfSymbols,
+    lacking,
+    maps::{self, Mapping, mapped_file},
+};
 
 /// `libpython3.12.so.1.0`, `libpython3.13t.so`, `python3.11`, ... -> (3, minor).
 pub fn version_from_name(path: &str) -> Option<(u8, u8)> {
@@ -90,10 +54,11 @@ pub struct Found {
 /// Looks for `_PyRuntime` in the process's libpython, else in its main
 /// executable (a statically linked python). `Ok(None)`: not a Python.
 pub fn find(pid: u32) -> Result<Option<Found>, PythonError> {
-    let maps_path = PathBuf::from(format!("/proc/{pid}/maps"));
-    let text = crate::os::limits::read_proc(&maps_path.to_string_lossy())
-        .map_err(|e| PythonError::open(pid, maps_path, e))?;
-    let maps = parse_maps(&text);
+    let maps: Vec<Mapping> = maps::read(pid)
+        .map_err(|e| PythonError::open(pid, maps::path(pid), e))?
+        .into_iter()
+        .filter(Mapping::is_file)
+        .collect();
 
     let mut by_path: HashMap<&str, Vec<&Mapping>> = HashMap::new();
     for m in &maps {
@@ -182,38 +147,6 @@ pub fn find(pid: u32) -> Result<Option<Found>, PythonError> {
         }));
     }
     Ok(None)
-}
-
-/// A path that opens the file `m` maps, checked against the mapping's
-/// device and inode, in this order: `/proc/PID/root/<path>` (the target's
-/// own view: a container's files); the mapping itself in
-/// `/proc/PID/map_files` (root only; also a file replaced or deleted
-/// since); the path as the host sees it (a target that exited, seen from
-/// its own namespace). `None`: none of them is the mapped file.
-pub fn mapped_file(pid: u32, m: &Mapping) -> Option<PathBuf> {
-    let is_mapped = |p: &Path| std::fs::metadata(p).is_ok_and(|meta| same_file(&meta, m));
-    let via_root = PathBuf::from(format!("/proc/{pid}/root{}", m.path));
-    if is_mapped(&via_root) {
-        return Some(via_root);
-    }
-    let map_file = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
-    if std::fs::metadata(&map_file).is_ok() {
-        log::debug!(
-            "pid {pid}: {} is not the mapped file: opening {}",
-            via_root.display(),
-            map_file.display()
-        );
-        return Some(map_file);
-    }
-    let host = PathBuf::from(&m.path);
-    is_mapped(&host).then_some(host)
-}
-
-fn same_file(meta: &std::fs::Metadata, m: &Mapping) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let dev = meta.dev();
-    let (major, minor) = (libc::major(dev), libc::minor(dev));
-    meta.ino() == m.inode && (major, minor) == m.dev
 }
 
 struct Symbols {
@@ -320,31 +253,6 @@ mod tests {
     }
 
     #[test]
-    fn maps_lines_parse() {
-        let text = "\
-00400000-00420000 r--p 00000000 08:01 123   /usr/bin/python3.11
-7f0000000000-7f0000001000 rw-p 00000000 00:00 0 
-7f0000002000-7f0000003000 r-xp 00010000 08:01 77  /opt/my lib/libpython3.12.so.1.0
-7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0   [stack]
-";
-        let maps = parse_maps(text);
-        assert_eq!(maps.len(), 2);
-        assert_eq!(
-            maps[0],
-            Mapping {
-                start: 0x400000,
-                end: 0x420000,
-                offset: 0,
-                dev: (8, 1),
-                inode: 123,
-                path: "/usr/bin/python3.11".into()
-            }
-        );
-        assert_eq!(maps[1].path, "/opt/my lib/libpython3.12.so.1.0");
-        assert_eq!(maps[1].offset, 0x10000);
-    }
-
-    #[test]
     fn versions_from_file_names() {
         assert_eq!(
             version_from_name("/x/lib/libpython3.10.so.1.0"),
@@ -357,38 +265,11 @@ mod tests {
     }
 
     #[test]
-    fn mapped_files_open_as_mapped() {
-        // This test binary: its path through /proc/self/root is the mapped file.
-        let pid = std::process::id();
-        let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-        let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let maps = parse_maps(&text);
-        let m = maps.iter().find(|m| Path::new(&m.path) == exe).unwrap();
-        assert_eq!(
-            mapped_file(pid, m),
-            Some(PathBuf::from(format!("/proc/{pid}/root{}", m.path)))
-        );
-        // A mapping whose path now names another file: the mapping itself.
-        let other = Mapping {
-            inode: m.inode + 1,
-            ..m.clone()
-        };
-        let p = mapped_file(pid, &other).unwrap();
-        assert!(p.starts_with(format!("/proc/{pid}/map_files/")), "{p:?}");
-        // ... and nothing once the mapping is gone too.
-        let gone = Mapping {
-            start: 0x1000,
-            end: 0x2000,
-            ..other
-        };
-        assert_eq!(mapped_file(pid, &gone), None);
-    }
-
-    #[test]
     fn load_bias_of_pie_and_non_pie() {
         let m = |start, offset| Mapping {
             start,
             end: start + 0x1000,
+            perms: *b"r-xp",
             offset,
             dev: (0, 0),
             inode: 0,

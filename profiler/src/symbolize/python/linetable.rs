@@ -115,11 +115,13 @@ fn decode_locations(table: &[u8], first_line: u32) -> Vec<LineRange> {
         let this_line = match code {
             CODE_NO_LOCATION => None,
             CODE_LONG | CODE_NO_COLUMNS => {
-                line = line.saturating_add(body.svarint());
+                // A hostile table's deltas can sum past i64: wrap, as a
+                // release build did, rather than panic in a debug one.
+                line = line.wrapping_add(body.svarint());
                 to_line(line)
             }
             CODE_ONE_LINE0..=CODE_ONE_LINE2 => {
-                line = line.saturating_add(i64::from(code - CODE_ONE_LINE0));
+                line = line.wrapping_add(i64::from(code - CODE_ONE_LINE0));
                 to_line(line)
             }
             _ => to_line(line), // short forms: same line, column info only

@@ -23,7 +23,6 @@ mod debug_offsets;
 mod dict;
 mod discover;
 mod linetable;
-mod memory;
 pub mod offsets;
 mod tasks;
 mod walk;
@@ -33,11 +32,12 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::os::memory::{MemoryError, ProcessMemory, ReadMemory};
+
 pub use asgi::{RouteRead, RouteReader};
 pub use code::{CodeResolver, PyFrameInfo};
-pub use discover::{Mapping, is_interpreter_file, mapped_file, parse_maps};
+pub use discover::is_interpreter_file;
 pub use linetable::{LineRange, LineTableFormat};
-pub use memory::{ProcessMemory, ReadMemory};
 pub use offsets::{GilFields, Layout};
 pub use profiler_common::python::{PY_MAX_FRAMES, PyFrame, PyOffsets};
 pub use tasks::{Captured, TaskRead, TaskReader};
@@ -152,6 +152,32 @@ pub enum PythonError {
 /// Kept in sync with [`offsets::SUPPORTED`] by a test.
 const SUPPORTED_DISPLAY: &str = "3.10, 3.11, 3.12, 3.13, 3.14 and 3.15";
 
+/// The reader's errors, as the Python reader always named them.
+impl From<MemoryError> for PythonError {
+    fn from(e: MemoryError) -> Self {
+        match e {
+            MemoryError::NoSuchProcess { pid } => PythonError::NoSuchProcess { pid },
+            MemoryError::PermissionDenied { pid, path } => PythonError::PermissionDenied {
+                pid,
+                path,
+                interpreter: None,
+            },
+            MemoryError::Open { path, source } => PythonError::Io { path, source },
+            MemoryError::Read {
+                pid,
+                addr,
+                len,
+                source,
+            } => PythonError::Read {
+                pid,
+                addr,
+                len,
+                source,
+            },
+        }
+    }
+}
+
 impl PythonError {
     fn open(pid: u32, path: PathBuf, e: io::Error) -> Self {
         match e.kind() {
@@ -200,7 +226,7 @@ pub fn detect(pid: u32) -> Result<Option<Interpreter>, PythonError> {
     let mem = ProcessMemory::open(pid).map_err(|e| match e {
         // Say which interpreter could not be read: its version from the
         // file name when it has one (its memory is what holds Py_Version).
-        PythonError::PermissionDenied { pid, path, .. } => PythonError::PermissionDenied {
+        MemoryError::PermissionDenied { pid, path } => PythonError::PermissionDenied {
             pid,
             path,
             interpreter: Some(match found.name_version {
@@ -208,7 +234,7 @@ pub fn detect(pid: u32) -> Result<Option<Interpreter>, PythonError> {
                 None => found.path.clone(),
             }),
         },
-        e => e,
+        e => e.into(),
     })?;
     let (version, version_string) = match (found.py_version, found.name_version) {
         (Some(addr), _) => {
@@ -363,7 +389,7 @@ impl Interpreter {
                 if pthread == 0 {
                     return Ok(0);
                 }
-                self.mem.read_u32(pthread + offsets::GLIBC_PTHREAD_TID)
+                Ok(self.mem.read_u32(pthread + offsets::GLIBC_PTHREAD_TID)?)
             }
         }
     }

@@ -38,9 +38,10 @@ use std::time::{Duration, Instant};
 
 use super::PythonError;
 use super::dict::{self, DICT_MA_KEYS};
-use super::memory::{Overlay, ProcessMemory, ReadMemory, le_u64};
 use super::offsets::Layout;
 use crate::kernel::event::MemoryRead;
+use crate::os::maps::{self, mapped_file};
+use crate::os::memory::{CapturedRead, Overlay, ProcessMemory, ReadMemory, le_u64};
 use profiler_common::python::PY_FRAME_MODEL_FRAME_OBJECT;
 use profiler_common::python::{OB_TYPE, TYPE_TP_FLAGS, TaskLayout};
 
@@ -65,6 +66,17 @@ const RETRY_MAX: Duration = Duration::from_secs(16);
 pub struct Captured {
     pub task: u64,
     pub memory: Vec<MemoryRead>,
+}
+
+/// What BPF read with the stack is served in place of the live memory
+/// ([`Overlay`]).
+impl CapturedRead for MemoryRead {
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 /// What one read found.
@@ -303,7 +315,9 @@ impl TaskReader {
             .iter()
             .find(|f| f.minor == self.minor)
             .ok_or_else(|| format!("no asyncio layout for CPython 3.{}", self.minor))?;
-        let e = |e: PythonError| e.to_string();
+        fn e(e: impl std::fmt::Display) -> String {
+            e.to_string()
+        }
         let mem = &self.mem;
         let modules_off = match fixed.interp_modules {
             Some(off) => off,
@@ -350,11 +364,10 @@ impl TaskReader {
     /// of the interpreter's ELF.
     fn setup_debug_section(&self) -> Result<Option<(TaskFields, Source)>, String> {
         let pid = self.mem.pid();
-        let text = crate::os::limits::read_proc(&format!("/proc/{pid}/maps"))
-            .map_err(|e| format!("cannot read /proc/{pid}/maps: {e}"))?;
-        let maps = super::parse_maps(&text);
+        let maps = maps::read(pid)
+            .map_err(|e| format!("cannot read {}: {e}", maps::path(pid).display()))?;
         let mut seen = std::collections::HashSet::new();
-        for m in &maps {
+        for m in maps.iter().filter(|m| m.is_file()) {
             let base = m.path.rsplit('/').next().unwrap_or("");
             let candidate = base.starts_with("_asyncio.")
                 || base.starts_with("libpython")
@@ -362,7 +375,7 @@ impl TaskReader {
             if !candidate || !seen.insert(m.path.clone()) {
                 continue;
             }
-            let Some(path) = super::mapped_file(pid, m) else {
+            let Some(path) = mapped_file(pid, m) else {
                 continue;
             };
             let Some(bytes) = super::discover::elf_section(&path, ".AsyncioDebug", 4096)

@@ -11,7 +11,7 @@ use profiler_common::python::{
 };
 
 use super::PythonError;
-use super::memory::{ProcessMemory, ReadMemory};
+use crate::os::memory::{ProcessMemory, ReadMemory};
 
 /// Frames followed per walk, shims included: a bound for racy (or cyclic)
 /// chains. BPF uses the same bound for its loop.

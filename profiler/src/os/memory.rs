@@ -1,18 +1,59 @@
-//! Read-only access to another process's memory through `/proc/PID/mem`.
+//! Read-only access to another process's memory through `/proc/PID/mem`:
+//! the one reader of a target's memory (CPython's state, V8's heap, the
+//! vDSO image of this process).
 //!
-//! In: a pid and addresses. Out: bytes and little-endian integers. No ptrace
-//! and no stopping the target: reads race with the running process, so every
-//! caller treats what it reads as untrusted (bounded loops, size caps,
-//! re-checks). Needs root or `CAP_SYS_PTRACE` (or the same uid and a
-//! permissive `kernel.yama.ptrace_scope`).
+//! In: a pid and addresses; or bytes captured from the target at an
+//! instant ([`CapturedRead`], what BPF read with a stack), served in place of
+//! the live memory ([`Overlay`]). Out: bytes and little-endian integers,
+//! or a [`MemoryError`] naming the process, the address and the length.
+//! No ptrace and no stopping the target: reads race with the running
+//! process, so every caller treats what it reads as untrusted (bounded
+//! loops, size caps, re-checks). Each read is one `pread` (more only when
+//! the kernel returns less); nothing is cached here. Needs root or
+//! `CAP_SYS_PTRACE` (or the same uid and a permissive
+//! `kernel.yama.ptrace_scope`).
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-use super::PythonError;
-use crate::kernel::event::MemoryRead;
+/// Why the target's memory could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    #[error("process {pid} not found: it exited, or the pid is wrong")]
+    NoSuchProcess { pid: u32 },
+    #[error(
+        "permission denied reading {} of process {pid}: reading another user's process needs CAP_SYS_PTRACE (and kernel.yama.ptrace_scope below 3)",
+        path.display()
+    )]
+    PermissionDenied { pid: u32, path: PathBuf },
+    #[error("cannot read {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "cannot read {len} bytes at {addr:#x} in process {pid}: {source} \
+         (the process exited or unmapped that memory; retry while it runs)"
+    )]
+    Read {
+        pid: u32,
+        addr: u64,
+        len: usize,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Bytes read from the target at some instant: where, and what. A trait,
+/// so that this bottom room knows nothing of the kernel's event types
+/// (`kernel::event::MemoryRead` implements it, in the Python task reader).
+pub trait CapturedRead {
+    fn addr(&self) -> u64;
+    fn bytes(&self) -> &[u8];
+}
 
 /// A `pread` reader over `/proc/PID/mem`.
 #[derive(Debug)]
@@ -22,13 +63,17 @@ pub struct ProcessMemory {
 }
 
 impl ProcessMemory {
-    pub fn open(pid: u32) -> Result<Self, PythonError> {
+    pub fn open(pid: u32) -> Result<Self, MemoryError> {
         let path = PathBuf::from(format!("/proc/{pid}/mem"));
-        let file = File::open(&path).map_err(|e| PythonError::open(pid, path, e))?;
+        let file = File::open(&path).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => MemoryError::NoSuchProcess { pid },
+            io::ErrorKind::PermissionDenied => MemoryError::PermissionDenied { pid, path },
+            _ => MemoryError::Open { path, source: e },
+        })?;
         Ok(Self { pid, file })
     }
 
-    fn pread(&self, addr: u64, buf: &mut [u8]) -> Result<(), PythonError> {
+    fn pread(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
         let mut done = 0;
         while done < buf.len() {
             match self.file.read_at(&mut buf[done..], addr + done as u64) {
@@ -47,8 +92,8 @@ impl ProcessMemory {
         Ok(())
     }
 
-    fn read_error(&self, addr: u64, len: usize, source: io::Error) -> PythonError {
-        PythonError::Read {
+    fn read_error(&self, addr: u64, len: usize, source: io::Error) -> MemoryError {
+        MemoryError::Read {
             pid: self.pid,
             addr,
             len,
@@ -64,27 +109,27 @@ pub trait ReadMemory {
 
     /// Fills `buf` from `addr`; a short read is an error (the target
     /// unmapped the range or exited).
-    fn read_into(&self, addr: u64, buf: &mut [u8]) -> Result<(), PythonError>;
+    fn read_into(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError>;
 
-    fn read_bytes(&self, addr: u64, len: usize) -> Result<Vec<u8>, PythonError> {
+    fn read_bytes(&self, addr: u64, len: usize) -> Result<Vec<u8>, MemoryError> {
         let mut buf = vec![0; len];
         self.read_into(addr, &mut buf)?;
         Ok(buf)
     }
 
-    fn read_u64(&self, addr: u64) -> Result<u64, PythonError> {
+    fn read_u64(&self, addr: u64) -> Result<u64, MemoryError> {
         let mut b = [0; 8];
         self.read_into(addr, &mut b)?;
         Ok(u64::from_le_bytes(b))
     }
 
-    fn read_u32(&self, addr: u64) -> Result<u32, PythonError> {
+    fn read_u32(&self, addr: u64) -> Result<u32, MemoryError> {
         let mut b = [0; 4];
         self.read_into(addr, &mut b)?;
         Ok(u32::from_le_bytes(b))
     }
 
-    fn read_u8(&self, addr: u64) -> Result<u8, PythonError> {
+    fn read_u8(&self, addr: u64) -> Result<u8, MemoryError> {
         let mut b = [0; 1];
         self.read_into(addr, &mut b)?;
         Ok(b[0])
@@ -96,7 +141,7 @@ impl ReadMemory for ProcessMemory {
         self.pid
     }
 
-    fn read_into(&self, addr: u64, buf: &mut [u8]) -> Result<(), PythonError> {
+    fn read_into(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
         self.pread(addr, buf)
     }
 }
@@ -105,23 +150,24 @@ impl ReadMemory for ProcessMemory {
 /// (`Event::Task`): a read wholly inside one of `reads` is served from it
 /// (the memory as it was then, though the object may be freed since);
 /// any other goes to the process.
-pub struct Overlay<'a> {
+pub struct Overlay<'a, C> {
     pub live: &'a ProcessMemory,
-    pub reads: &'a [MemoryRead],
+    pub reads: &'a [C],
 }
 
-impl ReadMemory for Overlay<'_> {
+impl<C: CapturedRead> ReadMemory for Overlay<'_, C> {
     fn pid(&self) -> u32 {
         self.live.pid
     }
 
-    fn read_into(&self, addr: u64, buf: &mut [u8]) -> Result<(), PythonError> {
+    fn read_into(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
         let end = addr.checked_add(buf.len() as u64);
         for r in self.reads {
-            let r_end = r.addr.checked_add(r.bytes.len() as u64);
-            if addr >= r.addr && end.zip(r_end).is_some_and(|(e, r_end)| e <= r_end) {
-                let at = (addr - r.addr) as usize;
-                buf.copy_from_slice(&r.bytes[at..at + buf.len()]);
+            let (r_addr, r_bytes) = (r.addr(), r.bytes());
+            let r_end = r_addr.checked_add(r_bytes.len() as u64);
+            if addr >= r_addr && end.zip(r_end).is_some_and(|(e, r_end)| e <= r_end) {
+                let at = (addr - r_addr) as usize;
+                buf.copy_from_slice(&r_bytes[at..at + buf.len()]);
                 return Ok(());
             }
         }
@@ -141,6 +187,20 @@ pub(crate) fn le_u32(buf: &[u8], off: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct MemoryRead {
+        addr: u64,
+        bytes: Vec<u8>,
+    }
+
+    impl CapturedRead for MemoryRead {
+        fn addr(&self) -> u64 {
+            self.addr
+        }
+        fn bytes(&self) -> &[u8] {
+            &self.bytes
+        }
+    }
 
     #[test]
     fn overlay_serves_whole_reads_inside_a_part_and_sends_the_rest_to_the_process() {
