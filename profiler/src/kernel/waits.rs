@@ -9,9 +9,9 @@
 //! instruction with a breakpoint; on return the kernel either emulates the
 //! original instruction (jumps, calls, nops) or single-steps a copy of it.
 //! On the 2-vCPU bench VM a single-stepped hit costs ~10 µs and an
-//! emulated one ~0.7 µs (measured with tracefs uprobe events on
-//! `bench/loop_cost.c`: docs/architecture.md, "What runs in the kernel"), and glibc's `epoll_wait`
-//! starts with a RIP-relative `cmpb`. So the probe goes on the first
+//! emulated one ~0.7 µs (tracefs uprobe events on `bench/loop_cost.c`:
+//! docs/architecture.md, "What runs in the kernel"), and glibc's
+//! `epoll_wait` starts with a RIP-relative `cmpb`. So the probe goes on the first
 //! instruction that transfers control, if every instruction before it
 //! leaves the argument registers the program reads (`rdi`, `rsi`) and the
 //! stack pointer alone: there, the arguments are the call's, and `[rsp]` is
