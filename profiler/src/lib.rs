@@ -17,4 +17,6 @@ pub mod os;
 pub mod pipeline;
 pub mod report;
 pub mod symbolize;
+#[cfg(test)]
+pub mod testing;
 pub mod unwind;
