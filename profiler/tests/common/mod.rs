@@ -677,6 +677,9 @@ pub struct Recording {
     /// Which probes served (`{"scheduler", "waits", "notes"}`).
     #[serde(default)]
     pub probes: serde_json::Value,
+    /// The target's pid in its own PID namespace, when that is not `pid`.
+    #[serde(default)]
+    pub ns_pid: Option<u32>,
     pub stalls: Vec<Stall>,
 }
 
@@ -695,6 +698,9 @@ pub fn expected_probes() -> (&'static str, &'static str) {
 #[derive(Debug, Deserialize, Clone)]
 pub struct Stall {
     pub tid: u32,
+    /// The tid in the target's PID namespace, when that is not `tid`.
+    #[serde(default)]
+    pub ns_tid: Option<u32>,
     pub thread_name: String,
     pub start_ns: u64,
     pub end_ns: u64,
@@ -709,6 +715,12 @@ pub struct Stall {
     #[serde(default)]
     pub cpu_holders: Vec<CpuHolder>,
     pub incomplete: bool,
+    /// The asyncio task running when the stall began.
+    #[serde(default)]
+    pub task: Option<Task>,
+    /// The ASGI request the stall served.
+    #[serde(default)]
+    pub route: Option<Route>,
     pub stacks: Vec<Stack>,
 }
 
@@ -729,6 +741,36 @@ pub struct Stack {
     pub syscall: Option<String>,
     #[serde(default)]
     pub woken: bool,
+    #[serde(default)]
+    pub gil_holder: Option<GilHolder>,
+}
+
+/// stalls.json `route`: the ASGI request a stall served.
+#[derive(Debug, Deserialize, Clone)]
+pub struct Route {
+    pub method: String,
+    pub template: String,
+}
+
+/// stalls.json `task`: the asyncio task running when a stall began.
+#[derive(Debug, Deserialize, Clone)]
+pub struct Task {
+    pub name: String,
+    #[serde(default)]
+    pub coro: Option<String>,
+    #[serde(default)]
+    pub awaited_by: Vec<String>,
+}
+
+/// A part's `gil_holder`: the thread that held the GIL, and its Python
+/// frames when the wait began.
+#[derive(Debug, Deserialize, Clone)]
+pub struct GilHolder {
+    pub tid: Option<u32>,
+    #[serde(default)]
+    pub ns_tid: Option<u32>,
+    pub thread_name: Option<String>,
+    pub frames: Vec<Frame>,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -741,9 +783,42 @@ pub struct Frame {
     pub kind: String,
 }
 
+impl Frame {
+    /// `name (file.py:12)`: the file's base name.
+    pub fn label(&self) -> String {
+        let base = self
+            .file
+            .as_deref()
+            .map(|f| f.rsplit('/').next().unwrap_or(f));
+        match (base, self.line) {
+            (Some(b), Some(l)) => format!("{} ({b}:{l})", self.name),
+            (Some(b), None) => format!("{} ({b})", self.name),
+            _ => self.name.clone(),
+        }
+    }
+}
+
 impl Stack {
     pub fn has_frame(&self, name: &str) -> bool {
         self.frames.iter().any(|f| f.name == name)
+    }
+
+    /// The stack as a folded line, with its kind, syscall and weight.
+    pub fn folded(&self) -> String {
+        let mut s = self
+            .frames
+            .iter()
+            .map(Frame::label)
+            .collect::<Vec<_>>()
+            .join(";");
+        let _ = write!(
+            s,
+            " [{} {} {:.2} ms]",
+            self.kind,
+            self.syscall.as_deref().unwrap_or("-"),
+            ms(self.weight_ns)
+        );
+        s
     }
 }
 
@@ -1166,53 +1241,96 @@ pub fn check_contract_at(c: &mut Checks, rec: &Recording, threshold_ns: u64, sam
     });
     for (i, s) in rec.stalls.iter().enumerate() {
         let who = format!("stall #{i} ({})", s.summary());
+        check_stall_contract(c, &who, s, threshold_ns, (rec.started_ns, rec.ended_ns));
+    }
+}
+
+/// The contract every stall of every recording keeps (docs/format.md),
+/// `who` naming it in a failure: it lies inside the recording
+/// (`[started_ns, ended_ns]`) and is at least `threshold_ns` long; its
+/// split covers it exactly (on-CPU + off-CPU + run queue + throttled =
+/// duration), and so do its parts' weights, kind by kind (a GIL wait counts
+/// as off-CPU); its parts and frames are of the kinds the format names, none
+/// without frames; a GIL wait names the thread that held the GIL, and only
+/// a GIL wait or the run-queue time after one may.
+pub fn check_stall_contract(
+    c: &mut Checks,
+    who: &str,
+    s: &Stall,
+    threshold_ns: u64,
+    (started_ns, ended_ns): (u64, u64),
+) {
+    c.check(
+        s.end_ns >= s.start_ns && s.end_ns - s.start_ns == s.duration_ns,
+        || format!("{who}: end_ns - start_ns != duration_ns"),
+    );
+    c.check(
+        s.on_cpu_ns + s.off_cpu_ns + s.runqueue_ns + s.throttled_ns == s.duration_ns,
+        || format!("{who}: on_cpu + off_cpu + runqueue + throttled != duration"),
+    );
+    let w: u64 = s.stacks.iter().map(|st| st.weight_ns).sum();
+    c.check(w == s.duration_ns, || {
+        format!(
+            "{who}: stack weights sum to {w}, not duration {}",
+            s.duration_ns
+        )
+    });
+    let weight_of = |kinds: &[&str]| -> u64 {
+        s.stacks
+            .iter()
+            .filter(|st| kinds.contains(&st.kind.as_str()))
+            .map(|st| st.weight_ns)
+            .sum()
+    };
+    for (field, ns, kinds) in [
+        ("on_cpu_ns", s.on_cpu_ns, &["on_cpu"][..]),
+        ("off_cpu_ns", s.off_cpu_ns, &["off_cpu", "gil_wait"][..]),
+        ("runqueue_ns", s.runqueue_ns, &["runqueue"][..]),
+        ("throttled_ns", s.throttled_ns, &["throttled"][..]),
+    ] {
+        let w = weight_of(kinds);
+        c.check(w == ns, || {
+            format!("{who}: {field} {ns} != weight of {kinds:?} stacks {w}")
+        });
+    }
+    c.check(s.duration_ns >= threshold_ns, || {
+        format!("{who}: shorter than the threshold")
+    });
+    c.check(s.start_ns >= started_ns && s.end_ns <= ended_ns, || {
+        format!("{who}: outside the recording [{started_ns}, {ended_ns}]")
+    });
+    for st in &s.stacks {
         c.check(
-            s.end_ns >= s.start_ns && s.end_ns - s.start_ns == s.duration_ns,
-            || format!("{who}: end_ns - start_ns != duration_ns"),
+            matches!(
+                st.kind.as_str(),
+                "on_cpu" | "off_cpu" | "runqueue" | "throttled" | "gil_wait"
+            ),
+            || format!("{who}: stack kind {:?}", st.kind),
         );
-        c.check(
-            s.on_cpu_ns + s.off_cpu_ns + s.runqueue_ns + s.throttled_ns == s.duration_ns,
-            || format!("{who}: on_cpu + off_cpu + runqueue + throttled != duration"),
-        );
-        let w: u64 = s.stacks.iter().map(|st| st.weight_ns).sum();
-        c.check(w == s.duration_ns, || {
+        c.check(!st.frames.is_empty(), || {
+            format!("{who}: a stack with no frames")
+        });
+        let holder_ok = match st.kind.as_str() {
+            "gil_wait" => st.gil_holder.is_some(),
+            "runqueue" => true,
+            _ => st.gil_holder.is_none(),
+        };
+        c.check(holder_ok, || {
             format!(
-                "{who}: stack weights sum to {w}, not duration {}",
-                s.duration_ns
+                "{who}: {} stack with gil_holder {:?}: {}",
+                st.kind,
+                st.gil_holder,
+                st.folded()
             )
         });
-        c.check(s.duration_ns >= threshold_ns, || {
-            format!("{who}: shorter than the threshold")
-        });
-        c.check(
-            s.start_ns >= rec.started_ns && s.end_ns <= rec.ended_ns,
-            || {
-                format!(
-                    "{who}: outside the recording [{}, {}]",
-                    rec.started_ns, rec.ended_ns
-                )
-            },
-        );
-        for st in &s.stacks {
+        for f in &st.frames {
             c.check(
                 matches!(
-                    st.kind.as_str(),
-                    "on_cpu" | "off_cpu" | "runqueue" | "throttled" | "gil_wait"
+                    f.kind.as_str(),
+                    "native" | "kernel" | "python" | "js" | "marker"
                 ),
-                || format!("{who}: stack kind {:?}", st.kind),
+                || format!("{who}: frame {:?} has kind {:?}", f.name, f.kind),
             );
-            c.check(!st.frames.is_empty(), || {
-                format!("{who}: a stack with no frames")
-            });
-            for f in &st.frames {
-                c.check(
-                    matches!(
-                        f.kind.as_str(),
-                        "native" | "kernel" | "python" | "js" | "marker"
-                    ),
-                    || format!("{who}: frame {:?} has kind {:?}", f.name, f.kind),
-                );
-            }
         }
     }
 }
