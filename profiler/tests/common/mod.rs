@@ -321,6 +321,19 @@ pub struct Profiler {
     out: Option<JoinHandle<String>>,
     err: Option<JoinHandle<String>>,
     pub args: Vec<String>,
+    /// Where `record` says it is recording (`STALLPROF_READY_FILE`, set
+    /// for every stallprof started here): see [`wait_for_attach`].
+    ready: PathBuf,
+}
+
+/// A path no other stallprof of any test process is told to write.
+fn ready_file_path() -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    std::env::temp_dir().join(format!(
+        "stallprof-ready-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
 }
 
 fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
@@ -352,8 +365,11 @@ impl Profiler {
         if let Some(cwd) = cwd {
             cmd.current_dir(cwd);
         }
+        let ready = ready_file_path();
+        let _ = std::fs::remove_file(&ready);
         let mut child = cmd
             .args(args)
+            .env("STALLPROF_READY_FILE", &ready)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -366,6 +382,7 @@ impl Profiler {
             out: Some(out),
             err: Some(err),
             args: args_s,
+            ready,
         }
     }
 
@@ -431,6 +448,7 @@ impl Drop for Profiler {
             let _ = child.kill();
             let _ = child.wait();
         }
+        let _ = std::fs::remove_file(&self.ready);
     }
 }
 
@@ -724,27 +742,6 @@ pub struct Stall {
     pub stacks: Vec<Stack>,
 }
 
-#[derive(Debug, Deserialize, Clone)]
-pub struct CpuHolder {
-    pub pid: u32,
-    pub tgid: u32,
-    pub comm: String,
-    pub ns: u64,
-    pub relation: String,
-}
-
-#[derive(Debug, Deserialize, Clone)]
-pub struct Stack {
-    pub frames: Vec<Frame>,
-    pub weight_ns: u64,
-    pub kind: String,
-    pub syscall: Option<String>,
-    #[serde(default)]
-    pub woken: bool,
-    #[serde(default)]
-    pub gil_holder: Option<GilHolder>,
-}
-
 /// stalls.json `route`: the ASGI request a stall served.
 #[derive(Debug, Deserialize, Clone)]
 pub struct Route {
@@ -771,6 +768,27 @@ pub struct GilHolder {
     pub ns_tid: Option<u32>,
     pub thread_name: Option<String>,
     pub frames: Vec<Frame>,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct CpuHolder {
+    pub pid: u32,
+    pub tgid: u32,
+    pub comm: String,
+    pub ns: u64,
+    pub relation: String,
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct Stack {
+    pub frames: Vec<Frame>,
+    pub weight_ns: u64,
+    pub kind: String,
+    pub syscall: Option<String>,
+    #[serde(default)]
+    pub woken: bool,
+    #[serde(default)]
+    pub gil_holder: Option<GilHolder>,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -1438,30 +1456,34 @@ pub fn loaded_sp_programs() -> Vec<(u64, String)> {
         .collect()
 }
 
-/// After starting `stallprof --pid`, wait until its probes are in: with
-/// bpftool, until `sp_` programs are loaded (plus a margin for attaching);
-/// without it, a fixed delay. Fails fast if the profiler exits.
+/// After starting `stallprof record`, waits until it says it is recording:
+/// it writes the file `STALLPROF_READY_FILE` names once its probes are in,
+/// its journal is open and the command it started (if any) runs
+/// (docs/testing.md). What happens in the target from then on is recorded.
+/// Fails, with stallprof's output, if it exits first or is not recording
+/// within `timeout` (then it is killed).
 pub fn wait_for_attach(prof: &mut Profiler, timeout: Duration) {
     let deadline = Instant::now() + timeout;
-    if bpftool_available() {
-        while loaded_sp_programs().is_empty() {
-            if let Some(out) = prof.try_finished() {
-                panic!("stallprof exited before attaching:\n{}", out.describe());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no BPF program named sp_* appeared within {timeout:?} of starting stallprof {:?}",
-                prof.args
+    while !prof.ready.exists() {
+        if let Some(out) = prof.try_finished() {
+            panic!(
+                "stallprof {:?} exited before it was recording:\n{}",
+                prof.args,
+                out.describe()
             );
-            std::thread::sleep(Duration::from_millis(50));
         }
-        std::thread::sleep(Duration::from_millis(750));
-    } else {
-        eprintln!("bpftool not installed: waiting a fixed 3 s for stallprof to attach");
-        std::thread::sleep(Duration::from_secs(3));
-    }
-    if let Some(out) = prof.try_finished() {
-        panic!("stallprof exited while attaching:\n{}", out.describe());
+        if Instant::now() >= deadline {
+            prof.signal(libc::SIGKILL);
+            let status = prof.child.as_mut().unwrap().wait().unwrap();
+            let out = prof.collect(status);
+            panic!(
+                "stallprof {:?} did not say it was recording ({} written) within {timeout:?}; killed it.\n{}",
+                prof.args,
+                prof.ready.display(),
+                out.describe()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
