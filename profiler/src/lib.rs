@@ -19,4 +19,6 @@ pub mod os;
 pub mod pipeline;
 pub mod report;
 pub mod symbolize;
+#[cfg(test)]
+pub mod testing;
 pub mod unwind;

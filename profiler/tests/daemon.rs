@@ -278,6 +278,68 @@ fn loop_threads(fams: &[Value], pid: u32) -> f64 {
     sample(fams, "stallprof_loop_threads", &[("pid", &pid.to_string())]).unwrap_or(0.0)
 }
 
+/// Stalls of `pid` the daemon has counted, less those cut short.
+fn complete_stalls(fams: &[Value], pid: u32) -> f64 {
+    let pid = pid.to_string();
+    let count = sample(
+        fams,
+        "stallprof_stall_duration_seconds_count",
+        &[("pid", &pid)],
+    );
+    let incomplete = sample(fams, "stallprof_stalls_incomplete_total", &[("pid", &pid)]);
+    count.unwrap_or(0.0) - incomplete.unwrap_or(0.0)
+}
+
+/// Waits until the daemon has counted at least `n` complete stalls of each
+/// `(pid, n)`: the stalls a victim logged before its `done` have come
+/// through the daemon's drain and upkeep. Returns the metrics then.
+fn wait_stalls_counted(d: &mut Daemon, dir: &Path, victims: &[(u32, usize)]) -> Vec<Value> {
+    let what: Vec<String> = victims
+        .iter()
+        .map(|(pid, n)| format!("{n} complete stalls of pid {pid}"))
+        .collect();
+    wait_metrics(
+        d,
+        dir,
+        &format!("the daemon to count {}", what.join(", ")),
+        Duration::from_secs(15),
+        |f| {
+            victims
+                .iter()
+                .all(|&(pid, n)| complete_stalls(f, pid) >= n as f64)
+        },
+    )
+}
+
+/// Waits until the daemon's index page lists `pid` as exited: its exit
+/// check has seen the process go.
+fn wait_listed_exited(d: &mut Daemon, pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let row_start = format!("<tr><td>{pid}</td>");
+    loop {
+        if let Some(out) = d.prof.try_finished() {
+            panic!(
+                "stallprof daemon exited while waiting for pid {pid} to be listed as exited:\n{}",
+                out.describe()
+            );
+        }
+        let index = http_get(d.port, "/", Duration::from_secs(5))
+            .map(|(_, body)| String::from_utf8_lossy(&body).into_owned())
+            .unwrap_or_default();
+        let row = index
+            .split("</tr>")
+            .find_map(|r| r.split_once(&row_start).map(|(_, rest)| rest));
+        if row.is_some_and(|r| r.contains("<td>exited</td>")) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited 15 s for the daemon's index page to list pid {pid} as exited:\n{index:.3000}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Victims
 
@@ -590,7 +652,6 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
     std::fs::write(&start_p, b"go").unwrap();
     wait_for_log_kind(&log_a, "done", Duration::from_secs(30));
     wait_for_log_kind(&log_p, "done", Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(800));
     a.assert_running();
 
     let truth_a = c_truth(&log_a);
@@ -607,7 +668,7 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
         "py_blocking_client --rounds 2 makes 4 stalled calls:\n{}",
         truth_table(&py_truth)
     );
-    let fams = parse_metrics(&dir.path, &metrics_text(port));
+    let fams = wait_stalls_counted(&mut d, &dir.path, &[(pid_a, 12), (pid_p1, 4)]);
     let mut c = Checks::new(format!(
         "C victim:\n{}\nPython victim:\n{}",
         truth_table(&truth_a),
@@ -754,7 +815,7 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
 
     // --- exit and restart: the C victim with its own pid again, Python anew.
     drop(a);
-    std::thread::sleep(Duration::from_millis(1500)); // the daemon's exit check runs every second
+    wait_listed_exited(&mut d, pid_a);
     let (log_b, start_b) = (dir.join("b.log"), dir.join("b.start"));
     let b = spawn_c_loop_with_pid(pid_a, &c_bin, &log_b, &start_b, "spin:60,idle:5,sleep:70");
     let (log_q, start_q) = (dir.join("q.log"), dir.join("q.start"));
@@ -781,10 +842,9 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
     std::fs::write(&start_q, b"go").unwrap();
     wait_for_log_kind(&log_b, "done", Duration::from_secs(30));
     wait_for_log_kind(&log_q, "done", Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(800));
     let truth_b = c_truth(&log_b);
     assert_eq!(truth_b.len(), 2, "{}", truth_table(&truth_b));
-    let fams = parse_metrics(&dir.path, &metrics_text(port));
+    let fams = wait_stalls_counted(&mut d, &dir.path, &[(pid_a, 2), (pid_p2, 3)]);
     let mut cb = Checks::new(format!(
         "restarted C victim (pid {pid_a} reused):\n{}",
         truth_table(&truth_b)
@@ -1368,9 +1428,8 @@ fn daemon_rebuild_keeps_loops_and_full_stacks() {
     );
     std::fs::write(&start, b"go").unwrap();
     wait_for_log_kind(&log, "done", Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(800));
     let truth = python_truth(&read_log(&log));
-    let after = parse_metrics(&dir.path, &metrics_text(port));
+    let after = wait_stalls_counted(&mut d, &dir.path, &[(pid, truth.len())]);
     let mut c = Checks::new(format!("Python victim:\n{}", truth_table(&truth)));
     c.check(truth.len() >= 4, || {
         format!(
@@ -1486,6 +1545,7 @@ fn daemon_python_churn_keeps_python_stacks() {
     const CHURN: usize = 1100;
     const AT_ONCE: usize = 40;
     let mut running: Vec<std::process::Child> = Vec::new();
+    let mut churned = BTreeSet::new();
     let started = Instant::now();
     for _ in 0..CHURN {
         while running.len() >= AT_ONCE {
@@ -1499,12 +1559,28 @@ fn daemon_python_churn_keeps_python_stacks() {
                 .spawn()
                 .expect("starting a churn process"),
         );
+        churned.insert(running.last().unwrap().id().to_string());
     }
     for mut c in running {
         let _ = c.wait();
     }
     let churn_time = started.elapsed();
-    std::thread::sleep(Duration::from_secs(3)); // exits seen, series forgotten
+    // Exits seen and, after forget_after, the series forgotten.
+    wait_metrics(
+        &mut d,
+        &dir.path,
+        "no series of a churn process left",
+        Duration::from_secs(15),
+        |f| {
+            !f.iter()
+                .flat_map(|fam| fam["samples"].as_array().unwrap().iter())
+                .any(|s| {
+                    s["labels"]["pid"]
+                        .as_str()
+                        .is_some_and(|p| churned.contains(p))
+                })
+        },
+    );
     let (log, start) = (dir.join("p.log"), dir.join("p.start"));
     // It lingers after its last stall until dropped (after the daemon's
     // last report): with 2 busy processes per core the daemon's reads of
@@ -1524,8 +1600,8 @@ fn daemon_python_churn_keeps_python_stacks() {
     std::thread::sleep(Duration::from_millis(1000)); // CPython detection
     std::fs::write(&start, b"go").unwrap();
     wait_for_log_kind(&log, "done", Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(800));
     let truth = python_truth(&read_log(&log));
+    wait_stalls_counted(&mut d, &dir.path, &[(pid, truth.len())]);
     let metrics = metrics_text(port);
     let rss = vm_hwm_kib(d.prof.pid()).map(|k| k as f64 / 1024.0);
     drop(busy);
@@ -2222,8 +2298,15 @@ fn daemon_http_token_and_unix_socket() {
         )
     });
     drop(held);
-    std::thread::sleep(Duration::from_millis(300));
-    let r = connect().and_then(|s| raw_get(s, "/healthz", ""));
+    // Served again once the daemon has seen them close: asked until then.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let r = loop {
+        let r = connect().and_then(|s| raw_get(s, "/healthz", ""));
+        if r.as_ref().is_ok_and(|(st, _)| *st == 200) || Instant::now() >= deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     c.check(r.as_ref().is_ok_and(|(st, _)| *st == 200), || {
         format!("/healthz after the held connections closed: {r:?}")
     });

@@ -36,6 +36,30 @@ fn wait_for_stalls(log: &Path, n: usize, timeout: Duration) -> Vec<Truth> {
     }
 }
 
+/// Waits until `out`'s `stalls.journal` holds `n` stall lines: the stalls
+/// the victim logged were drained, assembled, symbolized and written at a
+/// journal tick.
+fn wait_for_journal_stalls(out: &Path, n: usize, timeout: Duration) {
+    let path = out.join("stalls.journal");
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let found = text
+            .lines()
+            .filter(|l| l.starts_with("{\"stall\":"))
+            .count();
+        if found >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited {timeout:?} for {n} stalls in {}: {found} there",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn listing(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .map(|d| {
@@ -124,7 +148,7 @@ fn durability_kill_9_keeps_every_stall_found() {
     wait_for_attach(&mut prof, Duration::from_secs(20));
     std::fs::write(&start, b"go").unwrap();
     let truth = wait_for_stalls(&log, 4, Duration::from_secs(30));
-    std::thread::sleep(Duration::from_secs(1));
+    wait_for_journal_stalls(&out, 4, Duration::from_secs(10));
     victim.assert_running();
     prof.signal(libc::SIGKILL);
     let run = prof.wait(Duration::from_secs(10));

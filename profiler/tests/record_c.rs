@@ -673,31 +673,16 @@ fn record_leaves_no_bpf_programs_loaded() {
         "sleep".into(),
         "3".into(),
     ]);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let mut seen = Vec::new();
-    while seen.is_empty() && std::time::Instant::now() < deadline {
-        if let Some(out) = prof.try_finished() {
-            panic!(
-                "stallprof record -- sleep 3 ended before any sp_* program was seen:\n{}",
-                out.describe()
-            );
-        }
-        seen = loaded_sp_programs()
-            .into_iter()
-            .filter(|p| !before.contains(p))
-            .collect();
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Once it is recording, every program it loads is in.
+    wait_for_attach(&mut prof, Duration::from_secs(20));
+    let seen: Vec<_> = loaded_sp_programs()
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
     assert!(
         !seen.is_empty(),
         "no BPF program named sp_* was loaded while stallprof recorded (program names must start with sp_)"
     );
-    // Programs load one after another: take the full set once loading is done.
-    std::thread::sleep(Duration::from_millis(500));
-    seen = loaded_sp_programs()
-        .into_iter()
-        .filter(|p| !before.contains(p))
-        .collect();
     let run = prof.wait(Duration::from_secs(60));
     assert!(
         run.status.success(),

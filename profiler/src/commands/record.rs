@@ -385,8 +385,32 @@ pub fn run(cfg: RecordConfig) -> Result<Recorded> {
 
 async fn record(cfg: RecordConfig, out: OutDir) -> Result<Recorded> {
     let mut session = Session::attach(&cfg, &out)?;
+    announce_ready(session.pid);
     let ended_by = session.watch(&cfg).await?;
     session.conclude(&cfg, &out, ended_by)
+}
+
+/// Names the file [`announce_ready`] writes: opt-in, for a harness that
+/// must not start the target's work before the recording has begun.
+const READY_FILE_ENV: &str = "STALLPROF_READY_FILE";
+
+/// Once the probes are in, the journal open and the command (if any)
+/// released, writes the target's pid to `$STALLPROF_READY_FILE` when that
+/// is set. A temporary file renamed into place, so a reader polling for the
+/// path never sees it half-written. A failure is only warned about: the
+/// recording itself is fine, and the waiting harness times out saying so.
+fn announce_ready(pid: u32) {
+    let Some(path) = std::env::var_os(READY_FILE_ENV).map(PathBuf::from) else {
+        return;
+    };
+    let mut tmp = path.clone().into_os_string();
+    tmp.push(format!(".{}", random_suffix()));
+    let written =
+        std::fs::write(&tmp, format!("{pid}\n")).and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        warn!("{READY_FILE_ENV}: writing {}: {e}", path.display());
+    }
 }
 
 /// A recording under way: the target, its probes (inside `live`) and the

@@ -367,34 +367,18 @@ async fn top(a: TopArgs) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Frame, FrameKind, StackPart};
+    use crate::model::{Frame, FrameKind};
+    use crate::testing;
 
     fn stall(end_ns: u64, dur: u64, name: &str, kind: PartKind) -> Stall {
+        let frames = vec![Frame::new(name, FrameKind::Python)];
+        // The window reads the parts only: the split stays zero.
         Stall {
-            route: None,
-            throttled_ns: 0,
-            cpu_holders: Vec::new(),
-            tid: 1,
-            thread_name: "main".into(),
-            ns_tid: None,
-            start_ns: end_ns - dur,
-            end_ns,
-            duration_ns: dur,
             on_cpu_ns: 0,
             off_cpu_ns: 0,
             runqueue_ns: 0,
-            incomplete: false,
-            coroutine: None,
-            task: None,
-            stacks: vec![StackPart {
-                woken: false,
-                frames: vec![Frame::new(name, FrameKind::Python)],
-                weight_ns: dur,
-                kind,
-                syscall: None,
-                waker_tid: None,
-                gil_holder: None,
-            }],
+            throttled_ns: 0,
+            ..testing::stall(end_ns - dur, vec![testing::part(kind, dur, frames)])
         }
     }
 

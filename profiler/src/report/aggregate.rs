@@ -382,6 +382,7 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing;
 
     fn f(name: &str, file: Option<&str>, kind: FrameKind) -> Frame {
         let module = (kind == FrameKind::Native).then(|| {
@@ -611,24 +612,7 @@ mod tests {
             "Router.__call__ (routing.py:31) — on-CPU"
         );
         // The summary adds the library's functions up under the app's.
-        let s = Stall {
-            route: None,
-            tid: 1,
-            ns_tid: None,
-            thread_name: "main".into(),
-            start_ns: 0,
-            end_ns: 12,
-            duration_ns: 12,
-            on_cpu_ns: 12,
-            off_cpu_ns: 0,
-            runqueue_ns: 0,
-            throttled_ns: 0,
-            cpu_holders: Vec::new(),
-            incomplete: false,
-            coroutine: None,
-            task: None,
-            stacks: vec![a, b, fw],
-        };
+        let s = testing::stall(0, vec![a, b, fw]);
         assert_eq!(
             stall_entry(&s, &app).as_deref(),
             Some("parse_resume (app.py)")

@@ -77,41 +77,25 @@ pub fn check(rec: &Recording, limit_ns: u64) -> Gate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Frame, FrameKind, PartKind, StackPart};
+    use crate::model::{Frame, FrameKind, PartKind};
+    use crate::testing;
 
     fn stall(start_ms: u64, ms: u64, func: &str) -> Stall {
         let ns = ms * 1_000_000;
+        let frames = vec![Frame {
+            name: func.into(),
+            file: Some("/app/tok.py".into()),
+            line: Some(41),
+            kind: FrameKind::Python,
+            module: None,
+        }];
         Stall {
-            route: None,
-            throttled_ns: 0,
-            cpu_holders: Vec::new(),
             tid: 7,
             thread_name: "MainThread".into(),
-            ns_tid: None,
-            start_ns: start_ms * 1_000_000,
-            end_ns: start_ms * 1_000_000 + ns,
-            duration_ns: ns,
-            on_cpu_ns: ns,
-            off_cpu_ns: 0,
-            runqueue_ns: 0,
-            incomplete: false,
-            coroutine: None,
-            task: None,
-            stacks: vec![StackPart {
-                woken: false,
-                frames: vec![Frame {
-                    name: func.into(),
-                    file: Some("/app/tok.py".into()),
-                    line: Some(41),
-                    kind: FrameKind::Python,
-                    module: None,
-                }],
-                weight_ns: ns,
-                kind: PartKind::OnCpu,
-                syscall: None,
-                waker_tid: None,
-                gil_holder: None,
-            }],
+            ..testing::stall(
+                start_ms * 1_000_000,
+                vec![testing::part(PartKind::OnCpu, ns, frames)],
+            )
         }
     }
 

@@ -411,7 +411,8 @@ pub fn read(path: &Path) -> Result<Rebuilt, JournalError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::{FrameKind, PartKind, StackPart};
+    use crate::model::{FrameKind, PartKind};
+    use crate::testing;
 
     /// The header of a journal of pid 1 (`c`), 50 ns threshold, started at
     /// 10 ns.
@@ -432,34 +433,13 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn stall(start: u64, f: &str) -> Stall {
+        let frames = vec![
+            Frame::new("main", FrameKind::Native),
+            Frame::new(f, FrameKind::Native),
+        ];
         Stall {
-            route: None,
-            throttled_ns: 0,
-            cpu_holders: Vec::new(),
             tid: 7,
-            thread_name: "main".into(),
-            ns_tid: None,
-            start_ns: start,
-            end_ns: start + 100,
-            duration_ns: 100,
-            on_cpu_ns: 100,
-            off_cpu_ns: 0,
-            runqueue_ns: 0,
-            incomplete: false,
-            coroutine: None,
-            task: None,
-            stacks: vec![StackPart {
-                woken: false,
-                frames: vec![
-                    Frame::new("main", FrameKind::Native),
-                    Frame::new(f, FrameKind::Native),
-                ],
-                weight_ns: 100,
-                kind: PartKind::OnCpu,
-                syscall: None,
-                waker_tid: None,
-                gil_holder: None,
-            }],
+            ..testing::stall(start, vec![testing::part(PartKind::OnCpu, 100, frames)])
         }
     }
 

@@ -506,6 +506,7 @@ pub fn from_slice(bytes: &[u8]) -> Result<Recording, FormatError> {
 mod tests {
     use super::*;
     use crate::model::{FrameKind, SchedulerProbes, WaitProbes};
+    use crate::testing;
 
     fn frame(name: &str, file: Option<&str>, line: Option<u32>, kind: FrameKind) -> Frame {
         Frame {
@@ -550,22 +551,14 @@ mod tests {
         let stall = |start: u64, stacks: Vec<StackPart>| {
             let d = stacks.iter().map(|p| p.weight_ns).sum();
             Stall {
-                route: None,
-                throttled_ns: 0,
-                cpu_holders: Vec::new(),
                 tid: 7,
                 thread_name: "MainThread".into(),
                 ns_tid: Some(1),
-                start_ns: start,
-                end_ns: start + d,
-                duration_ns: d,
                 on_cpu_ns: d,
                 off_cpu_ns: 0,
-                runqueue_ns: 0,
                 incomplete: start == 0,
                 coroutine: Some("handle".into()),
-                task: None,
-                stacks,
+                ..testing::stall(start, stacks)
             }
         };
         let gil = StackPart {

@@ -705,6 +705,7 @@ pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
 mod tests {
     use super::*;
     use crate::model::{Frame, ThreadInfo};
+    use crate::testing;
 
     fn part(names: &[&str], kind: PartKind, ns: u64) -> StackPart {
         StackPart {
@@ -730,31 +731,23 @@ mod tests {
         // One stall on tid 7, 1000 µs to 1010 µs (10 ms):
         //   |--on-CPU 4 ms (spin, 2 parts)--|--blocked in read 2 ms--|--GIL wait 4 ms--|
         let s = Stall {
-            route: None,
-            throttled_ns: 0,
-            cpu_holders: Vec::new(),
             tid: 7,
             thread_name: "loop".into(),
-            ns_tid: None,
-            start_ns: 1_000_000,
-            end_ns: 11_000_000,
-            duration_ns: 10_000_000,
-            on_cpu_ns: 4_000_000,
-            off_cpu_ns: 6_000_000,
-            runqueue_ns: 0,
-            incomplete: false,
             coroutine: Some("handle (app.py:3)".into()),
             task: Some(crate::model::Task {
                 name: "batch-3".into(),
                 coro: Some("handle".into()),
                 awaited_by: vec!["runner".into(), "Task-1".into()],
             }),
-            stacks: vec![
-                part(&["main", "spin"], PartKind::OnCpu, 3_000_000),
-                part(&["main", "read"], PartKind::OffCpu, 2_000_000),
-                part(&["main", "spin"], PartKind::OnCpu, 1_000_000),
-                part(&["main", "take_gil"], PartKind::GilWait, 4_000_000),
-            ],
+            ..testing::stall(
+                1_000_000,
+                vec![
+                    part(&["main", "spin"], PartKind::OnCpu, 3_000_000),
+                    part(&["main", "read"], PartKind::OffCpu, 2_000_000),
+                    part(&["main", "spin"], PartKind::OnCpu, 1_000_000),
+                    part(&["main", "take_gil"], PartKind::GilWait, 4_000_000),
+                ],
+            )
         };
         Recording {
             pid: 5,

@@ -395,6 +395,7 @@ pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
 mod tests {
     use super::*;
     use crate::model::{PartKind, StackPart};
+    use crate::testing;
     use prost::Message;
 
     #[test]
@@ -412,30 +413,22 @@ mod tests {
             gil_holder: None,
         };
         let s = Stall {
-            route: None,
-            throttled_ns: 0,
-            cpu_holders: Vec::new(),
             tid: 7,
             thread_name: "loop".into(),
-            ns_tid: None,
-            start_ns: 0,
-            end_ns: 90,
-            duration_ns: 90,
-            on_cpu_ns: 60,
-            off_cpu_ns: 30,
-            runqueue_ns: 0,
-            incomplete: false,
             coroutine: Some("handle".into()),
             task: Some(crate::model::Task {
                 name: "conn-7".into(),
                 coro: Some("handle".into()),
                 awaited_by: vec![],
             }),
-            stacks: vec![
-                part(&["main", "spin"], PartKind::OnCpu, 40),
-                part(&["main", "spin"], PartKind::OnCpu, 20),
-                part(&["main", "read"], PartKind::OffCpu, 30),
-            ],
+            ..testing::stall(
+                0,
+                vec![
+                    part(&["main", "spin"], PartKind::OnCpu, 40),
+                    part(&["main", "spin"], PartKind::OnCpu, 20),
+                    part(&["main", "read"], PartKind::OffCpu, 30),
+                ],
+            )
         };
         let second = Stall {
             tid: 8,

@@ -301,42 +301,27 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Frame, FrameKind, PartKind, Route, StackPart, Stall};
+    use crate::model::{Frame, FrameKind, PartKind, Route, Stall};
+    use crate::testing;
 
     fn stall(start_ms: u64, ms: u64, handler: &str, route: Option<(&str, &str)>) -> Stall {
         let ns = ms * 1_000_000;
+        let frames = vec![Frame {
+            file: Some("/srv/app.py".into()),
+            line: Some(3),
+            ..Frame::new(handler, FrameKind::Python)
+        }];
         Stall {
             route: route.map(|(m, t)| Route {
                 method: m.into(),
                 template: t.into(),
             }),
-            throttled_ns: 0,
-            cpu_holders: Vec::new(),
             tid: 7,
-            ns_tid: None,
             thread_name: "MainThread".into(),
-            start_ns: start_ms * 1_000_000,
-            end_ns: start_ms * 1_000_000 + ns,
-            duration_ns: ns,
-            on_cpu_ns: ns,
-            off_cpu_ns: 0,
-            runqueue_ns: 0,
-            incomplete: false,
-            coroutine: None,
-            task: None,
-            stacks: vec![StackPart {
-                woken: false,
-                frames: vec![Frame {
-                    file: Some("/srv/app.py".into()),
-                    line: Some(3),
-                    ..Frame::new(handler, FrameKind::Python)
-                }],
-                weight_ns: ns,
-                kind: PartKind::OnCpu,
-                syscall: None,
-                waker_tid: None,
-                gil_holder: None,
-            }],
+            ..testing::stall(
+                start_ms * 1_000_000,
+                vec![testing::part(PartKind::OnCpu, ns, frames)],
+            )
         }
     }
 

@@ -236,7 +236,8 @@ pub fn with_tasks(mut stalls: Vec<Stall>) -> Vec<Stall> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{PartKind, StackPart};
+    use crate::model::PartKind;
+    use crate::testing;
 
     fn n(name: &str, module: &str) -> Frame {
         Frame {
@@ -252,34 +253,16 @@ mod tests {
         }
     }
     fn stall(tid: u32, stacks: Vec<Vec<Frame>>) -> Stall {
+        let parts = stacks
+            .into_iter()
+            .map(|frames| testing::part(PartKind::OnCpu, 5, frames))
+            .collect();
         Stall {
-            route: None,
-            throttled_ns: 0,
-            cpu_holders: Vec::new(),
             tid,
-            thread_name: "main".into(),
-            ns_tid: None,
-            start_ns: 0,
             end_ns: 10,
             duration_ns: 10,
             on_cpu_ns: 10,
-            off_cpu_ns: 0,
-            runqueue_ns: 0,
-            incomplete: false,
-            coroutine: None,
-            task: None,
-            stacks: stacks
-                .into_iter()
-                .map(|frames| StackPart {
-                    woken: false,
-                    frames,
-                    weight_ns: 5,
-                    kind: PartKind::OnCpu,
-                    syscall: None,
-                    waker_tid: None,
-                    gil_holder: None,
-                })
-                .collect(),
+            ..testing::stall(0, parts)
         }
     }
     fn names(s: &Stall, i: usize) -> Vec<&str> {

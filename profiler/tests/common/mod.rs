@@ -321,6 +321,19 @@ pub struct Profiler {
     out: Option<JoinHandle<String>>,
     err: Option<JoinHandle<String>>,
     pub args: Vec<String>,
+    /// Where `record` says it is recording (`STALLPROF_READY_FILE`, set
+    /// for every stallprof started here): see [`wait_for_attach`].
+    ready: PathBuf,
+}
+
+/// A path no other stallprof of any test process is told to write.
+fn ready_file_path() -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    std::env::temp_dir().join(format!(
+        "stallprof-ready-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
 }
 
 fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
@@ -352,8 +365,11 @@ impl Profiler {
         if let Some(cwd) = cwd {
             cmd.current_dir(cwd);
         }
+        let ready = ready_file_path();
+        let _ = std::fs::remove_file(&ready);
         let mut child = cmd
             .args(args)
+            .env("STALLPROF_READY_FILE", &ready)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -366,6 +382,7 @@ impl Profiler {
             out: Some(out),
             err: Some(err),
             args: args_s,
+            ready,
         }
     }
 
@@ -431,6 +448,7 @@ impl Drop for Profiler {
             let _ = child.kill();
             let _ = child.wait();
         }
+        let _ = std::fs::remove_file(&self.ready);
     }
 }
 
@@ -677,6 +695,9 @@ pub struct Recording {
     /// Which probes served (`{"scheduler", "waits", "notes"}`).
     #[serde(default)]
     pub probes: serde_json::Value,
+    /// The target's pid in its own PID namespace, when that is not `pid`.
+    #[serde(default)]
+    pub ns_pid: Option<u32>,
     pub stalls: Vec<Stall>,
 }
 
@@ -695,6 +716,9 @@ pub fn expected_probes() -> (&'static str, &'static str) {
 #[derive(Debug, Deserialize, Clone)]
 pub struct Stall {
     pub tid: u32,
+    /// The tid in the target's PID namespace, when that is not `tid`.
+    #[serde(default)]
+    pub ns_tid: Option<u32>,
     pub thread_name: String,
     pub start_ns: u64,
     pub end_ns: u64,
@@ -709,7 +733,41 @@ pub struct Stall {
     #[serde(default)]
     pub cpu_holders: Vec<CpuHolder>,
     pub incomplete: bool,
+    /// The asyncio task running when the stall began.
+    #[serde(default)]
+    pub task: Option<Task>,
+    /// The ASGI request the stall served.
+    #[serde(default)]
+    pub route: Option<Route>,
     pub stacks: Vec<Stack>,
+}
+
+/// stalls.json `route`: the ASGI request a stall served.
+#[derive(Debug, Deserialize, Clone)]
+pub struct Route {
+    pub method: String,
+    pub template: String,
+}
+
+/// stalls.json `task`: the asyncio task running when a stall began.
+#[derive(Debug, Deserialize, Clone)]
+pub struct Task {
+    pub name: String,
+    #[serde(default)]
+    pub coro: Option<String>,
+    #[serde(default)]
+    pub awaited_by: Vec<String>,
+}
+
+/// A part's `gil_holder`: the thread that held the GIL, and its Python
+/// frames when the wait began.
+#[derive(Debug, Deserialize, Clone)]
+pub struct GilHolder {
+    pub tid: Option<u32>,
+    #[serde(default)]
+    pub ns_tid: Option<u32>,
+    pub thread_name: Option<String>,
+    pub frames: Vec<Frame>,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -729,6 +787,8 @@ pub struct Stack {
     pub syscall: Option<String>,
     #[serde(default)]
     pub woken: bool,
+    #[serde(default)]
+    pub gil_holder: Option<GilHolder>,
 }
 
 #[derive(Debug, Deserialize, Clone)]
@@ -741,9 +801,42 @@ pub struct Frame {
     pub kind: String,
 }
 
+impl Frame {
+    /// `name (file.py:12)`: the file's base name.
+    pub fn label(&self) -> String {
+        let base = self
+            .file
+            .as_deref()
+            .map(|f| f.rsplit('/').next().unwrap_or(f));
+        match (base, self.line) {
+            (Some(b), Some(l)) => format!("{} ({b}:{l})", self.name),
+            (Some(b), None) => format!("{} ({b})", self.name),
+            _ => self.name.clone(),
+        }
+    }
+}
+
 impl Stack {
     pub fn has_frame(&self, name: &str) -> bool {
         self.frames.iter().any(|f| f.name == name)
+    }
+
+    /// The stack as a folded line, with its kind, syscall and weight.
+    pub fn folded(&self) -> String {
+        let mut s = self
+            .frames
+            .iter()
+            .map(Frame::label)
+            .collect::<Vec<_>>()
+            .join(";");
+        let _ = write!(
+            s,
+            " [{} {} {:.2} ms]",
+            self.kind,
+            self.syscall.as_deref().unwrap_or("-"),
+            ms(self.weight_ns)
+        );
+        s
     }
 }
 
@@ -1166,53 +1259,96 @@ pub fn check_contract_at(c: &mut Checks, rec: &Recording, threshold_ns: u64, sam
     });
     for (i, s) in rec.stalls.iter().enumerate() {
         let who = format!("stall #{i} ({})", s.summary());
+        check_stall_contract(c, &who, s, threshold_ns, (rec.started_ns, rec.ended_ns));
+    }
+}
+
+/// The contract every stall of every recording keeps (docs/format.md),
+/// `who` naming it in a failure: it lies inside the recording
+/// (`[started_ns, ended_ns]`) and is at least `threshold_ns` long; its
+/// split covers it exactly (on-CPU + off-CPU + run queue + throttled =
+/// duration), and so do its parts' weights, kind by kind (a GIL wait counts
+/// as off-CPU); its parts and frames are of the kinds the format names, none
+/// without frames; a GIL wait names the thread that held the GIL, and only
+/// a GIL wait or the run-queue time after one may.
+pub fn check_stall_contract(
+    c: &mut Checks,
+    who: &str,
+    s: &Stall,
+    threshold_ns: u64,
+    (started_ns, ended_ns): (u64, u64),
+) {
+    c.check(
+        s.end_ns >= s.start_ns && s.end_ns - s.start_ns == s.duration_ns,
+        || format!("{who}: end_ns - start_ns != duration_ns"),
+    );
+    c.check(
+        s.on_cpu_ns + s.off_cpu_ns + s.runqueue_ns + s.throttled_ns == s.duration_ns,
+        || format!("{who}: on_cpu + off_cpu + runqueue + throttled != duration"),
+    );
+    let w: u64 = s.stacks.iter().map(|st| st.weight_ns).sum();
+    c.check(w == s.duration_ns, || {
+        format!(
+            "{who}: stack weights sum to {w}, not duration {}",
+            s.duration_ns
+        )
+    });
+    let weight_of = |kinds: &[&str]| -> u64 {
+        s.stacks
+            .iter()
+            .filter(|st| kinds.contains(&st.kind.as_str()))
+            .map(|st| st.weight_ns)
+            .sum()
+    };
+    for (field, ns, kinds) in [
+        ("on_cpu_ns", s.on_cpu_ns, &["on_cpu"][..]),
+        ("off_cpu_ns", s.off_cpu_ns, &["off_cpu", "gil_wait"][..]),
+        ("runqueue_ns", s.runqueue_ns, &["runqueue"][..]),
+        ("throttled_ns", s.throttled_ns, &["throttled"][..]),
+    ] {
+        let w = weight_of(kinds);
+        c.check(w == ns, || {
+            format!("{who}: {field} {ns} != weight of {kinds:?} stacks {w}")
+        });
+    }
+    c.check(s.duration_ns >= threshold_ns, || {
+        format!("{who}: shorter than the threshold")
+    });
+    c.check(s.start_ns >= started_ns && s.end_ns <= ended_ns, || {
+        format!("{who}: outside the recording [{started_ns}, {ended_ns}]")
+    });
+    for st in &s.stacks {
         c.check(
-            s.end_ns >= s.start_ns && s.end_ns - s.start_ns == s.duration_ns,
-            || format!("{who}: end_ns - start_ns != duration_ns"),
+            matches!(
+                st.kind.as_str(),
+                "on_cpu" | "off_cpu" | "runqueue" | "throttled" | "gil_wait"
+            ),
+            || format!("{who}: stack kind {:?}", st.kind),
         );
-        c.check(
-            s.on_cpu_ns + s.off_cpu_ns + s.runqueue_ns + s.throttled_ns == s.duration_ns,
-            || format!("{who}: on_cpu + off_cpu + runqueue + throttled != duration"),
-        );
-        let w: u64 = s.stacks.iter().map(|st| st.weight_ns).sum();
-        c.check(w == s.duration_ns, || {
+        c.check(!st.frames.is_empty(), || {
+            format!("{who}: a stack with no frames")
+        });
+        let holder_ok = match st.kind.as_str() {
+            "gil_wait" => st.gil_holder.is_some(),
+            "runqueue" => true,
+            _ => st.gil_holder.is_none(),
+        };
+        c.check(holder_ok, || {
             format!(
-                "{who}: stack weights sum to {w}, not duration {}",
-                s.duration_ns
+                "{who}: {} stack with gil_holder {:?}: {}",
+                st.kind,
+                st.gil_holder,
+                st.folded()
             )
         });
-        c.check(s.duration_ns >= threshold_ns, || {
-            format!("{who}: shorter than the threshold")
-        });
-        c.check(
-            s.start_ns >= rec.started_ns && s.end_ns <= rec.ended_ns,
-            || {
-                format!(
-                    "{who}: outside the recording [{}, {}]",
-                    rec.started_ns, rec.ended_ns
-                )
-            },
-        );
-        for st in &s.stacks {
+        for f in &st.frames {
             c.check(
                 matches!(
-                    st.kind.as_str(),
-                    "on_cpu" | "off_cpu" | "runqueue" | "throttled" | "gil_wait"
+                    f.kind.as_str(),
+                    "native" | "kernel" | "python" | "js" | "marker"
                 ),
-                || format!("{who}: stack kind {:?}", st.kind),
+                || format!("{who}: frame {:?} has kind {:?}", f.name, f.kind),
             );
-            c.check(!st.frames.is_empty(), || {
-                format!("{who}: a stack with no frames")
-            });
-            for f in &st.frames {
-                c.check(
-                    matches!(
-                        f.kind.as_str(),
-                        "native" | "kernel" | "python" | "js" | "marker"
-                    ),
-                    || format!("{who}: frame {:?} has kind {:?}", f.name, f.kind),
-                );
-            }
         }
     }
 }
@@ -1320,30 +1456,34 @@ pub fn loaded_sp_programs() -> Vec<(u64, String)> {
         .collect()
 }
 
-/// After starting `stallprof --pid`, wait until its probes are in: with
-/// bpftool, until `sp_` programs are loaded (plus a margin for attaching);
-/// without it, a fixed delay. Fails fast if the profiler exits.
+/// After starting `stallprof record`, waits until it says it is recording:
+/// it writes the file `STALLPROF_READY_FILE` names once its probes are in,
+/// its journal is open and the command it started (if any) runs
+/// (docs/testing.md). What happens in the target from then on is recorded.
+/// Fails, with stallprof's output, if it exits first or is not recording
+/// within `timeout` (then it is killed).
 pub fn wait_for_attach(prof: &mut Profiler, timeout: Duration) {
     let deadline = Instant::now() + timeout;
-    if bpftool_available() {
-        while loaded_sp_programs().is_empty() {
-            if let Some(out) = prof.try_finished() {
-                panic!("stallprof exited before attaching:\n{}", out.describe());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no BPF program named sp_* appeared within {timeout:?} of starting stallprof {:?}",
-                prof.args
+    while !prof.ready.exists() {
+        if let Some(out) = prof.try_finished() {
+            panic!(
+                "stallprof {:?} exited before it was recording:\n{}",
+                prof.args,
+                out.describe()
             );
-            std::thread::sleep(Duration::from_millis(50));
         }
-        std::thread::sleep(Duration::from_millis(750));
-    } else {
-        eprintln!("bpftool not installed: waiting a fixed 3 s for stallprof to attach");
-        std::thread::sleep(Duration::from_secs(3));
-    }
-    if let Some(out) = prof.try_finished() {
-        panic!("stallprof exited while attaching:\n{}", out.describe());
+        if Instant::now() >= deadline {
+            prof.signal(libc::SIGKILL);
+            let status = prof.child.as_mut().unwrap().wait().unwrap();
+            let out = prof.collect(status);
+            panic!(
+                "stallprof {:?} did not say it was recording ({} written) within {timeout:?}; killed it.\n{}",
+                prof.args,
+                prof.ready.display(),
+                out.describe()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

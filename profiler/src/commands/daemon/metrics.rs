@@ -476,42 +476,24 @@ pub fn self_usage() -> (f64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Frame, StackPart};
+    use crate::model::Frame;
+    use crate::testing;
 
     #[test]
     fn names_follow_conventions() {
         let m = Metrics::new();
         let labels: Labels = vec![("pid", "1".into()), ("comm", "x".into())];
         m.add_process(&labels);
-        let part = |kind, ns| StackPart {
-            woken: false,
-            frames: vec![Frame::marker("[x]")],
-            weight_ns: ns,
-            kind,
-            syscall: None,
-            waker_tid: None,
-            gil_holder: None,
-        };
+        let part = |kind, ns| testing::part(kind, ns, vec![Frame::marker("[x]")]);
         let s = Stall {
-            route: None,
-            throttled_ns: 0,
-            cpu_holders: Vec::new(),
-            tid: 1,
             thread_name: "x".into(),
-            ns_tid: None,
-            start_ns: 0,
-            end_ns: 100_000_000,
-            duration_ns: 100_000_000,
-            on_cpu_ns: 60_000_000,
-            off_cpu_ns: 40_000_000,
-            runqueue_ns: 0,
-            incomplete: false,
-            coroutine: None,
-            task: None,
-            stacks: vec![
-                part(PartKind::OnCpu, 60_000_000),
-                part(PartKind::OffCpu, 40_000_000),
-            ],
+            ..testing::stall(
+                0,
+                vec![
+                    part(PartKind::OnCpu, 60_000_000),
+                    part(PartKind::OffCpu, 40_000_000),
+                ],
+            )
         };
         m.observe(&labels, &s);
         let text = m.encode();

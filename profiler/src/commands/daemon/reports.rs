@@ -419,12 +419,13 @@ pub fn sweep(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing;
 
     /// Issue 13: a window whose write fails keeps its stalls for a retry;
     /// the retry writes them into the same window directory.
     #[test]
     fn failed_window_write_is_kept_and_retried() {
-        use crate::model::{Frame, FrameKind, PartKind, StackPart};
+        use crate::model::{Frame, FrameKind, PartKind};
         let root = std::env::temp_dir().join(format!(
             "stallprof-window-{}",
             crate::os::outdir::random_suffix()
@@ -440,31 +441,14 @@ mod tests {
             process: Default::default(),
             runtime: "native".into(),
         });
+        let spin = vec![Frame::new("spin", FrameKind::Native)];
         let stall = Stall {
-            route: None,
-            throttled_ns: 0,
-            cpu_holders: Vec::new(),
             tid: 42,
             thread_name: "victim".into(),
-            ns_tid: None,
-            start_ns: 2_000,
-            end_ns: 60_000_000,
-            duration_ns: 59_998_000,
-            on_cpu_ns: 59_998_000,
-            off_cpu_ns: 0,
-            runqueue_ns: 0,
-            incomplete: false,
-            coroutine: None,
-            task: None,
-            stacks: vec![StackPart {
-                woken: false,
-                frames: vec![Frame::new("spin", FrameKind::Native)],
-                weight_ns: 59_998_000,
-                kind: PartKind::OnCpu,
-                syscall: None,
-                waker_tid: None,
-                gil_holder: None,
-            }],
+            ..testing::stall(
+                2_000,
+                vec![testing::part(PartKind::OnCpu, 59_998_000, spin)],
+            )
         };
         let probes = ProbeSet::default();
         let how = Made {
