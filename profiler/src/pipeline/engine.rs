@@ -24,29 +24,30 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::Path,
-    time::{Duration, Instant},
 };
 
 use anyhow::Result;
 use log::{debug, info, warn};
 use profiler_common::MAX_USTACK;
 
+mod live;
+mod upkeep;
+
 use crate::{
     assemble::stall::{Output, RawStall, Tracker, TrackerConfig},
     kernel::event::{self, Event},
-    model::{Holder, ProcessInfo, Route, RuntimeProblem, Stall, Task, ThreadInfo},
+    model::{Holder, ProcessInfo, RuntimeProblem, Stall, ThreadInfo},
     os::outdir::OutDir,
     os::units::fmt_ns,
     pipeline::control::{Control, NoControl},
     pipeline::counters::{Counter, Counters},
-    pipeline::discovery::{Answer, Discovery},
+    pipeline::discovery::Discovery,
     pipeline::identities::Identities,
     pipeline::pending::Pending,
-    pipeline::reads::{BusyReads, Period, TaskMiss, Want},
+    pipeline::reads::BusyReads,
     pipeline::recording::{self, EVENTS_FILE, EventsWriter},
     pipeline::symbolizer::{self, Done, Job, Native, Symbolizer, Worker},
     pipeline::watch::{PythonWatch, RuntimeWatch},
-    symbolize::python::{Captured, RouteRead},
     symbolize::{
         Answers, Recorder, ResolveRuntime, RuntimeReader, SharedMaps, TableResolver, Unnamed,
     },
@@ -99,16 +100,6 @@ impl Symbols {
         }
     }
 }
-
-/// How long [`Engine::first_tick`] waits for discovery between drains.
-const FIRST_TICK_SLICE: Duration = Duration::from_millis(20);
-
-/// Time one upkeep tick may take before the rest of the processes wait for
-/// the next (see [`Engine::tick`]).
-const UPKEEP_BUDGET: Duration = Duration::from_millis(30);
-
-/// Age after which periodic upkeep re-reads a process's maps.
-const MAPS_UPKEEP: Duration = Duration::from_secs(2);
 
 /// The pipeline's state: one per recording, daemon (rebuilt now and then
 /// to bound memory, see [`Engine::rebuild`]) or replay.
@@ -293,96 +284,6 @@ impl Engine {
         self.kept.ids.process(pid, self.symbols.is_live())
     }
 
-    /// Periodic upkeep for live processes: maps snapshots for symbolization
-    /// and the Python thread tables BPF walks from, runtimes found.
-    ///
-    /// Bounded: it runs on the thread that drains the ring buffer, and a
-    /// process seen for the first time costs ELF reads (its interpreter,
-    /// its runtimes: tens of ms). Past [`UPKEEP_BUDGET`] the rest of `pids`
-    /// waits for the next tick, which starts where this one stopped: under
-    /// a churn of new processes, finding their runtimes is late, never the
-    /// drain.
-    pub fn tick(&mut self, pids: &[u32], probes: &mut dyn Control) {
-        self.flush_pending(false);
-        self.collect();
-        let found = self.kept.discovery.take();
-        self.apply_found(found, probes);
-        let started = std::time::Instant::now();
-        let mut order: Vec<u32> = pids.to_vec();
-        order.sort_unstable();
-        let first = order.partition_point(|&p| p <= self.upkeep_after);
-        order.rotate_left(first);
-        for (i, pid) in order.into_iter().enumerate() {
-            if i > 0 && started.elapsed() >= UPKEEP_BUDGET {
-                self.counters.add(Counter::UpkeepDeferred, 1);
-                break;
-            }
-            self.upkeep_after = pid;
-            // The symbolizer refreshes on an unknown address; this keeps a
-            // recent snapshot for a process that exits mid-stall, or before
-            // the symbolizer gets to its stalls.
-            if self.symbols.live().is_some() {
-                self.kept.maps.refresh_if_older(pid, MAPS_UPKEEP);
-            }
-            self.process(pid);
-            self.python
-                .entry(pid)
-                .or_insert_with(PythonWatch::new)
-                .poll(pid, probes, &mut self.kept.discovery);
-            self.kept
-                .runtimes
-                .entry(pid)
-                .or_default()
-                .poll(pid, probes, &mut self.kept.discovery);
-        }
-    }
-
-    /// [`Engine::tick`], then what it asked the discovery thread, waited
-    /// for up to `limit`: the first upkeep of `record` and `top`, before
-    /// the target is told the probes are in (its first stalls then have
-    /// their Python frames, as they did when this ran on the drain). The
-    /// ring is drained meanwhile, every [`FIRST_TICK_SLICE`]: a command
-    /// starts running at attach, and a busy start (Node loading express, ~1 s
-    /// busy) filled the 16 MiB ring while this waited on a discovery slowed
-    /// by that start (events lost in the express test's fallback pass).
-    pub fn first_tick(
-        &mut self,
-        pids: &[u32],
-        probes: &mut dyn Control,
-        ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
-        limit: Duration,
-    ) {
-        self.tick(pids, probes);
-        let deadline = std::time::Instant::now() + limit;
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let found = self.kept.discovery.take_all(left.min(FIRST_TICK_SLICE));
-            self.apply_found(found, probes);
-            self.drain(ring, probes);
-            if !self.kept.discovery.any_open() || left.is_zero() {
-                return;
-            }
-        }
-    }
-
-    /// Apply the discovery thread's answers (to processes still watched).
-    fn apply_found(&mut self, found: Vec<Answer>, probes: &mut dyn Control) {
-        for a in found {
-            match a {
-                Answer::Python(pid, r) => {
-                    if let Some(w) = self.python.get_mut(&pid) {
-                        w.found(pid, r, probes);
-                    }
-                }
-                Answer::Tokio(pid, points) => {
-                    if let Some(w) = self.kept.runtimes.get_mut(&pid) {
-                        w.found(pid, &points, probes);
-                    }
-                }
-            }
-        }
-    }
-
     pub fn python_version(&self, pid: u32) -> Option<String> {
         self.python.get(&pid).and_then(PythonWatch::version)
     }
@@ -411,32 +312,6 @@ impl Engine {
     /// call (again after [`Engine::forget`]).
     pub fn take_new_waiting(&mut self) -> Vec<u32> {
         std::mem::take(&mut self.kept.new_waiting)
-    }
-
-    /// Decode, unwind and track every record in the ring buffer; take the
-    /// stalls the symbolizer has finished. Returns how many records.
-    pub fn drain(
-        &mut self,
-        ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
-        probes: &mut dyn Control,
-    ) -> usize {
-        let mut bytes = 0;
-        let mut records = 0;
-        if let Some(reader) = self.symbols.live() {
-            reader.next_drain();
-        }
-        while let Some(item) = ring.next() {
-            bytes += item.len();
-            records += 1;
-            self.handle_record(&item, probes);
-        }
-        self.kept.ring_backlog_max = self.kept.ring_backlog_max.max(bytes);
-        self.collect();
-        // An interpreter found since the last tick: its stacks walk
-        // Python frames from now, not from the next tick.
-        let found = self.kept.discovery.take();
-        self.apply_found(found, probes);
-        records
     }
 
     /// Nothing waits on a drain: no busy period open, no stall held back
@@ -592,155 +467,6 @@ impl Engine {
         let mut out = Vec::new();
         self.kept.tracker.push(ev, &mut out);
         self.outputs(out, probes);
-    }
-
-    /// What a stack event's busy period needs read from the live target,
-    /// read now: its asyncio task and its request's route (neither in a
-    /// replay; [`super::reads`] says when each is read again). A `Task`
-    /// event is kept for the stack event that follows it.
-    fn read_live(&mut self, ev: &Event, probes: &mut dyn Control) {
-        if !self.symbols.is_live() {
-            return;
-        }
-        let (tgid, tid, python, task) = match ev {
-            Event::Task {
-                tid, task, memory, ..
-            } => {
-                let captured = Captured {
-                    task: *task,
-                    memory: memory.clone(),
-                };
-                self.kept.reads.capture(*tid, captured);
-                return;
-            }
-            Event::Sample {
-                tgid,
-                tid,
-                stack,
-                task,
-                ..
-            }
-            | Event::SwitchOut {
-                tgid,
-                tid,
-                stack,
-                task,
-                ..
-            } if !stack.python.is_empty() => (*tgid, *tid, &stack.python, *task),
-            _ => return,
-        };
-        let captured = self.kept.reads.take_captured(tid, task);
-        let Some(start) = self.kept.tracker.open_period(tid) else {
-            return;
-        };
-        self.read_task((tid, start), tgid, python, &captured, probes);
-        let now = Instant::now();
-        match self.kept.reads.wants_route((tid, start), now) {
-            Want::Now => self.read_route((tid, start), tgid, python, now),
-            Want::Later => self.kept.reads.hold((tid, start), tgid, python),
-            Want::Never => {}
-        }
-    }
-
-    /// Read the asyncio task of period `key` of `tgid` now, if it wants a
-    /// read; `captured`: the task BPF read with the stack (3.14+).
-    fn read_task(
-        &mut self,
-        key: Period,
-        tgid: u32,
-        python: &[(u64, u64)],
-        captured: &Captured,
-        probes: &mut dyn Control,
-    ) {
-        let now = Instant::now();
-        if self.kept.reads.wants_task(key, now) != Want::Now {
-            return;
-        }
-        let Some(reader) = self.symbols.live() else {
-            return;
-        };
-        let found = reader.asyncio_task(tgid, key.0, python, captured);
-        if let Some(kernel) = reader.kernel_task(tgid)
-            && let Some(w) = self.python.get_mut(&tgid)
-        {
-            w.read_tasks_in_kernel(tgid, kernel, probes);
-        }
-        if let Err(crate::symbolize::python::TaskRead::Unreadable(why)) = &found
-            && self.kept.reads.task_untried(key)
-        {
-            debug!("pid {tgid} tid {}: asyncio task unreadable: {why}", key.0);
-        }
-        let tracker = &self.kept.tracker;
-        self.kept
-            .reads
-            .task_read(key, found, now, || tracker.open_periods());
-    }
-
-    /// The route reads held back that are due now.
-    fn read_held_routes(&mut self) {
-        if !self.kept.reads.any_held() {
-            return;
-        }
-        let now = Instant::now();
-        let open = self.kept.tracker.open_periods();
-        for (key, held) in self.kept.reads.due(now, &open) {
-            self.read_route(key, held.tgid, &held.python, now);
-        }
-    }
-
-    /// Read the ASGI request of period `key` of `tgid` now, checked
-    /// against `python`, one of its stacks.
-    fn read_route(&mut self, key: Period, tgid: u32, python: &[(u64, u64)], now: Instant) {
-        let tid = key.0;
-        let Some(reader) = self.symbols.live() else {
-            return;
-        };
-        let read = reader.asgi_route(tgid, tid, python);
-        if let Err(RouteRead::Unreadable(why)) = &read {
-            debug!("pid {tgid} tid {tid}: ASGI route unreadable: {why}");
-        }
-        let tracker = &self.kept.tracker;
-        self.kept
-            .reads
-            .route_read(key, read, now, || tracker.open_periods());
-    }
-
-    /// The task and route of a finished stall: the live reads' (also kept
-    /// for a recording, a route's miss counted), or the recording's; and,
-    /// live, why it has no task.
-    fn stall_reads(
-        &mut self,
-        tgid: u32,
-        key: Period,
-    ) -> (Option<Task>, Option<TaskMiss>, Option<Route>) {
-        let saved_key = format!("{}:{}", key.0, key.1);
-        let task = self.kept.reads.finish_task(key);
-        match &mut self.symbols {
-            Symbols::Saved(table) => (
-                table.tasks.get(&saved_key).cloned(),
-                None,
-                table.routes.get(&saved_key).cloned(),
-            ),
-            Symbols::Live { recorded, .. } => {
-                let (route, miss) = self.kept.reads.finish_route(tgid, key);
-                if let Some(c) = miss {
-                    self.counters.add(c, 1);
-                }
-                if let Some(table) = recorded {
-                    if let Ok(t) = &task {
-                        table.tasks.insert(saved_key.clone(), t.clone());
-                    }
-                    if let Some(r) = &route {
-                        table.routes.insert(saved_key, r.clone());
-                    }
-                }
-                let (task, miss) = match task {
-                    Ok(t) => (Some(t), None),
-                    Err(m) => (None, Some(m)),
-                };
-                (task, miss, route)
-            }
-        }
     }
 
     fn outputs(&mut self, out: Vec<Output>, probes: &mut dyn Control) {
@@ -1008,230 +734,12 @@ impl Engine {
         self.kept.tracker.loops().loop_processes()
     }
 
-    /// Daemon: forget a process that exited or exec'd — its loop threads
-    /// (here and in the kernel), their names, its caches — so that churn
-    /// does not grow these tables.
-    pub fn forget(&mut self, pid: u32, probes: &mut dyn Control) {
-        self.js_pending_stacks.remove(&pid);
-        for tid in self.kept.tracker.forget_process(pid) {
-            self.kept.ids.forget_thread(tid);
-            probes.forget_loop_thread(tid);
-        }
-        self.kept.ids.forget_process(pid);
-        if let Some(w) = self.python.remove(&pid)
-            && w.interp.is_some()
-        {
-            let tids: Vec<u32> = w.known.keys().copied().collect();
-            probes.forget_python_proc(pid, &tids);
-        }
-        // A process that is gone writes no more JIT names: its held-back
-        // stalls go to the symbolizer now, before its maps are let go (the
-        // symbolizer forgets them after its last stall).
-        for job in self.kept.pending.take_process(pid) {
-            self.submit(job);
-        }
-        if let Some(reader) = self.symbols.live() {
-            reader.forget(pid);
-        }
-        if !self.kept.symbolizer.forget(pid) {
-            self.kept.maps.forget(pid);
-        }
-        self.kept.runtimes.remove(&pid);
-        self.unwinder.forget(pid);
-        self.exited.remove(&pid);
-        self.kept.waiting.remove(&pid);
-    }
-
     /// Daemon: interned stacks held for stall assembly. The table only
     /// grows; the daemon rebuilds the engine when it gets large.
     pub fn stack_table_len(&self) -> usize {
         self.kept.tracker.stacks.len()
     }
-
-    /// Daemon: [`Engine::drain`], except that stack events (samples,
-    /// switch-outs) of threads that are not executors are dropped before
-    /// they are unwound. Host-wide, most threads that ever waited in
-    /// poll/select are not event loops, and their stacks can never be part
-    /// of a reported stall. Returns how many records the ring held, and
-    /// how many stack events were dropped.
-    pub fn drain_executors(
-        &mut self,
-        ring: &mut aya::maps::RingBuf<aya::maps::MapData>,
-        probes: &mut dyn Control,
-    ) -> (usize, u64) {
-        let mut skipped = 0;
-        let mut bytes = 0;
-        let mut records = 0;
-        if let Some(reader) = self.symbols.live() {
-            reader.next_drain();
-        }
-        while let Some(item) = ring.next() {
-            bytes += item.len();
-            records += 1;
-            let ev = event::parse(&item);
-            if let Ok(Event::WaitEnter { tgid, .. }) = ev
-                && self.kept.waiting.insert(tgid)
-            {
-                self.kept.new_waiting.push(tgid);
-            }
-            if let Ok(ev) = ev
-                && matches!(
-                    ev,
-                    Event::Sample { .. } | Event::SwitchOut { .. } | Event::Task { .. }
-                )
-                && !self.kept.tracker.loops().is_loop_thread(ev.tid())
-            {
-                // A task read goes with a stack event: skipped with it.
-                skipped += u64::from(!matches!(ev, Event::Task { .. }));
-                continue;
-            }
-            self.handle_record(&item, probes);
-        }
-        self.kept.ring_backlog_max = self.kept.ring_backlog_max.max(bytes);
-        self.collect();
-        (records, skipped)
-    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kernel::event::RawStack;
-    use profiler_common::sysno::EPOLL_WAIT;
-
-    const MS: u64 = 1_000_000;
-
-    fn wait(enter: bool, ts_ms: u64) -> Event {
-        if enter {
-            Event::WaitEnter {
-                tid: 7,
-                tgid: 7,
-                ts: ts_ms * MS,
-                nr: EPOLL_WAIT,
-                fd: 3,
-            }
-        } else {
-            Event::WaitExit {
-                tid: 7,
-                tgid: 7,
-                ts: ts_ms * MS,
-                nr: EPOLL_WAIT,
-                fd: 3,
-                ret: 0,
-            }
-        }
-    }
-
-    /// An engine over saved symbols with `symbolizer`, a 10 ms threshold.
-    fn saved_engine(symbolizer: Symbolizer, maps: SharedMaps) -> Engine {
-        let cfg = TrackerConfig {
-            threshold_ns: 10 * MS,
-            tids: None,
-        };
-        Engine::with(
-            Kept::new(cfg, symbolizer, maps),
-            Symbols::Saved(TableResolver::default()),
-            Unwinder::new(),
-        )
-    }
-
-    #[test]
-    fn a_process_forgotten_without_stalls_lets_go_of_its_maps_at_once() {
-        // The symbolizer thread never ran (as under a sustained CPU load,
-        // at nice 19): a process it never had a stall of must not wait
-        // for it to drop its maps snapshot.
-        let maps = SharedMaps::default();
-        let me = std::process::id();
-        maps.refresh(me);
-        assert!(maps.holds(me), "no maps snapshot of this process");
-        let symbolizer =
-            Symbolizer::threaded(Worker::new(Native::Saved(Box::default()), maps.clone()));
-        let mut engine = saved_engine(symbolizer, maps.clone());
-        engine.forget(me, &mut NoControl);
-        assert!(!maps.holds(me), "the snapshot waited for the symbolizer");
-    }
-
-    /// A symbolizer that takes 200 ms a stall (the first symbolization of a
-    /// large binary takes seconds) does not hold up the drain: 100 stalls
-    /// are assembled in far less than the 20 s it would take to name them
-    /// all, none is lost, and the ones the full queue would not take keep
-    /// unnamed native frames, counted in `symbolizer_behind`.
-    #[test]
-    fn a_slow_symbolizer_does_not_block_the_drain() {
-        const STALLS: u64 = 100;
-        let mut table = TableResolver::default();
-        table.user.insert(
-            "0x10".into(),
-            vec![crate::model::Frame::new(
-                "handler",
-                crate::model::FrameKind::Native,
-            )],
-        );
-        let maps = SharedMaps::default();
-        let mut symbolizer =
-            Symbolizer::threaded(Worker::new(Native::Saved(Box::new(table)), maps.clone()));
-        symbolizer.set_delay(std::time::Duration::from_millis(200));
-        let mut engine = saved_engine(symbolizer, maps);
-        let started = std::time::Instant::now();
-        // Two waits on epoll fd 3 make it the loop; then a 30 ms busy period
-        // with a sample, every 50 ms.
-        for (i, enter) in [(0, true), (1, false), (2, true), (3, false), (4, true)] {
-            engine.handle(wait(enter, i), &mut NoControl);
-        }
-        for i in 0..STALLS {
-            let t = 100 + i * 50;
-            engine.handle(wait(false, t), &mut NoControl);
-            engine.handle(
-                Event::Sample {
-                    tid: 7,
-                    tgid: 7,
-                    ts: (t + 15) * MS,
-                    stack: RawStack {
-                        user: vec![0x10],
-                        ..RawStack::default()
-                    },
-                    task: 0,
-                },
-                &mut NoControl,
-            );
-            engine.handle(wait(true, t + 30), &mut NoControl);
-            engine.collect();
-        }
-        let drained = started.elapsed();
-        assert!(
-            drained < std::time::Duration::from_secs(3),
-            "the drain waited for the symbolizer: {drained:?}"
-        );
-        let behind = engine
-            .agent_drops()
-            .get("symbolizer_behind")
-            .copied()
-            .unwrap_or(0);
-        assert!(behind > 0, "the queue never filled");
-        engine.finish((100 + STALLS * 50) * MS);
-        let stalls = engine.take_stalls();
-        assert_eq!(stalls.len() as u64, STALLS, "a stall was lost");
-        let named = stalls
-            .iter()
-            .filter(|(_, s)| {
-                s.stacks
-                    .iter()
-                    .any(|p| p.frames.iter().any(|f| f.name == "handler"))
-            })
-            .count() as u64;
-        let unnamed = stalls
-            .iter()
-            .filter(|(_, s)| {
-                s.stacks
-                    .iter()
-                    .any(|p| p.frames.iter().any(|f| f.name == "[unknown 0x10]"))
-            })
-            .count() as u64;
-        assert_eq!(named + unnamed, STALLS);
-        assert_eq!(unnamed, behind, "every unnamed stall is counted");
-        assert!(
-            named >= symbolizer::QUEUE as u64,
-            "the symbolizer named {named}"
-        );
-    }
-}
+mod tests;
