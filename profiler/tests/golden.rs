@@ -15,13 +15,13 @@
 //! (whose lines then sort as the replay's do).
 use std::{fs, path::PathBuf};
 
-use stallprof::{assemble::stall::TrackerConfig, pipeline::engine, report::aggregate};
+use stallprof::{assemble::stall::TrackerConfig, pipeline::replay, report::aggregate};
 
 fn case(name: &str, threshold_ns: u64) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .join(name);
-    let stalls = engine::replay(
+    let stalls = replay::replay(
         &dir,
         TrackerConfig {
             threshold_ns,
@@ -90,7 +90,7 @@ fn golden_replay_unwinds() {
         threshold_ns: 40_000_000,
         tids: None,
     };
-    let stalls = engine::replay(&dir, cfg, None).unwrap();
+    let stalls = replay::replay(&dir, cfg, None).unwrap();
     let _ = fs::remove_dir_all(&dir);
     let mut got = aggregate::folded_lines(&stalls).join("\n");
     got.push('\n');

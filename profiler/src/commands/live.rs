@@ -35,7 +35,7 @@ use crate::{
     kernel::probe::{ProbeChoice, Probes},
     model::ProbeSet,
     os::clock::monotonic_ns,
-    pipeline::engine::{Engine, NoControl},
+    pipeline::{control::NoControl, engine::Engine},
 };
 
 /// What [`Live::next`] returned on.

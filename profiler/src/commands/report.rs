@@ -14,7 +14,7 @@ use crate::{
     os::outdir::{OutDir, random_suffix},
     os::units::fmt_ns,
     os::units::parse_duration,
-    pipeline::engine,
+    pipeline::{recording, replay},
     report,
     report::view::{Native, View},
 };
@@ -81,7 +81,7 @@ pub fn run(a: ReportArgs) -> Result<String> {
             } else {
                 input.parent().map(PathBuf::from).unwrap_or_default()
             };
-            if !dir.join(engine::EVENTS_FILE).exists() {
+            if !dir.join(recording::EVENTS_FILE).exists() {
                 bail!(
                     "--threshold {} is below the recording's {}: shorter busy periods are only in a \
                      recording made with --save-events; record again with --save-events or a lower --threshold",
@@ -104,7 +104,7 @@ pub fn run(a: ReportArgs) -> Result<String> {
                 tids: None,
             };
             rec.stalls =
-                engine::replay_named(&dir, cfg, Some(rec.ended_ns), &rec.executor_threads)?;
+                replay::replay_named(&dir, cfg, Some(rec.ended_ns), &rec.executor_threads)?;
         } else {
             rec.stalls.retain(|s| s.duration_ns >= t);
         }

@@ -31,7 +31,7 @@ use log::warn;
 use crate::{
     assemble::stall::{RawStall, StallStacks},
     model::{HolderRelation, Route, Stall, Task, ThreadInfo},
-    pipeline::engine::TaskMiss,
+    pipeline::reads::TaskMiss,
     symbolize::{
         Answers, BlazeResolver, Joined, Recorder, ResolveNative, SharedMaps, TableResolver,
         to_stall,

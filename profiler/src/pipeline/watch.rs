@@ -13,8 +13,8 @@ use crate::{
     kernel::runtimes::ParkPoint,
     model::RuntimeProblem,
     os::proc::{is_own_fork, process_alive},
+    pipeline::control::Control,
     pipeline::discovery::{Ask, Discovery},
-    pipeline::engine::Control,
     symbolize::python::{Interpreter, PythonError},
 };
 
