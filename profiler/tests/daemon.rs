@@ -1601,10 +1601,15 @@ fn daemon_python_churn_keeps_python_stacks() {
     std::fs::write(&start, b"go").unwrap();
     wait_for_log_kind(&log, "done", Duration::from_secs(30));
     let truth = python_truth(&read_log(&log));
+    // The load goes before the wait: the daemon counts a stall once its
+    // symbolizer thread (nice 19) has named it, and under two busy
+    // processes per core that thread may not run for longer than the wait
+    // (a fresh-clone run counted 0 of 4 in 15 s). The stalls themselves
+    // happened under the load.
+    drop(busy);
     wait_stalls_counted(&mut d, &dir.path, &[(pid, truth.len())]);
     let metrics = metrics_text(port);
     let rss = vm_hwm_kib(d.prof.pid()).map(|k| k as f64 / 1024.0);
-    drop(busy);
     let mut c = Checks::new(format!(
         "{CHURN} churn processes in {churn_time:?}, 2 busy processes per core; \
          daemon peak RSS {rss:?} MiB; last victim:\n{}",

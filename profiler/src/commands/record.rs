@@ -396,17 +396,25 @@ const READY_FILE_ENV: &str = "STALLPROF_READY_FILE";
 
 /// Once the probes are in, the journal open and the command (if any)
 /// released, writes the target's pid to `$STALLPROF_READY_FILE` when that
-/// is set. A temporary file renamed into place, so a reader polling for the
-/// path never sees it half-written. A failure is only warned about: the
-/// recording itself is fine, and the waiting harness times out saying so.
+/// is set: a temporary file renamed into place, so a reader polling for
+/// the path never sees it half-written, and made new (`O_EXCL |
+/// O_NOFOLLOW`), so a link planted at its name cannot send root's write
+/// elsewhere. A failure is only warned about: the recording itself is
+/// fine, and the waiting harness times out saying so.
 fn announce_ready(pid: u32) {
+    use std::os::unix::fs::OpenOptionsExt;
     let Some(path) = std::env::var_os(READY_FILE_ENV).map(PathBuf::from) else {
         return;
     };
     let mut tmp = path.clone().into_os_string();
     tmp.push(format!(".{}", random_suffix()));
-    let written =
-        std::fs::write(&tmp, format!("{pid}\n")).and_then(|()| std::fs::rename(&tmp, &path));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(format!("{pid}\n").as_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, &path));
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
         warn!("{READY_FILE_ENV}: writing {}: {e}", path.display());
