@@ -1,5 +1,6 @@
 //! What stallprof reads of a process from procfs by name: its threads'
-//! names, whether it is still our own fork, whether it still runs.
+//! names, whether it is still our own fork, whether it still runs, its
+//! parent and the processes under it.
 use std::fs;
 
 /// A thread's name (`comm`).
@@ -151,12 +152,55 @@ pub fn refuse_thread(pid: u32, tid: u32) -> Option<String> {
     })
 }
 
+/// The fields of `/proc/PID/stat` after the command name (which may
+/// itself hold ") "): field 3 (state) is the first.
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_ascii_whitespace().collect())
+}
+
+/// The parent of process `pid` (field 4 of `/proc/PID/stat`), None when
+/// gone or unreadable.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    let stat = crate::os::limits::read_proc(&format!("/proc/{pid}/stat")).ok()?;
+    stat_fields(&stat)?.get(1)?.parse().ok()
+}
+
+/// The processes under `root` now (children, their children, ...), in
+/// the order found, `root` not included: one walk of `/proc` (a kernel
+/// without `CONFIG_PROC_CHILDREN` has no per-task child lists). Later
+/// forks are reported by the kernel (`sp_raw_fork`), not by walking again.
+pub fn descendants(root: u32) -> Vec<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parents: Vec<(u32, u32)> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, parent_pid(pid)?)))
+        .collect();
+    tree_under(root, &parents)
+}
+
+/// The pids under `root` in a (pid, parent) table, nearest first.
+fn tree_under(root: u32, parents: &[(u32, u32)]) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut next = vec![root];
+    while let Some(p) = next.pop() {
+        for &(pid, _) in parents.iter().filter(|&&(pid, pp)| pp == p && pid != root) {
+            if !out.contains(&pid) {
+                out.push(pid);
+                next.push(pid);
+            }
+        }
+    }
+    out
+}
+
 /// Start time (clock ticks after boot) of a live process, or None if gone
 /// (or a zombie).
 pub fn start_ticks(pid: u32) -> Option<u64> {
     let stat = crate::os::limits::read_proc(&format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    let fields = stat_fields(&stat)?;
     if fields.first() == Some(&"Z") {
         return None;
     }
@@ -175,5 +219,21 @@ mod tests {
         assert_eq!(innermost_nspid("Name:\tx\n"), None);
         let me = std::process::id();
         assert_eq!(namespace_id(me, me), me);
+    }
+
+    #[test]
+    fn a_tree_is_every_process_under_its_root() {
+        // 1 -> 10 -> {11, 12 -> 13}; 20 elsewhere.
+        let t = [(10, 1), (11, 10), (12, 10), (13, 12), (20, 1)];
+        let mut under = tree_under(10, &t);
+        under.sort_unstable();
+        assert_eq!(under, [11, 12, 13]);
+        assert!(tree_under(13, &t).is_empty());
+        let me = std::process::id();
+        assert_eq!(parent_pid(me), Some(std::os::unix::process::parent_id()));
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        assert!(descendants(me).contains(&child.id()));
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }
