@@ -71,6 +71,10 @@ pub mod kind {
     /// it belongs to: userspace names the task from it when the task is
     /// gone by the time it reads (a short-lived task freed after its block).
     pub const TASK: u32 = 10;
+    /// A watched process started another (`SchedEvent`: `tgid` = `tid` =
+    /// the new process, arg = its parent's tgid), already watched by the
+    /// kernel side (`WATCHED`) when this is sent: recording a process tree.
+    pub const FORK: u32 = 11;
 }
 
 /// `SchedEvent::arg` of a `PREEMPTED` event: what the kernel said about
@@ -426,6 +430,9 @@ counters! {
         /// scratch slot to build the `TaskEvent`): userspace reads the task
         /// itself later, which fails for a task freed by then.
         TaskSnapshotFailed = 15 => "asyncio_task_snapshot_failed",
+        /// A process started under the recorded one found `WATCHED` full
+        /// ([`MAX_WATCHED`](super::MAX_WATCHED)): it is not watched.
+        WatchedFull = 16 => "watched_processes_full",
     }
 }
 
@@ -607,6 +614,9 @@ pub const MAX_PY_PROCS: u32 = 1024;
 /// its judgement (its stalls are still dropped in userspace), and
 /// `left_out_full` counts it.
 pub const MAX_LEFT_OUT: u32 = 4096;
+/// `record`: processes of the recorded tree watched at once besides its
+/// root (`WATCHED`): a supervisor's workers and what they start.
+pub const MAX_WATCHED: u32 = 4096;
 
 /// What BPF needs to walk one process's Python stacks and recognise waits
 /// for its GIL (`PY_PROCS` map, keyed by tgid; set by userspace at attach).

@@ -17,7 +17,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
-    CpuWait, Drop, EventHeader, Filtered, MAX_CPUS, MAX_LEFT_OUT, MAX_PY_PROCS, MAX_THREADS,
+    CpuWait, Drop, EventHeader, Filtered, MAX_CPUS, MAX_LEFT_OUT, MAX_PY_PROCS, MAX_THREADS, MAX_WATCHED,
     NO_RUN_DELAY, PyProc, RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, StackEvent, ThreadState,
 };
 
@@ -83,6 +83,12 @@ pub(crate) static PY_THREADS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_
 #[map]
 pub(crate) static LEFT_OUT: HashMap<u32, u8> = HashMap::with_max_entries(MAX_LEFT_OUT, 0);
 
+/// `record`: tgid -> 1 for each process of the recorded tree besides its
+/// root (`TARGET_TGID`): those under it at attach (userspace) and those
+/// started since (`sched::sp_raw_fork`); a process's entry goes at its exit.
+#[map]
+pub(crate) static WATCHED: HashMap<u32, u8> = HashMap::with_max_entries(MAX_WATCHED, 0);
+
 /// Failure counters, indexed by `profiler_common::Drop`.
 #[map]
 static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Drop::COUNT, 0);
@@ -110,12 +116,12 @@ pub(crate) fn note(what: Filtered) {
     bump(&FILTERED, what as u32);
 }
 
-/// True for a thread of the process being watched (every process in daemon
-/// mode, `TARGET_TGID` = 0).
+/// True for a thread of the process tree being watched (every process in
+/// daemon mode, `TARGET_TGID` = 0): the root, or a process in `WATCHED`.
 #[inline(always)]
 pub(crate) fn is_target(tgid: u32) -> bool {
     let t = TARGET_TGID.load();
-    t == 0 || t == tgid
+    t == 0 || t == tgid || unsafe { WATCHED.get(&tgid) }.is_some()
 }
 
 /// The current task as (tgid, tid) when it belongs to the target.

@@ -51,8 +51,8 @@ use crate::{
     CFS_RQ_RQ_OFFSET, RQ_CLOCK_OFFSET, TARGET_TGID, TASK_CFS_RQ_OFFSET, TASK_LAST_ARRIVAL_OFFSET,
     TASK_PID_OFFSET, TASK_STATE_OFFSET, THREAD_SWITCHES,
     maps::{
-        LOOP_KEYS, OFF_CPU, THREADS, count, current_target, current_tracked, emit, header,
-        is_target,
+        LOOP_KEYS, OFF_CPU, THREADS, WATCHED, count, current_target, current_tracked, emit,
+        header, is_target,
     },
     stack::emit_stack_event,
     throttle,
@@ -274,6 +274,10 @@ fn on_exit(group_dead: u32) {
     };
     let _ = THREADS.remove(&tid);
     let _ = LOOP_KEYS.remove(&tid);
+    if group_dead != 0 {
+        // A pid the kernel gives out again is not the recorded tree's.
+        let _ = WATCHED.remove(&tgid);
+    }
     // In daemon mode only tracked threads matter; a targeted process always
     // reports so that the recorder learns the target is gone.
     if tracked || TARGET_TGID.load() != 0 {
@@ -400,6 +404,37 @@ pub fn sp_exit(ctx: TracePointContext) -> u32 {
 pub fn sp_raw_exit(ctx: RawTracePointContext) -> u32 {
     let group_dead: u64 = ctx.arg(1);
     on_exit(group_dead as u8 as u32);
+    0
+}
+
+/// `sched_process_fork`, raw tracepoint: `(struct task_struct *parent,
+/// struct task_struct *child)`, in the parent's context. `record` of a
+/// process tree: a new process started by a watched one is watched from
+/// its first instruction (the per-thread events it inherited now pass
+/// `is_target`), and userspace is told to find its runtimes. A new thread
+/// (same tgid) needs nothing: its process is watched already.
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn sp_raw_fork(ctx: RawTracePointContext) -> u32 {
+    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if TARGET_TGID.load() == 0 || !is_target(parent) {
+        return 0;
+    }
+    let child: u64 = ctx.arg(1);
+    let Some((pid, tgid)) = task_ids(child) else {
+        return 0;
+    };
+    if tgid == parent {
+        return 0;
+    }
+    if WATCHED.insert(&tgid, &1, 0).is_err() {
+        count(Drop::WatchedFull);
+        return 0;
+    }
+    emit(SchedEvent {
+        hdr: header(kind::FORK, pid, tgid),
+        arg: parent,
+        _pad: 0,
+    });
     0
 }
 

@@ -16,8 +16,18 @@
 //!   easy, most sync SDKs).
 //! * **Election**: an epoll fd waited on [`EPOLL_DECIDE`] times, or — for a
 //!   thread that has not used epoll — one poll set (or `select`)
-//!   [`POLL_DECIDE`] times. A runtime's park function (tokio, via uprobes)
-//!   is the key at once and for good.
+//!   [`POLL_DECIDE`] times in a row of waits that held the thread at least
+//!   [`POLL_IDLE_SHARE`] of the time since the first of them. A runtime's
+//!   park function (tokio, via uprobes) is the key at once and for good.
+//! * **A loop idles in its wait**: a thread that polls one pipe or socket
+//!   now and then but spends its time elsewhere — a supervisor that pings
+//!   each worker (`Connection.poll`) between sleeps on a condition
+//!   variable (uvicorn's `--workers` loop), a client polling a socket
+//!   between its own sleeps — is not waiting for work in that poll: its
+//!   time between polls is not a loop's busy period, and must never be
+//!   reported as a stall. epoll is exempt: it is what event loops park in,
+//!   not what blocking clients use, and a saturated epoll loop (no idle
+//!   time at all) must still be found.
 //! * **Established is sticky**: a wait on another key counts toward moving
 //!   the loop only once the loop's own key has gone unused for
 //!   [`LOOP_IDLE_NS`] (the loop was closed and a new one created, e.g. a
@@ -50,6 +60,11 @@ pub const EPOLL_DECIDE: u32 = 2;
 /// worth reporting as one piece; short enough that a re-created loop is
 /// measured again within seconds.
 pub const LOOP_IDLE_NS: u64 = 10_000_000_000;
+/// The least share of the time, from the first of [`POLL_DECIDE`] waits on
+/// a poll/select key to the last, that the thread must have spent inside
+/// them for the key to be its loop's park (see the module doc). A window
+/// that falls short starts over from its last wait.
+pub const POLL_IDLE_SHARE: f64 = 0.5;
 /// Candidate keys remembered per thread before the tally starts over (a
 /// thread that polls ever-new fds and never parks is not a loop).
 const MAX_CANDIDATES: usize = 64;
@@ -79,7 +94,56 @@ struct LoopThread {
     used_ns: u64,
     /// Waits per key: before election, every key; after it, the candidates
     /// that may take over (see the module doc).
-    tally: HashMap<u64, u32>,
+    tally: HashMap<u64, Candidate>,
+}
+
+/// One candidate key's waits since its window began.
+#[derive(Debug, Default, Clone, Copy)]
+struct Candidate {
+    waits: u32,
+    /// When the window's first wait began.
+    since_ns: u64,
+    /// Time inside the window's finished waits.
+    waited_ns: u64,
+    /// The wait on this key the thread is in, since when.
+    entered_ns: Option<u64>,
+}
+
+impl Candidate {
+    /// A wait on this key begins at `ts`: is the key now elected? An epoll
+    /// key after `EPOLL_DECIDE` waits; a poll/select key after
+    /// `POLL_DECIDE` waits that held the thread `POLL_IDLE_SHARE` of
+    /// the window (else the window starts over here).
+    fn enter(&mut self, epoll: bool, ts: u64) -> bool {
+        if self.waits == 0 {
+            self.since_ns = ts;
+        }
+        self.waits += 1;
+        self.entered_ns = Some(ts);
+        if epoll {
+            return self.waits >= EPOLL_DECIDE;
+        }
+        if self.waits < POLL_DECIDE {
+            return false;
+        }
+        let span = ts.saturating_sub(self.since_ns);
+        if self.waited_ns as f64 >= POLL_IDLE_SHARE * span as f64 {
+            return true;
+        }
+        *self = Candidate {
+            waits: 1,
+            since_ns: ts,
+            waited_ns: 0,
+            entered_ns: Some(ts),
+        };
+        false
+    }
+
+    fn exit(&mut self, ts: u64) {
+        if let Some(t) = self.entered_ns.take() {
+            self.waited_ns += ts.saturating_sub(t);
+        }
+    }
 }
 
 /// Loop-thread identity for every thread seen waiting.
@@ -123,13 +187,9 @@ impl LoopRegistry {
             if th.tally.len() >= MAX_CANDIDATES && !th.tally.contains_key(&key) {
                 th.tally.clear();
             }
-            let n = th.tally.entry(key).or_default();
-            *n += 1;
-            let elect = if is_epoll_key(key) {
-                *n >= EPOLL_DECIDE
-            } else {
-                *n >= POLL_DECIDE && !th.tally.keys().any(|&k| is_epoll_key(k))
-            };
+            let epoll = is_epoll_key(key);
+            let ready = th.tally.entry(key).or_default().enter(epoll, ts);
+            let elect = ready && (epoll || !th.tally.keys().any(|&k| is_epoll_key(k)));
             return if elect { decided(th, false) } else { None };
         };
         if loop_key == key {
@@ -149,14 +209,7 @@ impl LoopRegistry {
         if th.tally.len() >= MAX_CANDIDATES && !th.tally.contains_key(&key) {
             th.tally.clear();
         }
-        let n = th.tally.entry(key).or_default();
-        *n += 1;
-        let need = if is_epoll_key(key) {
-            EPOLL_DECIDE
-        } else {
-            POLL_DECIDE
-        };
-        if *n >= need {
+        if th.tally.entry(key).or_default().enter(is_epoll_key(key), ts) {
             self.moves += 1;
             decided(th, true)
         } else {
@@ -170,6 +223,8 @@ impl LoopRegistry {
         th.tgid = tgid;
         if th.key == Some(key) {
             th.used_ns = ts;
+        } else if let Some(c) = th.tally.get_mut(&key) {
+            c.exit(ts);
         }
     }
 
@@ -293,8 +348,10 @@ mod tests {
     #[test]
     fn epoll_outranks_a_poll_set() {
         let mut r = LoopRegistry::default();
-        let mut w: Vec<_> = (0..POLL_DECIDE as u64).map(|i| (i, i, POLL, 9)).collect();
-        w.extend([(20, 30, EPOLL_WAIT, 3), (31, 40, EPOLL_WAIT, 3)]);
+        let mut w: Vec<_> = (0..POLL_DECIDE as u64)
+            .map(|i| (i * 10, i * 10 + 9, POLL, 9))
+            .collect();
+        w.extend([(200, 300, EPOLL_WAIT, 3), (301, 400, EPOLL_WAIT, 3)]);
         let d = feed(&mut r, &w);
         assert_eq!(
             d,
@@ -327,6 +384,46 @@ mod tests {
         feed(&mut r, &w);
         assert_eq!(r.key(1), Some(wait_key(EPOLL_WAIT, 3)));
         assert_eq!(r.moves, 0);
+    }
+
+    /// uvicorn's `--workers` supervisor: every 0.5 s it waits on a condition
+    /// variable (futex, not a loop wait) and pings each worker, polling
+    /// that worker's pipe ~1 ms for the answer. Its polls hold it 0.4% of
+    /// the time: never its loop, however many, so the futex sleeps between
+    /// them are never busy periods.
+    ///
+    /// ```text
+    /// t ms   0 1         500 501       1000 1001 ...
+    /// poll   [A]         [A]           [A]           (fd A, 1 ms each)
+    /// futex     [--------]   [---------]    [--      (not a wait here)
+    /// ```
+    #[test]
+    fn a_supervisor_pinging_its_workers_is_not_a_loop() {
+        let mut r = LoopRegistry::default();
+        let w: Vec<_> = (0..200u64)
+            .flat_map(|i| [(i * 500, i * 500 + 1, POLL, 9), (i * 500 + 2, i * 500 + 3, POLL, 11)])
+            .collect();
+        assert!(feed(&mut r, &w).is_empty());
+        assert!(!r.is_loop_thread(1));
+        assert!(r.is_park(1, wait_key(POLL, 9)), "undecided: no busy period is reported");
+    }
+
+    /// A poll-based loop idle between requests (gunicorn's arbiter sleeping
+    /// in `select` 1 s at a time, a glib main loop) is elected once a
+    /// window of its waits held it at least half the time; one busy window
+    /// only delays that.
+    #[test]
+    fn a_poll_loop_that_idles_in_its_wait_is_elected() {
+        let mut r = LoopRegistry::default();
+        // 8 waits of 1 ms, 100 ms apart: busy, not yet.
+        let mut w: Vec<_> = (0..8u64).map(|i| (i * 100, i * 100 + 1, POLL, 5)).collect();
+        // Then idle: 8 waits of 90 ms each, 10 ms apart.
+        w.extend((0..8u64).map(|i| (1_000 + i * 100, 1_090 + i * 100, POLL, 5)));
+        let d = feed(&mut r, &w);
+        assert_eq!(d, [(wait_key(POLL, 5), false)]);
+        // Elected at the 8th wait of the idle window (the busy window's
+        // last wait opened it).
+        assert!(r.is_loop_thread(1));
     }
 
     #[test]

@@ -546,8 +546,9 @@ impl Tracker {
                     out.push(Output::LoopGone { tid });
                 }
             }
-            // What names a stack's task: the engine's, not the timeline's.
-            Event::Task { .. } => {}
+            // What names a stack's task, and which processes are watched:
+            // the engine's, not the timeline's.
+            Event::Task { .. } | Event::Fork { .. } => {}
         }
     }
 

@@ -1,6 +1,11 @@
 //! Driving the engine from the probes of one live target: the loop that
 //! `record` and `top` share.
 //!
+//! The target is a process tree unless asked otherwise
+//! (`--no-subprocesses`): the processes under it at attach and those it
+//! (or they) start later, each through the same loop election; a process
+//! of the tree that exits is let go; the tree's root exiting ends it.
+//!
 //! In: a target pid and the probe settings. Out: [`Step`]s — an upkeep
 //! tick (the engine has drained the ring buffer and done its `/proc`
 //! upkeep; the command takes its stalls or draws), a stop (signal,
@@ -34,7 +39,7 @@ use tokio::{
 use crate::{
     kernel::probe::{ProbeChoice, Probes},
     model::ProbeSet,
-    os::clock::monotonic_ns,
+    os::{clock::monotonic_ns, proc},
     pipeline::{control::NoControl, engine::Engine},
 };
 
@@ -50,8 +55,16 @@ pub enum Step<T> {
 
 /// The probes on one target, their ring buffer and the engine they feed.
 pub struct Live {
+    /// The target: the root of the watched tree.
     pub pid: u32,
     pub engine: Engine,
+    /// The processes watched now, the root first.
+    watched: Vec<u32>,
+    /// Every process watched at some point, in the order first watched,
+    /// with the parent it was found under (the root's: None).
+    pub ever: Vec<(u32, Option<u32>)>,
+    /// The root has exited.
+    root_gone: bool,
     probes: Probes,
     ring: AsyncFd<RingBuf<MapData>>,
     sigint: Signal,
@@ -140,8 +153,9 @@ pub struct Finished {
 }
 
 impl Live {
-    /// Load and attach the probes for `pid` and start an engine on them.
-    /// Must run inside a tokio runtime with I/O, time and signals enabled.
+    /// Load and attach the probes for `pid` (and, with `subprocesses`, the
+    /// processes under it) and start an engine on them. Must run inside a
+    /// tokio runtime with I/O, time and signals enabled.
     pub fn attach(
         pid: u32,
         threshold_ns: u64,
@@ -149,8 +163,43 @@ impl Live {
         sample_hz: u64,
         sample_after_ns: u64,
         choice: ProbeChoice,
+        subprocesses: bool,
     ) -> Result<Live> {
-        let mut probes = Probes::attach(pid, sample_hz, sample_after_ns, choice)?;
+        let mut probes = Probes::attach(pid, sample_hz, sample_after_ns, choice, subprocesses)?;
+        let mut watched = vec![pid];
+        let mut ever = vec![(pid, None)];
+        if subprocesses {
+            // The fork probe is in: a process started from now on is
+            // reported; those started before are found under the root (a
+            // second walk: one started while the first ran).
+            for _ in 0..2 {
+                for child in proc::descendants(pid) {
+                    if watched.contains(&child) {
+                        continue;
+                    }
+                    match probes.watch_process(child) {
+                        Ok(()) => {
+                            watched.push(child);
+                            ever.push((child, proc::parent_pid(child)));
+                        }
+                        Err(e) if proc::process_alive(child) => {
+                            log::warn!(
+                                "pid {child} (under {pid}) is not watched: {e}; its stalls are \
+                                 not recorded (record it on its own with --pid {child})"
+                            );
+                        }
+                        Err(_) => {}
+                    }
+                }
+            }
+            if watched.len() > 1 {
+                log::info!(
+                    "watching {} processes under {pid} too: {:?}",
+                    watched.len() - 1,
+                    &watched[1..]
+                );
+            }
+        }
         // The kernel's BTF, parsed for the load, is freed: give it back.
         crate::os::heap::release();
         // SAFETY: the ring buffer owns its map fd and keeps it open,
@@ -159,6 +208,9 @@ impl Live {
         Ok(Live {
             pid,
             engine: Engine::new(threshold_ns, tids),
+            watched,
+            ever,
+            root_gone: false,
             probes,
             ring,
             sigint: signal(SignalKind::interrupt())?,
@@ -180,16 +232,45 @@ impl Live {
     /// (waited for up to 2 s) before anyone is told the probes are in.
     pub fn first_upkeep(&mut self) {
         self.engine.first_tick(
-            &[self.pid],
+            &self.watched,
             &mut self.probes,
             self.ring.get_mut(),
             Duration::from_secs(2),
         );
     }
 
-    /// The engine's `/proc` upkeep for the target now (runtimes, loop keys).
+    /// The engine's `/proc` upkeep for the target now (runtimes, loop
+    /// keys), after the tree's changes: processes started are watched,
+    /// those gone let go.
     pub fn upkeep(&mut self) {
-        self.engine.tick(&[self.pid], &mut self.probes);
+        for (child, parent) in self.engine.take_forked() {
+            if !self.watched.contains(&child) {
+                log::info!("pid {child} started by {parent}: watched");
+                self.watched.push(child);
+                self.ever.push((child, Some(parent)));
+            }
+        }
+        for gone in self.engine.take_exited() {
+            if gone == self.pid {
+                self.root_gone = true;
+            } else if let Some(i) = self.watched.iter().position(|&p| p == gone) {
+                log::info!("pid {gone} exited: let go");
+                self.watched.remove(i);
+                self.probes.unwatch_process(gone);
+                self.engine.forget(gone, &mut self.probes);
+            }
+        }
+        self.engine.tick(&self.watched, &mut self.probes);
+    }
+
+    /// The processes watched now, the root first.
+    pub fn watched(&self) -> &[u32] {
+        &self.watched
+    }
+
+    /// The root of the tree has exited (seen by the kernel side).
+    pub fn root_gone(&self) -> bool {
+        self.root_gone
     }
 
     /// Drain, and run the engine's upkeep, until the next tick, a stop, or

@@ -34,6 +34,16 @@ pub struct StallArgs {
     /// while attached.
     #[arg(long, env = "STALLPROF_PROBES", value_enum, default_value_t = crate::kernel::probe::ProbeChoice::Auto)]
     pub probes: crate::kernel::probe::ProbeChoice,
+    /// Watch the target process alone. By default its whole process tree
+    /// is watched: the workers a supervisor runs (gunicorn, `uvicorn
+    /// --workers`, Node's cluster, pm2) and those started later, each
+    /// through its own loop election.
+    #[arg(long)]
+    pub no_subprocesses: bool,
+    /// The default (py-spy's flag, accepted as such): the processes under
+    /// the target are watched too.
+    #[arg(long, conflicts_with = "no_subprocesses")]
+    pub subprocesses: bool,
 }
 
 /// Which code is the application's: shared by `record`, `report` and `top`

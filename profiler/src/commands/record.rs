@@ -96,6 +96,8 @@ pub struct RecordConfig {
     pub sample_after_ns: u64,
     /// `--probes`.
     pub probes: crate::kernel::probe::ProbeChoice,
+    /// The processes under the target too (not `--no-subprocesses`).
+    pub subprocesses: bool,
     pub duration: Option<Duration>,
     pub output: PathBuf,
     /// The output directory is stallprof's own random name: it must be new.
@@ -231,6 +233,7 @@ impl RecordConfig {
             sample_hz: a.stall.frequency,
             sample_after_ns,
             probes: a.stall.probes,
+            subprocesses: !a.stall.no_subprocesses,
             duration: a.duration.map(Duration::from_nanos),
             output,
             output_is_new,
@@ -458,6 +461,7 @@ impl Session {
             cfg.sample_hz,
             cfg.sample_after_ns,
             cfg.probes,
+            cfg.subprocesses,
         )?;
         if let Some(l) = launched.as_mut() {
             l.release()?;
@@ -544,10 +548,7 @@ impl Session {
                         .launched
                         .as_mut()
                         .is_some_and(|l| l.try_wait().is_some());
-                    if exited
-                        || !process_alive(pid)
-                        || self.live.engine.take_exited().contains(&pid)
-                    {
+                    if exited || !process_alive(pid) || self.live.root_gone() {
                         break;
                     }
                     // Every tick: a launcher (a pyenv shim, `env`) may exec again.

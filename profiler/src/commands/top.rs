@@ -296,6 +296,7 @@ async fn top(a: TopArgs) -> Result<String> {
         a.stall.frequency,
         crate::kernel::probe::default_sample_after(threshold_ns),
         a.stall.probes,
+        !a.stall.no_subprocesses,
     )?;
     live.first_upkeep();
     let comm = read_comm(pid, pid).unwrap_or_else(|| "?".into());
@@ -331,7 +332,7 @@ async fn top(a: TopArgs) -> Result<String> {
             Step::Other(None) => stdin_open = false,
             Step::Other(_) => {}
             Step::Tick(_) => {
-                if !process_alive(pid) || live.engine.take_exited().contains(&pid) {
+                if !process_alive(pid) || live.root_gone() {
                     break "target exit";
                 }
                 let now = monotonic_ns();

@@ -172,6 +172,14 @@ pub enum Event {
         ts: u64,
         process: bool,
     },
+    /// Recording a process tree: watched process `parent` started process
+    /// `tgid` (`tid` is its first thread, the same id), watched from now.
+    Fork {
+        tid: u32,
+        tgid: u32,
+        ts: u64,
+        parent: u32,
+    },
 }
 
 impl Event {
@@ -186,7 +194,8 @@ impl Event {
             | Event::Wakeup { tid, .. }
             | Event::Sample { tid, .. }
             | Event::Task { tid, .. }
-            | Event::Exit { tid, .. } => tid,
+            | Event::Exit { tid, .. }
+            | Event::Fork { tid, .. } => tid,
         }
     }
 
@@ -201,7 +210,8 @@ impl Event {
             | Event::Wakeup { ts, .. }
             | Event::Sample { ts, .. }
             | Event::Task { ts, .. }
-            | Event::Exit { ts, .. } => ts,
+            | Event::Exit { ts, .. }
+            | Event::Fork { ts, .. } => ts,
         }
     }
 }
@@ -346,7 +356,7 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
                 }
             }
         }
-        kind::SWITCH_IN | kind::WAKEUP | kind::EXIT | kind::PREEMPTED => {
+        kind::SWITCH_IN | kind::WAKEUP | kind::EXIT | kind::PREEMPTED | kind::FORK => {
             let s: SchedEvent = read(bytes, hdr.kind)?;
             match hdr.kind {
                 kind::SWITCH_IN => Event::SwitchIn {
@@ -368,6 +378,12 @@ pub fn parse(bytes: &[u8]) -> Result<Event, EventError> {
                     tgid,
                     ts,
                     waker: (s.arg != profiler_common::NO_WAKER).then_some(s.arg),
+                },
+                kind::FORK => Event::Fork {
+                    tid,
+                    tgid,
+                    ts,
+                    parent: s.arg,
                 },
                 _ => Event::Exit {
                     tid,

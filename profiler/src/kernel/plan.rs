@@ -42,6 +42,9 @@ pub struct Request {
     /// The sampling gate (0 = every sample, every busy period).
     pub sample_after_ns: u64,
     pub choice: ProbeChoice,
+    /// The processes under `tgid` too, and those started later (not
+    /// `--no-subprocesses`); ignored for the daemon (`tgid` 0).
+    pub subprocesses: bool,
 }
 
 /// What the host offers, read before planning.
@@ -187,6 +190,9 @@ const UPROBES: [&str; 4] = [
     "sp_uwait_exit",
 ];
 
+/// A process tree's new processes (`record` without `--no-subprocesses`).
+const FORK_PROGRAM: &str = "sp_raw_fork";
+
 /// The raw tracepoints' programs, exit first: with the per-thread switch
 /// events only the exits are needed.
 const RAW_TRACEPOINTS: [(&str, &str); 3] = [
@@ -202,9 +208,23 @@ impl AttachPlan {
             sample_hz,
             sample_after_ns,
             choice,
+            subprocesses,
         } = request;
         let k = &host.layouts;
         let mut notes = Vec::new();
+        // A process tree: new processes are seen at their fork, by a raw
+        // tracepoint reading the child's ids (whatever serves the rest).
+        let forks = match (&k.raw, tgid != 0 && subprocesses) {
+            (_, false) => None,
+            (Ok(layout), true) => Some(layout.task_pid_offset),
+            (Err(why), true) => {
+                notes.push(format!(
+                    "processes started under the target after attach are not watched (those \
+                     under it at attach are), because {why}"
+                ));
+                None
+            }
+        };
         let raw = match choice {
             ProbeChoice::Tracepoints => {
                 notes.push("classic tracepoints, as asked (--probes tracepoints)".to_string());
@@ -271,7 +291,7 @@ impl AttachPlan {
         let globals = Globals {
             target_tgid: tgid,
             sample_after_ns,
-            task_pid_offset: raw.map_or(0, |l| l.task_pid_offset),
+            task_pid_offset: raw.map(|l| l.task_pid_offset).or(forks).unwrap_or(0),
             thread_switches: switches.is_some() as u32,
             throttle_model: throttle.model,
             task_throttled_offset: throttle.task_throttled,
@@ -286,7 +306,7 @@ impl AttachPlan {
             task_comm_offset: sw.task_comm,
             task_run_delay_offset: run_delay,
         };
-        let (load, attach) = steps(request, scheduler);
+        let (load, attach) = steps(request, scheduler, forks.is_some());
         AttachPlan {
             request,
             probes: ProbeSet {
@@ -311,11 +331,23 @@ impl AttachPlan {
 }
 
 /// The programs to load and what to attach for `scheduler`.
-fn steps(request: Request, scheduler: SchedulerProbes) -> (Vec<Load>, Vec<Attach>) {
+fn steps(
+    request: Request,
+    scheduler: SchedulerProbes,
+    forks: bool,
+) -> (Vec<Load>, Vec<Attach>) {
     let load_as = |kind| move |program| Load { program, kind };
     let mut load: Vec<Load> = UPROBES.map(load_as(ProgramKind::UProbe)).into();
     load.push(load_as(ProgramKind::PerfEvent)("sp_sample"));
     let mut attach = Vec::new();
+    // First: a process started while the rest attaches is not missed.
+    if forks {
+        load.push(load_as(ProgramKind::RawTracePoint)(FORK_PROGRAM));
+        attach.push(Attach::RawTracepoint {
+            program: FORK_PROGRAM,
+            tracepoint: "sched_process_fork",
+        });
+    }
     if request.choice == ProbeChoice::Tracepoints {
         attach.push(Attach::WaitTracepoints);
     }
@@ -433,11 +465,21 @@ mod tests {
     }
 
     fn plan(tgid: u32, choice: ProbeChoice, layouts: KernelLayouts) -> AttachPlan {
+        plan_of(tgid, choice, layouts, false)
+    }
+
+    fn plan_of(
+        tgid: u32,
+        choice: ProbeChoice,
+        layouts: KernelLayouts,
+        subprocesses: bool,
+    ) -> AttachPlan {
         let request = Request {
             tgid,
             sample_hz: 999,
             sample_after_ns: 1_000_000,
             choice,
+            subprocesses,
         };
         let host = Host {
             layouts,
@@ -522,6 +564,41 @@ mod tests {
 
     /// The daemon opens the switch events on each loop thread it elects,
     /// not at attach.
+    /// A process tree: its forks are followed by a raw tracepoint attached
+    /// before anything else, whatever serves the scheduler; never for the
+    /// daemon; said when the kernel's BTF cannot give the child's ids.
+    #[test]
+    fn a_process_tree_follows_forks_first() {
+        let fork = Attach::RawTracepoint {
+            program: "sp_raw_fork",
+            tracepoint: "sched_process_fork",
+        };
+        for choice in [
+            ProbeChoice::Auto,
+            ProbeChoice::RawTracepoints,
+            ProbeChoice::Tracepoints,
+        ] {
+            let p = plan_of(42, choice, full(), true);
+            assert_eq!(p.attach.iter().position(|a| *a == fork), Some(0), "{choice:?}");
+            assert!(programs(&p).contains(&"sp_raw_fork"));
+            assert_eq!(p.globals.task_pid_offset, 1_500);
+        }
+        assert!(!plan_of(42, ProbeChoice::Auto, full(), false).attach.contains(&fork));
+        assert!(!plan_of(0, ProbeChoice::Auto, full(), true).attach.contains(&fork));
+        let mut k = full();
+        k.raw = Err(Unusable("no BTF".into()));
+        let p = plan_of(42, ProbeChoice::Auto, k, true);
+        assert!(!p.attach.contains(&fork));
+        assert!(
+            p.probes
+                .notes
+                .iter()
+                .any(|n| n.contains("processes started under the target after attach")),
+            "{:?}",
+            p.probes.notes
+        );
+    }
+
     #[test]
     fn the_daemon_attaches_no_thread_events_up_front() {
         let p = plan(0, ProbeChoice::Auto, full());

@@ -377,6 +377,8 @@ pub struct Probes {
     py_threads: BpfHashMap<MapData, u32, u64>,
     /// Daemon: `LEFT_OUT`, the processes the rules leave out.
     left_out: BpfHashMap<MapData, u32, u8>,
+    /// `record` of a process tree: `WATCHED`, its processes besides the root.
+    watched: BpfHashMap<MapData, u32, u8>,
     stats: PerCpuArray<MapData, u64>,
     filtered: PerCpuArray<MapData, u64>,
     /// Userspace's failed map updates (full maps), by counter name; shown
@@ -520,6 +522,7 @@ impl Probes {
         sample_hz: u64,
         sample_after_ns: u64,
         choice: ProbeChoice,
+        subprocesses: bool,
     ) -> Result<Probes, ProbeError> {
         if unsafe { libc::geteuid() } != 0 {
             // Capabilities may still be enough; only fail early on a clear no.
@@ -532,6 +535,7 @@ impl Probes {
             sample_hz,
             sample_after_ns,
             choice,
+            subprocesses,
         };
         let plan = AttachPlan::new(request, &read_host()?);
         debug!("ring buffer: {} MiB", plan.maps.events >> 20);
@@ -573,6 +577,7 @@ impl Probes {
         let py_procs = take_map(&mut ebpf, "PY_PROCS", BpfHashMap::try_from)?;
         let py_threads = take_map(&mut ebpf, "PY_THREADS", BpfHashMap::try_from)?;
         let left_out = take_map(&mut ebpf, "LEFT_OUT", BpfHashMap::try_from)?;
+        let watched = take_map(&mut ebpf, "WATCHED", BpfHashMap::try_from)?;
         let stats = take_map(&mut ebpf, "STATS", PerCpuArray::try_from)?;
         let filtered = take_map(&mut ebpf, "FILTERED", PerCpuArray::try_from)?;
         let mut wait_tracepoints = take_map(&mut ebpf, "WAIT_TRACEPOINTS", Array::try_from)?;
@@ -605,6 +610,7 @@ impl Probes {
             py_procs,
             py_threads,
             left_out,
+            watched,
             stats,
             filtered,
             update_failures: BTreeMap::new(),
@@ -1192,6 +1198,32 @@ impl Probes {
         if let Err(e) = self.left_out.insert(tgid, 1, 0) {
             self.update_failed("left_out_full", &e);
         }
+    }
+
+    /// `record` of a process tree: watch process `tgid` (under the target
+    /// at attach; one started later is in `WATCHED` already, put there by
+    /// `sp_raw_fork`, and inherited its per-thread events): its threads get
+    /// the per-thread events when they serve the scheduler. Its waits and
+    /// runtimes are found by the engine's upkeep, as the root's are.
+    pub fn watch_process(&mut self, tgid: u32) -> Result<(), ProbeError> {
+        if let Err(e) = self.watched.insert(tgid, 1, 0) {
+            self.update_failed("watched_processes_full", &e);
+            return Err(ProbeError::Map {
+                name: "WATCHED",
+                source: e,
+            });
+        }
+        if self.set.scheduler == SchedulerProbes::ThreadEvents {
+            self.attach_thread_events(tgid)?;
+        }
+        Ok(())
+    }
+
+    /// `record` of a process tree: process `tgid` exited (the kernel side
+    /// has let it go already): its own wait uprobes go.
+    pub fn unwatch_process(&mut self, tgid: u32) {
+        let _ = self.watched.remove(&tgid);
+        self.unwatch_waits(tgid, "exited");
     }
 
     /// Daemon: a left-out process is gone (or must be judged again): a

@@ -119,6 +119,9 @@ pub struct Engine {
     /// Node; a process that is not has no JavaScript frames to miss.
     js_pending_stacks: HashMap<u32, u64>,
     exited: HashSet<u32>,
+    /// Processes the kernel side started watching at their fork (a
+    /// recorded process tree), since the last [`Engine::take_forked`].
+    forked: Vec<(u32, u32)>,
 }
 
 /// What survives [`Engine::rebuild`]: the loop-thread registry (the kernel
@@ -195,6 +198,7 @@ impl Engine {
             counters: Counters::default(),
             js_pending_stacks: HashMap::new(),
             exited: HashSet::new(),
+            forked: Vec::new(),
         }
     }
 
@@ -306,6 +310,12 @@ impl Engine {
     /// Processes whose exit was seen since the last call.
     pub fn take_exited(&mut self) -> Vec<u32> {
         self.exited.drain().collect()
+    }
+
+    /// A recorded process tree: the (process, parent) pairs started under
+    /// it since the last call, in order.
+    pub fn take_forked(&mut self) -> Vec<(u32, u32)> {
+        std::mem::take(&mut self.forked)
     }
 
     /// Daemon: the processes whose first wait was drained since the last
@@ -431,6 +441,9 @@ impl Engine {
     }
 
     fn handle(&mut self, ev: Event, probes: &mut dyn Control) {
+        if let Event::Fork { tgid, parent, .. } = ev {
+            self.forked.push((tgid, parent));
+        }
         if let Event::Exit {
             process, tgid, tid, ..
         } = ev

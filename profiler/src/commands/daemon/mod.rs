@@ -425,6 +425,7 @@ impl Collector {
             cfg.sample_hz,
             crate::kernel::probe::default_sample_after(cfg.threshold_ns),
             cfg.probes,
+            false,
         )?;
         // Its own waits (the HTTP side's runtime calls the C library's
         // epoll_wait) are none of its business.
