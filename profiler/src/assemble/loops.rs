@@ -388,9 +388,10 @@ mod tests {
 
     /// uvicorn's `--workers` supervisor: every 0.5 s it waits on a condition
     /// variable (futex, not a loop wait) and pings each worker, polling
-    /// that worker's pipe ~1 ms for the answer. Its polls hold it 0.4% of
-    /// the time: never its loop, however many, so the futex sleeps between
-    /// them are never busy periods.
+    /// that worker's pipe for the answer (microseconds; drawn as a slow
+    /// 1 ms here). Its polls hold it 0.4% of the time at most: never its
+    /// loop, however many, so the futex sleeps between them are never
+    /// busy periods.
     ///
     /// ```text
     /// t ms   0 1         500 501       1000 1001 ...
