@@ -174,7 +174,9 @@ impl Live {
             // second walk: one started while the first ran).
             for _ in 0..2 {
                 for child in proc::descendants(pid) {
-                    if watched.contains(&child) {
+                    // Not stallprof itself, when run under its own target
+                    // (`--pid` of the shell that started it).
+                    if watched.contains(&child) || child == std::process::id() {
                         continue;
                     }
                     match probes.watch_process(child) {
