@@ -908,7 +908,11 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
     // The flushed pprof files read back, and hold the same stall time as the JSON.
     let mut pb_files = 0;
     for w in std::fs::read_dir(&data).unwrap().flatten() {
+        // A window's process directories (services.json is the window's).
         for p in std::fs::read_dir(w.path()).unwrap().flatten() {
+            if !p.file_type().unwrap().is_dir() {
+                continue;
+            }
             let rec = read_stalls_json(&p.path().join("stalls.json"));
             let want: u64 = rec["stalls"]
                 .as_array()

@@ -632,9 +632,12 @@ pub fn html_escape(s: &str) -> String {
 /// workers' stalls together, then each worker's. Nothing when no process
 /// shares its parent and cgroup with another.
 fn services_table(h: &mut String, procs: &[super::ProcRow]) {
-    let rows: Vec<(u32, u32, &str)> = procs
+    let rows: Vec<(u32, u32, &str, &str)> = procs
         .iter()
-        .map(|p| (p.info.pid, p.info.ppid, p.info.cgroup.as_str()))
+        .map(|p| {
+            let i = &p.info;
+            (i.pid, i.ppid, i.cgroup.as_str(), i.exe.as_str())
+        })
         .collect();
     let groups = super::services::services(&rows);
     if groups.is_empty() {
@@ -647,11 +650,7 @@ fn services_table(h: &mut String, procs: &[super::ProcRow]) {
     for g in groups {
         let workers: Vec<&super::ProcRow> = procs
             .iter()
-            .filter(|p| {
-                p.info.ppid == g.parent
-                    && p.info.cgroup == g.cgroup
-                    && g.workers.contains(&p.info.pid)
-            })
+            .filter(|p| g.has(p.info.pid, p.info.ppid, &p.info.cgroup, &p.info.exe))
             .collect();
         let parent_comm = workers
             .iter()

@@ -1,9 +1,12 @@
 //! Service groups: a service's workers, reported together.
 //!
-//! In: the processes the daemon reports on, as (pid, parent pid, cgroup)
-//! rows. Out: [`Service`]s — two or more processes with the same parent
-//! and the same cgroup (a pre-fork server's workers: uvicorn's, gunicorn's,
-//! a Node cluster's), named after the parent. A process alone under its
+//! In: the processes the daemon reports on, as (pid, parent pid, cgroup,
+//! executable) rows. Out: [`Service`]s — two or more processes with the
+//! same parent, the same cgroup and the same executable (a pre-fork
+//! server's workers: uvicorn's, gunicorn's, a Node cluster's, all run the
+//! interpreter their parent forked or spawned them with; a C program and a
+//! Python one started by one shell are not one service), named after the
+//! parent. A process alone under its
 //! parent is no group, and neither are children of pid 1 (or of an
 //! unknown parent): init adopts orphans and starts the host's services,
 //! which are not one service's workers. The grouping is a pure function of
@@ -22,6 +25,7 @@ use serde::Serialize;
 pub struct Service {
     pub parent: u32,
     pub cgroup: String,
+    pub exe: String,
     /// Ascending.
     pub workers: Vec<u32>,
 }
@@ -42,27 +46,38 @@ impl Service {
     }
 }
 
-/// The service groups among `rows` of (pid, parent pid, cgroup), by
-/// parent pid then cgroup. A pid listed twice (reused within a window)
-/// counts once.
-pub fn services(rows: &[(u32, u32, &str)]) -> Vec<Service> {
-    let mut by: BTreeMap<(u32, &str), Vec<u32>> = BTreeMap::new();
-    for &(pid, ppid, cgroup) in rows {
+/// The service groups among `rows` of (pid, parent pid, cgroup,
+/// executable), by parent pid, cgroup, executable. A pid listed twice
+/// (reused within a window) counts once.
+pub fn services(rows: &[(u32, u32, &str, &str)]) -> Vec<Service> {
+    let mut by: BTreeMap<(u32, &str, &str), Vec<u32>> = BTreeMap::new();
+    for &(pid, ppid, cgroup, exe) in rows {
         if ppid > 1 {
-            by.entry((ppid, cgroup)).or_default().push(pid);
+            by.entry((ppid, cgroup, exe)).or_default().push(pid);
         }
     }
     by.into_iter()
-        .filter_map(|((parent, cgroup), mut workers)| {
+        .filter_map(|((parent, cgroup, exe), mut workers)| {
             workers.sort_unstable();
             workers.dedup();
             (workers.len() >= 2).then(|| Service {
                 parent,
                 cgroup: cgroup.to_string(),
+                exe: exe.to_string(),
                 workers,
             })
         })
         .collect()
+}
+
+impl Service {
+    /// Is this one of its workers?
+    pub fn has(&self, pid: u32, ppid: u32, cgroup: &str, exe: &str) -> bool {
+        ppid == self.parent
+            && cgroup == self.cgroup
+            && exe == self.exe
+            && self.workers.contains(&pid)
+    }
 }
 
 /// One worker's stalls in a window, as `services.json` lists them.
@@ -108,6 +123,7 @@ pub struct Known<'a> {
     pub pid: u32,
     pub ppid: u32,
     pub cgroup: &'a str,
+    pub exe: &'a str,
     pub comm: &'a str,
     pub parent_comm: &'a str,
     /// (report directory, stalls, stall time, worst stall) in the window.
@@ -118,7 +134,10 @@ pub struct Known<'a> {
 /// daemon reports on (a worker that did not stall in the window is listed
 /// with none): heaviest stall time first.
 pub fn window_services(known: &[Known]) -> ServicesFile {
-    let rows: Vec<(u32, u32, &str)> = known.iter().map(|k| (k.pid, k.ppid, k.cgroup)).collect();
+    let rows: Vec<(u32, u32, &str, &str)> = known
+        .iter()
+        .map(|k| (k.pid, k.ppid, k.cgroup, k.exe))
+        .collect();
     let of = |pid: u32| known.iter().filter(move |k| k.pid == pid);
     let mut out: Vec<ServiceStalls> = services(&rows)
         .into_iter()
@@ -136,7 +155,7 @@ pub fn window_services(known: &[Known]) -> ServicesFile {
                         stall_ns: 0,
                         worst_ns: 0,
                     };
-                    for k in of(pid).filter(|k| k.ppid == svc.parent && k.cgroup == svc.cgroup) {
+                    for k in of(pid).filter(|k| svc.has(k.pid, k.ppid, k.cgroup, k.exe)) {
                         if w.comm.is_empty() {
                             w.comm = k.comm.to_string();
                         }
@@ -184,22 +203,24 @@ mod tests {
     use super::*;
 
     /// uvicorn (1200) with two workers in its cgroup; a sidecar forked by
-    /// the same parent into another cgroup; a lone child; two orphans
-    /// adopted by init; a pid listed twice.
+    /// the same parent into another cgroup, and a helper running another
+    /// program in the same; a lone child; two orphans adopted by init; a
+    /// pid listed twice.
     #[test]
     fn workers_of_one_parent_and_cgroup_are_one_service() {
-        let app = "/system.slice/app.service";
+        let (app, py) = ("/system.slice/app.service", "/usr/bin/python3.11");
         let rows = [
-            (1200, 1, app),
-            (1201, 1200, app),
-            (1202, 1200, app),
-            (1202, 1200, app),
-            (1203, 1200, "/system.slice/sidecar.service"),
-            (1300, 1299, app),
-            (2001, 1, "/user.slice"),
-            (2002, 1, "/user.slice"),
-            (2100, 0, ""),
-            (2101, 0, ""),
+            (1200, 1, app, py),
+            (1201, 1200, app, py),
+            (1202, 1200, app, py),
+            (1202, 1200, app, py),
+            (1203, 1200, "/system.slice/sidecar.service", py),
+            (1204, 1200, app, "/usr/bin/redis-server"),
+            (1300, 1299, app, py),
+            (2001, 1, "/user.slice", py),
+            (2002, 1, "/user.slice", py),
+            (2100, 0, "", ""),
+            (2101, 0, "", ""),
         ];
         let s = services(&rows);
         assert_eq!(
@@ -207,17 +228,20 @@ mod tests {
             [Service {
                 parent: 1200,
                 cgroup: app.into(),
+                exe: py.into(),
                 workers: vec![1201, 1202],
             }]
         );
+        assert!(s[0].has(1201, 1200, app, py));
+        assert!(!s[0].has(1204, 1200, app, "/usr/bin/redis-server"));
         assert_eq!(s[0].name("uvicorn"), "uvicorn (pid 1200): 2 workers");
         assert_eq!(s[0].name(""), "? (pid 1200): 2 workers");
         // Two services under one parent, split by cgroup.
         let rows = [
-            (11, 10, "/a"),
-            (12, 10, "/a"),
-            (13, 10, "/b"),
-            (14, 10, "/b"),
+            (11, 10, "/a", "node"),
+            (12, 10, "/a", "node"),
+            (13, 10, "/b", "node"),
+            (14, 10, "/b", "node"),
         ];
         let s = services(&rows);
         assert_eq!(s.len(), 2);
@@ -240,6 +264,7 @@ mod tests {
             pid,
             ppid,
             cgroup: "/app",
+            exe: "/usr/bin/python3.11",
             comm,
             parent_comm,
             report,
