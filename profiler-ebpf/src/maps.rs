@@ -17,8 +17,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use profiler_common::{
-    CpuWait, Drop, EventHeader, Filtered, MAX_CPUS, MAX_LEFT_OUT, MAX_PY_PROCS, MAX_THREADS, MAX_WATCHED,
-    NO_RUN_DELAY, PyProc, RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, StackEvent, ThreadState,
+    CpuWait, Drop, EventHeader, Filtered, MAX_CPUS, MAX_LEFT_OUT, MAX_PY_PROCS, MAX_THREADS,
+    MAX_WATCHED, NO_RUN_DELAY, PyProc, RINGBUF_BYTES, RINGBUF_WAKEUP_BYTES, StackEvent,
+    ThreadState,
 };
 
 use crate::TARGET_TGID;

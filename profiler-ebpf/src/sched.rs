@@ -51,8 +51,8 @@ use crate::{
     CFS_RQ_RQ_OFFSET, RQ_CLOCK_OFFSET, TARGET_TGID, TASK_CFS_RQ_OFFSET, TASK_LAST_ARRIVAL_OFFSET,
     TASK_PID_OFFSET, TASK_STATE_OFFSET, THREAD_SWITCHES,
     maps::{
-        LOOP_KEYS, OFF_CPU, THREADS, WATCHED, count, current_target, current_tracked, emit,
-        header, is_target,
+        LOOP_KEYS, OFF_CPU, THREADS, WATCHED, count, current_target, current_tracked, emit, header,
+        is_target,
     },
     stack::emit_stack_event,
     throttle,

@@ -156,7 +156,11 @@ mod tests {
             let examples = &help[help.find("EXAMPLES:").expect(verb)..];
             for other in ["record", "report", "top", "daemon"] {
                 let used = examples.contains(&format!("stallprof {other} "));
-                assert_eq!(used, other == verb, "`{verb} --help` and `stallprof {other}`");
+                assert_eq!(
+                    used,
+                    other == verb,
+                    "`{verb} --help` and `stallprof {other}`"
+                );
             }
         }
     }

@@ -908,7 +908,11 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
     // The flushed pprof files read back, and hold the same stall time as the JSON.
     let mut pb_files = 0;
     for w in std::fs::read_dir(&data).unwrap().flatten() {
+        // A window's process directories (services.json is the window's).
         for p in std::fs::read_dir(w.path()).unwrap().flatten() {
+            if !p.file_type().unwrap().is_dir() {
+                continue;
+            }
             let rec = read_stalls_json(&p.path().join("stalls.json"));
             let want: u64 = rec["stalls"]
                 .as_array()
@@ -2322,5 +2326,154 @@ fn daemon_http_token_and_unix_socket() {
         format!("SIGTERM: {}", run.describe())
     });
     c.check(!sock.exists(), || "the socket is left after exit".into());
+    c.finish();
+}
+
+/// Issue 34: a service's workers are one group in the daemon's reports.
+/// A Python parent (waiting on its children, as a pre-fork server's
+/// supervisor does) starts two workers, each an asyncio loop frozen by
+/// blocking calls (victims/py_blocking_client.py), in the parent's cgroup.
+/// After SIGTERM flushes the window, its services.json lists one group
+/// named after the parent, `python3.11 (pid P): 2 workers`, with both
+/// workers, each with its own stalls and report directory, and the group's
+/// stalls their sum.
+#[test]
+fn daemon_groups_a_services_workers() {
+    let Some(case) = Case::begin("daemon_groups_a_services_workers", "daemon-service") else {
+        return;
+    };
+    let (dir, port) = (&case.dir, case.port);
+    // A one-hour window: everything lands in the window SIGTERM flushes.
+    let cfg = case.config("window = \"1h\"\n");
+    let mut d = start_daemon(&cfg, port);
+    let parent = dir.join("service.py");
+    // Each worker dies with the parent (PR_SET_PDEATHSIG), so dropping the
+    // parent ends the service.
+    std::fs::write(
+        &parent,
+        "import ctypes, signal, subprocess, sys\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         def die_with_parent():\n\
+         \x20   libc.prctl(1, signal.SIGKILL)\n\
+         client, start = sys.argv[1], sys.argv[2]\n\
+         workers = [subprocess.Popen([sys.executable, client, log, '--start-file', start,\n\
+         \x20                           '--rounds', '2', '--linger'], preexec_fn=die_with_parent)\n\
+         \x20          for log in sys.argv[3:]]\n\
+         for w in workers:\n\
+         \x20   w.wait()\n",
+    )
+    .unwrap();
+    let start = dir.join("start");
+    let logs = [dir.join("w1.log"), dir.join("w2.log")];
+    assert!(
+        Path::new(PY).exists(),
+        "{PY} is needed (apt-get install python3.11)"
+    );
+    let mut service = Victim::spawn(
+        Command::new(PY)
+            .arg(&parent)
+            .arg(victims_dir().join("py_blocking_client.py"))
+            .arg(&start)
+            .args(&logs),
+    );
+    let supervisor = service.pid();
+    let workers: Vec<u32> = logs
+        .iter()
+        .map(|l| {
+            wait_for_log_kind(l, "ready", Duration::from_secs(20))["pid"]
+                .as_u64()
+                .unwrap() as u32
+        })
+        .collect();
+    wait_metrics(
+        &mut d,
+        &dir.path,
+        "both workers' loop threads",
+        Duration::from_secs(15),
+        |f| workers.iter().all(|&w| loop_threads(f, w) >= 1.0),
+    );
+    std::thread::sleep(Duration::from_millis(1000)); // CPython detection
+    std::fs::write(&start, b"go").unwrap();
+    let truths: Vec<Vec<Truth>> = logs
+        .iter()
+        .map(|l| {
+            wait_for_log_kind(l, "done", Duration::from_secs(30));
+            python_truth(&read_log(l))
+        })
+        .collect();
+    let counted: Vec<(u32, usize)> = workers
+        .iter()
+        .zip(&truths)
+        .map(|(&w, t)| (w, t.len()))
+        .collect();
+    wait_stalls_counted(&mut d, &dir.path, &counted);
+    service.assert_running();
+    d.prof.signal(libc::SIGTERM);
+    let run = d.prof.wait(Duration::from_secs(30));
+    drop(service);
+    let mut c = Checks::new(format!(
+        "supervisor {supervisor}, workers {workers:?}; daemon:\n{}",
+        run.describe()
+    ));
+    c.check(run.status.success(), || {
+        "the daemon failed after SIGTERM".into()
+    });
+    let data = dir.join("data");
+    let files: Vec<PathBuf> = std::fs::read_dir(&data)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|w| w.path().join("services.json"))
+        .filter(|p| p.is_file())
+        .collect();
+    assert_eq!(
+        files.len(),
+        1,
+        "one window with services.json in {}: {files:?}",
+        data.display()
+    );
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    eprintln!("{}:\n{text}", files[0].display());
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let ours: Vec<&Value> = v["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["parent_pid"] == supervisor)
+        .collect();
+    assert_eq!(ours.len(), 1, "one group under the supervisor:\n{text}");
+    let s = ours[0];
+    c.check(
+        s["name"].as_str() == Some(&format!("python3.11 (pid {supervisor}): 2 workers")),
+        || format!("the group's name:\n{text}"),
+    );
+    let listed: Vec<u32> = s["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["pid"].as_u64().unwrap() as u32)
+        .collect();
+    let mut want = workers.clone();
+    want.sort_unstable();
+    c.check(listed == want, || {
+        format!("the group's workers {listed:?}, want {want:?}:\n{text}")
+    });
+    let mut sum = 0;
+    for w in s["workers"].as_array().unwrap() {
+        let pid = w["pid"].as_u64().unwrap() as u32;
+        let n = w["stalls"].as_u64().unwrap();
+        sum += n;
+        let reported = report_stalls(&data, "python3.11", pid).len() as u64;
+        c.check(n >= 1 && n == reported, || {
+            format!("worker {pid}: {n} stalls in services.json, {reported} in its report:\n{text}")
+        });
+        c.check(
+            w["dir"].as_str() == Some(&format!("python3.11-{pid}")),
+            || format!("worker {pid}'s report directory:\n{text}"),
+        );
+    }
+    c.check(s["stalls"].as_u64() == Some(sum), || {
+        format!("the group's stalls are not its workers' sum:\n{text}")
+    });
     c.finish();
 }

@@ -209,7 +209,12 @@ impl LoopRegistry {
         if th.tally.len() >= MAX_CANDIDATES && !th.tally.contains_key(&key) {
             th.tally.clear();
         }
-        if th.tally.entry(key).or_default().enter(is_epoll_key(key), ts) {
+        if th
+            .tally
+            .entry(key)
+            .or_default()
+            .enter(is_epoll_key(key), ts)
+        {
             self.moves += 1;
             decided(th, true)
         } else {
@@ -402,11 +407,19 @@ mod tests {
     fn a_supervisor_pinging_its_workers_is_not_a_loop() {
         let mut r = LoopRegistry::default();
         let w: Vec<_> = (0..200u64)
-            .flat_map(|i| [(i * 500, i * 500 + 1, POLL, 9), (i * 500 + 2, i * 500 + 3, POLL, 11)])
+            .flat_map(|i| {
+                [
+                    (i * 500, i * 500 + 1, POLL, 9),
+                    (i * 500 + 2, i * 500 + 3, POLL, 11),
+                ]
+            })
             .collect();
         assert!(feed(&mut r, &w).is_empty());
         assert!(!r.is_loop_thread(1));
-        assert!(r.is_park(1, wait_key(POLL, 9)), "undecided: no busy period is reported");
+        assert!(
+            r.is_park(1, wait_key(POLL, 9)),
+            "undecided: no busy period is reported"
+        );
     }
 
     /// A poll-based loop idle between requests (gunicorn's arbiter sleeping

@@ -6,7 +6,11 @@
 //! `record`). Out: the screen: stalls per second, p99 and max over a
 //! sliding window, the stall now in progress, and the culprits ranked by
 //! stall time in the window with its split (on-CPU, blocked, run-queue,
-//! GIL wait). Plain ANSI (clear and redraw): no TUI library for one table.
+//! GIL wait). When more than one process is watched or stalled (a
+//! supervisor and its workers), a processes table above the culprits
+//! gives each its own stall rate, p99, max and worst culprit; a
+//! single-process target's screen has no such table.
+//! Plain ANSI (clear and redraw): no TUI library for two tables.
 //! `q` or Ctrl-C quits; the probes are detached whichever way it ends.
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -73,10 +77,10 @@ impl Split {
     }
 }
 
-/// The stalls that ended within the last `window_ns`.
+/// The stalls that ended within the last `window_ns`, with their process.
 struct Window {
     window_ns: u64,
-    stalls: VecDeque<Stall>,
+    stalls: VecDeque<(u32, Stall)>,
     /// When watching began: the rate's denominator until a window has passed.
     since_ns: u64,
     /// Which frames are the application's (`--app-path`).
@@ -84,29 +88,42 @@ struct Window {
 }
 
 impl Window {
-    fn push(&mut self, s: Stall) {
-        self.stalls.push_back(s);
+    fn push(&mut self, pid: u32, s: Stall) {
+        self.stalls.push_back((pid, s));
     }
 
     fn expire(&mut self, now_ns: u64) {
         let from = now_ns.saturating_sub(self.window_ns);
-        self.stalls.retain(|s| s.end_ns >= from);
+        self.stalls.retain(|(_, s)| s.end_ns >= from);
     }
 
     /// Stalls per second over the window (or since watching began).
     fn rate(&self, now_ns: u64) -> f64 {
+        self.rate_of(self.stalls.len(), now_ns)
+    }
+
+    /// `n` stalls as a rate over the window (or since watching began).
+    fn rate_of(&self, n: usize, now_ns: u64) -> f64 {
         let span = now_ns
             .saturating_sub(self.since_ns)
             .min(self.window_ns)
             .max(1);
-        self.stalls.len() as f64 * 1e9 / span as f64
+        n as f64 * 1e9 / span as f64
     }
 
     /// Culprits by stall time, heaviest first, with their split and the
     /// ASGI routes their stalls served (heaviest first).
     fn culprits(&self) -> Vec<(String, Split, Vec<String>)> {
+        self.rank(self.stalls.iter().map(|(_, s)| s))
+    }
+
+    /// [`Window::culprits`] of some of the window's stalls.
+    fn rank<'a>(
+        &self,
+        stalls: impl Iterator<Item = &'a Stall>,
+    ) -> Vec<(String, Split, Vec<String>)> {
         let mut by: HashMap<String, (Split, HashMap<String, u64>)> = HashMap::new();
-        for s in &self.stalls {
+        for s in stalls {
             let route = s.route.as_ref().map(|r| r.describe());
             for p in &s.stacks {
                 let label = culprit_name(p, &self.app);
@@ -128,6 +145,75 @@ impl Window {
         v.sort_by(|a, b| b.1.total().cmp(&a.1.total()).then_with(|| a.0.cmp(&b.0)));
         v
     }
+
+    /// One row per process that is watched or stalled in the window,
+    /// heaviest stall time first.
+    fn processes(&self, watched: &[Watched], now_ns: u64) -> Vec<ProcRow> {
+        let mut pids: Vec<u32> = watched.iter().map(|w| w.pid).collect();
+        pids.extend(self.stalls.iter().map(|(pid, _)| *pid));
+        pids.sort_unstable();
+        pids.dedup();
+        let mut rows: Vec<ProcRow> = pids
+            .into_iter()
+            .map(|pid| {
+                let w = watched.iter().find(|w| w.pid == pid);
+                let mine = || {
+                    self.stalls
+                        .iter()
+                        .filter(|(p, _)| *p == pid)
+                        .map(|(_, s)| s)
+                };
+                let mut d: Vec<u64> = mine().map(|s| s.duration_ns).collect();
+                d.sort_unstable();
+                ProcRow {
+                    label: w.map_or_else(|| format!("pid {pid}"), |w| w.label.clone()),
+                    loops: w.map_or(0, |w| w.loops),
+                    exited: w.is_some_and(|w| w.exited),
+                    rate: self.rate_of(d.len(), now_ns),
+                    stall_ns: d.iter().sum(),
+                    p99: percentile(&d, 0.99),
+                    max: d.last().copied().unwrap_or(0),
+                    worst: self.rank(mine()).into_iter().next().map(|c| c.0),
+                    pid,
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| b.stall_ns.cmp(&a.stall_ns).then(a.pid.cmp(&b.pid)));
+        rows
+    }
+}
+
+/// A process of the target's tree as the driver found it: its label
+/// ([`process_label`], read once), its loop threads, whether it exited.
+struct Watched {
+    pid: u32,
+    label: String,
+    loops: usize,
+    exited: bool,
+}
+
+/// One row of the processes table.
+struct ProcRow {
+    pid: u32,
+    label: String,
+    loops: usize,
+    exited: bool,
+    rate: f64,
+    stall_ns: u64,
+    p99: u64,
+    max: u64,
+    /// The culprit with the most stall time in its stalls in the window.
+    worst: Option<String>,
+}
+
+/// The name a process goes by on the screen.
+// The one place top names a process: roles (supervisor, worker N of …)
+// come in here.
+fn process_label(pid: u32) -> String {
+    match read_comm(pid, pid) {
+        Some(comm) => format!("{comm} ({pid})"),
+        None => format!("pid {pid}"),
+    }
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -148,18 +234,20 @@ fn pct(part: u64, total: u64) -> f64 {
 }
 
 /// One screen, lines separated by `\r\n` (the terminal is in raw mode).
+/// `watched`: the processes of the target's tree known to the engine.
 fn screen(
     w: &Window,
+    watched: &[Watched],
     head: &str,
     busy_now_ns: u64,
     threshold_ns: u64,
     now_ns: u64,
     top: usize,
 ) -> String {
-    let mut d: Vec<u64> = w.stalls.iter().map(|s| s.duration_ns).collect();
+    let mut d: Vec<u64> = w.stalls.iter().map(|(_, s)| s.duration_ns).collect();
     d.sort_unstable();
     let mut all = Split::default();
-    for s in &w.stalls {
+    for (_, s) in &w.stalls {
         for p in &s.stacks {
             all.add(p.kind, p.weight_ns);
         }
@@ -189,6 +277,11 @@ fn screen(
         pct(all.throttled, all.total())
     );
     let _ = writeln!(out);
+    let procs = w.processes(watched, now_ns);
+    if procs.len() > 1 {
+        processes_table(&mut out, &procs);
+        let _ = writeln!(out);
+    }
     let _ = writeln!(
         out,
         "{:>10} {:>6} {:>7} {:>8} {:>6} {:>6} {:>6}  CULPRIT",
@@ -219,6 +312,45 @@ fn screen(
         let _ = writeln!(out, "  (no stall of {} or more yet)", fmt_ns(threshold_ns));
     }
     out.replace('\n', "\r\n")
+}
+
+/// The processes table: who stalls, how often, how long, on what.
+fn processes_table(out: &mut String, rows: &[ProcRow]) {
+    let labels: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let l = escape(&r.label);
+            if r.exited {
+                format!("{l} exited")
+            } else {
+                l.into_owned()
+            }
+        })
+        .collect();
+    let width = labels
+        .iter()
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(7, 40);
+    let _ = writeln!(
+        out,
+        "{:<width$} {:>5} {:>9} {:>9} {:>9}  WORST CULPRIT",
+        "PROCESS", "LOOPS", "STALLS/S", "P99", "MAX"
+    );
+    // A process with no stall in the window has no p99 or max.
+    let dur = |ns: u64| if ns == 0 { "-".into() } else { fmt_ns(ns) };
+    for (r, label) in rows.iter().zip(labels) {
+        let _ = writeln!(
+            out,
+            "{label:<width$} {:>5} {:>9.2} {:>9} {:>9}  {}",
+            r.loops,
+            r.rate,
+            dur(r.p99),
+            dur(r.max),
+            r.worst.as_deref().map_or("-".into(), escape)
+        );
+    }
 }
 
 /// The terminal in non-canonical mode without echo (a key press arrives at
@@ -317,6 +449,10 @@ async fn top(a: TopArgs) -> Result<String> {
     let mut stdin_open = true;
     let mut stdout = std::io::stdout();
     let mut drawn: Option<Instant> = None;
+    // The target's processes: pid -> (label, exited), each labelled once,
+    // when first seen (an exited one keeps its name).
+    let mut seen: HashMap<u32, (String, bool)> = HashMap::new();
+    seen.insert(pid, (process_label(pid), false));
     let ended_by = loop {
         let key = async {
             if stdin_open {
@@ -336,13 +472,33 @@ async fn top(a: TopArgs) -> Result<String> {
                     break "target exit";
                 }
                 let now = monotonic_ns();
-                for (_, s) in live.engine.take_stalls() {
-                    window.push(s);
+                for p in live.engine.executor_pids() {
+                    seen.entry(p).or_insert_with(|| (process_label(p), false));
+                }
+                for (p, s) in live.engine.take_stalls() {
+                    seen.entry(p).or_insert_with(|| (process_label(p), false));
+                    window.push(p, s);
+                }
+                // Gone: no longer in the watched tree.
+                for (p, e) in seen.iter_mut() {
+                    e.1 = !live.watched().contains(p);
                 }
                 window.expire(now);
+                // An exited process leaves the screen with its last stall.
+                seen.retain(|p, (_, gone)| !*gone || window.stalls.iter().any(|(q, _)| q == p));
                 if drawn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    let watched: Vec<Watched> = seen
+                        .iter()
+                        .map(|(&p, (label, exited))| Watched {
+                            pid: p,
+                            label: label.clone(),
+                            loops: live.engine.executors(p).len(),
+                            exited: *exited,
+                        })
+                        .collect();
                     let text = screen(
                         &window,
+                        &watched,
                         &head,
                         live.engine.busy_now_ns(now),
                         threshold_ns,
@@ -392,10 +548,10 @@ mod tests {
             since_ns: 0,
             app: AppPaths::default(),
         };
-        w.push(stall(5 * s, 100_000_000, "old", PartKind::OnCpu));
-        w.push(stall(70 * s, 200_000_000, "load", PartKind::OnCpu));
-        w.push(stall(71 * s, 300_000_000, "load", PartKind::OffCpu));
-        w.push(stall(72 * s, 100_000_000, "gil", PartKind::GilWait));
+        w.push(1, stall(5 * s, 100_000_000, "old", PartKind::OnCpu));
+        w.push(1, stall(70 * s, 200_000_000, "load", PartKind::OnCpu));
+        w.push(1, stall(71 * s, 300_000_000, "load", PartKind::OffCpu));
+        w.push(1, stall(72 * s, 100_000_000, "gil", PartKind::GilWait));
         w.expire(80 * s);
         assert_eq!(w.stalls.len(), 3);
         let c = w.culprits();
@@ -403,12 +559,102 @@ mod tests {
         assert_eq!((c[0].1.on_cpu, c[0].1.blocked), (200_000_000, 300_000_000));
         assert_eq!(c[1].0, "gil");
         assert!((w.rate(80 * s) - 3.0 / 60.0).abs() < 1e-9);
-        let text = screen(&w, "head", 0, 50_000_000, 80 * s, 10);
+        let text = screen(&w, &[], "head", 0, 50_000_000, 80 * s, 10);
         assert!(text.contains("stalls/s: 0.05"), "{text}");
+        assert!(
+            !text.contains("PROCESS"),
+            "one process: no processes table\n{text}"
+        );
         assert!(
             text.contains("max: 300.0ms") || text.contains("max: 300ms"),
             "{text}"
         );
         assert!(!text.contains('\n') || text.contains("\r\n"));
+    }
+
+    /// A supervisor and two workers (issue 34): a row per process, each
+    /// with its own rate, max and worst culprit; the supervisor, watched
+    /// but never stalling, has a row with no stall.
+    #[test]
+    fn processes_table_has_a_row_per_process() {
+        let s = 1_000_000_000u64;
+        let ms = 1_000_000u64;
+        let mut w = Window {
+            window_ns: 10 * s,
+            stalls: VecDeque::new(),
+            since_ns: 0,
+            app: AppPaths::default(),
+        };
+        w.push(1201, stall(20 * s, 300 * ms, "render", PartKind::OnCpu));
+        w.push(1201, stall(21 * s, 100 * ms, "tokenize", PartKind::OnCpu));
+        w.push(1202, stall(22 * s, 80 * ms, "bcrypt", PartKind::OnCpu));
+        w.expire(25 * s);
+        let watched = [
+            Watched {
+                pid: 1200,
+                label: "uvicorn (1200)".into(),
+                loops: 0,
+                exited: false,
+            },
+            Watched {
+                pid: 1201,
+                label: "python3 (1201)".into(),
+                loops: 1,
+                exited: false,
+            },
+            Watched {
+                pid: 1202,
+                label: "python3 (1202)".into(),
+                loops: 1,
+                exited: true,
+            },
+        ];
+        let rows = w.processes(&watched, 25 * s);
+        let pids: Vec<u32> = rows.iter().map(|r| r.pid).collect();
+        assert_eq!(pids, [1201, 1202, 1200], "heaviest stall time first");
+        assert_eq!((rows[0].max, rows[0].p99), (300 * ms, 300 * ms));
+        assert_eq!(rows[0].worst.as_deref(), Some("render"));
+        assert_eq!(rows[1].worst.as_deref(), Some("bcrypt"));
+        assert_eq!((rows[2].max, rows[2].worst.as_deref()), (0, None));
+        assert!((rows[0].rate - 0.2).abs() < 1e-9, "2 stalls in 10 s");
+        let text = screen(&w, &watched, "head", 0, 50 * ms, 25 * s, 10);
+        let lines: Vec<&str> = text.split("\r\n").collect();
+        let head = lines
+            .iter()
+            .position(|l| l.starts_with("PROCESS"))
+            .unwrap_or_else(|| panic!("no processes table:\n{text}"));
+        let row = |i: usize| lines[head + i].split_whitespace().collect::<Vec<_>>();
+        assert_eq!(
+            row(1),
+            [
+                "python3", "(1201)", "1", "0.20", "300.0ms", "300.0ms", "render"
+            ],
+            "{text}"
+        );
+        assert_eq!(
+            row(2),
+            [
+                "python3", "(1202)", "exited", "1", "0.10", "80.0ms", "80.0ms", "bcrypt"
+            ],
+            "{text}"
+        );
+        assert_eq!(
+            row(3),
+            ["uvicorn", "(1200)", "0", "0.00", "-", "-", "-"],
+            "{text}"
+        );
+        let culprits = lines
+            .iter()
+            .position(|l| l.contains("CULPRIT") && !l.starts_with("PROCESS"));
+        assert!(
+            culprits.is_some_and(|c| c > head + 3),
+            "the culprits below the processes:\n{text}"
+        );
+        // Stalls from two processes, none watched: two rows all the same.
+        let text = screen(&w, &[], "head", 0, 50 * ms, 25 * s, 10);
+        assert!(
+            text.contains("pid 1201") && text.contains("pid 1202"),
+            "{text}"
+        );
     }
 }

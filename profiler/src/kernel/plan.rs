@@ -331,11 +331,7 @@ impl AttachPlan {
 }
 
 /// The programs to load and what to attach for `scheduler`.
-fn steps(
-    request: Request,
-    scheduler: SchedulerProbes,
-    forks: bool,
-) -> (Vec<Load>, Vec<Attach>) {
+fn steps(request: Request, scheduler: SchedulerProbes, forks: bool) -> (Vec<Load>, Vec<Attach>) {
     let load_as = |kind| move |program| Load { program, kind };
     let mut load: Vec<Load> = UPROBES.map(load_as(ProgramKind::UProbe)).into();
     load.push(load_as(ProgramKind::PerfEvent)("sp_sample"));
@@ -579,12 +575,24 @@ mod tests {
             ProbeChoice::Tracepoints,
         ] {
             let p = plan_of(42, choice, full(), true);
-            assert_eq!(p.attach.iter().position(|a| *a == fork), Some(0), "{choice:?}");
+            assert_eq!(
+                p.attach.iter().position(|a| *a == fork),
+                Some(0),
+                "{choice:?}"
+            );
             assert!(programs(&p).contains(&"sp_raw_fork"));
             assert_eq!(p.globals.task_pid_offset, 1_500);
         }
-        assert!(!plan_of(42, ProbeChoice::Auto, full(), false).attach.contains(&fork));
-        assert!(!plan_of(0, ProbeChoice::Auto, full(), true).attach.contains(&fork));
+        assert!(
+            !plan_of(42, ProbeChoice::Auto, full(), false)
+                .attach
+                .contains(&fork)
+        );
+        assert!(
+            !plan_of(0, ProbeChoice::Auto, full(), true)
+                .attach
+                .contains(&fork)
+        );
         let mut k = full();
         k.raw = Err(Unusable("no BTF".into()));
         let p = plan_of(42, ProbeChoice::Auto, k, true);

@@ -231,7 +231,10 @@ mod tests {
         assert!(tree_under(13, &t).is_empty());
         let me = std::process::id();
         assert_eq!(parent_pid(me), Some(std::os::unix::process::parent_id()));
-        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
         assert!(descendants(me).contains(&child.id()));
         child.kill().unwrap();
         child.wait().unwrap();

@@ -628,6 +628,61 @@ pub fn html_escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// The service groups among the processes (`services`): each with its
+/// workers' stalls together, then each worker's. Nothing when no process
+/// shares its parent and cgroup with another.
+fn services_table(h: &mut String, procs: &[super::ProcRow]) {
+    let rows: Vec<(u32, u32, &str, &str)> = procs
+        .iter()
+        .map(|p| {
+            let i = &p.info;
+            (i.pid, i.ppid, i.cgroup.as_str(), i.exe.as_str())
+        })
+        .collect();
+    let groups = super::services::services(&rows);
+    if groups.is_empty() {
+        return;
+    }
+    h.push_str(
+        "<h2>Services</h2><table><tr><th>service</th><th>cgroup</th><th>stalls</th><th>stall time</th>\
+         <th>per worker: pid (comm) stalls, stall time</th></tr>",
+    );
+    for g in groups {
+        let workers: Vec<&super::ProcRow> = procs
+            .iter()
+            .filter(|p| g.has(p.info.pid, p.info.ppid, &p.info.cgroup, &p.info.exe))
+            .collect();
+        let parent_comm = workers
+            .iter()
+            .map(|w| w.info.parent_comm.as_str())
+            .find(|c| !c.is_empty())
+            .unwrap_or("");
+        let each: Vec<String> = workers
+            .iter()
+            .map(|w| {
+                format!(
+                    "{} ({}){}: {}, {}",
+                    w.info.pid,
+                    html_escape(&w.info.comm),
+                    if w.exited { " exited" } else { "" },
+                    w.stalls,
+                    fmt_ns(w.stall_ns)
+                )
+            })
+            .collect();
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            html_escape(&g.name(parent_comm)),
+            html_escape(&g.cgroup),
+            workers.iter().map(|w| w.stalls).sum::<u64>(),
+            fmt_ns(workers.iter().map(|w| w.stall_ns).sum()),
+            each.join("<br>")
+        );
+    }
+    h.push_str("</table>");
+}
+
 fn index(sh: &Shared) -> String {
     let mut h = String::from(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>stallprof daemon</title>\
@@ -642,6 +697,7 @@ fn index(sh: &Shared) -> String {
         fmt_ns(sh.threshold_ns)
     );
     let idx = sh.index.lock().unwrap_or_else(|p| p.into_inner());
+    services_table(&mut h, &idx.procs);
     h.push_str("<h2>Processes</h2><table><tr><th>pid</th><th>comm</th><th>exe</th><th>container</th><th>runtime</th>\
                 <th>loop threads</th><th>stalls</th><th>stall time</th><th>state</th><th>latest flamegraph</th></tr>");
     for p in &idx.procs {

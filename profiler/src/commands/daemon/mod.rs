@@ -2,8 +2,8 @@
 //!
 //! In: every process's wait/sched/sample events (probes attached for tgid 0)
 //! and the config. Out: Prometheus metrics per process, rolling per-process
-//! reports (folded, SVG, pprof) in the data directory, pprof over HTTP, an
-//! index page; on SIGTERM/SIGINT the current window is flushed and every
+//! reports (folded, SVG, pprof) in the data directory, with a service's
+//! workers grouped (`services`), pprof over HTTP, an index page; on SIGTERM/SIGINT the current window is flushed and every
 //! probe detached.
 //!
 //! Two threads:
@@ -39,6 +39,7 @@ pub mod metrics;
 pub mod procs;
 pub mod reports;
 pub mod rules;
+pub mod services;
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -1120,6 +1121,12 @@ impl Collector {
         // (its stalls are already in memory, within the window budget) and
         // retried, oldest first, at each roll.
         self.unwritten.push_back(w);
+        let known: Vec<Arc<ProcInfo>> = self
+            .procs
+            .values()
+            .map(|t| t.info.clone())
+            .chain(self.gone.iter().map(|(_, t)| t.info.clone()))
+            .collect();
         let mut failed = VecDeque::new();
         while let Some(mut w) = self.unwritten.pop_front() {
             let (written, r) = w.write(
@@ -1130,6 +1137,7 @@ impl Collector {
                     sample_hz: self.cfg.sample_hz,
                     probes: self.probes.probe_set(),
                     app_paths: &self.cfg.app_paths,
+                    known: &known,
                 },
             );
             self.note_written(written);
@@ -1179,13 +1187,13 @@ impl Collector {
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default()
             );
-            if let Some(t) = self.procs.get_mut(&wr.pid) {
+            if let Some(t) = self.procs.get_mut(&wr.info.pid) {
                 t.last_report = Some(rel);
             } else if let Some((_, t)) = self
                 .gone
                 .iter_mut()
                 .rev()
-                .find(|(_, g)| g.info.pid == wr.pid)
+                .find(|(_, g)| g.info.pid == wr.info.pid)
             {
                 t.last_report = Some(rel);
             }

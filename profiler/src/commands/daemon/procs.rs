@@ -2,8 +2,9 @@
 //!
 //! In: a pid and the engine's descriptor of it (namespace pid, container:
 //! [`ProcessInfo`], the one reading of its container). Out: [`ProcInfo`] —
-//! comm, exe, cgroup (v2 path), the container and pod it runs in, and a
-//! runtime guess. A process is identified by (pid, start time): a reused
+//! comm, exe, cgroup (v2 path), its parent (pid and comm: a service's
+//! workers share both, see `services`), the container and pod it runs in,
+//! and a runtime guess. A process is identified by (pid, start time): a reused
 //! pid has a new start time, an exec'd one a new exe.
 use std::{
     collections::{HashMap, HashSet},
@@ -22,6 +23,10 @@ pub struct ProcInfo {
     pub comm: String,
     pub exe: String,
     pub cgroup: String,
+    /// The parent's pid when the process was read (0: unknown).
+    pub ppid: u32,
+    /// The parent's comm when the process was read ("" when unknown).
+    pub parent_comm: String,
     /// Its namespace pid and container, from the engine.
     pub process: ProcessInfo,
     /// `cpython`, `node`, `libuv` or `native`.
@@ -242,12 +247,19 @@ impl ProcInfo {
         let exe = exe_of(pid);
         let cgroup = cgroup_of(pid);
         let runtime = runtime_of(pid, &exe, &comm);
+        let ppid = crate::os::proc::parent_pid(pid).unwrap_or(0);
+        let parent_comm = match ppid {
+            0 => None,
+            p => crate::os::proc::read_comm(p, p),
+        };
         Some(ProcInfo {
             pid,
             start_ticks,
             comm,
             exe,
             cgroup,
+            ppid,
+            parent_comm: parent_comm.unwrap_or_default(),
             process,
             runtime,
         })
@@ -262,6 +274,8 @@ impl ProcInfo {
             comm: thread_name.to_string(),
             exe: String::new(),
             cgroup: String::new(),
+            ppid: 0,
+            parent_comm: String::new(),
             process: ProcessInfo::default(),
             runtime: "unknown".into(),
         }

@@ -5,7 +5,9 @@
 //! closes: `DATA/<window start, UTC>/<comm>-<pid>/` holding `stalls.json`
 //! (readable by `stallprof report`), `stalls.folded`, `stalls.svg`,
 //! `stalls.pb.gz` (pprof) and `stalls.pftrace` (the Perfetto timeline), for
-//! every process that stalled in the window.
+//! every process that stalled in the window; and, when a service's workers
+//! stalled, `DATA/<window>/services.json`: each service group (`services`)
+//! with its workers' stalls together and per worker.
 //! The sweep deletes whole windows: older than `max_age`, then the oldest
 //! until the total is under `max_bytes`. It only touches directories named
 //! like windows, never anything else in the data directory.
@@ -19,7 +21,7 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::procs::ProcInfo;
+use super::{procs::ProcInfo, services};
 use crate::{
     model::{ProbeSet, Recording, RuntimeProblem, Stall},
     os::outdir::OutDir,
@@ -34,6 +36,9 @@ pub struct Made<'a> {
     pub probes: &'a ProbeSet,
     /// Where the application's code is (`app_paths`; empty: the guess).
     pub app_paths: &'a [String],
+    /// Every process reported on (live and recently exited): the service
+    /// groups are drawn from them, not only from those that stalled.
+    pub known: &'a [Arc<ProcInfo>],
 }
 
 /// Memory budget of one window's buffered stalls (approximate bytes); past
@@ -137,6 +142,10 @@ pub struct Window {
     /// Once its writing began: the window's directory and end, which a
     /// retried write reuses (the processes written are gone from `procs`).
     written_to: Option<(String, OutDir, u64)>,
+    /// The reports written so far, for `services.json` once all are.
+    done: Vec<Written>,
+    /// `services.json` is written (or was not needed).
+    services_done: bool,
 }
 
 /// One per-process report written.
@@ -144,10 +153,10 @@ pub struct Window {
 pub struct Written {
     pub window: String,
     pub dir: PathBuf,
-    pub pid: u32,
-    pub comm: String,
+    pub info: Arc<ProcInfo>,
     pub stalls: usize,
     pub stall_ns: u64,
+    pub worst_ns: u64,
 }
 
 impl Window {
@@ -158,12 +167,70 @@ impl Window {
             procs: HashMap::new(),
             bytes: 0,
             written_to: None,
+            done: Vec::new(),
+            services_done: false,
         }
     }
 
     /// Processes whose reports are not written yet.
     pub fn pending(&self) -> usize {
         self.procs.len()
+    }
+
+    /// After every process's report: the service groups' `services.json`
+    /// in the window directory, when a group stalled.
+    fn write_services(&mut self, wdir: &OutDir, known: &[Arc<ProcInfo>]) -> Result<()> {
+        let dir_of = |w: &Written| {
+            w.dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        let dirs: Vec<String> = self.done.iter().map(dir_of).collect();
+        let mut rows: Vec<services::Known> = self
+            .done
+            .iter()
+            .zip(&dirs)
+            .map(|(w, dir)| services::Known {
+                pid: w.info.pid,
+                ppid: w.info.ppid,
+                cgroup: &w.info.cgroup,
+                exe: &w.info.exe,
+                comm: &w.info.comm,
+                parent_comm: &w.info.parent_comm,
+                report: Some((dir.as_str(), w.stalls, w.stall_ns, w.worst_ns)),
+            })
+            .collect();
+        // Those that did not stall in the window (a written one is not
+        // listed twice).
+        rows.extend(
+            known
+                .iter()
+                .filter(|k| {
+                    !self
+                        .done
+                        .iter()
+                        .any(|w| (w.info.pid, w.info.start_ticks) == (k.pid, k.start_ticks))
+                })
+                .map(|k| services::Known {
+                    pid: k.pid,
+                    ppid: k.ppid,
+                    cgroup: &k.cgroup,
+                    exe: &k.exe,
+                    comm: &k.comm,
+                    parent_comm: &k.parent_comm,
+                    report: None,
+                }),
+        );
+        let file = services::window_services(&rows);
+        if !file.services.is_empty() {
+            let json = serde_json::to_vec_pretty(&file).context("encoding services.json")?;
+            wdir.write("services.json", &json)
+                .with_context(|| format!("writing {}", wdir.join("services.json").display()))?;
+        }
+        self.services_done = true;
+        self.done = Vec::new();
+        Ok(())
     }
 
     /// Add a stall, with its process's runtime problems now; false if the
@@ -228,8 +295,9 @@ impl Window {
             sample_hz,
             probes,
             app_paths,
+            known,
         } = *how;
-        if self.procs.is_empty() {
+        if self.procs.is_empty() && self.written_to.is_none() {
             return Ok(());
         }
         let start_secs = self
@@ -318,15 +386,21 @@ impl Window {
                 p.stalls = rec.stalls.into_iter().map(Arc::new).collect();
                 return Err(e);
             }
+            let info = p.info.clone();
             self.procs.remove(&key);
-            out.push(Written {
+            let wr = Written {
                 window: name.clone(),
                 dir: dir.path().to_path_buf(),
-                pid: rec.pid,
-                comm: rec.comm.clone(),
+                info,
                 stalls: rec.stalls.len(),
                 stall_ns: rec.total_stall_ns(),
-            });
+                worst_ns: rec.stalls.iter().map(|s| s.duration_ns).max().unwrap_or(0),
+            };
+            self.done.push(wr.clone());
+            out.push(wr);
+        }
+        if !self.services_done {
+            self.write_services(&wdir, known)?;
         }
         Ok(())
     }
@@ -438,6 +512,8 @@ mod tests {
             comm: "victim".into(),
             exe: "/bin/victim".into(),
             cgroup: String::new(),
+            ppid: 0,
+            parent_comm: String::new(),
             process: Default::default(),
             runtime: "native".into(),
         });
@@ -456,6 +532,7 @@ mod tests {
             sample_hz: 199,
             probes: &probes,
             app_paths: &[],
+            known: &[],
         };
         assert!(w.add(&info, Arc::new(stall), Vec::new()));
         // The data directory is gone: the write fails, the stalls stay.

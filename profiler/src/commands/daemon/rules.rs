@@ -155,6 +155,8 @@ mod tests {
             comm: comm.into(),
             exe: exe.into(),
             cgroup: cgroup.into(),
+            ppid: 0,
+            parent_comm: String::new(),
             process: crate::model::ProcessInfo {
                 ns_pid: None,
                 container: crate::os::container::from_path(cgroup),
