@@ -27,7 +27,7 @@ pub fn part(kind: PartKind, weight_ns: u64, frames: Vec<Frame>) -> StackPart {
     }
 }
 
-/// A complete stall of tid 1 (`main`) made of `stacks`, from `start_ns` for
+/// A complete stall of tid 1 (`main`) of pid 1 made of `stacks`, from `start_ns` for
 /// as long as their weights add up to, split as they are.
 pub fn stall(start_ns: u64, stacks: Vec<StackPart>) -> Stall {
     let of = |kinds: &[PartKind]| -> u64 {
@@ -39,6 +39,7 @@ pub fn stall(start_ns: u64, stacks: Vec<StackPart>) -> Stall {
     };
     let duration_ns: u64 = stacks.iter().map(|p| p.weight_ns).sum();
     Stall {
+        pid: 1,
         tid: 1,
         ns_tid: None,
         thread_name: "main".into(),

@@ -58,3 +58,12 @@ pub struct AppArgs {
     #[arg(long = "app-path", value_name = "PREFIX")]
     pub app_paths: Vec<String>,
 }
+
+/// What the summary says: shared by `record` and `report` (flattened).
+#[derive(Args, Debug, Clone, Default)]
+pub struct SummaryArgs {
+    /// With stalls in more than one process (a supervisor and its
+    /// workers): the top culprits of each process too, after those of all.
+    #[arg(long)]
+    pub by_process: bool,
+}

@@ -14,14 +14,15 @@ use std::{
 
 use crate::{
     commands::live::{Finished, Live, Step},
-    commands::{AppArgs, StallArgs},
+    commands::{AppArgs, StallArgs, SummaryArgs},
     model::text::escape,
-    model::{Recording, Stall},
+    model::{Process, Recording, Stall},
     os::units::fmt_ns,
     os::units::parse_duration,
     os::{
         clock::monotonic_ns,
         cpu_quota::{self, CgroupFs, CpuQuota},
+        family::Facts,
         outdir::{OutDir, random_suffix},
         proc::{is_own_fork, process_alive, read_comm, refuse_target, refuse_thread},
         user::{self, User},
@@ -44,6 +45,8 @@ pub struct RecordArgs {
     pub stall: StallArgs,
     #[command(flatten)]
     pub app: AppArgs,
+    #[command(flatten)]
+    pub summary: SummaryArgs,
     /// Skip CPU samples in the first DUR of every busy period, and do not
     /// report busy periods shorter than DUR at all, inside the kernel: the
     /// loop's short iterations then cost no stack copy. 0 takes every sample.
@@ -110,6 +113,8 @@ pub struct RecordConfig {
     pub view: View,
     /// `--app-path` prefixes (the recording's `app_paths`).
     pub app_paths: Vec<String>,
+    /// `--by-process`: the summary's culprits for each process too.
+    pub by_process: bool,
 }
 
 /// Exit status of `record --fail-on-stall` when a stall reached the
@@ -242,6 +247,7 @@ impl RecordConfig {
             fail_on_stall_ns: a.fail_on_stall,
             view: View { native: a.native },
             app_paths: a.app.app_paths,
+            by_process: a.summary.by_process,
         })
     }
 }
@@ -639,6 +645,7 @@ impl Session {
             journal.failed.is_some(),
             std::mem::take(&mut journal.unjournaled),
         )?;
+        let processes = Process::from_facts(&journal.facts);
         let journal::Meta {
             busy_periods,
             executor_threads,
@@ -666,10 +673,12 @@ impl Session {
             probes,
             cpu_quota,
             app_paths: cfg.app_paths.clone(),
+            processes,
             stalls,
-        };
+        }
+        .completed();
         let files = write_outputs(&rec, out, cfg.view, journal)?;
-        let mut text = report::summary::text(&rec, &files);
+        let mut text = report::summary::text(&rec, &files, cfg.by_process);
         // The command may still run (duration/Ctrl-C): leave it be, but reap if done.
         if let Some(note) = launched.as_mut().and_then(|l| command_note(l.try_wait()?)) {
             text.push_str(&note);
@@ -737,6 +746,11 @@ fn meta_of(
 /// them: the end reads them back (after the probes and the engine's caches
 /// are gone), so a long recording's memory does not grow with its stalls.
 /// Those a failed journal write may not have taken stay in `unjournaled`.
+///
+/// Each process is read from procfs once, when first seen (watched, or
+/// its first stall: the target first), while it runs, and journaled
+/// before its stalls: its role is derived from those facts at the end
+/// ([`crate::os::family`]), when workers may be gone.
 struct Journaled {
     writer: JournalWriter,
     failed: Option<journal::JournalError>,
@@ -745,10 +759,17 @@ struct Journaled {
     /// Stalls so far, and the longest (the live status line).
     count: usize,
     worst_ns: u64,
+    /// The target's pid and the name it had at the start.
+    target: (u32, String),
+    /// Every process seen, as first read (small: one per process).
+    facts: Vec<Facts>,
+    /// How many of `facts` the journal has.
+    facts_journaled: usize,
 }
 
 impl Journaled {
     fn create(out: &OutDir, header: journal::Header) -> Result<Journaled> {
+        let target = (header.pid, header.comm.clone());
         Ok(Journaled {
             writer: JournalWriter::create(out, header)?,
             failed: None,
@@ -756,7 +777,39 @@ impl Journaled {
             unjournaled: Vec::new(),
             count: 0,
             worst_ns: 0,
+            target,
+            facts: Vec::new(),
+            facts_journaled: 0,
         })
+    }
+
+    /// Processes being watched: each not seen before is read now (while
+    /// it runs) and goes to the journal with the next write. The target is
+    /// always seen first.
+    fn watched(&mut self, pids: impl IntoIterator<Item = u32>) {
+        for pid in pids {
+            self.see(pid, None);
+        }
+    }
+
+    /// `pid` read now if not seen before; `name` is its name if procfs no
+    /// longer has it (the thread name of a stall on its main thread).
+    fn see(&mut self, pid: u32, name: Option<&str>) {
+        if self.facts.is_empty() && pid != self.target.0 {
+            let (target, name) = self.target.clone();
+            self.see(target, Some(&name));
+        }
+        if !self.facts.iter().any(|f| f.pid == pid) {
+            self.facts.push(Facts::read(pid, name.unwrap_or("?")));
+        }
+    }
+
+    /// The processes of `stalls` (each seen, the target first).
+    fn see_stalls(&mut self, stalls: &[Stall]) {
+        for s in stalls {
+            let name = (s.tid == s.pid).then_some(s.thread_name.as_str());
+            self.see(s.pid, name);
+        }
     }
 
     /// A tick's new stalls, with the recording's metadata at most once a
@@ -772,11 +825,16 @@ impl Journaled {
             .iter()
             .map(|s| s.duration_ns)
             .fold(self.worst_ns, u64::max);
-        if let Err(e) = self.writer.append(&fresh, meta) {
+        self.see_stalls(&fresh);
+        if let Err(e) = self
+            .writer
+            .append(&self.facts[self.facts_journaled..], &fresh, meta)
+        {
             self.failed = Some(e);
             self.unjournaled = fresh;
             return false;
         }
+        self.facts_journaled = self.facts.len();
         true
     }
 
@@ -784,13 +842,20 @@ impl Journaled {
     /// synced to disk (unless a write failed before).
     fn finish(&mut self, rest: impl Iterator<Item = Stall>, meta: &journal::Meta) {
         let rest: Vec<Stall> = rest.collect();
+        self.target.1.clone_from(&meta.comm);
+        self.watched([self.target.0]);
+        self.see_stalls(&rest);
         if self.failed.is_some() {
             self.unjournaled.extend(rest);
             return;
         }
         if let Err(e) = self
             .writer
-            .append(&rest, Some(meta.clone()))
+            .append(
+                &self.facts[self.facts_journaled..],
+                &rest,
+                Some(meta.clone()),
+            )
             .and_then(|()| self.writer.sync())
         {
             self.failed = Some(e);
@@ -929,7 +994,7 @@ mod tests {
         let dir = OutDir::create_new(&root).unwrap();
         let mut j = JournalWriter::create(&dir, header()).unwrap();
         let (a, b, c) = (stall(300, "spin"), stall(100, "spin"), stall(500, "sleep"));
-        j.append([&a, &b], None).unwrap();
+        j.append(&[], [&a, &b], None).unwrap();
         drop(j);
         let starts = |v: &[Stall]| v.iter().map(|s| s.start_ns).collect::<Vec<_>>();
         let back = stalls_back(&dir, true, vec![a.clone(), c.clone()]).unwrap();

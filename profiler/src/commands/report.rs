@@ -10,7 +10,7 @@ use clap::Args;
 
 use crate::{
     assemble::stall::TrackerConfig,
-    commands::AppArgs,
+    commands::{AppArgs, SummaryArgs},
     os::outdir::{OutDir, random_suffix},
     os::units::fmt_ns,
     os::units::parse_duration,
@@ -42,6 +42,8 @@ pub struct ReportArgs {
     /// it had none).
     #[command(flatten)]
     pub app: AppArgs,
+    #[command(flatten)]
+    pub summary: SummaryArgs,
     /// A differential flamegraph of two recordings into -o DIR: diff.svg
     /// (AFTER's stacks, red where stall time grew, blue where it shrank),
     /// diff-before.svg (BEFORE's stacks, same colours: what went away) and
@@ -105,6 +107,7 @@ pub fn run(a: ReportArgs) -> Result<String> {
             };
             rec.stalls =
                 replay::replay_named(&dir, cfg, Some(rec.ended_ns), &rec.executor_threads)?;
+            rec.complete();
         } else {
             rec.stalls.retain(|s| s.duration_ns >= t);
         }
@@ -145,7 +148,7 @@ pub fn run(a: ReportArgs) -> Result<String> {
         }
     };
     let files = report::write_all_view(&rec, &out, view)?;
-    Ok(report::summary::text(&rec, &files))
+    Ok(report::summary::text(&rec, &files, a.summary.by_process))
 }
 
 /// `report --diff BEFORE AFTER -o OUT`: diff.svg, diff-before.svg and

@@ -9,6 +9,7 @@ pub mod text;
 
 pub use crate::os::container::Container;
 pub use crate::os::cpu_quota::{CgroupVersion, CpuQuota, Throttling};
+pub use crate::os::family::Role;
 
 /// What a loop thread was doing in a slice of a stall: the five kinds
 /// every nanosecond of a stall is exactly one of.
@@ -51,6 +52,11 @@ pub enum FrameKind {
     /// the default view ([`crate::report::view`]) for a sample taken inside
     /// it; never in `stalls.json`.
     EventLoop,
+    /// The process a stall ran in (`uvicorn worker 2 (pid 1240)`): the
+    /// root frame the flamegraph gives each stack of a recording with
+    /// stalls in more than one process ([`crate::report::view`]); never in
+    /// `stalls.json`.
+    Process,
 }
 
 /// A frame's name, file or module: one shared string, not a copy per frame.
@@ -317,6 +323,11 @@ pub struct GilHolder {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Stall {
+    /// The host pid of the stall's process. A recording from before it
+    /// was recorded has 0 here on disk, read as the recording's `pid`
+    /// ([`Recording::complete`]).
+    #[serde(default)]
+    pub pid: u32,
     pub tid: u32,
     /// The thread's id in the target's PID namespace (what the application
     /// logs in a container), when that is not `tid`: from the engine's
@@ -435,7 +446,50 @@ pub struct Recording {
     /// the guess ([`crate::classify`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub app_paths: Vec<String>,
+    /// Every process the recording watched or found a stall in, the
+    /// target (`pid`) first, then by pid ([`Recording::complete`] keeps it
+    /// so).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<Process>,
     pub stalls: Vec<Stall>,
+}
+
+/// A process of a recording: the target, or one under it. Its role
+/// (`supervisor`, `worker 2 of uvicorn`) is derived from the whole watched
+/// tree ([`crate::os::family::roles`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Process {
+    pub pid: u32,
+    pub comm: String,
+    /// Its namespace pid and container.
+    #[serde(flatten, default)]
+    pub info: ProcessInfo,
+    /// Its parent's pid, when it was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+}
+
+impl Process {
+    /// The processes of a table of facts read while they ran, each with
+    /// its role, in the table's order.
+    pub fn from_facts(table: &[crate::os::family::Facts]) -> Vec<Process> {
+        let mut roles = crate::os::family::roles(table);
+        table
+            .iter()
+            .map(|f| Process {
+                pid: f.pid,
+                comm: f.comm.clone(),
+                info: ProcessInfo {
+                    ns_pid: f.ns_pid,
+                    container: f.container.clone(),
+                },
+                parent: f.parent,
+                role: roles.remove(&f.pid),
+            })
+            .collect()
+    }
 }
 
 /// Which kernel probes a recording ran on, and why any part fell back:
@@ -666,12 +720,83 @@ impl Recording {
             runtime_problems: Vec::new(),
             probes: Default::default(),
             app_paths: Vec::new(),
+            processes: Vec::new(),
             stalls,
         }
+        .completed()
     }
 }
 
 impl Recording {
+    /// What a recording from before processes were recorded (or one whose
+    /// facts were partly lost) lacks, from what it has: a stall's process
+    /// is the target's when not recorded (0); the target's entry in
+    /// `processes` is its own top-level `pid`, `comm` and `process`
+    /// (those are its one owner), first; a process with stalls but no
+    /// entry gets one that knows only its pid (`comm` `?`). Idempotent.
+    pub fn complete(&mut self) {
+        for s in &mut self.stalls {
+            if s.pid == 0 {
+                s.pid = self.pid;
+            }
+        }
+        let target = match self.processes.iter().position(|p| p.pid == self.pid) {
+            Some(i) => self.processes.remove(i),
+            None => Process {
+                pid: self.pid,
+                comm: String::new(),
+                info: ProcessInfo::default(),
+                parent: None,
+                role: None,
+            },
+        };
+        let mut by_pid: BTreeMap<u32, Process> = std::mem::take(&mut self.processes)
+            .into_iter()
+            .map(|p| (p.pid, p))
+            .collect();
+        for s in &self.stalls {
+            if s.pid != self.pid {
+                by_pid.entry(s.pid).or_insert_with(|| Process {
+                    pid: s.pid,
+                    comm: "?".into(),
+                    info: ProcessInfo::default(),
+                    parent: None,
+                    role: None,
+                });
+            }
+        }
+        self.processes = std::iter::once(Process {
+            comm: self.comm.clone(),
+            info: self.process.clone(),
+            ..target
+        })
+        .chain(by_pid.into_values())
+        .collect();
+    }
+
+    /// [`Recording::complete`], by value.
+    pub fn completed(mut self) -> Recording {
+        self.complete();
+        self
+    }
+
+    /// The process `pid` of the recording, if it has it.
+    pub fn process_of(&self, pid: u32) -> Option<&Process> {
+        self.processes.iter().find(|p| p.pid == pid)
+    }
+
+    /// The pids of the processes that had stalls, each once, ascending.
+    pub fn stall_pids(&self) -> std::collections::BTreeSet<u32> {
+        self.stalls.iter().map(|s| s.pid).collect()
+    }
+
+    /// Stalls in more than one process: the outputs then say each stall's
+    /// process (a root frame per process, a `process` label).
+    pub fn stalls_in_several_processes(&self) -> bool {
+        let mut pids = self.stalls.iter().map(|s| s.pid);
+        pids.next().is_some_and(|first| pids.any(|p| p != first))
+    }
+
     pub fn total_stall_ns(&self) -> u64 {
         self.stalls.iter().map(|s| s.duration_ns).sum()
     }

@@ -17,8 +17,8 @@
 use std::borrow::Cow;
 
 use super::{
-    CpuHolder, Frame, GilHolder, HolderRelation, PartKind, ProcessInfo, Recording, Route,
-    StackPart, Task,
+    CpuHolder, Frame, GilHolder, HolderRelation, PartKind, Process, ProcessInfo, Recording, Role,
+    Route, StackPart, Task,
 };
 
 fn is_control(c: char) -> bool {
@@ -191,6 +191,30 @@ impl ProcessInfo {
             format!("pid {pid}")
         } else {
             format!("pid {pid} ({})", more.join(", "))
+        }
+    }
+}
+
+impl Process {
+    /// Its name among the recording's processes: `uvicorn worker 2 (pid
+    /// 1240)`, `uvicorn supervisor (pid 1200)`, `node cluster worker 3
+    /// (pid 77)`, `python3 (pid 42)` — the flamegraph's root frame, the
+    /// pprof `process` label, the Perfetto process track. Escaped.
+    pub fn title(&self) -> String {
+        let name = match &self.role {
+            Some(Role::Worker { n, of }) => format!("{of} worker {n}"),
+            Some(r) => format!("{} {r}", self.comm),
+            None => self.comm.clone(),
+        };
+        escape(&format!("{name} (pid {})", self.pid)).into_owned()
+    }
+
+    /// `pid 1240 worker 1 of uvicorn`, `pid 42 python3` (no role): the
+    /// summary's words. Escaped.
+    pub fn describe(&self) -> String {
+        match &self.role {
+            Some(r) => escape(&format!("pid {} {r}", self.pid)).into_owned(),
+            None => escape(&format!("pid {} {}", self.pid, self.comm)).into_owned(),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The operating system as stallprof sees it: procfs, the clock, units, output
-//! directories that cannot be redirected, the container a process runs in, the invoking user, the bounds on
+//! directories that cannot be redirected, the container a process runs in, a
+//! watched process tree's roles ([`family`]), the invoking user, the bounds on
 //! reads the target controls; and the target as the OS shows it: its
 //! mappings ([`maps`], the one `/proc/PID/maps` parser) and its memory
 //! ([`memory`], the one `/proc/PID/mem` reader).
@@ -7,6 +8,7 @@ pub mod clock;
 pub mod container;
 pub mod cpu_quota;
 pub mod elf_symbols;
+pub mod family;
 pub mod heap;
 pub mod lacking;
 pub mod limits;

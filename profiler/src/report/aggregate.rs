@@ -283,8 +283,15 @@ pub fn stall_culprit(s: &Stall, app: &AppPaths) -> Option<String> {
 }
 
 pub fn summarize(rec: &Recording, top: usize) -> Summary {
+    summarize_where(rec, top, |_| true)
+}
+
+/// [`summarize`] over the stalls `keep` takes (those of one process:
+/// `--by-process`).
+pub fn summarize_where(rec: &Recording, top: usize, keep: impl Fn(&Stall) -> bool) -> Summary {
     let app = rec.app();
-    let mut d: Vec<u64> = rec.stalls.iter().map(|s| s.duration_ns).collect();
+    let stalls: Vec<&Stall> = rec.stalls.iter().filter(|s| keep(s)).collect();
+    let mut d: Vec<u64> = stalls.iter().map(|s| s.duration_ns).collect();
     d.sort_unstable();
     let total: u64 = d.iter().sum();
     let share = |ns: u64| {
@@ -299,7 +306,7 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
     let mut routes_of: HashMap<String, HashMap<String, u64>> = HashMap::new();
     let mut entries: HashMap<String, (u64, usize)> = HashMap::new();
     let mut routes: HashMap<String, (u64, usize)> = HashMap::new();
-    for s in &rec.stalls {
+    for s in stalls.iter().copied() {
         if let Some(e) = stall_entry(s, &app) {
             let v = entries.entry(e).or_default();
             v.0 += s.duration_ns;
@@ -369,10 +376,10 @@ pub fn summarize(rec: &Recording, top: usize) -> Summary {
         p50_ns: percentile(&d, 0.50),
         p99_ns: percentile(&d, 0.99),
         max_ns: d.last().copied().unwrap_or(0),
-        on_cpu_ns: rec.stalls.iter().map(|s| s.on_cpu_ns).sum(),
-        off_cpu_ns: rec.stalls.iter().map(|s| s.off_cpu_ns).sum(),
-        runqueue_ns: rec.stalls.iter().map(|s| s.runqueue_ns).sum(),
-        throttled_ns: rec.throttled_ns(),
+        on_cpu_ns: stalls.iter().map(|s| s.on_cpu_ns).sum(),
+        off_cpu_ns: stalls.iter().map(|s| s.off_cpu_ns).sum(),
+        runqueue_ns: stalls.iter().map(|s| s.runqueue_ns).sum(),
+        throttled_ns: stalls.iter().map(|s| s.throttled_ns).sum(),
         culprits,
         entries,
         routes,

@@ -3,7 +3,9 @@
 //! Colours come from the frame kind, not from name heuristics: native code
 //! warm (red/yellow), Python green, kernel orange, off-CPU markers blue,
 //! run-queue purple, the asyncio task's `[task NAME]` on top of a stack
-//! gold ([`view::with_tasks`]). Widths are microseconds of stall time.
+//! gold ([`view::with_tasks`]); with stalls in several processes, each
+//! process a grey root frame ([`view::with_processes`]). Widths are
+//! microseconds of stall time.
 //! Stacks are drawn in a [`View`] (by default the user's code:
 //! [`crate::report::view`]).
 use std::{
@@ -92,11 +94,16 @@ fn color(f: &Frame, label: &str) -> Color {
             g: 190,
             b: 200,
         },
+        FrameKind::Process => Color {
+            r: 150,
+            g: 160,
+            b: 175,
+        },
     }
 }
 
 pub fn render(rec: &Recording, v: View) -> Result<Vec<u8>, std::io::Error> {
-    let shown = view::with_tasks(view::apply(&rec.stalls, v, &rec.app()));
+    let shown = view::shown(rec, v);
     let lines = aggregate::folded_lines(&shown);
     let mut palette = PaletteMap::default();
     let mut seen: HashMap<String, ()> = HashMap::new();
@@ -118,7 +125,13 @@ pub fn render(rec: &Recording, v: View) -> Result<Vec<u8>, std::io::Error> {
         fmt_ns(rec.threshold_ns),
         fmt_ns(rec.total_stall_ns())
     );
-    opts.subtitle = Some("width = stall time; blue = off-CPU (blocked), purple = run-queue wait, crimson = CPU throttled (cgroup quota), aqua = waiting for the GIL, gold = the asyncio task on top".into());
+    let mut subtitle = String::from(
+        "width = stall time; blue = off-CPU (blocked), purple = run-queue wait, crimson = CPU throttled (cgroup quota), aqua = waiting for the GIL, gold = the asyncio task on top",
+    );
+    if rec.stalls_in_several_processes() {
+        subtitle.push_str(", grey = the process at the root");
+    }
+    opts.subtitle = Some(subtitle);
     opts.count_name = "us".into();
     opts.name_type = "Frame:".into();
     opts.palette_map = Some(&mut palette);

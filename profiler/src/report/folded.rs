@@ -1,7 +1,9 @@
 //! `stalls.folded`: collapsed stacks, `frame;frame;…;frame weight_us`,
 //! the input format of inferno, flamegraph.pl and speedscope, in the
 //! [`View`] given (by default the user's code: [`crate::report::view`]),
-//! each stack topped by its stall's asyncio task (`[task NAME]`, [`view::with_tasks`]).
+//! each stack topped by its stall's asyncio task (`[task NAME]`, [`view::with_tasks`])
+//! and, with stalls in several processes, rooted in its process
+//! (`uvicorn worker 2 (pid 1240)`, [`view::with_processes`]).
 use std::path::PathBuf;
 
 use super::{RenderError, write_file};
@@ -18,9 +20,7 @@ pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
 }
 
 pub fn write_view(rec: &Recording, dir: &OutDir, v: View) -> Result<PathBuf, RenderError> {
-    let mut text =
-        aggregate::folded_lines(&view::with_tasks(view::apply(&rec.stalls, v, &rec.app())))
-            .join("\n");
+    let mut text = aggregate::folded_lines(&view::shown(rec, v)).join("\n");
     text.push('\n');
     write_file(dir, "stalls.folded", text.as_bytes())
 }

@@ -9,12 +9,17 @@
 //! full disk. Out: a [`Recording`] that every writer renders.
 //!
 //! Each line is one object with one key: `header` (first line: format,
-//! version and the settings), `frames` (new frames, appended to the frame
+//! version and the settings), `process` (version 2: what procfs said of a
+//! watched process when it was first seen — parent, start time, comm,
+//! Node cluster id, namespace pid, container — from which the reader
+//! derives its role, [`crate::os::family`]: read while it ran, since it
+//! may be gone at the end), `frames` (new frames, appended to the frame
 //! table: ids continue), `stacks` (new stacks of frame ids), `stall` (a
-//! finished stall in `stalls.json`'s version-2 shape, its parts naming stack
-//! ids) and `meta` (the latest comm, loop threads, runtime problems, busy
-//! periods and end time; the last one wins). A stall's frames and stacks are
-//! written before it, in one `write`, so a cut leaves whole stalls and at
+//! finished stall in `stalls.json`'s shape, its parts naming stack ids)
+//! and `meta` (the latest comm, loop threads, runtime problems, busy
+//! periods and end time; the last one wins). A process's line is written
+//! before its first stall, and a stall's frames and stacks before it, in
+//! one `write`, so a cut leaves whole stalls and at
 //! most one damaged last line, which the reader drops. Writes go to the
 //! kernel on every batch (a killed process loses nothing written); fsync
 //! runs at most once a second after stalls were written (a power cut loses
@@ -33,14 +38,16 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::{
-    model::{CpuQuota, Frame, ProcessInfo, Recording, RuntimeProblem, Stall, ThreadInfo},
-    os::outdir::OutDir,
+    model::{CpuQuota, Frame, Process, ProcessInfo, Recording, RuntimeProblem, Stall, ThreadInfo},
+    os::{family::Facts, outdir::OutDir},
     report::json::{self, FormatError, WireStall},
 };
 
 pub const NAME: &str = "stalls.journal";
 pub const FORMAT: &str = "stallprof-journal";
-pub const VERSION: u64 = 1;
+/// The version written; the reader takes it and every older one (1: no
+/// `process` lines, its stalls no `pid`: the target's).
+pub const VERSION: u64 = 2;
 /// fsync at most this often: the power-cut window.
 const SYNC_EVERY: Duration = Duration::from_secs(1);
 /// Between fsyncs when no stall was written since the last.
@@ -109,6 +116,7 @@ pub struct Meta {
 #[serde(rename_all = "snake_case")]
 enum Line {
     Header(Header),
+    Process(Facts),
     Frames(Vec<Frame>),
     Stacks(Vec<Vec<u32>>),
     Stall(WireStall),
@@ -191,15 +199,21 @@ impl JournalWriter {
         id
     }
 
-    /// Appends `stalls` (each with its new frames and stacks first) and,
+    /// Appends `processes` (newly seen: before the stalls, which may be
+    /// theirs), `stalls` (each with its new frames and stacks first) and,
     /// if given, `meta`; fsyncs if the last fsync is a second old.
     pub fn append<'a>(
         &mut self,
+        processes: &[Facts],
         stalls: impl IntoIterator<Item = &'a Stall>,
         meta: Option<Meta>,
     ) -> Result<(), JournalError> {
         let mut buf = Vec::new();
         let mut n = 0;
+        for p in processes {
+            serde_json::to_writer(&mut buf, &Line::Process(p.clone())).expect("serializable");
+            buf.push(b'\n');
+        }
         for s in stalls {
             let (mut frames, mut stacks) = (Vec::new(), Vec::new());
             // Interned first (ids must exist before the stall names them),
@@ -300,6 +314,7 @@ pub fn read(path: &Path) -> Result<Rebuilt, JournalError> {
     };
     let mut header: Option<Header> = None;
     let mut meta = Meta::default();
+    let mut facts: Vec<Facts> = Vec::new();
     let mut frames: Vec<Frame> = Vec::new();
     let mut stacks: Vec<Vec<Frame>> = Vec::new();
     let mut stalls = Vec::new();
@@ -337,6 +352,12 @@ pub fn read(path: &Path) -> Result<Rebuilt, JournalError> {
                 header = Some(h);
             }
             _ if header.is_none() => return Err(not("it does not start with a header".into())),
+            // A pid's first line wins: the process as first seen.
+            Line::Process(f) => {
+                if !facts.iter().any(|p| p.pid == f.pid) {
+                    facts.push(f);
+                }
+            }
             Line::Frames(f) => frames.extend(f),
             Line::Stacks(s) => {
                 for ids in s {
@@ -402,8 +423,10 @@ pub fn read(path: &Path) -> Result<Rebuilt, JournalError> {
             probes: Default::default(),
             cpu_quota: meta.cpu_quota,
             app_paths: h.app_paths,
+            processes: Process::from_facts(&facts),
             stalls,
-        },
+        }
+        .completed(),
         damaged_tail,
     })
 }
@@ -452,8 +475,9 @@ pub(crate) mod tests {
         let dir = OutDir::create_new(&root).unwrap();
         let mut j = JournalWriter::create(&dir, header()).unwrap();
         let (a, b, c) = (stall(300, "spin"), stall(100, "spin"), stall(500, "sleep"));
-        j.append([&a, &b], None).unwrap();
+        j.append(&[], [&a, &b], None).unwrap();
         j.append(
+            &[],
             [&c],
             Some(Meta {
                 comm: "victim".into(),

@@ -7,8 +7,10 @@
 //! outermost first), and per stall its parts, each naming a stack id. The
 //! in-memory model keeps whole frames; only the file is compact.
 //!
-//! Versions: `format: "stallprof-recording"`, `version: 3` is written.
-//! Read: version 3; version 2 — the same layout without the `throttled`
+//! Versions: `format: "stallprof-recording"`, `version: 4` is written.
+//! Read: version 4; version 3 — the same without a stall's `pid` (read as
+//! the recording's) and the `processes` list (read as the target alone);
+//! version 2 — the same layout without the `throttled`
 //! part kind, `throttled_ns`, `cpu_holders`, a part's `woken` and the
 //! recording's `cpu_quota` (read as none of them); and version 1 — the
 //! layout before it, with no `format` field and whole frames in every part
@@ -25,15 +27,15 @@ use serde_json::ser::Formatter;
 use thiserror::Error;
 
 use crate::model::{
-    Container, CpuHolder, CpuQuota, Frame, GilHolder, HolderRelation, PartKind, ProbeSet,
-    ProcessInfo, Recording, Route, RuntimeProblem, StackPart, Stall, Task, ThreadInfo,
+    Container, CpuHolder, CpuQuota, Frame, GilHolder, HolderRelation, PartKind, ProbeSet, Process,
+    ProcessInfo, Recording, Role, Route, RuntimeProblem, StackPart, Stall, Task, ThreadInfo,
 };
 use crate::report::aggregate;
 
 /// The `format` field of every stallprof recording from version 2 on.
 pub const FORMAT: &str = "stallprof-recording";
 /// The version written; readers take this one and every older one.
-pub const VERSION: u64 = 3;
+pub const VERSION: u64 = 4;
 
 #[derive(Debug, Error)]
 pub enum FormatError {
@@ -58,7 +60,7 @@ pub enum FormatError {
     Json(#[from] serde_json::Error),
 }
 
-/// Version 2 as it is on disk.
+/// Versions 2 to 4 as they are on disk.
 #[derive(Serialize, Deserialize)]
 struct File {
     format: String,
@@ -96,6 +98,10 @@ struct File {
     cpu_quota: Option<CpuQuota>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     app_paths: Vec<String>,
+    /// Version 4: the target first, then every other process watched or
+    /// with stalls, by pid.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    processes: Vec<WireProcess>,
     /// Each distinct frame once; a frame's id is its index.
     frames: Vec<Frame>,
     /// Each distinct stack once, as frame ids, outermost first; a stack's
@@ -104,8 +110,30 @@ struct File {
     stalls: Vec<WireStall>,
 }
 
+/// A process of the recording as on disk.
+#[derive(Serialize, Deserialize)]
+struct WireProcess {
+    pid: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ns_pid: Option<u32>,
+    comm: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parent: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    role: Option<Role>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    container: Option<Container>,
+    /// Its stalls in this file, for readers; not read back (the stalls
+    /// say it).
+    #[serde(default)]
+    stalls: usize,
+}
+
 #[derive(Serialize, Deserialize)]
 pub(crate) struct WireStall {
+    /// Version 4: the host pid of its process.
+    #[serde(default)]
+    pid: u32,
     tid: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ns_tid: Option<u32>,
@@ -215,6 +243,7 @@ pub(crate) fn wire_stall<'a>(
     mut stack: impl FnMut(&'a [Frame]) -> u32,
 ) -> WireStall {
     WireStall {
+        pid: s.pid,
         tid: s.tid,
         ns_tid: s.ns_tid,
         thread_name: s.thread_name.clone(),
@@ -293,6 +322,19 @@ fn to_file(rec: &Recording) -> File {
         probes: rec.probes.clone(),
         cpu_quota: rec.cpu_quota.clone(),
         app_paths: rec.app_paths.clone(),
+        processes: rec
+            .processes
+            .iter()
+            .map(|p| WireProcess {
+                pid: p.pid,
+                ns_pid: p.info.ns_pid,
+                comm: p.comm.clone(),
+                parent: p.parent,
+                role: p.role.clone(),
+                container: p.info.container.clone(),
+                stalls: rec.stalls.iter().filter(|s| s.pid == p.pid).count(),
+            })
+            .collect(),
         frames: t.frames.into_iter().cloned().collect(),
         stacks: t.stacks,
         stalls,
@@ -351,8 +393,23 @@ fn from_file(f: File) -> Result<Recording, FormatError> {
         probes: f.probes,
         cpu_quota: f.cpu_quota,
         app_paths: f.app_paths,
+        processes: f
+            .processes
+            .into_iter()
+            .map(|p| Process {
+                pid: p.pid,
+                comm: p.comm,
+                info: ProcessInfo {
+                    ns_pid: p.ns_pid,
+                    container: p.container,
+                },
+                parent: p.parent,
+                role: p.role,
+            })
+            .collect(),
         stalls,
-    })
+    }
+    .completed())
 }
 
 /// A stall read from disk, its stack ids resolved by `stack`.
@@ -361,6 +418,7 @@ pub(crate) fn model_stall(
     stack: impl Fn(u32) -> Result<Vec<Frame>, FormatError>,
 ) -> Result<Stall, FormatError> {
     Ok(Stall {
+        pid: s.pid,
         tid: s.tid,
         thread_name: s.thread_name,
         ns_tid: s.ns_tid,
@@ -493,11 +551,11 @@ pub fn from_slice(bytes: &[u8]) -> Result<Recording, FormatError> {
     let probe: Probe = serde_json::from_slice(bytes)?;
     match (probe.format, probe.version) {
         // Version 1 had no format field: the model's own serde shape.
-        (None, _) => Ok(serde_json::from_slice(bytes)?),
+        (None, _) => Ok(serde_json::from_slice::<Recording>(bytes)?.completed()),
         (Some(f), _) if f != FORMAT => Err(FormatError::NotStallprof { found: f }),
         (Some(_), None) => Err(FormatError::NoVersion),
         (Some(_), Some(v)) if v > VERSION => Err(FormatError::NewerVersion { found: v }),
-        // Versions 2..=VERSION: 3 only added fields (read as absent from 2).
+        // Versions 2..=VERSION: 3 and 4 only added fields (read as absent).
         (Some(_), Some(_)) => from_file(serde_json::from_slice(bytes)?),
     }
 }
@@ -551,6 +609,7 @@ mod tests {
         let stall = |start: u64, stacks: Vec<StackPart>| {
             let d = stacks.iter().map(|p| p.weight_ns).sum();
             Stall {
+                pid: 42,
                 tid: 7,
                 thread_name: "MainThread".into(),
                 ns_tid: Some(1),
@@ -630,7 +689,9 @@ mod tests {
                 ),
                 stall(1000, vec![part(vec![main, run, load], PartKind::OnCpu, 25)]),
             ],
+            processes: Vec::new(),
         }
+        .completed()
     }
 
     #[test]
@@ -723,6 +784,64 @@ mod tests {
         assert_eq!(from_slice(&to_vec(&rec)).unwrap(), rec);
     }
 
+    /// A stall's process and the recording's processes survive the file,
+    /// each process with its stall count; a version-3 file (neither) reads
+    /// as the target's stalls and the target alone.
+    #[test]
+    fn processes_round_trip_and_version_3_reads_as_the_target() {
+        let mut rec = recording();
+        rec.processes.push(Process {
+            pid: 43,
+            comm: "python3".into(),
+            info: ProcessInfo::default(),
+            parent: Some(42),
+            role: Some(Role::Worker {
+                n: 1,
+                of: "python3".into(),
+            }),
+        });
+        rec.processes[0].role = Some(Role::Supervisor);
+        rec.stalls[1].pid = 43;
+        rec.stalls[1].tid = 43;
+        let rec = rec.completed();
+        let bytes = to_vec(&rec);
+        assert_eq!(from_slice(&bytes).unwrap(), rec);
+        let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["stalls"][1]["pid"], 43);
+        let procs = &v["processes"];
+        assert_eq!(
+            (&procs[0]["pid"], &procs[0]["role"], &procs[0]["stalls"]),
+            (&42.into(), &"supervisor".into(), &1.into())
+        );
+        assert_eq!(procs[0]["container"]["runtime"], "containerd");
+        assert_eq!(
+            (&procs[1]["role"], &procs[1]["parent"], &procs[1]["stalls"]),
+            (&"worker 1 of python3".into(), &42.into(), &1.into())
+        );
+        // Version 3: no pids, no processes.
+        v["version"] = 3.into();
+        v.as_object_mut().unwrap().remove("processes");
+        for s in v["stalls"].as_array_mut().unwrap() {
+            s.as_object_mut().unwrap().remove("pid");
+        }
+        let back = from_slice(&serde_json::to_vec(&v).unwrap()).unwrap();
+        assert!(back.stalls.iter().all(|s| s.pid == 42));
+        assert_eq!(back.processes.len(), 1);
+        assert_eq!(
+            (back.processes[0].pid, back.processes[0].comm.as_str()),
+            (42, "python3")
+        );
+        assert_eq!(back.processes[0].info, rec.process);
+        // A role the reader does not know is a damaged file, said.
+        let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        v["processes"][1]["role"] = "boss".into();
+        let e = from_slice(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert!(
+            e.to_string().contains("unknown process role \"boss\""),
+            "{e}"
+        );
+    }
+
     #[test]
     fn reads_version_1() {
         let rec = recording();
@@ -734,10 +853,13 @@ mod tests {
     fn refuses_newer_versions_and_bad_ids() {
         let rec = recording();
         let mut v: serde_json::Value = serde_json::from_slice(&to_vec(&rec)).unwrap();
-        v["version"] = 4.into();
+        v["version"] = (VERSION + 1).into();
         let e = from_slice(&serde_json::to_vec(&v).unwrap()).unwrap_err();
-        assert!(matches!(e, FormatError::NewerVersion { found: 4 }), "{e}");
-        v["version"] = 3.into();
+        assert!(
+            matches!(e, FormatError::NewerVersion { found } if found == VERSION + 1),
+            "{e}"
+        );
+        v["version"] = VERSION.into();
         v["stalls"][0]["parts"][0]["stack"] = 99.into();
         let e = from_slice(&serde_json::to_vec(&v).unwrap()).unwrap_err();
         assert!(

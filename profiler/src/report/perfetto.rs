@@ -6,9 +6,11 @@
 //! are written one at a time and the trace is never held whole). What it
 //! holds (docs/format.md, "stalls.pftrace"):
 //!
-//! - a process track for the target and a thread track for every loop
-//!   thread (and every thread that held a GIL a loop thread waited for),
-//!   carrying pid, tid and names;
+//! - a process track for the target and for every other process with
+//!   stalls (each then named by its role, `uvicorn worker 2 (pid 1240)`),
+//!   and under its process a thread track for every loop thread (and
+//!   every thread that held a GIL a loop thread waited for), carrying pid,
+//!   tid and names;
 //! - each stall as a slice on its thread's track from `start_ns` to
 //!   `end_ns`, named by its top culprit (the summary's culprit text,
 //!   [`aggregate::stall_culprit`]), with debug annotations (`stall`: its
@@ -495,44 +497,73 @@ pub fn packets(
         Some(ns) => format!("{name} [tid {ns} in its namespace]"),
         None => name.to_string(),
     };
-    let mut threads: BTreeMap<u32, String> = BTreeMap::new();
+    // Each thread under its process: a stall's thread and the GIL holders
+    // it waited for are in the stall's process; a loop thread without a
+    // stall, in the target's (the recording lists the target's loop
+    // threads).
+    let mut threads: BTreeMap<u32, (u32, String)> = BTreeMap::new();
+    let stall_pids: BTreeMap<u32, u32> = rec.stalls.iter().map(|s| (s.tid, s.pid)).collect();
     for t in rec.stall_threads() {
-        threads.insert(t.tid, in_ns(&t.name, t.ns_tid));
+        let pid = stall_pids.get(&t.tid).copied().unwrap_or(rec.pid);
+        threads.insert(t.tid, (pid, in_ns(&t.name, t.ns_tid)));
     }
     let loop_tids: BTreeSet<u32> = threads.keys().copied().collect();
-    for p in rec.stalls.iter().flat_map(|s| &s.stacks) {
-        if let Some(h) = &p.gil_holder
-            && let Some(tid) = h.tid
-        {
-            let name = h
-                .thread_name
-                .clone()
-                .unwrap_or_else(|| format!("tid {tid}"));
-            threads.entry(tid).or_insert_with(|| in_ns(&name, h.ns_tid));
+    for s in &rec.stalls {
+        for p in &s.stacks {
+            if let Some(h) = &p.gil_holder
+                && let Some(tid) = h.tid
+            {
+                let name = h
+                    .thread_name
+                    .clone()
+                    .unwrap_or_else(|| format!("tid {tid}"));
+                threads
+                    .entry(tid)
+                    .or_insert_with(|| (s.pid, in_ns(&name, h.ns_tid)));
+            }
         }
     }
-    w.packet(
-        first_ts,
-        Data::TrackDescriptor(TrackDescriptor {
-            uuid: Some(process_uuid(rec.pid)),
-            process: Some(ProcessDescriptor {
-                pid: Some(rec.pid as i32),
-                process_name: Some(match (rec.process.ns_pid, &rec.process.container) {
-                    (None, None) => rec.comm.clone(),
-                    _ => rec.target(),
+    // One process track per process with a thread here, the target's
+    // first (and always: a recording without stalls still names it).
+    let mut pids: Vec<u32> = vec![rec.pid];
+    pids.extend(
+        threads
+            .values()
+            .map(|&(pid, _)| pid)
+            .filter(|&pid| pid != rec.pid)
+            .collect::<BTreeSet<u32>>(),
+    );
+    let several = pids.len() > 1;
+    for &pid in &pids {
+        let name = match rec.process_of(pid) {
+            // Among several: each by its role (`uvicorn worker 2 (pid 1240)`).
+            Some(p) if several => p.title(),
+            _ if pid == rec.pid => match (rec.process.ns_pid, &rec.process.container) {
+                (None, None) => rec.comm.clone(),
+                _ => rec.target(),
+            },
+            _ => format!("pid {pid}"),
+        };
+        w.packet(
+            first_ts,
+            Data::TrackDescriptor(TrackDescriptor {
+                uuid: Some(process_uuid(pid)),
+                process: Some(ProcessDescriptor {
+                    pid: Some(pid as i32),
+                    process_name: Some(name),
                 }),
+                ..Default::default()
             }),
-            ..Default::default()
-        }),
-    )?;
-    for (&tid, name) in &threads {
+        )?;
+    }
+    for (&tid, (pid, name)) in &threads {
         w.packet(
             first_ts,
             Data::TrackDescriptor(TrackDescriptor {
                 uuid: Some(thread_uuid(tid)),
-                parent_uuid: Some(process_uuid(rec.pid)),
+                parent_uuid: Some(process_uuid(*pid)),
                 thread: Some(ThreadDescriptor {
-                    pid: Some(rec.pid as i32),
+                    pid: Some(*pid as i32),
                     tid: Some(tid as i64),
                     thread_name: Some(name.clone()),
                 }),
@@ -645,7 +676,7 @@ pub fn packets(
                 let (p_start, p_end) = (at(part_cum), at(part_cum + p.weight_ns));
                 part_cum += p.weight_ns;
                 let count = mul_div(p.weight_ns, hz, 1_000_000_000).max(1);
-                w.samples(rec.pid, s.tid, p, (p_start, p_end.max(p_start + 1)), count)?;
+                w.samples(s.pid, s.tid, p, (p_start, p_end.max(p_start + 1)), count)?;
             }
             w.end(g_end, track)?;
         }

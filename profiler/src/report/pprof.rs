@@ -16,7 +16,9 @@
 //! `parse_resume (app.py:31) → pypdf … PageObject.extract_text`), `entry`
 //! (the stall's entry point, the handler: `parse_resume (app.py)`), `route`
 //! (ASGI: the request's method and route template, `POST /resume/{rid}`,
-//! when read), `pid`, `comm`, `container` (daemon). `go tool pprof -tagfocus
+//! when read), `pid` (the stall's process), `comm`, `process` (with stalls
+//! in more than one process: `uvicorn worker 2 (pid 1240)`,
+//! [`crate::model::Process::title`]), `container` (daemon). `go tool pprof -tagfocus
 //! kind=gil_wait` or `-tags` slices by them. Frames are already
 //! symbolized: every location carries its function, file and line, and the
 //! one mapping says so (`has_functions`), so no tool tries to symbolize again.
@@ -24,7 +26,11 @@
 //! The messages are declared here with prost derive, field numbers from
 //! <https://github.com/google/pprof/blob/4bf881d7fb0b/proto/profile.proto>
 //! (no protoc at build time).
-use std::{collections::HashMap, io::Write, path::PathBuf};
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::Write,
+    path::PathBuf,
+};
 
 use flate2::{Compression, write::GzEncoder};
 
@@ -165,6 +171,8 @@ pub struct ProcLabel<'a> {
     pub pid: u32,
     pub comm: &'a str,
     pub container: &'a str,
+    /// Its name among several processes (the `process` label), if given.
+    pub process: Option<&'a str>,
 }
 
 /// A sample's identity: its location ids (leaf first) and its labels as
@@ -276,6 +284,10 @@ pub fn profile<'a>(
                 (k_tid, 0, s.tid as i64),
                 (k_thread, b.s(&s.thread_name), 0),
             ];
+            // Interned when first used: a profile without it is as before.
+            if let Some(name) = p.process {
+                labels.push((b.s("process"), b.s(name), 0));
+            }
             if let Some(task) = &s.coroutine {
                 labels.push((k_task, b.s(task), 0));
             }
@@ -372,23 +384,40 @@ pub fn encode_gz(p: &Profile) -> Vec<u8> {
     gz.finish().expect("writing to a Vec cannot fail")
 }
 
-/// `stalls.pb.gz` of a recording: every stall, labelled with its index in
-/// `stalls.json`. The recording keeps no wall-clock time, so the profile's
-/// `time_nanos` is left unset (pprof then shows none) and its duration is
-/// the recording's.
-pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
-    let proc = ProcLabel {
-        pid: rec.pid,
-        comm: &rec.comm,
-        container: "",
+/// The profile of a recording: every stall, labelled with its index in
+/// `stalls.json` and its process (`process` only with stalls in several).
+/// The recording keeps no wall-clock time, so the profile's `time_nanos`
+/// is left unset (pprof then shows none) and its duration is the
+/// recording's.
+pub fn of_recording(rec: &Recording) -> Profile {
+    let several = rec.stalls_in_several_processes();
+    let names: BTreeMap<u32, (&str, Option<String>)> = rec
+        .processes
+        .iter()
+        .map(|p| (p.pid, (p.comm.as_str(), several.then(|| p.title()))))
+        .collect();
+    let label = |s: &Stall| {
+        let (comm, process) = names
+            .get(&s.pid)
+            .map_or((rec.comm.as_str(), None), |(c, t)| (*c, t.as_deref()));
+        ProcLabel {
+            pid: s.pid,
+            comm,
+            container: "",
+            process,
+        }
     };
-    let p = profile(
-        rec.stalls.iter().map(|s| (proc.clone(), s)),
+    profile(
+        rec.stalls.iter().map(|s| (label(s), s)),
         0,
         rec.ended_ns.saturating_sub(rec.started_ns) as i64,
         &rec.app(),
-    );
-    write_file(dir, "stalls.pb.gz", &encode_gz(&p))
+    )
+}
+
+/// `stalls.pb.gz` of a recording ([`of_recording`]).
+pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
+    write_file(dir, "stalls.pb.gz", &encode_gz(&of_recording(rec)))
 }
 
 #[cfg(test)]
@@ -440,6 +469,7 @@ mod tests {
             pid: 1,
             comm: "c",
             container: "",
+            process: None,
         };
         let p = profile(
             [(proc.clone(), &s), (proc, &second)],

@@ -1,13 +1,18 @@
 //! The end-of-recording summary printed to the terminal. Every name in it
 //! (command, frames, paths) goes through [`escape`]: a name cannot move the
 //! cursor or forge a line.
+//!
+//! A recording of several processes (a supervisor and its workers) says
+//! how many were watched and, one line each, which had stalls; the
+//! culprits stay those of all stalls, and `--by-process` adds each
+//! process's own. A recording of one process reads as it always has.
 use std::{collections::BTreeMap, fmt::Write, path::PathBuf};
 
 use crate::{
     model::text::escape,
     model::{CgroupVersion, CpuHolder, Recording, text::cpu_held_by},
     os::units::fmt_ns,
-    report::aggregate::summarize,
+    report::aggregate::{Summary, summarize, summarize_where},
 };
 
 fn pct(part: u64, total: u64) -> f64 {
@@ -107,8 +112,79 @@ fn quota_line(rec: &Recording) -> Option<String> {
     Some(line)
 }
 
-pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
-    let s = summarize(rec, 8);
+/// Culprits shown, over all stalls and (`--by-process`) per process.
+const CULPRITS: usize = 8;
+
+/// `    60.0%     1.2 s  parse_resume (app.py:31) — on-CPU — in POST /r`:
+/// one line per culprit, indented by `indent`.
+fn culprit_lines(out: &mut String, s: &Summary, indent: &str) {
+    for c in &s.culprits {
+        // On a web server the request's route says more than its
+        // anonymous task (`Task-102` running the server's coroutine).
+        let within = if c.routes.is_empty() {
+            in_tasks(&c.tasks)
+        } else {
+            in_routes(&c.routes)
+        };
+        let _ = writeln!(
+            out,
+            "{indent}{:5.1}%  {:>9}  {}{}",
+            100.0 * c.share,
+            fmt_ns(c.ns),
+            escape(&c.label),
+            escape(&within)
+        );
+    }
+}
+
+/// `5 stalls, 1.2 s`.
+fn stalls_and_time(n: usize, ns: u64) -> String {
+    format!("{n} stall{}, {}", if n == 1 { "" } else { "s" }, fmt_ns(ns))
+}
+
+/// The processes with stalls, heaviest first (the pid breaks ties): each
+/// as the summary names it, with its stall count and time.
+fn processes_with_stalls(rec: &Recording) -> Vec<(u32, String, usize, u64)> {
+    let mut by: BTreeMap<u32, (usize, u64)> = BTreeMap::new();
+    for s in &rec.stalls {
+        let e = by.entry(s.pid).or_default();
+        e.0 += 1;
+        e.1 += s.duration_ns;
+    }
+    let mut v: Vec<(u32, String, usize, u64)> = by
+        .into_iter()
+        .map(|(pid, (n, ns))| {
+            let name = rec
+                .process_of(pid)
+                .map_or_else(|| format!("pid {pid}"), |p| p.describe());
+            (pid, name, n, ns)
+        })
+        .collect();
+    v.sort_by(|a, b| b.3.cmp(&a.3).then(a.0.cmp(&b.0)));
+    v
+}
+
+/// `  processes: 5 watched, 2 with stalls:` and a line for each with
+/// stalls; nothing for a recording of one process.
+fn processes_lines(out: &mut String, rec: &Recording) {
+    if rec.processes.len() <= 1 && !rec.stalls_in_several_processes() {
+        return;
+    }
+    let with = processes_with_stalls(rec);
+    let _ = writeln!(
+        out,
+        "  processes: {} watched, {} with stalls{}",
+        rec.processes.len(),
+        with.len(),
+        if with.is_empty() { "" } else { ":" }
+    );
+    for (_, name, n, ns) in &with {
+        let _ = writeln!(out, "    {name}: {}", stalls_and_time(*n, *ns));
+    }
+}
+
+pub fn text(rec: &Recording, files: &[PathBuf], by_process: bool) -> String {
+    let s = summarize(rec, CULPRITS);
     let mut out = String::new();
     let span = rec.ended_ns.saturating_sub(rec.started_ns);
     let _ = writeln!(
@@ -153,6 +229,7 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
     if let Some(line) = quota_line(rec) {
         let _ = writeln!(out, "{line}");
     }
+    processes_lines(&mut out, rec);
     if s.stalls == 0 {
         let _ = writeln!(
             out,
@@ -193,22 +270,17 @@ pub fn text(rec: &Recording, files: &[PathBuf]) -> String {
             let _ = writeln!(out, "  run queue — CPU held by {held}");
         }
         let _ = writeln!(out, "  top culprits (share of stall time):");
-        for c in &s.culprits {
-            // On a web server the request's route says more than its
-            // anonymous task (`Task-102` running the server's coroutine).
-            let within = if c.routes.is_empty() {
-                in_tasks(&c.tasks)
-            } else {
-                in_routes(&c.routes)
-            };
+        culprit_lines(&mut out, &s, "    ");
+        if by_process && rec.stalls_in_several_processes() {
             let _ = writeln!(
                 out,
-                "    {:5.1}%  {:>9}  {}{}",
-                100.0 * c.share,
-                fmt_ns(c.ns),
-                escape(&c.label),
-                escape(&within)
+                "  top culprits by process (share of the process's stall time):"
             );
+            for (pid, name, n, ns) in processes_with_stalls(rec) {
+                let _ = writeln!(out, "    {name} ({}):", stalls_and_time(n, ns));
+                let of = summarize_where(rec, CULPRITS, |st| st.pid == pid);
+                culprit_lines(&mut out, &of, "      ");
+            }
         }
         // The same time grouped by request handler: what each entry point
         // (the outermost app frame past the loop's dispatch) cost.
@@ -333,7 +405,7 @@ mod tests {
             stall(2000, 100, "nap", Some(("GET", "/nap"))),
             stall(3000, 100, "tick", None),
         ]);
-        let text = text(&r, &[]);
+        let text = text(&r, &[], false);
         let by_route: Vec<&str> = text
             .lines()
             .skip_while(|l| !l.contains("by route"))
@@ -354,7 +426,7 @@ mod tests {
         assert!(text.contains("tick (app.py:3) — on-CPU\n"), "{text}");
         // Stalls that served a request without a route read: said.
         r.drops.insert("asgi_route_unverified".into(), 2);
-        let text = super::text(&r, &[]);
+        let text = super::text(&r, &[], false);
         assert!(
             text.contains(
                 "    route not read for 2 stalls that served a request \
@@ -366,6 +438,7 @@ mod tests {
         let none = super::text(
             &Recording::for_tests(vec![stall(0, 100, "tick", None)]),
             &[],
+            false,
         );
         assert!(!none.contains("by route"), "{none}");
     }

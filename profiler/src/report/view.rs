@@ -36,7 +36,7 @@ use crate::classify::{
     AppPaths, is_dispatch_frame, is_interpreter_frame, is_interpreter_module, is_libuv,
     is_loop_machinery, work_start,
 };
-use crate::model::{Frame, FrameKind, Stall};
+use crate::model::{Frame, FrameKind, Recording, Stall};
 use crate::report::aggregate;
 
 /// Which native frames a view keeps (`--native`).
@@ -214,6 +214,42 @@ pub fn apply(stalls: &[Stall], view: View, app: &AppPaths) -> Vec<Stall> {
         }
     }
     out
+}
+
+/// The stalls as `stalls.folded` and `stalls.svg` show them: in `view`,
+/// with their tasks on top ([`with_tasks`]) and their processes at the
+/// root ([`with_processes`]).
+pub fn shown(rec: &Recording, view: View) -> Vec<Stall> {
+    with_processes(with_tasks(apply(&rec.stalls, view, &rec.app())), rec)
+}
+
+/// With stalls in more than one process ([`Recording::stalls_in_several_processes`]):
+/// the stalls with their process as the root frame of each stack
+/// (`uvicorn worker 2 (pid 1240)`, [`FrameKind::Process`]), so the graph
+/// has one tower per process. The stalls of one process are left as they
+/// are.
+pub fn with_processes(mut stalls: Vec<Stall>, rec: &Recording) -> Vec<Stall> {
+    if !rec.stalls_in_several_processes() {
+        return stalls;
+    }
+    let roots: HashMap<u32, Frame> = rec
+        .stall_pids()
+        .into_iter()
+        .map(|pid| {
+            let title = match rec.process_of(pid) {
+                Some(p) => p.title(),
+                None => format!("pid {pid}"),
+            };
+            (pid, Frame::new(title, FrameKind::Process))
+        })
+        .collect();
+    for s in stalls.iter_mut() {
+        let root = &roots[&s.pid];
+        for p in s.stacks.iter_mut() {
+            p.frames.insert(0, root.clone());
+        }
+    }
+    stalls
 }
 
 /// The stalls with their asyncio task as a marker frame `[task NAME]` on

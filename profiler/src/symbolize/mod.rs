@@ -1037,6 +1037,7 @@ pub fn to_stall(
         coroutine,
         task: None,  // the engine's: read while the stall ran
         route: None, // the engine's too
+        pid: raw.tgid,
         tid: raw.tid,
         ns_tid: thread.ns_tid,
         thread_name: thread.name.clone(),

@@ -464,6 +464,7 @@ async fn profile(req: &Request<hyper::body::Incoming>, sh: &Shared) -> Resp {
                     pid: r.pid,
                     comm: &r.comm,
                     container: &r.container,
+                    process: None,
                 },
                 &*r.stall,
             )

@@ -356,11 +356,13 @@ impl Window {
                 app_paths: app_paths.to_vec(),
                 // Moved where the recent view let go of them, else copied
                 // for this write only.
+                processes: Vec::new(),
                 stalls: std::mem::take(&mut p.stalls)
                     .into_iter()
                     .map(Arc::unwrap_or_clone)
                     .collect(),
-            };
+            }
+            .completed();
             let wrote = (|| -> Result<()> {
                 report::write_json(&rec, &dir)?;
                 report::folded::write(&rec, &dir)?;
@@ -369,6 +371,7 @@ impl Window {
                     pid: rec.pid,
                     comm: &rec.comm,
                     container: p.info.container(),
+                    process: None,
                 };
                 let prof = pprof::profile(
                     rec.stalls.iter().map(|s| (label.clone(), s)),

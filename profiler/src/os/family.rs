@@ -1,0 +1,317 @@
+//! A watched process tree as its members' roles: which process is the
+//! supervisor, which the workers, and each worker's number.
+//!
+//! In: what procfs says of each watched process while it runs
+//! ([`Facts::read`]: its parent, start time, command name, and whether it
+//! is a Node cluster worker), collected as processes are first seen (a
+//! recording's journal keeps them, [`crate::report::journal`]). Out: each
+//! process's [`Role`], derived in one place ([`roles`]) from the whole
+//! table, so a worker's number does not depend on when it was first seen.
+//!
+//! The rules, first that applies:
+//! - a Node cluster worker (its environment holds `NODE_UNIQUE_ID=k`, which
+//!   Node's `cluster.fork` sets) is `cluster worker k`;
+//! - a child of a watched process is `worker N of <parent's comm>`, N its
+//!   rank by start time among its watched siblings (1 the oldest; a
+//!   respawned worker gets the next number, not its predecessor's) —
+//!   also when it has children of its own (a worker running a
+//!   subprocess stays the worker it is);
+//! - the top of the tree (the target) with watched children (the process
+//!   a server forks its workers from: uvicorn, gunicorn, a Node cluster
+//!   primary) is `supervisor`;
+//! - anything else (the target alone) has no role.
+use std::{collections::BTreeMap, fmt, io::Read};
+
+use serde::{Deserialize, Serialize};
+
+use super::container::Container;
+
+/// What a process is in its watched tree.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub enum Role {
+    /// It forked watched processes.
+    Supervisor,
+    /// The `n`th (by start time, from 1) watched child of a process whose
+    /// command name is `of`.
+    Worker { n: u32, of: String },
+    /// A Node cluster worker, `NODE_UNIQUE_ID=id`.
+    ClusterWorker { id: u32 },
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Role::Supervisor => f.write_str("supervisor"),
+            Role::Worker { n, of } => write!(f, "worker {n} of {of}"),
+            Role::ClusterWorker { id } => write!(f, "cluster worker {id}"),
+        }
+    }
+}
+
+impl From<Role> for String {
+    fn from(r: Role) -> String {
+        r.to_string()
+    }
+}
+
+impl TryFrom<String> for Role {
+    type Error = String;
+    fn try_from(s: String) -> Result<Role, String> {
+        let number = |n: &str| n.parse::<u32>().ok();
+        if s == "supervisor" {
+            return Ok(Role::Supervisor);
+        }
+        if let Some(id) = s.strip_prefix("cluster worker ").and_then(number) {
+            return Ok(Role::ClusterWorker { id });
+        }
+        if let Some((n, of)) = s
+            .strip_prefix("worker ")
+            .and_then(|rest| rest.split_once(" of "))
+            && let Some(n) = number(n)
+        {
+            return Ok(Role::Worker { n, of: of.into() });
+        }
+        Err(format!(
+            "unknown process role {s:?} (known: \"supervisor\", \"worker N of COMM\", \"cluster worker K\")"
+        ))
+    }
+}
+
+/// What procfs said of a watched process when it was first seen: enough
+/// to place it in its tree ([`roles`]) and to name it after it exits.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Facts {
+    pub pid: u32,
+    /// Its command name (`comm`).
+    pub comm: String,
+    /// Its parent's pid, None when unknown (it had exited).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<u32>,
+    /// Its start time, clock ticks after boot (`/proc/PID/stat` field 22).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ticks: Option<u64>,
+    /// `NODE_UNIQUE_ID` in its environment: a Node cluster worker's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_worker: Option<u32>,
+    /// Its pid in its own PID namespace, when that is not the host's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_pid: Option<u32>,
+    /// The container its cgroup path names, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<Container>,
+}
+
+/// At most this much of `/proc/PID/environ` is read: the kernel caps a
+/// process's arguments and environment together near 2 MiB (`ARG_MAX`
+/// with the default stack limit); a real one is a few KiB.
+const ENVIRON_MAX: u64 = 2 << 20;
+
+impl Facts {
+    /// `pid` as procfs shows it now; a field it no longer shows (the
+    /// process exited) is None, and `comm` then `fallback_comm`.
+    pub fn read(pid: u32, fallback_comm: &str) -> Facts {
+        Facts {
+            pid,
+            comm: super::proc::read_comm(pid, pid).unwrap_or_else(|| fallback_comm.to_string()),
+            parent: super::proc::parent_pid(pid),
+            start_ticks: super::proc::start_ticks(pid),
+            cluster_worker: read_environ(pid).as_deref().and_then(node_unique_id),
+            ns_pid: super::proc::read_namespace_id(pid, pid).filter(|&ns| ns != pid),
+            container: super::container::of_process(pid),
+        }
+    }
+}
+
+/// `/proc/PID/environ`, at most [`ENVIRON_MAX`] bytes; None when it cannot
+/// be read (gone, or another user's without CAP_SYS_PTRACE).
+fn read_environ(pid: u32) -> Option<Vec<u8>> {
+    let f = std::fs::File::open(format!("/proc/{pid}/environ")).ok()?;
+    let mut buf = Vec::new();
+    f.take(ENVIRON_MAX).read_to_end(&mut buf).ok()?;
+    Some(buf)
+}
+
+/// `NODE_UNIQUE_ID`'s value in an environ block (NUL-separated `K=V`).
+fn node_unique_id(environ: &[u8]) -> Option<u32> {
+    environ
+        .split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(b"NODE_UNIQUE_ID="))
+        .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+}
+
+/// The role of every member of `table` that has one (see the module's
+/// rules). Only the table is consulted: a parent or sibling not in it is
+/// not watched.
+pub fn roles(table: &[Facts]) -> BTreeMap<u32, Role> {
+    let by_pid: BTreeMap<u32, &Facts> = table.iter().map(|f| (f.pid, f)).collect();
+    let watched_parent = |f: &Facts| f.parent.and_then(|p| by_pid.get(&p).copied());
+    let mut out = BTreeMap::new();
+    for f in table {
+        let role = if let Some(id) = f.cluster_worker {
+            Role::ClusterWorker { id }
+        } else if let Some(parent) = watched_parent(f) {
+            // Oldest first; an unknown start sorts last; the pid breaks ties.
+            let key = |s: &Facts| (s.start_ticks.is_none(), s.start_ticks, s.pid);
+            let n = table
+                .iter()
+                .filter(|s| s.parent == Some(parent.pid) && key(s) < key(f))
+                .count() as u32
+                + 1;
+            Role::Worker {
+                n,
+                of: parent.comm.clone(),
+            }
+        } else if table.iter().any(|c| c.parent == Some(f.pid)) {
+            Role::Supervisor
+        } else {
+            continue;
+        };
+        out.insert(f.pid, role);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (pid, parent, start ticks, comm, NODE_UNIQUE_ID).
+    fn table(rows: &[(u32, u32, u64, &str, Option<u32>)]) -> Vec<Facts> {
+        rows.iter()
+            .map(|&(pid, parent, start, comm, node)| Facts {
+                pid,
+                comm: comm.into(),
+                parent: Some(parent),
+                start_ticks: Some(start),
+                cluster_worker: node,
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    fn said(table: &[Facts]) -> Vec<(u32, String)> {
+        roles(table)
+            .into_iter()
+            .map(|(pid, r)| (pid, r.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn uvicorn_workers_are_numbered_by_start_time() {
+        // uvicorn (1200) forked four workers; listed out of start order,
+        // and 1240 started before 1230.
+        let t = table(&[
+            (1200, 1, 100, "uvicorn", None),
+            (1230, 1200, 160, "python3.12", None),
+            (1210, 1200, 120, "python3.12", None),
+            (1240, 1200, 150, "python3.12", None),
+            (1220, 1200, 130, "python3.12", None),
+        ]);
+        assert_eq!(
+            said(&t),
+            [
+                (1200, "supervisor".to_string()),
+                (1210, "worker 1 of uvicorn".to_string()),
+                (1220, "worker 2 of uvicorn".to_string()),
+                (1230, "worker 4 of uvicorn".to_string()),
+                (1240, "worker 3 of uvicorn".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_respawned_worker_takes_the_next_number() {
+        // Worker 1210 died; 1250 replaced it later: both stay in the table
+        // (both were watched), so the new one is worker 3, not worker 1.
+        let t = table(&[
+            (1200, 1, 100, "gunicorn", None),
+            (1210, 1200, 120, "gunicorn", None),
+            (1220, 1200, 130, "gunicorn", None),
+            (1250, 1200, 900, "gunicorn", None),
+        ]);
+        assert_eq!(roles(&t)[&1250].to_string(), "worker 3 of gunicorn");
+        // Same start tick: the lower pid is older.
+        let t = table(&[
+            (10, 1, 5, "srv", None),
+            (12, 10, 7, "srv", None),
+            (11, 10, 7, "srv", None),
+        ]);
+        assert_eq!(
+            said(&t)[1..],
+            [
+                (11, "worker 1 of srv".into()),
+                (12, "worker 2 of srv".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn node_cluster_workers_say_their_id() {
+        let t = table(&[
+            (500, 1, 10, "node", None),
+            (510, 500, 20, "node", Some(2)),
+            (520, 500, 30, "node", Some(1)),
+        ]);
+        assert_eq!(
+            said(&t),
+            [
+                (500, "supervisor".into()),
+                (510, "cluster worker 2".into()),
+                (520, "cluster worker 1".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_lone_target_and_an_unwatched_parent_have_no_role() {
+        let t = table(&[(42, 1, 10, "python3", None)]);
+        assert!(roles(&t).is_empty());
+        // A worker whose start time is unknown (it had exited when first
+        // seen) ranks after those known; a grandchild is a worker of its
+        // own parent, which stays a worker of the top.
+        let mut t = table(&[
+            (1, 0, 1, "sh", None),
+            (2, 1, 5, "gunicorn", None),
+            (3, 2, 9, "gunicorn", None),
+        ]);
+        t.push(Facts {
+            pid: 4,
+            comm: "gunicorn".into(),
+            parent: Some(2),
+            ..Default::default()
+        });
+        assert_eq!(
+            said(&t),
+            [
+                (1, "supervisor".into()),
+                (2, "worker 1 of sh".into()),
+                (3, "worker 1 of gunicorn".into()),
+                (4, "worker 2 of gunicorn".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn roles_read_back_from_their_words() {
+        for r in [
+            Role::Supervisor,
+            Role::Worker {
+                n: 12,
+                of: "uvicorn of x".into(),
+            },
+            Role::ClusterWorker { id: 3 },
+        ] {
+            assert_eq!(Role::try_from(r.to_string()), Ok(r));
+        }
+        assert!(Role::try_from("boss".to_string()).is_err());
+        assert_eq!(node_unique_id(b"A=1\0NODE_UNIQUE_ID=4\0B=2\0"), Some(4));
+        assert_eq!(node_unique_id(b"NODE_UNIQUE_IDX=4\0"), None);
+        // This process is no cluster worker, and its facts are read.
+        let me = std::process::id();
+        let f = Facts::read(me, "?");
+        assert_eq!(f.parent, Some(std::os::unix::process::parent_id()));
+        assert!(f.start_ticks.is_some());
+        assert_eq!(Facts::read(u32::MAX, "gone").comm, "gone");
+    }
+}
