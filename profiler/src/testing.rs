@@ -11,7 +11,8 @@
 //!
 //! Compiled only for tests (`#[cfg(test)]` in lib.rs); nothing outside a
 //! test module may use it.
-use crate::model::{Frame, PartKind, StackPart, Stall};
+use crate::model::{Frame, FrameKind, PartKind, Process, Recording, StackPart, Stall};
+use crate::os::family::Facts;
 
 /// A part of `weight_ns` of `kind` with these frames (outermost first), and
 /// no syscall, waker, GIL holder or wakeup.
@@ -57,4 +58,51 @@ pub fn stall(start_ns: u64, stacks: Vec<StackPart>) -> Stall {
         route: None,
         stacks,
     }
+}
+
+/// A recording of a supervisor and two workers, as `record --pid` of
+/// uvicorn's master gives it: uvicorn (pid 1200, no stalls) forked
+/// python3.12 workers 1210 (worker 1: one 30 ms on-CPU stall in `spin`)
+/// and 1220 (worker 2, started later: two 10 ms stalls blocked in `nap`),
+/// each stall on its process's main thread. Roles come from the facts
+/// table, as `record` derives them.
+pub fn two_workers() -> Recording {
+    let facts = |pid, parent, start, comm: &str| Facts {
+        pid,
+        comm: comm.into(),
+        parent: Some(parent),
+        start_ticks: Some(start),
+        ..Default::default()
+    };
+    let table = [
+        facts(1200, 1, 100, "uvicorn"),
+        facts(1220, 1200, 300, "python3.12"),
+        facts(1210, 1200, 200, "python3.12"),
+    ];
+    let on = |pid: u32, start_ms: u64, kind, ms: u64, f: &str| {
+        let frames = vec![
+            Frame::new("main", FrameKind::Native),
+            Frame::new(f, FrameKind::Native),
+        ];
+        Stall {
+            pid,
+            tid: pid,
+            thread_name: "python3.12".into(),
+            ..stall(
+                start_ms * 1_000_000,
+                vec![part(kind, ms * 1_000_000, frames)],
+            )
+        }
+    };
+    Recording {
+        pid: 1200,
+        comm: "uvicorn".into(),
+        processes: Process::from_facts(&table),
+        ..Recording::for_tests(vec![
+            on(1210, 100, PartKind::OnCpu, 30, "spin"),
+            on(1220, 200, PartKind::OffCpu, 10, "nap"),
+            on(1220, 300, PartKind::OffCpu, 10, "nap"),
+        ])
+    }
+    .completed()
 }

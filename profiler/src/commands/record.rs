@@ -600,6 +600,10 @@ impl Session {
             mut journal,
             ..
         } = self;
+        // Every process watched that the journal has not seen (no stall
+        // yet), read while the probes still hold the tree: their roles
+        // number the workers.
+        journal.watched(&live.ever);
         // Last events, then detach before anything slow.
         let Finished {
             mut engine,
@@ -783,24 +787,29 @@ impl Journaled {
         })
     }
 
-    /// Processes being watched: each not seen before is read now (while
-    /// it runs) and goes to the journal with the next write. The target is
-    /// always seen first.
-    fn watched(&mut self, pids: impl IntoIterator<Item = u32>) {
-        for pid in pids {
-            self.see(pid, None);
+    /// Processes being watched, each with the parent it was found under
+    /// ([`Live::ever`]): each not seen before is read now (while it runs:
+    /// its role needs its start time, and a worker may be gone at the end)
+    /// and goes to the journal with the next write. The target is always
+    /// seen first.
+    fn watched(&mut self, procs: &[(u32, Option<u32>)]) {
+        for &(pid, parent) in procs {
+            self.see(pid, None, parent);
         }
     }
 
-    /// `pid` read now if not seen before; `name` is its name if procfs no
-    /// longer has it (the thread name of a stall on its main thread).
-    fn see(&mut self, pid: u32, name: Option<&str>) {
+    /// `pid` read now if not seen before; `name` and `parent` are what is
+    /// known if procfs no longer has it (the thread name of a stall on its
+    /// main thread; the parent it was found under).
+    fn see(&mut self, pid: u32, name: Option<&str>, parent: Option<u32>) {
         if self.facts.is_empty() && pid != self.target.0 {
             let (target, name) = self.target.clone();
-            self.see(target, Some(&name));
+            self.see(target, Some(&name), None);
         }
         if !self.facts.iter().any(|f| f.pid == pid) {
-            self.facts.push(Facts::read(pid, name.unwrap_or("?")));
+            let mut f = Facts::read(pid, name.unwrap_or("?"));
+            f.parent = f.parent.or(parent);
+            self.facts.push(f);
         }
     }
 
@@ -808,7 +817,7 @@ impl Journaled {
     fn see_stalls(&mut self, stalls: &[Stall]) {
         for s in stalls {
             let name = (s.tid == s.pid).then_some(s.thread_name.as_str());
-            self.see(s.pid, name);
+            self.see(s.pid, name, None);
         }
     }
 
@@ -843,7 +852,7 @@ impl Journaled {
     fn finish(&mut self, rest: impl Iterator<Item = Stall>, meta: &journal::Meta) {
         let rest: Vec<Stall> = rest.collect();
         self.target.1.clone_from(&meta.comm);
-        self.watched([self.target.0]);
+        self.watched(&[(self.target.0, None)]);
         self.see_stalls(&rest);
         if self.failed.is_some() {
             self.unjournaled.extend(rest);

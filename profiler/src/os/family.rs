@@ -15,7 +15,8 @@
 //!   rank by start time among its watched siblings (1 the oldest; a
 //!   respawned worker gets the next number, not its predecessor's) —
 //!   also when it has children of its own (a worker running a
-//!   subprocess stays the worker it is);
+//!   subprocess stays the worker it is); one whose start time is unknown
+//!   (it had exited before it could be read) has no number, and no role;
 //! - the top of the tree (the target) with watched children (the process
 //!   a server forks its workers from: uvicorn, gunicorn, a Node cluster
 //!   primary) is `supervisor`;
@@ -150,8 +151,11 @@ pub fn roles(table: &[Facts]) -> BTreeMap<u32, Role> {
     for f in table {
         let role = if let Some(id) = f.cluster_worker {
             Role::ClusterWorker { id }
-        } else if let Some(parent) = watched_parent(f) {
-            // Oldest first; an unknown start sorts last; the pid breaks ties.
+        } else if let Some(parent) = watched_parent(f)
+            && f.start_ticks.is_some()
+        {
+            // Oldest first (an unknown start is no older than any); the pid
+            // breaks ties.
             let key = |s: &Facts| (s.start_ticks.is_none(), s.start_ticks, s.pid);
             let n = table
                 .iter()
@@ -162,7 +166,7 @@ pub fn roles(table: &[Facts]) -> BTreeMap<u32, Role> {
                 n,
                 of: parent.comm.clone(),
             }
-        } else if table.iter().any(|c| c.parent == Some(f.pid)) {
+        } else if watched_parent(f).is_none() && table.iter().any(|c| c.parent == Some(f.pid)) {
             Role::Supervisor
         } else {
             continue;
@@ -267,27 +271,30 @@ mod tests {
     fn a_lone_target_and_an_unwatched_parent_have_no_role() {
         let t = table(&[(42, 1, 10, "python3", None)]);
         assert!(roles(&t).is_empty());
-        // A worker whose start time is unknown (it had exited when first
-        // seen) ranks after those known; a grandchild is a worker of its
-        // own parent, which stays a worker of the top.
+        // A child whose start time is unknown (it had exited when first
+        // seen) has no number: no role, and it does not move the others;
+        // a grandchild is a worker of its own parent, which stays a worker
+        // of the top.
         let mut t = table(&[
             (1, 0, 1, "sh", None),
             (2, 1, 5, "gunicorn", None),
             (3, 2, 9, "gunicorn", None),
         ]);
-        t.push(Facts {
-            pid: 4,
-            comm: "gunicorn".into(),
-            parent: Some(2),
-            ..Default::default()
-        });
+        t.insert(
+            2,
+            Facts {
+                pid: 4,
+                comm: "?".into(),
+                parent: Some(2),
+                ..Default::default()
+            },
+        );
         assert_eq!(
             said(&t),
             [
                 (1, "supervisor".into()),
                 (2, "worker 1 of sh".into()),
                 (3, "worker 1 of gunicorn".into()),
-                (4, "worker 2 of gunicorn".into()),
             ]
         );
     }

@@ -762,6 +762,7 @@ mod tests {
         // One stall on tid 7, 1000 µs to 1010 µs (10 ms):
         //   |--on-CPU 4 ms (spin, 2 parts)--|--blocked in read 2 ms--|--GIL wait 4 ms--|
         let s = Stall {
+            pid: 5,
             tid: 7,
             thread_name: "loop".into(),
             coroutine: Some("handle (app.py:3)".into()),
@@ -792,8 +793,10 @@ mod tests {
                 name: "loop".into(),
                 ns_tid: None,
             }],
+            processes: Vec::new(),
             ..Recording::for_tests(vec![s])
         }
+        .completed()
     }
 
     fn events(ps: &[TracePacket]) -> Vec<(u64, &TrackEvent)> {
@@ -1033,5 +1036,71 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(ev.encode_to_vec()[..2], [0xf9, 0x02]);
+    }
+
+    /// Stalls in two workers of a supervisor: a process track each (and
+    /// the target's), named by role, each thread under its own process and
+    /// its samples carrying its pid.
+    #[test]
+    fn each_process_its_own_track() {
+        let rec = testing::two_workers();
+        let mut ps = Vec::new();
+        packets(&rec, &mut |p| {
+            ps.push(p);
+            Ok(())
+        })
+        .unwrap();
+        let tracks: Vec<&TrackDescriptor> = ps
+            .iter()
+            .filter_map(|p| match &p.data {
+                Some(Data::TrackDescriptor(t)) => Some(t),
+                _ => None,
+            })
+            .collect();
+        let processes: Vec<(i32, &str)> = tracks
+            .iter()
+            .filter_map(|t| t.process.as_ref())
+            .map(|p| (p.pid.unwrap(), p.process_name.as_deref().unwrap()))
+            .collect();
+        assert_eq!(
+            processes,
+            [
+                (1200, "uvicorn supervisor (pid 1200)"),
+                (1210, "uvicorn worker 1 (pid 1210)"),
+                (1220, "uvicorn worker 2 (pid 1220)"),
+            ]
+        );
+        for t in tracks.iter().filter(|t| t.thread.is_some()) {
+            let th = t.thread.as_ref().unwrap();
+            // Each worker's loop is its main thread.
+            assert_eq!(th.pid.map(|p| p as i64), th.tid, "{t:?}");
+            assert_eq!(t.parent_uuid, Some(process_uuid(th.pid.unwrap() as u32)));
+        }
+        let sample_pids: BTreeSet<u32> = ps
+            .iter()
+            .filter_map(|p| match &p.data {
+                Some(Data::PerfSample(s)) => s.pid,
+                _ => None,
+            })
+            .collect();
+        assert_eq!(sample_pids, [1210, 1220].into());
+        // One process: one track, named as before.
+        let one = recording();
+        let mut ps = Vec::new();
+        packets(&one, &mut |p| {
+            ps.push(p);
+            Ok(())
+        })
+        .unwrap();
+        let names: Vec<String> = ps
+            .iter()
+            .filter_map(|p| match &p.data {
+                Some(Data::TrackDescriptor(TrackDescriptor {
+                    process: Some(p), ..
+                })) => p.process_name.clone(),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["app"]);
     }
 }

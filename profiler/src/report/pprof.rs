@@ -513,4 +513,59 @@ mod tests {
         let bytes = p.encode_to_vec();
         assert_eq!(Profile::decode(bytes.as_slice()).unwrap(), p);
     }
+
+    /// A recording's profile: each sample labelled with its stall's pid,
+    /// and, with stalls in several processes, the process by role.
+    #[test]
+    fn samples_say_their_process() {
+        let rec = crate::testing::two_workers();
+        let p = of_recording(&rec);
+        let label = |s: &Sample, key: &str| {
+            s.label
+                .iter()
+                .find(|l| p.string_table[l.key as usize] == key)
+                .map(|l| (p.string_table[l.str as usize].clone(), l.num))
+        };
+        let got: Vec<(i64, String, String)> = p
+            .sample
+            .iter()
+            .map(|s| {
+                (
+                    label(s, "pid").unwrap().1,
+                    label(s, "comm").unwrap().0,
+                    label(s, "process").unwrap().0,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    1210,
+                    "python3.12".into(),
+                    "uvicorn worker 1 (pid 1210)".into()
+                ),
+                (
+                    1220,
+                    "python3.12".into(),
+                    "uvicorn worker 2 (pid 1220)".into()
+                ),
+                (
+                    1220,
+                    "python3.12".into(),
+                    "uvicorn worker 2 (pid 1220)".into()
+                ),
+            ]
+        );
+        // One process: no `process` label, not even its name in the table.
+        let mut one = rec.clone();
+        one.stalls.retain(|s| s.pid == 1220);
+        let p = of_recording(&one);
+        assert!(!p.string_table.iter().any(|s| s == "process"));
+        assert!(
+            p.sample
+                .iter()
+                .all(|s| label(s, "pid") == Some((String::new(), 1220)))
+        );
+    }
 }

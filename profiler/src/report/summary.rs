@@ -442,4 +442,46 @@ mod tests {
         );
         assert!(!none.contains("by route"), "{none}");
     }
+
+    /// A supervisor and two workers: the processes watched, a line for
+    /// each with stalls (heaviest first), the culprits over all, and each
+    /// process's own on request; one process reads as before.
+    #[test]
+    fn processes_with_stalls_and_their_culprits_on_request() {
+        let rec = testing::two_workers();
+        let t = text(&rec, &[], false);
+        assert!(
+            t.contains(
+                "  processes: 3 watched, 2 with stalls:\n\
+                 \x20   pid 1210 worker 1 of uvicorn: 1 stall, 30.0ms\n\
+                 \x20   pid 1220 worker 2 of uvicorn: 2 stalls, 20.0ms\n"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("  3 stalls, 50.0ms in all"), "{t}");
+        assert!(!t.contains("by process"), "{t}");
+        let by = text(&rec, &[], true);
+        let section: Vec<&str> = by
+            .lines()
+            .skip_while(|l| !l.contains("top culprits by process"))
+            .skip(1)
+            .take_while(|l| l.starts_with("    "))
+            .collect();
+        assert_eq!(section.len(), 4, "{by}");
+        assert_eq!(
+            section[0],
+            "    pid 1210 worker 1 of uvicorn (1 stall, 30.0ms):"
+        );
+        assert!(section[1].starts_with("      100.0%"), "{by}");
+        assert!(section[1].contains("spin"), "{by}");
+        assert_eq!(
+            section[2],
+            "    pid 1220 worker 2 of uvicorn (2 stalls, 20.0ms):"
+        );
+        assert!(section[3].contains("nap"), "{by}");
+        // One process, by process or not: as it always read.
+        let one = Recording::for_tests(vec![stall(0, 100, "tick", None)]);
+        assert_eq!(text(&one, &[], true), text(&one, &[], false));
+        assert!(!text(&one, &[], true).contains("processes"));
+    }
 }

@@ -659,4 +659,35 @@ mod tests {
             Some("parse_resume (gw.py)")
         );
     }
+
+    /// Stalls in two processes: every stack rooted in its process, in
+    /// `stalls.folded` and `stalls.svg` alike; a recording of one process
+    /// shows none.
+    #[test]
+    fn a_root_frame_per_process_only_among_several() {
+        let rec = testing::two_workers();
+        let lines = aggregate::folded_lines(&shown(&rec, View::ALL));
+        assert_eq!(
+            lines,
+            [
+                "uvicorn worker 1 (pid 1210);main;spin 30000",
+                "uvicorn worker 2 (pid 1220);main;nap 20000",
+            ]
+        );
+        let svg =
+            String::from_utf8(crate::report::flamegraph::render(&rec, View::ALL).unwrap()).unwrap();
+        for root in ["uvicorn worker 1 (pid 1210)", "uvicorn worker 2 (pid 1220)"] {
+            assert!(svg.contains(root), "{root} not in the SVG");
+        }
+        // One process: the same stalls, no root, whatever its role.
+        let mut one = rec.clone();
+        one.stalls.retain(|s| s.pid == 1220);
+        assert_eq!(
+            aggregate::folded_lines(&shown(&one, View::ALL)),
+            ["main;nap 20000"]
+        );
+        let svg =
+            String::from_utf8(crate::report::flamegraph::render(&one, View::ALL).unwrap()).unwrap();
+        assert!(!svg.contains("(pid 1220)"), "{svg}");
+    }
 }

@@ -963,9 +963,10 @@ pub fn expand_stalls_json(mut v: serde_json::Value) -> serde_json::Value {
         return v; // version 1
     };
     assert_eq!(format, "stallprof-recording", "unknown format");
-    // Version 3 only added fields (docs/format.md): expanded the same way.
+    // Versions 3 and 4 only added fields (docs/format.md): expanded the
+    // same way.
     assert!(
-        v["version"] == 2 || v["version"] == 3,
+        v["version"] == 2 || v["version"] == 3 || v["version"] == 4,
         "a version these tests do not know: {}",
         v["version"]
     );
