@@ -72,6 +72,8 @@ pub fn two_workers() -> Recording {
         comm: comm.into(),
         parent: Some(parent),
         start_ticks: Some(start),
+        // The workers ran their loops.
+        ran_loop: parent != 1,
         ..Default::default()
     };
     let table = [

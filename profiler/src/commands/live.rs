@@ -23,7 +23,7 @@
 //! target then costs the host 4 agent wake-ups a second (the upkeep), not
 //! 54; a busy one is drained as before.
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     future::Future,
     time::Duration,
 };
@@ -65,6 +65,8 @@ pub struct Live {
     pub ever: Vec<(u32, Option<u32>)>,
     /// The root has exited.
     root_gone: bool,
+    /// Processes in which a loop thread was elected, gone ones too.
+    looped: BTreeSet<u32>,
     probes: Probes,
     ring: AsyncFd<RingBuf<MapData>>,
     sigint: Signal,
@@ -213,6 +215,7 @@ impl Live {
             watched,
             ever,
             root_gone: false,
+            looped: BTreeSet::new(),
             probes,
             ring,
             sigint: signal(SignalKind::interrupt())?,
@@ -252,6 +255,8 @@ impl Live {
                 self.ever.push((child, Some(parent)));
             }
         }
+        // Before a process gone is forgotten with its loop threads.
+        self.looped.extend(self.engine.executor_pids());
         for gone in self.engine.take_exited() {
             if gone == self.pid {
                 self.root_gone = true;
@@ -268,6 +273,11 @@ impl Live {
     /// The processes watched now, the root first.
     pub fn watched(&self) -> &[u32] {
         &self.watched
+    }
+
+    /// The processes in which a loop thread was elected so far.
+    pub fn looped(&self) -> &BTreeSet<u32> {
+        &self.looped
     }
 
     /// The root of the tree has exited (seen by the kernel side).

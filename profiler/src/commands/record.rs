@@ -542,6 +542,10 @@ impl Session {
                 }
                 Step::Other(()) => {}
                 Step::Tick(_) => {
+                    // Each process read while it runs (a worker may be gone
+                    // at the end), and whether it ran a loop (its role).
+                    self.journal.watched(&self.live.ever);
+                    self.journal.ran_loops(self.live.looped());
                     let engine = &mut self.live.engine;
                     let fresh = engine.take_stalls().into_iter().map(|(_, s)| s);
                     let name = self.comm.as_ref().unwrap_or(&self.target_name);
@@ -604,6 +608,7 @@ impl Session {
         // yet), read while the probes still hold the tree: their roles
         // number the workers.
         journal.watched(&live.ever);
+        journal.ran_loops(live.looped());
         // Last events, then detach before anything slow.
         let Finished {
             mut engine,
@@ -769,6 +774,9 @@ struct Journaled {
     facts: Vec<Facts>,
     /// How many of `facts` the journal has.
     facts_journaled: usize,
+    /// Facts journaled already, written again because they changed (a
+    /// process was found to run a loop).
+    facts_again: Vec<Facts>,
 }
 
 impl Journaled {
@@ -784,6 +792,7 @@ impl Journaled {
             target,
             facts: Vec::new(),
             facts_journaled: 0,
+            facts_again: Vec::new(),
         })
     }
 
@@ -796,6 +805,26 @@ impl Journaled {
         for &(pid, parent) in procs {
             self.see(pid, None, parent);
         }
+    }
+
+    /// Processes in which a loop thread was elected ([`Live::looped`]): a
+    /// process's role needs it; said in the journal with the next write.
+    fn ran_loops(&mut self, pids: &std::collections::BTreeSet<u32>) {
+        for (i, f) in self.facts.iter_mut().enumerate() {
+            if !f.ran_loop && pids.contains(&f.pid) {
+                f.ran_loop = true;
+                if i < self.facts_journaled {
+                    self.facts_again.push(f.clone());
+                }
+            }
+        }
+    }
+
+    /// The facts the next write carries: those new, those changed.
+    fn facts_to_write(&self) -> Vec<Facts> {
+        let mut v = self.facts[self.facts_journaled..].to_vec();
+        v.extend(self.facts_again.iter().cloned());
+        v
     }
 
     /// `pid` read now if not seen before; `name` and `parent` are what is
@@ -835,15 +864,13 @@ impl Journaled {
             .map(|s| s.duration_ns)
             .fold(self.worst_ns, u64::max);
         self.see_stalls(&fresh);
-        if let Err(e) = self
-            .writer
-            .append(&self.facts[self.facts_journaled..], &fresh, meta)
-        {
+        if let Err(e) = self.writer.append(&self.facts_to_write(), &fresh, meta) {
             self.failed = Some(e);
             self.unjournaled = fresh;
             return false;
         }
         self.facts_journaled = self.facts.len();
+        self.facts_again.clear();
         true
     }
 
@@ -860,11 +887,7 @@ impl Journaled {
         }
         if let Err(e) = self
             .writer
-            .append(
-                &self.facts[self.facts_journaled..],
-                &rest,
-                Some(meta.clone()),
-            )
+            .append(&self.facts_to_write(), &rest, Some(meta.clone()))
             .and_then(|()| self.writer.sync())
         {
             self.failed = Some(e);

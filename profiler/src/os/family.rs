@@ -8,19 +8,24 @@
 //! process's [`Role`], derived in one place ([`roles`]) from the whole
 //! table, so a worker's number does not depend on when it was first seen.
 //!
+//! A worker is a process that ran an event loop (a loop thread was
+//! elected in it, [`Facts::ran_loop`]): a supervisor's other children —
+//! `multiprocessing`'s resource tracker, a launcher's short-lived helpers —
+//! are watched, but are nobody's worker and take no worker's number.
+//!
 //! The rules, first that applies:
 //! - a Node cluster worker (its environment holds `NODE_UNIQUE_ID=k`, which
 //!   Node's `cluster.fork` sets) is `cluster worker k`;
-//! - a child of a watched process is `worker N of <parent's comm>`, N its
-//!   rank by start time among its watched siblings (1 the oldest; a
-//!   respawned worker gets the next number, not its predecessor's) —
-//!   also when it has children of its own (a worker running a
-//!   subprocess stays the worker it is); one whose start time is unknown
-//!   (it had exited before it could be read) has no number, and no role;
-//! - the top of the tree (the target) with watched children (the process
-//!   a server forks its workers from: uvicorn, gunicorn, a Node cluster
-//!   primary) is `supervisor`;
-//! - anything else (the target alone) has no role.
+//! - a process with a worker among its watched children (the process a
+//!   server forks its workers from: uvicorn, gunicorn — whose arbiter runs
+//!   a `select` loop of its own —, a Node cluster primary), or the top of
+//!   the tree with watched children, is `supervisor`;
+//! - a child of a watched process that ran a loop is `worker N of
+//!   <parent's comm>`, N its rank by start time among its watched siblings
+//!   that ran one (1 the oldest; a respawned worker gets the next number,
+//!   not its predecessor's); one whose start time is unknown (it had
+//!   exited before it could be read) has no number, and no role;
+//! - anything else (the target alone, a helper process) has no role.
 use std::{collections::BTreeMap, fmt, io::Read};
 
 use serde::{Deserialize, Serialize};
@@ -101,6 +106,10 @@ pub struct Facts {
     /// The container its cgroup path names, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<Container>,
+    /// A loop thread was elected in it while watched (learned after its
+    /// first sight: a later `process` line of the journal sets it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ran_loop: bool,
 }
 
 /// At most this much of `/proc/PID/environ` is read: the kernel caps a
@@ -120,6 +129,7 @@ impl Facts {
             cluster_worker: read_environ(pid).as_deref().and_then(node_unique_id),
             ns_pid: super::proc::read_namespace_id(pid, pid).filter(|&ns| ns != pid),
             container: super::container::of_process(pid),
+            ran_loop: false,
         }
     }
 }
@@ -148,10 +158,17 @@ pub fn roles(table: &[Facts]) -> BTreeMap<u32, Role> {
     let by_pid: BTreeMap<u32, &Facts> = table.iter().map(|f| (f.pid, f)).collect();
     let watched_parent = |f: &Facts| f.parent.and_then(|p| by_pid.get(&p).copied());
     let mut out = BTreeMap::new();
+    let is_worker = |c: &Facts| c.ran_loop || c.cluster_worker.is_some();
     for f in table {
+        let children = || table.iter().filter(|c| c.parent == Some(f.pid));
         let role = if let Some(id) = f.cluster_worker {
             Role::ClusterWorker { id }
+        } else if children().any(is_worker)
+            || (watched_parent(f).is_none() && children().next().is_some())
+        {
+            Role::Supervisor
         } else if let Some(parent) = watched_parent(f)
+            && f.ran_loop
             && f.start_ticks.is_some()
         {
             // Oldest first (an unknown start is no older than any); the pid
@@ -159,15 +176,13 @@ pub fn roles(table: &[Facts]) -> BTreeMap<u32, Role> {
             let key = |s: &Facts| (s.start_ticks.is_none(), s.start_ticks, s.pid);
             let n = table
                 .iter()
-                .filter(|s| s.parent == Some(parent.pid) && key(s) < key(f))
+                .filter(|s| s.parent == Some(parent.pid) && s.ran_loop && key(s) < key(f))
                 .count() as u32
                 + 1;
             Role::Worker {
                 n,
                 of: parent.comm.clone(),
             }
-        } else if watched_parent(f).is_none() && table.iter().any(|c| c.parent == Some(f.pid)) {
-            Role::Supervisor
         } else {
             continue;
         };
@@ -189,6 +204,7 @@ mod tests {
                 parent: Some(parent),
                 start_ticks: Some(start),
                 cluster_worker: node,
+                ran_loop: pid != parent,
                 ..Default::default()
             })
             .collect()
@@ -273,8 +289,8 @@ mod tests {
         assert!(roles(&t).is_empty());
         // A child whose start time is unknown (it had exited when first
         // seen) has no number: no role, and it does not move the others;
-        // a grandchild is a worker of its own parent, which stays a worker
-        // of the top.
+        // a process with workers is their supervisor, whatever it is under
+        // (gunicorn's arbiter runs a select loop of its own, under a shell).
         let mut t = table(&[
             (1, 0, 1, "sh", None),
             (2, 1, 5, "gunicorn", None),
@@ -293,8 +309,30 @@ mod tests {
             said(&t),
             [
                 (1, "supervisor".into()),
-                (2, "worker 1 of sh".into()),
+                (2, "supervisor".into()),
                 (3, "worker 1 of gunicorn".into()),
+            ]
+        );
+    }
+
+    /// uvicorn `--workers` under `spawn` starts multiprocessing's resource
+    /// tracker before its workers: watched, but no loop, so no worker and
+    /// no number taken from the workers.
+    #[test]
+    fn a_child_that_runs_no_loop_is_nobodys_worker() {
+        let mut t = table(&[
+            (1200, 1, 100, "uvicorn", None),
+            (1201, 1200, 110, "python3.11", None),
+            (1202, 1200, 120, "python3.11", None),
+            (1203, 1200, 130, "python3.11", None),
+        ]);
+        t[1].ran_loop = false;
+        assert_eq!(
+            said(&t),
+            [
+                (1200, "supervisor".into()),
+                (1202, "worker 1 of uvicorn".into()),
+                (1203, "worker 2 of uvicorn".into()),
             ]
         );
     }

@@ -352,12 +352,12 @@ pub fn read(path: &Path) -> Result<Rebuilt, JournalError> {
                 header = Some(h);
             }
             _ if header.is_none() => return Err(not("it does not start with a header".into())),
-            // A pid's first line wins: the process as first seen.
-            Line::Process(f) => {
-                if !facts.iter().any(|p| p.pid == f.pid) {
-                    facts.push(f);
-                }
-            }
+            // A pid's first line wins (the process as first seen); a later
+            // one can only add that it ran a loop.
+            Line::Process(f) => match facts.iter_mut().find(|p| p.pid == f.pid) {
+                Some(p) => p.ran_loop |= f.ran_loop,
+                None => facts.push(f),
+            },
             Line::Frames(f) => frames.extend(f),
             Line::Stacks(s) => {
                 for ids in s {
