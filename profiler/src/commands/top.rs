@@ -27,8 +27,9 @@ use crate::{
     commands::live::{Live, Step},
     commands::{AppArgs, StallArgs},
     model::text::escape,
-    model::{PartKind, Stall},
+    model::{PartKind, Process, Stall},
     os::clock::monotonic_ns,
+    os::family::Facts,
     os::proc::{process_alive, read_comm, refuse_target, refuse_thread},
     os::units::{fmt_ns, parse_duration},
     report::aggregate::culprit_name,
@@ -206,14 +207,15 @@ struct ProcRow {
     worst: Option<String>,
 }
 
-/// The name a process goes by on the screen.
-// The one place top names a process: roles (supervisor, worker N of …)
-// come in here.
-fn process_label(pid: u32) -> String {
-    match read_comm(pid, pid) {
-        Some(comm) => format!("{comm} ({pid})"),
-        None => format!("pid {pid}"),
-    }
+/// The names the processes go by on the screen, by their roles in the
+/// watched tree (`uvicorn worker 2 (pid 1240)`), as the recording's
+/// outputs name them ([`Process::title`]): from facts read once each,
+/// while the process runs, and which of them ran a loop.
+fn process_labels(facts: &[Facts]) -> HashMap<u32, String> {
+    Process::from_facts(facts)
+        .into_iter()
+        .map(|p| (p.pid, p.title()))
+        .collect()
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -449,10 +451,10 @@ async fn top(a: TopArgs) -> Result<String> {
     let mut stdin_open = true;
     let mut stdout = std::io::stdout();
     let mut drawn: Option<Instant> = None;
-    // The target's processes: pid -> (label, exited), each labelled once,
-    // when first seen (an exited one keeps its name).
-    let mut seen: HashMap<u32, (String, bool)> = HashMap::new();
-    seen.insert(pid, (process_label(pid), false));
+    // The target's processes: pid -> exited, each read once when first
+    // seen (an exited one keeps its facts, and its name).
+    let mut seen: HashMap<u32, bool> = HashMap::new();
+    let mut facts: Vec<Facts> = Vec::new();
     let ended_by = loop {
         let key = async {
             if stdin_open {
@@ -472,28 +474,42 @@ async fn top(a: TopArgs) -> Result<String> {
                     break "target exit";
                 }
                 let now = monotonic_ns();
-                for p in live.engine.executor_pids() {
-                    seen.entry(p).or_insert_with(|| (process_label(p), false));
-                }
+                let mut new: Vec<u32> = std::iter::once(pid)
+                    .chain(live.engine.executor_pids())
+                    .collect();
                 for (p, s) in live.engine.take_stalls() {
-                    seen.entry(p).or_insert_with(|| (process_label(p), false));
+                    new.push(p);
                     window.push(p, s);
                 }
+                for p in new {
+                    seen.entry(p).or_insert_with(|| {
+                        facts.push(Facts::read(p, "?"));
+                        false
+                    });
+                }
+                for f in facts.iter_mut() {
+                    f.ran_loop |= live.looped().contains(&f.pid);
+                }
                 // Gone: no longer in the watched tree.
-                for (p, e) in seen.iter_mut() {
-                    e.1 = !live.watched().contains(p);
+                for (p, gone) in seen.iter_mut() {
+                    *gone = !live.watched().contains(p);
                 }
                 window.expire(now);
                 // An exited process leaves the screen with its last stall.
-                seen.retain(|p, (_, gone)| !*gone || window.stalls.iter().any(|(q, _)| q == p));
+                seen.retain(|p, gone| !*gone || window.stalls.iter().any(|(q, _)| q == p));
+                facts.retain(|f| seen.contains_key(&f.pid));
                 if drawn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    let labels = process_labels(&facts);
                     let watched: Vec<Watched> = seen
                         .iter()
-                        .map(|(&p, (label, exited))| Watched {
+                        .map(|(&p, &exited)| Watched {
                             pid: p,
-                            label: label.clone(),
+                            label: labels
+                                .get(&p)
+                                .cloned()
+                                .unwrap_or_else(|| format!("pid {p}")),
                             loops: live.engine.executors(p).len(),
-                            exited: *exited,
+                            exited,
                         })
                         .collect();
                     let text = screen(
