@@ -91,9 +91,9 @@ impl StackPart {
     }
 }
 
-/// `cpuhog (pid 4242) 92%, idle CPU 8%`: the `top` heaviest holders with
-/// their share of the time the CPU was held (all holders' time); None when
-/// there are none.
+/// `cpuhog (pid 4242) 1.1s 92%, idle CPU 96.0ms 8%`: the `top` heaviest
+/// holders with the time each held the CPU and their share of the time
+/// it was held (all holders' time); None when there are none.
 pub fn cpu_held_by(holders: &[CpuHolder], top: usize) -> Option<String> {
     let total: u64 = holders.iter().map(|h| h.ns).sum();
     if total == 0 {
@@ -106,16 +106,28 @@ pub fn cpu_held_by(holders: &[CpuHolder], top: usize) -> Option<String> {
         .take(top)
         .map(|h| {
             format!(
-                "{} {:.0}%",
+                "{} {} {:.0}%",
                 h.describe(),
+                crate::os::units::fmt_ns(h.ns),
                 100.0 * h.ns as f64 / total as f64
             )
         })
         .collect();
     if v.len() > top {
-        parts.push(format!("{} more", v.len() - top));
+        let rest: u64 = v[top..].iter().map(|h| h.ns).sum();
+        parts.push(format!(
+            "{} more {}",
+            v.len() - top,
+            crate::os::units::fmt_ns(rest)
+        ));
     }
     Some(parts.join(", "))
+}
+
+/// The profiler's own threads among CPU holders: said as such, so that
+/// "CPU held by stallprof" reads as the cost it is, not as a culprit.
+pub fn is_stallprof(h: &CpuHolder) -> bool {
+    h.comm == "stallprof" || h.comm.starts_with("stallprof-")
 }
 
 impl CpuHolder {

@@ -311,7 +311,7 @@ impl Symbolizer {
         let (jobs, rx) = mpsc::sync_channel(QUEUE);
         let (tx, done) = mpsc::sync_channel(DONE_QUEUE);
         let spawned = std::thread::Builder::new()
-            .name("symbolizer".into())
+            .name("stallprof-sym".into())
             .spawn(move || {
                 // Background work: on a small machine the drain (and the
                 // target) must win the CPU over a first parse of a large

@@ -973,7 +973,7 @@ mod tests {
             .iter()
             .find(|a| a.name.as_deref() == Some("cpu_held_by"))
             .and_then(|a| a.string_value.clone());
-        assert_eq!(held.as_deref(), Some("cpuhog (pid 42) 100%"));
+        assert_eq!(held.as_deref(), Some("cpuhog (pid 42) 2.0ms 100%"));
     }
 
     #[test]

@@ -10,7 +10,10 @@ use std::{collections::BTreeMap, fmt::Write, path::PathBuf};
 
 use crate::{
     model::text::escape,
-    model::{CgroupVersion, CpuHolder, Recording, text::cpu_held_by},
+    model::{
+        CgroupVersion, CpuHolder, Recording,
+        text::{cpu_held_by, is_stallprof},
+    },
     os::units::fmt_ns,
     report::aggregate::{Summary, summarize, summarize_where},
 };
@@ -26,20 +29,40 @@ fn pct(part: u64, total: u64) -> f64 {
 /// Tasks shown per culprit line; the rest are counted.
 const TASKS_SHOWN: usize = 3;
 
-/// ` — in task "conn-7" (handle)`, ` — in tasks "a" (f), "b" (g) and 2 more`;
-/// empty without tasks.
+/// ` — in task "conn-7" (handle)`, ` — in tasks "a" (f), "b" (g) and 2 more`,
+/// ` — in 30 tasks, all Gateway.handle_request` (more than shown, one
+/// coroutine: the tasks' names say nothing more); empty without tasks.
 fn in_tasks(tasks: &[String]) -> String {
     match tasks {
         [] => String::new(),
         [one] => format!(" — in task {one}"),
         _ => {
+            let more = tasks.len().saturating_sub(TASKS_SHOWN);
+            if more > 0
+                && let Some(coro) = one_coroutine(tasks)
+            {
+                return format!(" — in {} tasks, all {coro}", tasks.len());
+            }
             let shown = tasks[..tasks.len().min(TASKS_SHOWN)].join(", ");
-            match tasks.len().saturating_sub(TASKS_SHOWN) {
+            match more {
                 0 => format!(" — in tasks {shown}"),
                 more => format!(" — in tasks {shown} and {more} more"),
             }
         }
     }
+}
+
+/// The coroutine every task of `tasks` runs, when they all name the same
+/// one (`"Task-36" (Gateway.handle_request)`: the part in parentheses).
+fn one_coroutine(tasks: &[String]) -> Option<&str> {
+    fn coro(t: &str) -> Option<&str> {
+        t.rsplit_once(" (").map(|(_, c)| c.trim_end_matches(')'))
+    }
+    let first = coro(&tasks[0])?;
+    tasks[1..]
+        .iter()
+        .all(|t| coro(t) == Some(first))
+        .then_some(first)
 }
 
 /// ` — in POST /resume/{rid}`, ` — in GET /a, POST /b and 2 more`.
@@ -267,7 +290,25 @@ pub fn text(rec: &Recording, files: &[PathBuf], by_process: bool) -> String {
         );
         let holders = recording_holders(rec);
         if let Some(held) = cpu_held_by(&holders, 3) {
-            let _ = writeln!(out, "  run queue — CPU held by {held}");
+            let _ = writeln!(
+                out,
+                "  run queue ({} of stall time) — CPU held by {held}",
+                fmt_ns(s.runqueue_ns)
+            );
+            let own: u64 = holders
+                .iter()
+                .filter(|h| is_stallprof(h))
+                .map(|h| h.ns)
+                .sum();
+            if own > 0 {
+                let _ = writeln!(
+                    out,
+                    "    stallprof is this profiler: its threads held the CPU {} of it \
+                     ({:.1}% of the recording)",
+                    fmt_ns(own),
+                    pct(own, span)
+                );
+            }
         }
         let _ = writeln!(out, "  top culprits (share of stall time):");
         culprit_lines(&mut out, &s, "    ");
@@ -441,6 +482,65 @@ mod tests {
             false,
         );
         assert!(!none.contains("by route"), "{none}");
+    }
+
+    /// Many tasks of one coroutine are one phrase; tasks of several
+    /// coroutines are listed.
+    #[test]
+    fn tasks_of_one_coroutine_are_counted_not_listed() {
+        let same: Vec<String> = (1..=30)
+            .map(|i| format!("\"Task-{i}\" (Gateway.handle_request)"))
+            .collect();
+        assert_eq!(
+            in_tasks(&same),
+            " — in 30 tasks, all Gateway.handle_request"
+        );
+        let mut mixed = same.clone();
+        mixed.push("\"janitor\" (janitor)".into());
+        assert!(
+            in_tasks(&mixed).ends_with("and 28 more"),
+            "{}",
+            in_tasks(&mixed)
+        );
+        assert_eq!(
+            in_tasks(&same[..2]),
+            " — in tasks \"Task-1\" (Gateway.handle_request), \"Task-2\" (Gateway.handle_request)"
+        );
+    }
+
+    /// Who held the CPU comes with how long, and stallprof's own threads
+    /// are said to be the profiler.
+    #[test]
+    fn cpu_holders_with_their_time_and_the_profiler_said() {
+        use crate::model::{CpuHolder, HolderRelation};
+        let mut st = stall(0, 100, "tick", None);
+        st.cpu_holders = vec![
+            CpuHolder {
+                pid: 900,
+                tgid: 900,
+                comm: "stallprof".into(),
+                ns: 30_000_000,
+                relation: HolderRelation::Other,
+            },
+            CpuHolder {
+                pid: 42,
+                tgid: 42,
+                comm: "cpuhog".into(),
+                ns: 10_000_000,
+                relation: HolderRelation::Other,
+            },
+        ];
+        let t = text(&Recording::for_tests(vec![st]), &[], false);
+        assert!(
+            t.contains(
+                "— CPU held by stallprof (pid 900) 30.0ms 75%, cpuhog (pid 42) 10.0ms 25%\n"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("    stallprof is this profiler: its threads held the CPU 30.0ms of it"),
+            "{t}"
+        );
     }
 
     /// A supervisor and two workers: the processes watched, a line for
