@@ -28,7 +28,7 @@ for r in $(seq "$ROUNDS"); do
     bin=${!which}
     "$bin" -v record --threshold 20ms -o "rec-$r-$which" -- "$NODE" app.js "victim-$r-$which.jsonl" >log 2>&1
     backlog=$(grep -o 'at most [0-9]* KiB' log | awk '{print $3}')
-    lost=$(grep -o 'lost events: [0-9]*' log | awk '{print $3}')
+    lost=$(counter ringbuf_full log)
     fallback=$(grep -c 'falling back to the wait syscalls' log || true)
     echo "$which backlog ${backlog} KiB, lost ${lost}, js_frames_unreadable $(counter js_frames_unreadable log), js_frames_v8_pending $(counter js_frames_v8_pending log), waits fell back ${fallback}"
   done

@@ -306,18 +306,63 @@ pub mod tracepoint {
     }
 }
 
+/// What one count of a counter cost the recording: nothing
+/// ([`Cost::Harmless`]: no stall, no part of a stall's time, no frame and
+/// no detail lost), or which part of what it says. Every counter, the
+/// kernel's ([`Drop`], [`Filtered`]) and the agent's, names one; the summary
+/// says the costly ones always and the harmless ones with `-v`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cost {
+    /// Nothing a stall says was lost.
+    Harmless,
+    /// A stall, or part of a stall's time, may be missing.
+    Stalls,
+    /// A stall's time is all there, but its split (on-CPU, blocked,
+    /// run queue, throttled) may be off.
+    Split,
+    /// Frames are missing from a stack, or left unnamed.
+    Frames,
+    /// Who held the CPU during a run-queue wait is missing.
+    Holders,
+    /// A stall's detail is missing: its syscall, asyncio task or route.
+    Detail,
+    /// The saved raw events (`--save-events`) are cut short: a replay
+    /// misses the rest.
+    Saved,
+}
+
+impl Cost {
+    /// The words docs/format.md's table of counters and the summary use.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Cost::Harmless => "harmless",
+            Cost::Stalls => "stall time lost",
+            Cost::Split => "time split off",
+            Cost::Frames => "frames missing",
+            Cost::Holders => "CPU holders missing",
+            Cost::Detail => "detail missing",
+            Cost::Saved => "saved events cut",
+        }
+    }
+}
+
 /// Declares a counter enum whose discriminants index a per-CPU array of
 /// `COUNT` slots (`STATS`, `FILTERED` in `profiler-ebpf`). The variants,
-/// `ALL`, `COUNT` and `name()` are generated from one list, so none can miss
-/// a variant; a const assertion checks that the discriminants are exactly
-/// `0..COUNT` in declaration order (every variant has a slot in the array,
-/// every slot a variant) and that the names are distinct (they are the keys
-/// of `drops`/`filtered` in `stalls.json` and the metrics).
+/// `ALL`, `COUNT`, `name()`, `cost()` and `meaning()` are generated from one
+/// list, so none can miss a variant; a const assertion checks that the
+/// discriminants are exactly `0..COUNT` in declaration order (every variant
+/// has a slot in the array, every slot a variant) and that the names are
+/// distinct (they are the keys of `drops`/`filtered` in `stalls.json` and
+/// the metrics).
+///
+/// Each variant: `Var = index => "name", Cost, "what one count means",`.
+/// The meaning is the one place it is said (the summary's counter lines,
+/// docs/format.md's table, checked by a test); it reads after `name=N — `.
 macro_rules! counters {
     (
         $(#[$meta:meta])*
         pub enum $ty:ident {
-            $( $(#[$vmeta:meta])* $var:ident = $idx:literal => $name:literal, )+
+            $( $(#[$vmeta:meta])* $var:ident = $idx:literal => $name:literal, $cost:ident, $meaning:literal, )+
         }
     ) => {
         $(#[$meta])*
@@ -337,6 +382,20 @@ macro_rules! counters {
             pub const fn name(self) -> &'static str {
                 match self {
                     $( $ty::$var => $name, )+
+                }
+            }
+
+            /// What one count cost the recording.
+            pub const fn cost(self) -> Cost {
+                match self {
+                    $( $ty::$var => Cost::$cost, )+
+                }
+            }
+
+            /// What one count means and what it cost, in a phrase.
+            pub const fn meaning(self) -> &'static str {
+                match self {
+                    $( $ty::$var => $meaning, )+
                 }
             }
         }
@@ -388,51 +447,68 @@ counters! {
     /// in the BPF programs increments one of these. Index = discriminant.
     pub enum Drop {
         /// Ring buffer full: an event was lost.
-        RingbufFull = 0 => "ringbuf_full",
+        RingbufFull = 0 => "ringbuf_full", Stalls,
+            "an event the ring buffer had no room for: a stall, or part of its time, may be missing",
         /// `bpf_get_stack` failed for a kernel stack.
-        KstackFailed = 1 => "kernel_stack_failed",
+        KstackFailed = 1 => "kernel_stack_failed", Frames,
+            "a kernel stack could not be read: its kernel frames are missing",
         /// `bpf_get_stack` failed for a user stack.
-        UstackFailed = 2 => "user_stack_failed",
+        UstackFailed = 2 => "user_stack_failed", Frames,
+            "a user stack could not be walked by its frame pointers: its native frames may be missing",
         /// The thread table was full: a new thread could not be tracked.
-        ThreadTableFull = 3 => "thread_table_full",
+        ThreadTableFull = 3 => "thread_table_full", Stalls,
+            "a thread found the thread table full: it is not tracked, its stalls are missing",
         /// No longer counted by the kernel side (recordings before
         /// 2026-12-03 have it): the agent counts `user_stack_truncated`
         /// where a full frame-pointer stack is kept, not replaced by the
         /// one it unwinds.
-        UstackTruncated = 4 => "user_stack_truncated",
+        UstackTruncated = 4 => "user_stack_truncated", Frames,
+            "a frame-pointer user stack filled the kernel's buffer: its outer frames may be missing",
         /// Reading `pt_regs` to learn the blocking syscall failed.
-        SyscallUnknown = 5 => "syscall_unknown",
+        SyscallUnknown = 5 => "syscall_unknown", Detail,
+            "a blocked part's syscall could not be read: it is not named",
         /// Reading the Python thread state or a frame failed.
-        PyReadFailed = 6 => "python_read_failed",
+        PyReadFailed = 6 => "python_read_failed", Frames,
+            "a Python thread state or frame could not be read: that stack's Python frames are missing",
         /// The Python frame chain was longer than `python::PY_MAX_FRAMES`.
-        PyTruncated = 7 => "python_stack_truncated",
+        PyTruncated = 7 => "python_stack_truncated", Frames,
+            "a Python stack was deeper than the kernel reads (64 frames): its outer Python frames are missing",
         /// Copying the user stack failed (even the smallest window).
-        StackCopyFailed = 8 => "user_stack_copy_failed",
+        StackCopyFailed = 8 => "user_stack_copy_failed", Frames,
+            "a user stack could not be copied for unwinding: only its frame-pointer walk is left",
         /// Reading a task's ids at a raw scheduler tracepoint failed: that
         /// switch or wakeup was not seen.
-        TaskReadFailed = 9 => "task_read_failed",
+        TaskReadFailed = 9 => "task_read_failed", Split,
+            "a context switch or wakeup was not seen: a stall's split may be off",
         /// Reading a task's cfs_rq (throttling) failed.
-        ThrottleReadFailed = 10 => "throttle_read_failed",
+        ThrottleReadFailed = 10 => "throttle_read_failed", Split,
+            "a wait's CPU throttling could not be read: throttled time may show as run-queue wait",
         /// A loop thread waited for a CPU another loop thread already
         /// waited for: its CPU holders are not recorded.
-        CpuWaitSlotBusy = 11 => "cpu_wait_slot_busy",
+        CpuWaitSlotBusy = 11 => "cpu_wait_slot_busy", Holders,
+            "a loop thread waited for a CPU another loop thread already waited for: who held it is missing",
         /// A CPU number past `MAX_CPUS`: no CPU holders recorded there.
-        CpuWaitNoSlot = 12 => "cpu_wait_no_slot",
+        CpuWaitNoSlot = 12 => "cpu_wait_no_slot", Holders,
+            "a CPU numbered past the ones sized for: who held it during a run-queue wait is missing",
         /// Reading a thread's run-queue clock or its last arrival on a CPU
         /// at a per-thread switch event failed: its time off the CPU is
         /// taken to end at its next event instead of its switch-in.
-        SwitchClockFailed = 13 => "switch_clock_read_failed",
+        SwitchClockFailed = 13 => "switch_clock_read_failed", Split,
+            "a switch's run-queue clock could not be read: the thread's time off the CPU runs to its next event",
         /// No build slot for a stack event on this CPU (a CPU number past
         /// the ones the agent sized `STACK_SCRATCH` for): the event was lost.
-        StackScratchMissing = 14 => "stack_scratch_missing",
+        StackScratchMissing = 14 => "stack_scratch_missing", Stalls,
+            "a CPU numbered past the ones sized for: a stack event (a sample or a switch) was lost",
         /// CPython 3.14+: a read of the running asyncio task's object, its
         /// name or its coroutine's frame failed with a stack event (or no
         /// scratch slot to build the `TaskEvent`): userspace reads the task
         /// itself later, which fails for a task freed by then.
-        TaskSnapshotFailed = 15 => "asyncio_task_snapshot_failed",
+        TaskSnapshotFailed = 15 => "asyncio_task_snapshot_failed", Detail,
+            "the running asyncio task could not be read with a stack: read later, missing if it had ended",
         /// A process started under the recorded one found `WATCHED` full
         /// ([`MAX_WATCHED`](super::MAX_WATCHED)): it is not watched.
-        WatchedFull = 16 => "watched_processes_full",
+        WatchedFull = 16 => "watched_processes_full", Stalls,
+            "a process started under the target found the watch table full: its stalls are missing",
     }
 }
 
@@ -444,13 +520,16 @@ counters! {
         /// Busy periods of a known loop that ended quiet (no other event)
         /// before the sampling gate: neither their wait return nor their wait
         /// entry was reported.
-        QuietBusy = 0 => "short_busy_periods",
+        QuietBusy = 0 => "short_busy_periods", Harmless,
+            "a busy period that ended before the sampling gate: not reported, by design",
         /// CPU samples skipped because the thread's busy period was younger
         /// than the sampling gate.
-        YoungSamples = 1 => "samples_before_gate",
+        YoungSamples = 1 => "samples_before_gate", Harmless,
+            "a sample in a busy period's first --sample-after: skipped, by design",
         /// Daemon: waits (and runtime parks) of a process the rules leave
         /// out (`LEFT_OUT`), skipped before any record or thread state.
-        LeftOutWaits = 2 => "left_out_waits",
+        LeftOutWaits = 2 => "left_out_waits", Harmless,
+            "daemon: a wait of a process the rules leave out: skipped, by design",
     }
 }
 

@@ -41,11 +41,17 @@ fn main() -> ExitCode {
     // `record --fail-on-stall`: a stall reached the limit.
     let mut gate_failed = false;
     let result = match cli.command {
-        Command::Record(a) => RecordConfig::from_args(a).and_then(record::run).map(|r| {
-            gate_failed = r.gate_failed;
-            r.text
-        }),
-        Command::Report(a) => report::run(a),
+        Command::Record(mut a) => {
+            a.summary.verbose = cli.verbose > 0;
+            RecordConfig::from_args(a).and_then(record::run).map(|r| {
+                gate_failed = r.gate_failed;
+                r.text
+            })
+        }
+        Command::Report(mut a) => {
+            a.summary.verbose = cli.verbose > 0;
+            report::run(a)
+        }
         Command::Top(a) => top::run(a),
         Command::Daemon(a) => daemon::run(a),
     };

@@ -66,4 +66,21 @@ pub struct SummaryArgs {
     /// workers): the top culprits of each process too, after those of all.
     #[arg(long)]
     pub by_process: bool,
+    /// `-v` (the global flag, set by `main`): the harmless counters too,
+    /// and lines at full width.
+    #[arg(skip)]
+    pub verbose: bool,
+}
+
+impl SummaryArgs {
+    /// How the summary printed to stdout is said: the counters explained
+    /// by their owners, lines as wide as the terminal (or `-v`: any).
+    pub fn options(&self) -> crate::report::summary::Options {
+        crate::report::summary::Options {
+            by_process: self.by_process,
+            verbose: self.verbose,
+            width: crate::report::summary::Options::width_for_stdout(self.verbose),
+            explain: crate::pipeline::counters::explain,
+        }
+    }
 }

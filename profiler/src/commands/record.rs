@@ -113,8 +113,8 @@ pub struct RecordConfig {
     pub view: View,
     /// `--app-path` prefixes (the recording's `app_paths`).
     pub app_paths: Vec<String>,
-    /// `--by-process`: the summary's culprits for each process too.
-    pub by_process: bool,
+    /// What the summary says (`--by-process`, `-v`).
+    pub summary: super::SummaryArgs,
 }
 
 /// Exit status of `record --fail-on-stall` when a stall reached the
@@ -247,7 +247,7 @@ impl RecordConfig {
             fail_on_stall_ns: a.fail_on_stall,
             view: View { native: a.native },
             app_paths: a.app.app_paths,
-            by_process: a.summary.by_process,
+            summary: a.summary,
         })
     }
 }
@@ -687,7 +687,7 @@ impl Session {
         }
         .completed();
         let files = write_outputs(&rec, out, cfg.view, journal)?;
-        let mut text = report::summary::text(&rec, &files, cfg.by_process);
+        let mut text = report::summary::text(&rec, &files, &cfg.summary.options());
         // The command may still run (duration/Ctrl-C): leave it be, but reap if done.
         if let Some(note) = launched.as_mut().and_then(|l| command_note(l.try_wait()?)) {
             text.push_str(&note);

@@ -148,7 +148,7 @@ pub fn run(a: ReportArgs) -> Result<String> {
         }
     };
     let files = report::write_all_view(&rec, &out, view)?;
-    Ok(report::summary::text(&rec, &files, a.summary.by_process))
+    Ok(report::summary::text(&rec, &files, &a.summary.options()))
 }
 
 /// `report --diff BEFORE AFTER -o OUT`: diff.svg, diff-before.svg and

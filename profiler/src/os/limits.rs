@@ -17,6 +17,7 @@ use std::{
     sync::atomic::{AtomicU64, Ordering},
 };
 
+use profiler_common::Cost;
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags, fstat, openat2};
 
 /// A limit that refused or cut a read; its name is the `drops` key.
@@ -79,6 +80,54 @@ impl Limit {
             Limit::NotTheMappedFile => "limit_not_the_mapped_file",
         }
     }
+
+    /// What one hit cost the recording.
+    pub fn cost(self) -> Cost {
+        match self {
+            Limit::SymbolCacheReset => Cost::Harmless,
+            _ => Cost::Frames,
+        }
+    }
+
+    /// What one hit means and what it cost, in a phrase (the summary's
+    /// counter lines, docs/format.md's table of counters).
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Limit::ProcFileTruncated => {
+                "a /proc file past its cap: the rest was not read (frames in it unnamed)"
+            }
+            Limit::PerfMapCapped => "a perf map past its cap: later JIT frames are unnamed",
+            Limit::PerfMapLineTooLong => {
+                "a perf-map line too long to be one: its JIT frame is unnamed"
+            }
+            Limit::FileRefused => {
+                "a target's file was a symlink out of its root, or not a regular file: not read"
+            }
+            Limit::ElfTooLarge => {
+                "an ELF file or section over its cap: its unwind info or symbols are not read"
+            }
+            Limit::PythonListCycle => {
+                "a Python thread or interpreter list looped: the threads past it are not read"
+            }
+            Limit::PythonListTooLong => {
+                "a Python thread or interpreter list over its cap: the threads past it are not read"
+            }
+            Limit::PythonLineTableCapped => {
+                "a Python line table over its cap: its frames have no line (or the cache was emptied)"
+            }
+            Limit::SymbolCacheReset => {
+                "a symbolizer cache over its budget was emptied: its answers are recomputed"
+            }
+            Limit::NotTheMappedFile => {
+                "a mapped file replaced on disk: its unwind info is not read, stacks end there"
+            }
+        }
+    }
+}
+
+/// Every limit, in the order of [`counts`].
+pub fn every() -> [Limit; ALL.len()] {
+    ALL
 }
 
 static COUNTS: [AtomicU64; ALL.len()] = [const { AtomicU64::new(0) }; ALL.len()];

@@ -1,8 +1,8 @@
 //! The operating system as stallprof sees it: procfs, the clock, units, output
 //! directories that cannot be redirected, the container a process runs in, a
 //! watched process tree's roles ([`family`]), the invoking user, the bounds on
-//! reads the target controls; and the target as the OS shows it: its
-//! mappings ([`maps`], the one `/proc/PID/maps` parser) and its memory
+//! reads the target controls, the terminal's width; and the target as the OS
+//! shows it: its mappings ([`maps`], the one `/proc/PID/maps` parser) and its memory
 //! ([`memory`], the one `/proc/PID/mem` reader).
 pub mod clock;
 pub mod container;
@@ -16,6 +16,7 @@ pub mod maps;
 pub mod memory;
 pub mod outdir;
 pub mod proc;
+pub mod terminal;
 pub mod units;
 pub mod user;
 

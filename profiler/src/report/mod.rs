@@ -25,6 +25,7 @@ pub mod perfetto;
 pub mod pprof;
 pub mod summary;
 pub mod view;
+pub mod viewers;
 
 #[derive(Debug, Error)]
 pub enum RenderError {

@@ -6,7 +6,17 @@
 //! how many were watched and, one line each, which had stalls; the
 //! culprits stay those of all stalls, and `--by-process` adds each
 //! process's own. A recording of one process reads as it always has.
+//!
+//! Read in one pass: every line fits [`Options::width`] (the terminal's, or
+//! [`DEFAULT_WIDTH`]; `-v`: no limit). A label too long has its middle
+//! elided (`…`), keeping its app frame at the start and what kind of time
+//! and which route at the end; prose wraps at spaces. Only a path is never
+//! cut, so it can be copied. Each counter that cost something is a line
+//! saying what (`missed: unwind_failed=1 — …`), the harmless ones only with
+//! `-v`; after `wrote`, each file with what opens it ([`viewers`]).
 use std::{collections::BTreeMap, fmt::Write, path::PathBuf};
+
+use profiler_common::Cost;
 
 use crate::{
     model::text::escape,
@@ -15,8 +25,166 @@ use crate::{
         text::{cpu_held_by, is_stallprof},
     },
     os::units::fmt_ns,
-    report::aggregate::{Summary, summarize, summarize_where},
+    report::{
+        aggregate::{Summary, summarize, summarize_where},
+        viewers,
+    },
 };
+
+/// A line's width when stdout is not a terminal (a file, a pipe, a test).
+pub const DEFAULT_WIDTH: usize = 120;
+/// The narrowest a terminal's width is taken to be: below it a line keeps
+/// too little of its label to say anything.
+const NARROWEST: usize = 60;
+
+/// What a counter of `drops` cost and means (`explain`'s answer).
+pub type Explain = fn(&str) -> Option<(Cost, &'static str)>;
+
+/// How the summary is said.
+#[derive(Clone, Copy)]
+pub struct Options {
+    /// `--by-process`: each process's culprits too.
+    pub by_process: bool,
+    /// `-v`: the harmless counters said too.
+    pub verbose: bool,
+    /// The columns a line may take; None: any (`-v`).
+    pub width: Option<usize>,
+    /// What each counter of the recording's `drops` cost and means (the
+    /// counters' owners are the kernel's and the agent's, past this room).
+    pub explain: Explain,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            by_process: false,
+            verbose: false,
+            width: Some(DEFAULT_WIDTH),
+            explain: |_| None,
+        }
+    }
+}
+
+impl Options {
+    /// The width of a summary printed to stdout: full with `-v`, else the
+    /// terminal's (at least [`NARROWEST`]), else [`DEFAULT_WIDTH`].
+    pub fn width_for_stdout(verbose: bool) -> Option<usize> {
+        if verbose {
+            return None;
+        }
+        Some(crate::os::terminal::stdout_columns().map_or(DEFAULT_WIDTH, |c| c.max(NARROWEST)))
+    }
+}
+
+/// The atoms of escaped text ([`escape`]): an escape (`\n`, `\x1b`) or
+/// one character; text is cut only between them.
+fn atoms(s: &str) -> Vec<&str> {
+    let mut v = Vec::new();
+    let mut rest = s;
+    while let Some(c) = rest.chars().next() {
+        let len = if c == '\\' {
+            let b = rest.as_bytes();
+            match b.get(1) {
+                Some(b'n' | b'r' | b't') => 2,
+                Some(b'x') if b.len() >= 4 && b[2..4].iter().all(u8::is_ascii_hexdigit) => 4,
+                _ => 1,
+            }
+        } else {
+            c.len_utf8()
+        };
+        v.push(&rest[..len]);
+        rest = &rest[len..];
+    }
+    v
+}
+
+fn columns(s: &str) -> usize {
+    s.chars().count()
+}
+
+/// `s` in at most `budget` columns: whole if it fits, else its middle
+/// elided with `…`, keeping its first `head` columns (when they fit) and
+/// as much of both ends as the budget holds. Never cuts an escape.
+fn elide(s: &str, budget: usize, head: usize) -> String {
+    if columns(s) <= budget {
+        return s.to_string();
+    }
+    if budget == 0 {
+        return String::new();
+    }
+    let atoms = atoms(s);
+    let keep = budget - 1;
+    let left_want = head.min(keep) + (keep - head.min(keep)).div_ceil(2);
+    let right_want = keep - left_want;
+    let (mut left, mut used) = (0, 0);
+    while left < atoms.len() && used + columns(atoms[left]) <= left_want {
+        used += columns(atoms[left]);
+        left += 1;
+    }
+    let (mut right, mut used_right) = (atoms.len(), 0);
+    while right > left && used_right + columns(atoms[right - 1]) <= right_want + (left_want - used)
+    {
+        used_right += columns(atoms[right - 1]);
+        right -= 1;
+    }
+    format!("{}…{}", atoms[..left].concat(), atoms[right..].concat())
+}
+
+/// `prefix` + `body` + `tail` in `width` columns: the body's middle elided
+/// first (its head, up to a first ` → `, kept: the app frame); when the
+/// prefix and tail leave the body too little, the middle of body and tail
+/// together.
+fn fit(prefix: &str, body: &str, tail: &str, width: Option<usize>) -> String {
+    let whole = || format!("{prefix}{body}{tail}");
+    let Some(width) = width else {
+        return whole();
+    };
+    let (p, b, t) = (columns(prefix), columns(body), columns(tail));
+    if p + b + t <= width {
+        return whole();
+    }
+    let room = width.saturating_sub(p);
+    // At least this much of the body is worth keeping before the tail is cut.
+    const BODY_MIN: usize = 24;
+    if room >= t + BODY_MIN {
+        let head = body.find(" → ").map_or(0, |i| columns(&body[..i]));
+        format!("{prefix}{}{tail}", elide(body, room - t, head))
+    } else {
+        let both = format!("{body}{tail}");
+        let head = body.find(" → ").map_or(0, |i| columns(&body[..i]));
+        format!("{prefix}{}", elide(&both, room, head.min(room / 2)))
+    }
+}
+
+/// `line` wrapped at spaces into lines of at most `width` columns, each
+/// one after the first indented 4 more than it; a word longer than a
+/// line has its middle elided.
+fn wrap(line: &str, width: Option<usize>) -> Vec<String> {
+    let Some(width) = width.filter(|&w| columns(line) > w) else {
+        return vec![line.to_string()];
+    };
+    let indent = line.len() - line.trim_start_matches(' ').len();
+    let more = " ".repeat(indent + 4);
+    let mut lines = Vec::new();
+    let mut cur = line[..indent].to_string();
+    let mut empty = true;
+    for word in line[indent..].split(' ') {
+        if !empty && columns(&cur) + 1 + columns(word) > width {
+            lines.push(std::mem::replace(&mut cur, more.clone()));
+            empty = true;
+        }
+        if empty {
+            let room = width.saturating_sub(columns(&cur)).max(1);
+            cur.push_str(&elide(word, room, 0));
+        } else {
+            cur.push(' ');
+            cur.push_str(word);
+        }
+        empty = false;
+    }
+    lines.push(cur);
+    lines
+}
 
 fn pct(part: u64, total: u64) -> f64 {
     if total == 0 {
@@ -138,9 +306,39 @@ fn quota_line(rec: &Recording) -> Option<String> {
 /// Culprits shown, over all stalls and (`--by-process`) per process.
 const CULPRITS: usize = 8;
 
+/// The summary's lines, each fitted to the width as it is added.
+struct Lines {
+    text: String,
+    width: Option<usize>,
+}
+
+impl Lines {
+    /// Prose (each of its lines): wrapped at spaces.
+    fn say(&mut self, line: impl AsRef<str>) {
+        for part in line.as_ref().split('\n') {
+            for l in wrap(part, self.width) {
+                self.text.push_str(&l);
+                self.text.push('\n');
+            }
+        }
+    }
+
+    /// `prefix` + `body` + `tail`, the body's middle elided ([`fit`]).
+    fn label(&mut self, prefix: &str, body: &str, tail: &str) {
+        self.text.push_str(&fit(prefix, body, tail, self.width));
+        self.text.push('\n');
+    }
+
+    /// A line kept whole (it holds a path, to be copied).
+    fn whole(&mut self, line: &str) {
+        self.text.push_str(line);
+        self.text.push('\n');
+    }
+}
+
 /// `    60.0%     1.2 s  parse_resume (app.py:31) — on-CPU — in POST /r`:
 /// one line per culprit, indented by `indent`.
-fn culprit_lines(out: &mut String, s: &Summary, indent: &str) {
+fn culprit_lines(out: &mut Lines, s: &Summary, indent: &str) {
     for c in &s.culprits {
         // On a web server the request's route says more than its
         // anonymous task (`Task-102` running the server's coroutine).
@@ -149,13 +347,13 @@ fn culprit_lines(out: &mut String, s: &Summary, indent: &str) {
         } else {
             in_routes(&c.routes)
         };
-        let _ = writeln!(
-            out,
-            "{indent}{:5.1}%  {:>9}  {}{}",
-            100.0 * c.share,
-            fmt_ns(c.ns),
-            escape(&c.label),
-            escape(&within)
+        let label = escape(&c.label);
+        // The frames, then what kind of time (` — on-CPU`) and where.
+        let (frames, kind) = label.split_at(label.find(" — ").unwrap_or(label.len()));
+        out.label(
+            &format!("{indent}{:5.1}%  {:>9}  ", 100.0 * c.share, fmt_ns(c.ns)),
+            frames,
+            &format!("{kind}{}", escape(&within)),
         );
     }
 }
@@ -189,42 +387,123 @@ fn processes_with_stalls(rec: &Recording) -> Vec<(u32, String, usize, u64)> {
 
 /// `  processes: 5 watched, 2 with stalls:` and a line for each with
 /// stalls; nothing for a recording of one process.
-fn processes_lines(out: &mut String, rec: &Recording) {
+fn processes_lines(out: &mut Lines, rec: &Recording) {
     if rec.processes.len() <= 1 && !rec.stalls_in_several_processes() {
         return;
     }
     let with = processes_with_stalls(rec);
-    let _ = writeln!(
-        out,
+    out.say(format!(
         "  processes: {} watched, {} with stalls{}",
         rec.processes.len(),
         with.len(),
         if with.is_empty() { "" } else { ":" }
-    );
+    ));
     for (_, name, n, ns) in &with {
-        let _ = writeln!(out, "    {name}: {}", stalls_and_time(*n, *ns));
+        out.label("    ", name, &format!(": {}", stalls_and_time(*n, *ns)));
     }
 }
 
-pub fn text(rec: &Recording, files: &[PathBuf], by_process: bool) -> String {
+/// `    43.6%    664.8ms  POST /resume/{rid} (3 stalls)`: an entry point's
+/// or a route's line.
+fn share_line(out: &mut Lines, share: f64, ns: u64, label: &str, stalls: usize) {
+    out.label(
+        &format!("    {:5.1}%  {:>9}  ", 100.0 * share, fmt_ns(ns)),
+        &escape(label),
+        &format!(" ({stalls} stall{})", if stalls == 1 { "" } else { "s" }),
+    );
+}
+
+/// One line per counter of `drops` that cost something (`missed:`), and
+/// with `verbose` one per harmless one (`counted, harmless:`), each with
+/// what it means; the ring buffer's losses of a recording without that
+/// counter as `ringbuf_full`. The routes' are said under `by route`.
+fn counter_lines(out: &mut Lines, rec: &Recording, opts: &Options) {
+    let ring = profiler_common::Drop::RingbufFull.name();
+    let mut counts: Vec<(&str, u64)> = rec
+        .drops
+        .iter()
+        .filter(|(k, _)| !k.starts_with("asgi_route_"))
+        .map(|(k, v)| (k.as_str(), *v))
+        .collect();
+    if rec.lost_events > 0 && !rec.drops.contains_key(ring) {
+        counts.push((ring, rec.lost_events));
+        counts.sort_unstable();
+    }
+    for (name, n) in counts {
+        let (said, what) = match (opts.explain)(name) {
+            Some((Cost::Harmless, _)) if !opts.verbose => continue,
+            Some((Cost::Harmless, what)) => ("counted, harmless", what.to_string()),
+            Some((_, what)) => ("missed", what.to_string()),
+            None => (
+                "missed",
+                format!(
+                    "a counter this stallprof does not know (the recording is stallprof {}'s)",
+                    escape(&rec.stallprof_version)
+                ),
+            ),
+        };
+        out.say(format!("  {said}: {}={n} — {what}", escape(name)));
+    }
+}
+
+/// `  wrote, in DIR:` and each file with what opens it; files in
+/// several directories by their paths.
+fn wrote_lines(out: &mut Lines, files: &[PathBuf]) {
+    let paths: Vec<String> = files
+        .iter()
+        .map(|f| escape(&f.to_string_lossy()).into_owned())
+        .collect();
+    let dirs: Vec<Option<&str>> = paths
+        .iter()
+        .map(|p| p.rsplit_once('/').map(|(d, _)| d))
+        .collect();
+    let one_dir = dirs
+        .first()
+        .copied()
+        .flatten()
+        .filter(|d| dirs.iter().all(|x| *x == Some(*d)));
+    let names: Vec<&str> = match one_dir {
+        Some(d) => {
+            out.whole(&format!("  wrote, in {d}/:"));
+            paths.iter().map(|p| &p[d.len() + 1..]).collect()
+        }
+        None => {
+            out.whole("  wrote:");
+            paths.iter().map(String::as_str).collect()
+        }
+    };
+    let pad = names.iter().map(|n| columns(n)).max().unwrap_or(0);
+    for (name, path) in names.iter().zip(&paths) {
+        match viewers::open_with(path) {
+            Some(how) => out.whole(&format!(
+                "    {name}{} — {how}",
+                " ".repeat(pad - columns(name))
+            )),
+            None => out.whole(&format!("    {name}")),
+        }
+    }
+}
+
+pub fn text(rec: &Recording, files: &[PathBuf], opts: &Options) -> String {
     let s = summarize(rec, CULPRITS);
-    let mut out = String::new();
+    let mut out = Lines {
+        text: String::new(),
+        width: opts.width,
+    };
     let span = rec.ended_ns.saturating_sub(rec.started_ns);
-    let _ = writeln!(
-        out,
+    out.say(format!(
         "stallprof: pid {} ({}), {} recorded, threshold {}",
         rec.pid,
         escape(&rec.comm),
         fmt_ns(span),
         fmt_ns(rec.threshold_ns)
-    );
+    ));
     if let Some(c) = &rec.process.container {
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "  container: {} (cgroup {})",
             escape(&c.describe()),
             escape(&c.cgroup)
-        );
+        ));
     }
     // The ids the application's own logs show (gettid(), its pid) in its
     // PID namespace, next to the host's.
@@ -241,33 +520,29 @@ pub fn text(rec: &Recording, files: &[PathBuf], by_process: bool) -> String {
             .process
             .ns_pid
             .map_or_else(|| "?".to_string(), |p| p.to_string());
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "  in its PID namespace: pid {} = {pid}{}{}",
             rec.pid,
             if ns_tids.is_empty() { "" } else { "; tid " },
             ns_tids.join(", ")
-        );
+        ));
     }
     if let Some(line) = quota_line(rec) {
-        let _ = writeln!(out, "{line}");
+        out.say(line);
     }
     processes_lines(&mut out, rec);
     if s.stalls == 0 {
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "  no stalls: no executor thread stayed busy for {} or more",
             fmt_ns(rec.threshold_ns)
-        );
+        ));
         if rec.executor_threads.is_empty() {
-            let _ = writeln!(
-                out,
-                "  note: no thread parked in an event-loop wait (epoll/poll/select) — is this an event-loop process?"
+            out.say(
+                "  note: no thread parked in an event-loop wait (epoll/poll/select) — is this an event-loop process?",
             );
         }
     } else {
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "  {} stalls, {} in all ({:.1}% of the recording); p50 {}, p99 {}, max {}",
             s.stalls,
             fmt_ns(s.total_ns),
@@ -275,50 +550,44 @@ pub fn text(rec: &Recording, files: &[PathBuf], by_process: bool) -> String {
             fmt_ns(s.p50_ns),
             fmt_ns(s.p99_ns),
             fmt_ns(s.max_ns)
-        );
+        ));
         let throttled = if s.throttled_ns > 0 || has_quota(rec) {
             format!(", CPU throttled {:.1}%", pct(s.throttled_ns, s.total_ns))
         } else {
             String::new()
         };
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "  time in stalls: on-CPU {:.1}%, off-CPU (blocked) {:.1}%, run-queue wait {:.1}%{throttled}",
             pct(s.on_cpu_ns, s.total_ns),
             pct(s.off_cpu_ns, s.total_ns),
             pct(s.runqueue_ns, s.total_ns)
-        );
+        ));
         let holders = recording_holders(rec);
         if let Some(held) = cpu_held_by(&holders, 3) {
-            let _ = writeln!(
-                out,
+            out.say(format!(
                 "  run queue ({} of stall time) — CPU held by {held}",
                 fmt_ns(s.runqueue_ns)
-            );
+            ));
             let own: u64 = holders
                 .iter()
                 .filter(|h| is_stallprof(h))
                 .map(|h| h.ns)
                 .sum();
             if own > 0 {
-                let _ = writeln!(
-                    out,
+                out.say(format!(
                     "    stallprof is this profiler: its threads held the CPU {} of it \
                      ({:.1}% of the recording)",
                     fmt_ns(own),
                     pct(own, span)
-                );
+                ));
             }
         }
-        let _ = writeln!(out, "  top culprits (share of stall time):");
+        out.say("  top culprits (share of stall time):");
         culprit_lines(&mut out, &s, "    ");
-        if by_process && rec.stalls_in_several_processes() {
-            let _ = writeln!(
-                out,
-                "  top culprits by process (share of the process's stall time):"
-            );
+        if opts.by_process && rec.stalls_in_several_processes() {
+            out.say("  top culprits by process (share of the process's stall time):");
             for (pid, name, n, ns) in processes_with_stalls(rec) {
-                let _ = writeln!(out, "    {name} ({}):", stalls_and_time(n, ns));
+                out.label("    ", &name, &format!(" ({}):", stalls_and_time(n, ns)));
                 let of = summarize_where(rec, CULPRITS, |st| st.pid == pid);
                 culprit_lines(&mut out, &of, "      ");
             }
@@ -326,17 +595,9 @@ pub fn text(rec: &Recording, files: &[PathBuf], by_process: bool) -> String {
         // The same time grouped by request handler: what each entry point
         // (the outermost app frame past the loop's dispatch) cost.
         if !s.entries.is_empty() {
-            let _ = writeln!(out, "  by entry point (share of stall time):");
+            out.say("  by entry point (share of stall time):");
             for e in &s.entries {
-                let _ = writeln!(
-                    out,
-                    "    {:5.1}%  {:>9}  {} ({} stall{})",
-                    100.0 * e.share,
-                    fmt_ns(e.ns),
-                    escape(&e.label),
-                    e.stalls,
-                    if e.stalls == 1 { "" } else { "s" }
-                );
+                share_line(&mut out, e.share, e.ns, &e.label, e.stalls);
             }
         }
     }
@@ -344,30 +605,20 @@ pub fn text(rec: &Recording, files: &[PathBuf], by_process: bool) -> String {
     // that served a request whose route was not read, said.
     let (missed, counters) = route_misses(rec);
     if !s.routes.is_empty() || missed > 0 {
-        let _ = writeln!(out, "  by route (share of stall time):");
+        out.say("  by route (share of stall time):");
         for r in &s.routes {
-            let _ = writeln!(
-                out,
-                "    {:5.1}%  {:>9}  {} ({} stall{})",
-                100.0 * r.share,
-                fmt_ns(r.ns),
-                escape(&r.label),
-                r.stalls,
-                if r.stalls == 1 { "" } else { "s" }
-            );
+            share_line(&mut out, r.share, r.ns, &r.label, r.stalls);
         }
         if missed > 0 {
-            let _ = writeln!(
-                out,
+            out.say(format!(
                 "    route not read for {missed} stall{} that served a request ({}; docs/asgi.md)",
                 if missed == 1 { "" } else { "s" },
                 counters.join(", ")
-            );
+            ));
         }
     }
     if rec.probes.host_wide() || !rec.probes.notes.is_empty() {
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "  probes: scheduler {}, waits {}{}",
             rec.probes.scheduler.as_str(),
             rec.probes.waits.as_str(),
@@ -377,38 +628,26 @@ pub fn text(rec: &Recording, files: &[PathBuf], by_process: bool) -> String {
             } else {
                 ""
             }
-        );
+        ));
         for n in &rec.probes.notes {
-            let _ = writeln!(out, "    {}", escape(n));
+            out.say(format!("    {}", escape(n)));
         }
     }
     for p in &rec.runtime_problems {
-        let _ = writeln!(
-            out,
+        out.say(format!(
             "  {} in pid {} could not be read: {}\n    why: {}\n    what to do: {}",
             escape(&p.runtime),
             p.pid,
             escape(&p.what),
             escape(&p.why),
             escape(&p.remedy)
-        );
+        ));
     }
-    if rec.lost_events > 0 || !rec.drops.is_empty() {
-        let drops: Vec<String> = rec.drops.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let _ = writeln!(
-            out,
-            "  lost events: {}; counters: {}",
-            rec.lost_events,
-            drops.join(", ")
-        );
-    }
+    counter_lines(&mut out, rec, opts);
     if !files.is_empty() {
-        let _ = writeln!(out, "  wrote:");
-        for f in files {
-            let _ = writeln!(out, "    {}", escape(&f.to_string_lossy()));
-        }
+        wrote_lines(&mut out, files);
     }
-    out
+    out.text
 }
 
 #[cfg(test)]
@@ -416,6 +655,13 @@ mod tests {
     use super::*;
     use crate::model::{Frame, FrameKind, PartKind, Route, Stall};
     use crate::testing;
+
+    const BY_PROCESS: Options = Options {
+        by_process: true,
+        verbose: false,
+        width: Some(DEFAULT_WIDTH),
+        explain: |_| None,
+    };
 
     fn stall(start_ms: u64, ms: u64, handler: &str, route: Option<(&str, &str)>) -> Stall {
         let ns = ms * 1_000_000;
@@ -446,7 +692,7 @@ mod tests {
             stall(2000, 100, "nap", Some(("GET", "/nap"))),
             stall(3000, 100, "tick", None),
         ]);
-        let text = text(&r, &[], false);
+        let text = text(&r, &[], &Options::default());
         let by_route: Vec<&str> = text
             .lines()
             .skip_while(|l| !l.contains("by route"))
@@ -467,7 +713,7 @@ mod tests {
         assert!(text.contains("tick (app.py:3) — on-CPU\n"), "{text}");
         // Stalls that served a request without a route read: said.
         r.drops.insert("asgi_route_unverified".into(), 2);
-        let text = super::text(&r, &[], false);
+        let text = super::text(&r, &[], &Options::default());
         assert!(
             text.contains(
                 "    route not read for 2 stalls that served a request \
@@ -479,7 +725,7 @@ mod tests {
         let none = super::text(
             &Recording::for_tests(vec![stall(0, 100, "tick", None)]),
             &[],
-            false,
+            &Options::default(),
         );
         assert!(!none.contains("by route"), "{none}");
     }
@@ -530,7 +776,7 @@ mod tests {
                 relation: HolderRelation::Other,
             },
         ];
-        let t = text(&Recording::for_tests(vec![st]), &[], false);
+        let t = text(&Recording::for_tests(vec![st]), &[], &Options::default());
         assert!(
             t.contains(
                 "— CPU held by stallprof (pid 900) 30.0ms 75%, cpuhog (pid 42) 10.0ms 25%\n"
@@ -549,7 +795,7 @@ mod tests {
     #[test]
     fn processes_with_stalls_and_their_culprits_on_request() {
         let rec = testing::two_workers();
-        let t = text(&rec, &[], false);
+        let t = text(&rec, &[], &Options::default());
         assert!(
             t.contains(
                 "  processes: 3 watched, 2 with stalls:\n\
@@ -560,7 +806,7 @@ mod tests {
         );
         assert!(t.contains("  3 stalls, 50.0ms in all"), "{t}");
         assert!(!t.contains("by process"), "{t}");
-        let by = text(&rec, &[], true);
+        let by = text(&rec, &[], &BY_PROCESS);
         let section: Vec<&str> = by
             .lines()
             .skip_while(|l| !l.contains("top culprits by process"))
@@ -581,7 +827,162 @@ mod tests {
         assert!(section[3].contains("nap"), "{by}");
         // One process, by process or not: as it always read.
         let one = Recording::for_tests(vec![stall(0, 100, "tick", None)]);
-        assert_eq!(text(&one, &[], true), text(&one, &[], false));
-        assert!(!text(&one, &[], true).contains("processes"));
+        assert_eq!(
+            text(&one, &[], &BY_PROCESS),
+            text(&one, &[], &Options::default())
+        );
+        assert!(!text(&one, &[], &BY_PROCESS).contains("processes"));
+    }
+
+    /// A culprit of 300 characters, in a task, on a route: every line fits
+    /// 120 columns (characters, not bytes), the app frame still starts it,
+    /// what kind of time and the route still end it; `-v` keeps it whole.
+    #[test]
+    fn a_long_culprit_fits_the_width_with_its_ends_kept() {
+        let lib: String = "é".repeat(150) + &"x".repeat(150);
+        let frames = vec![
+            Frame {
+                file: Some("/srv/app.py".into()),
+                line: Some(3),
+                ..Frame::new("handle", FrameKind::Python)
+            },
+            Frame {
+                file: Some("/usr/lib/python3.11/site-packages/lib/mod.py".into()),
+                line: Some(9),
+                ..Frame::new(&lib, FrameKind::Python)
+            },
+        ];
+        let st = Stall {
+            route: Some(Route {
+                method: "GET".into(),
+                template: "/x".into(),
+            }),
+            ..testing::stall(0, vec![testing::part(PartKind::OnCpu, 100_000_000, frames)])
+        };
+        let rec = Recording::for_tests(vec![st]);
+        let t = text(&rec, &[], &Options::default());
+        for l in t.lines() {
+            assert!(
+                l.chars().count() <= DEFAULT_WIDTH,
+                "{} columns: {l}",
+                l.chars().count()
+            );
+        }
+        let line = t.lines().find(|l| l.contains("handle")).unwrap();
+        assert!(line.contains("  handle (app.py:3) → "), "{line}");
+        assert!(line.contains('…'), "{line}");
+        assert!(line.ends_with(" — on-CPU — in GET /x"), "{line}");
+        let full = text(
+            &rec,
+            &[],
+            &Options {
+                verbose: true,
+                width: None,
+                ..Options::default()
+            },
+        );
+        assert!(full.contains(&lib), "{full}");
+    }
+
+    /// An escape is one atom: never cut in two.
+    #[test]
+    fn elision_never_cuts_an_escape_or_a_character() {
+        let s = format!("{}{}", "\\x1b".repeat(20), "é".repeat(20));
+        for budget in 1..columns(&s) {
+            let e = elide(&s, budget, 0);
+            assert!(columns(&e) <= budget, "{budget}: {e}");
+            let inner: String = e.replace('…', "");
+            assert!(
+                inner.replace("\\x1b", "").chars().all(|c| c == 'é'),
+                "{budget}: {e}"
+            );
+        }
+        assert_eq!(atoms("a\\nb\\x0"), ["a", "\\n", "b", "\\", "x", "0"]);
+        assert_eq!(
+            wrap("  one two three four", Some(12)),
+            ["  one two", "      three", "      four"]
+        );
+    }
+
+    /// Counters that cost something say what, one line each; the harmless
+    /// ones only with -v; a name this version does not know is said too.
+    #[test]
+    fn costly_counters_explained_harmless_ones_on_request() {
+        fn explain(name: &str) -> Option<(Cost, &'static str)> {
+            match name {
+                "unwind_failed" => Some((
+                    Cost::Frames,
+                    "a stack's unwinding stopped early: its outer frames are missing",
+                )),
+                "upkeep_deferred" => Some((Cost::Harmless, "the rest was done at the next")),
+                _ => None,
+            }
+        }
+        let mut rec = Recording::for_tests(vec![stall(0, 100, "tick", None)]);
+        rec.drops.insert("unwind_failed".into(), 1);
+        rec.drops.insert("upkeep_deferred".into(), 4);
+        rec.drops.insert("from_the_future".into(), 2);
+        rec.lost_events = 3;
+        let opts = Options {
+            explain,
+            ..Options::default()
+        };
+        let t = text(&rec, &[], &opts);
+        assert!(
+            t.contains(
+                "  missed: unwind_failed=1 — a stack's unwinding stopped early: its outer frames are missing\n"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("  missed: from_the_future=2 — a counter this stallprof does not know"),
+            "{t}"
+        );
+        // The ring buffer's losses without their counter: under its name.
+        assert!(t.contains("  missed: ringbuf_full=3 — "), "{t}");
+        assert!(!t.contains("upkeep_deferred"), "{t}");
+        let v = text(
+            &rec,
+            &[],
+            &Options {
+                verbose: true,
+                ..opts
+            },
+        );
+        assert!(
+            v.contains("  counted, harmless: upkeep_deferred=4 — the rest was done at the next\n"),
+            "{v}"
+        );
+    }
+
+    /// After `wrote`, each file with what opens it, by its name.
+    #[test]
+    fn each_file_written_with_what_opens_it() {
+        let rec = Recording::for_tests(vec![stall(0, 100, "tick", None)]);
+        let files: Vec<PathBuf> = [
+            "stalls.json",
+            "stalls.pb.gz",
+            "stalls.speedscope.json",
+            "events.bin.gz",
+        ]
+        .iter()
+        .map(|f| PathBuf::from("out").join(f))
+        .collect();
+        let t = text(&rec, &files, &Options::default());
+        let wrote: Vec<&str> = t
+            .lines()
+            .skip_while(|l| !l.starts_with("  wrote"))
+            .collect();
+        assert_eq!(
+            wrote,
+            [
+                "  wrote, in out/:",
+                "    stalls.json            — stallprof report out",
+                "    stalls.pb.gz           — go tool pprof -http=127.0.0.1:8080 out/stalls.pb.gz",
+                "    stalls.speedscope.json — https://www.speedscope.app",
+                "    events.bin.gz",
+            ],
+            "{t}"
+        );
     }
 }
