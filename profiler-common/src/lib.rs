@@ -472,7 +472,7 @@ counters! {
             "a Python thread state or frame could not be read: that stack's Python frames are missing",
         /// The Python frame chain was longer than `python::PY_MAX_FRAMES`.
         PyTruncated = 7 => "python_stack_truncated", Frames,
-            "a Python stack was deeper than the kernel reads (64 frames): its outer Python frames are missing",
+            "a Python stack over 64 frames (all the kernel reads): its outer Python frames are missing",
         /// Copying the user stack failed (even the smallest window).
         StackCopyFailed = 8 => "user_stack_copy_failed", Frames,
             "a user stack could not be copied for unwinding: only its frame-pointer walk is left",
@@ -486,7 +486,7 @@ counters! {
         /// A loop thread waited for a CPU another loop thread already
         /// waited for: its CPU holders are not recorded.
         CpuWaitSlotBusy = 11 => "cpu_wait_slot_busy", Holders,
-            "a loop thread waited for a CPU another loop thread already waited for: who held it is missing",
+            "a loop thread waited for a CPU another one already waited for: who held it is missing",
         /// A CPU number past `MAX_CPUS`: no CPU holders recorded there.
         CpuWaitNoSlot = 12 => "cpu_wait_no_slot", Holders,
             "a CPU numbered past the ones sized for: who held it during a run-queue wait is missing",

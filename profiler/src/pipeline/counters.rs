@@ -291,7 +291,7 @@ mod tests {
     /// The one meaning that names a kernel limit says the limit's value.
     #[test]
     fn the_python_depth_said_is_the_kernels() {
-        let said = format!("({} frames)", profiler_common::python::PY_MAX_FRAMES);
+        let said = format!("over {} frames", profiler_common::python::PY_MAX_FRAMES);
         assert!(
             profiler_common::Drop::PyTruncated.meaning().contains(&said),
             "{said}"
