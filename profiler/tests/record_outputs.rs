@@ -13,8 +13,11 @@
 //!   their asyncio coroutine): stalls.pb.gz read by DataDog's
 //!   `pprof-format` (see tests/common): its total is the recording's stall
 //!   time, each stall's samples (label `stall`) total that stall's duration,
-//!   every sample carries `kind`, `tid`, `thread`, and `task` wherever the
-//!   stall names its coroutine.
+//!   every sample carries `kind`, `tid`, `thread`, and `task` (the
+//!   coroutine's name, no line) wherever the stall names its coroutine;
+//!   issue 37: every frame is named, stacks are in the default view (no
+//!   `_start`, no `[task …]` frame), and `culprit_function` is the plain
+//!   function `culprit` starts with.
 //! - `fail_on_stall_exit_codes`: the C victim with one 60 ms spin: exit 3
 //!   with `--fail-on-stall 50ms` and a last line naming the count, the worst
 //!   stall and `spin_for_ms`; exit 0 with `--fail-on-stall 200ms` and `gate:
@@ -225,15 +228,45 @@ fn gateway_pprof_reads_back_with_labels() {
                 )
             },
         );
-        c.check(l["task"].as_str() == stall.coroutine.as_deref(), || {
+        // The coroutine's frame label, `Gateway.handle_request
+        // (gateway.py:145)`: the task label is its name alone.
+        let want_task = stall
+            .coroutine
+            .as_deref()
+            .map(|c| c.split_once(" (").map_or(c, |(name, _)| name));
+        c.check(l["task"].as_str() == want_task, || {
             format!(
-                "sample of stall {i}: task {}, want {:?}",
+                "sample of stall {i}: task {}, want {want_task:?} (coroutine {:?})",
                 l["task"], stall.coroutine
             )
         });
-        c.check(!s["frames"].as_array().unwrap().is_empty(), || {
+        let frames: Vec<&str> = s["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap())
+            .collect();
+        c.check(!frames.is_empty(), || {
             format!("sample of stall {i} without frames")
         });
+        c.check(
+            frames
+                .iter()
+                .all(|f| !f.is_empty() && *f != "_start" && !f.starts_with("[task ")),
+            || format!("sample of stall {i}: an empty, `_start` or task frame in {frames:?}"),
+        );
+        let culprit = l["culprit"].as_str().unwrap_or("");
+        match l["culprit_function"].as_str() {
+            Some(f) => c.check(
+                !f.is_empty()
+                    && !f.contains(" (")
+                    && (culprit == f || culprit.starts_with(&format!("{f} ("))),
+                || format!("sample of stall {i}: culprit_function {f:?}, culprit {culprit:?}"),
+            ),
+            None => c.check(culprit == "[no user frame]", || {
+                format!("sample of stall {i}: no culprit_function, culprit {culprit:?}")
+            }),
+        }
     }
     let total: u64 = per_stall.values().sum();
     c.check(total == rec.total_stall_ns(), || {

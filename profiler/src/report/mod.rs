@@ -2,9 +2,9 @@
 //!
 //! In: [`Recording`]. Out: `stalls.json` (the recording itself, compact
 //! and versioned, which `stallprof report` reads back: [`json`]),
-//! `stalls.folded`, `stalls.svg` (both in a [`view::View`]: by default the
-//! user's code), `stalls.pb.gz` (pprof), `stalls.pftrace` (the Perfetto
-//! timeline: [`perfetto`]), and the summary text.
+//! `stalls.folded`, `stalls.svg`, `stalls.pb.gz` (pprof; the three in a
+//! [`view::View`]: by default the user's code), `stalls.pftrace` (the
+//! Perfetto timeline: [`perfetto`]), and the summary text.
 use std::{
     fs,
     io::Write,
@@ -128,8 +128,8 @@ pub fn write_all(rec: &Recording, dir: &OutDir) -> Result<Vec<PathBuf>, RenderEr
     write_all_view(rec, dir, view::View::default())
 }
 
-/// [`write_all`], with `stalls.folded` and `stalls.svg` in the view given
-/// (`--native`); the other outputs keep every frame.
+/// [`write_all`], with `stalls.folded`, `stalls.svg` and `stalls.pb.gz` in
+/// the view given (`--native`); the other outputs keep every frame.
 pub fn write_all_view(
     rec: &Recording,
     dir: &OutDir,
@@ -139,7 +139,7 @@ pub fn write_all_view(
         write_json(rec, dir)?,
         folded::write_view(rec, dir, v)?,
         flamegraph::write_view(rec, dir, v)?,
-        pprof::write(rec, dir)?,
+        pprof::write_view(rec, dir, v)?,
         perfetto::write(rec, dir)?,
     ])
 }

@@ -10,18 +10,30 @@
 //! order given: for a recording, its index in `stalls.json`), `kind`
 //! (`on_cpu`, `off_cpu`, `runqueue`, `gil_wait`, `throttled`), `syscall`
 //! (off-CPU; for a part `woken` from the loop's park, the park's wait),
-//! `tid` and `thread` (name), `task` (the asyncio coroutine, when known),
-//! `task_name` (the asyncio Task's name, when read), `culprit` (the
-//! part's culprit, as the summary names it without the part kind:
-//! `parse_resume (app.py:31) → pypdf … PageObject.extract_text`), `entry`
-//! (the stall's entry point, the handler: `parse_resume (app.py)`), `route`
-//! (ASGI: the request's method and route template, `POST /resume/{rid}`,
-//! when read), `pid` (the stall's process), `comm`, `process` (with stalls
-//! in more than one process: `uvicorn worker 2 (pid 1240)`,
-//! [`crate::model::Process::title`]), `container` (daemon). `go tool pprof -tagfocus
-//! kind=gil_wait` or `-tags` slices by them. Frames are already
-//! symbolized: every location carries its function, file and line, and the
-//! one mapping says so (`has_functions`), so no tool tries to symbolize again.
+//! `tid` and `thread` (name), `task` (the asyncio coroutine's qualified
+//! name, `Gateway.handle_request`, when known), `task_name` (the asyncio
+//! Task's name, when read), `culprit` (the part's culprit, as the summary
+//! names it without the part kind: `parse_resume (app.py:31) → pypdf …
+//! PageObject.extract_text`), `culprit_function` (the culprit frame's
+//! function alone, `parse_resume`: `-tagfocus culprit_function=parse_resume`
+//! as typed), `entry` (the stall's entry point, the handler:
+//! `parse_resume (app.py)`), `route` (ASGI: the request's method and route
+//! template, `POST /resume/{rid}`, when read), `pid` (the stall's process),
+//! `comm`, `process` (with stalls in more than one process: `uvicorn
+//! worker 2 (pid 1240)`, [`crate::model::Process::title`]), `container`
+//! (daemon). `go tool pprof -tagfocus kind=gil_wait` or `-tags` slices by
+//! them.
+//!
+//! Stacks are shown in the [`View`] of `stalls.folded` and `stalls.svg`
+//! (by default the user's code, [`crate::report::view`]; `--native all`
+//! every frame), so the three draw the same tree; the task and the
+//! process, frames there, are labels here (`-tagleaf task_name`,
+//! `-tagroot process` put them back as frames). The labels are taken from
+//! the whole stacks, as the summary's are; `stalls.json` keeps them whole.
+//! Frames are already symbolized: every location carries its function,
+//! file and line, and the one mapping says so (`has_functions`), so no
+//! tool tries to symbolize again; every function is named, and has no
+//! system name, so no tool rewrites its name ([`Builder::location`]).
 //!
 //! The messages are declared here with prost derive, field numbers from
 //! <https://github.com/google/pprof/blob/4bf881d7fb0b/proto/profile.proto>
@@ -34,11 +46,15 @@ use std::{
 
 use flate2::{Compression, write::GzEncoder};
 
-use crate::model::{Frame, FrameKind, Recording, Stall};
+use crate::model::{Frame, FrameKind, Recording, Stall, text::escape};
 use crate::{
     classify::AppPaths,
     os::outdir::OutDir,
-    report::{RenderError, aggregate, write_file},
+    report::{
+        RenderError, aggregate,
+        view::{self, View},
+        write_file,
+    },
 };
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -202,23 +218,29 @@ impl Builder {
         i
     }
 
+    /// A frame's location, with its function: named as the frame is
+    /// ([`function_name`]), and with no system name. pprof takes a
+    /// function whose system name equals its name as not yet demangled and
+    /// "simplifies" it when it looks like C++ (any of `<>[]` or `::`):
+    /// `removeMatching` drops every `<…>` and `(…)`, so `<module>` became
+    /// empty and showed as the mapping's file, `[[stallprof: symbolized]]`,
+    /// and `<u64>::wrapping_add` became `::wrapping_add`
+    /// (<https://github.com/google/pprof/blob/05db19dad39e/internal/symbolizer/symbolizer.go>,
+    /// `Demangle`). The names are final and no mangled name is known: an
+    /// empty system name says both, and `-symbolize=demangle=…` then leaves
+    /// the name alone too.
     fn location(&mut self, f: &Frame) -> u64 {
-        let name = match f.kind {
-            FrameKind::Kernel => format!("{} [k]", f.name),
-            _ => f.name.to_string(),
-        };
-        let name = self.s(&name);
+        let name = self.s(&function_name(f));
         let file = f.file.as_deref().or(f.module.as_deref()).unwrap_or("");
         let file = self.s(file);
         let fid = match self.function_ix.get(&(name, file)) {
             Some(&id) => id,
             None => {
                 let id = self.functions.len() as u64 + 1;
-                let system_name = name;
                 self.functions.push(Function {
                     id,
                     name,
-                    system_name,
+                    system_name: 0,
                     filename: file,
                     start_line: 0,
                 });
@@ -247,15 +269,63 @@ impl Builder {
     }
 }
 
-/// Build the profile of `stalls`, covering [`time_nanos`, +`duration_nanos`)
-/// of wall-clock time; `app` tells the application's frames (the
-/// `culprit` and `entry` labels).
+/// A location's function name: the frame's, a kernel frame's with ` [k]`.
+/// A frame with an empty name (a name read from the target may be) is
+/// named by its file or object in brackets, `[gateway.py]`,
+/// `[libfoo.so]`, as an unnamed frame is elsewhere: a function without a
+/// name is shown by pprof as its mapping, which says nothing.
+fn function_name(f: &Frame) -> String {
+    if f.name.is_empty() {
+        let place = f.file.as_deref().or(f.module.as_deref()).unwrap_or("?");
+        return format!("[{}]", place.rsplit('/').next().unwrap_or(place));
+    }
+    match f.kind {
+        FrameKind::Kernel => format!("{} [k]", f.name),
+        _ => f.name.to_string(),
+    }
+}
+
+/// The `task` label: the qualified name of the stall's coroutine, without
+/// a line. [`Stall::coroutine`] is its frame's label, whose line is where
+/// the stall's first stack was in it (`Gateway.handle_request
+/// (gateway.py:145)`), not where each sample was; the frame it names, in
+/// the stall's stacks, gives the name alone. Should no frame carry that
+/// label, the label itself, which is still true.
+fn task_label(s: &Stall) -> Option<String> {
+    let label = s.coroutine.as_deref()?;
+    let frame = s
+        .stacks
+        .iter()
+        .flat_map(|p| &p.frames)
+        .find(|f| f.kind == FrameKind::Python && f.label() == label);
+    Some(frame.map_or_else(|| label.to_string(), |f| escape(&f.name).into_owned()))
+}
+
+/// Build the profile of `stalls` in the default [`View`] (the view of the
+/// flamegraph and `stalls.folded` the daemon writes beside it); see
+/// [`profile_in`].
 pub fn profile<'a>(
     stalls: impl IntoIterator<Item = (ProcLabel<'a>, &'a Stall)>,
     time_nanos: i64,
     duration_nanos: i64,
     app: &AppPaths,
 ) -> Profile {
+    profile_in(View::default(), stalls, time_nanos, duration_nanos, app)
+}
+
+/// Build the profile of `stalls`, their stacks in `v`, covering
+/// [`time_nanos`, +`duration_nanos`) of wall-clock time; `app` tells the
+/// application's frames (the view, the `culprit` and `entry` labels).
+pub fn profile_in<'a>(
+    v: View,
+    stalls: impl IntoIterator<Item = (ProcLabel<'a>, &'a Stall)>,
+    time_nanos: i64,
+    duration_nanos: i64,
+    app: &AppPaths,
+) -> Profile {
+    let (procs, stalls): (Vec<ProcLabel>, Vec<&Stall>) = stalls.into_iter().unzip();
+    // The view keeps every part, in order, with its weight: only frames go.
+    let shown = view::apply(stalls.iter().copied(), v, app);
     let mut b = Builder::default();
     b.s("");
     let stall_t = b.s("stall");
@@ -271,11 +341,13 @@ pub fn profile<'a>(
     let (k_stall, k_tid, k_task) = (b.s("stall"), b.s("tid"), b.s("task"));
     let k_task_name = b.s("task_name");
     let (k_culprit, k_entry, k_route) = (b.s("culprit"), b.s("entry"), b.s("route"));
-    for (index, (p, s)) in stalls.into_iter().enumerate() {
+    let k_culprit_function = b.s("culprit_function");
+    for (index, ((p, s), shown)) in procs.iter().zip(&stalls).zip(&shown).enumerate() {
         let entry = aggregate::stall_entry(s, app);
-        for part in &s.stacks {
+        let task = task_label(s);
+        for (part, frames) in s.stacks.iter().zip(shown.stacks.iter().map(|p| &p.frames)) {
             // pprof lists the leaf first; our frames are outermost first.
-            let locs: Vec<u64> = part.frames.iter().rev().map(|f| b.location(f)).collect();
+            let locs: Vec<u64> = frames.iter().rev().map(|f| b.location(f)).collect();
             let mut labels = vec![
                 (k_stall, 0, index as i64),
                 (k_kind, b.s(part.kind.as_str()), 0),
@@ -288,7 +360,7 @@ pub fn profile<'a>(
             if let Some(name) = p.process {
                 labels.push((b.s("process"), b.s(name), 0));
             }
-            if let Some(task) = &s.coroutine {
+            if let Some(task) = &task {
                 labels.push((k_task, b.s(task), 0));
             }
             if let Some(t) = &s.task {
@@ -302,6 +374,9 @@ pub fn profile<'a>(
             }
             let culprit = aggregate::culprit_name(part, app);
             labels.push((k_culprit, b.s(&culprit), 0));
+            if let Some(f) = aggregate::culprit(part, app) {
+                labels.push((k_culprit_function, b.s(&escape(&f.name)), 0));
+            }
             if let Some(e) = &entry {
                 labels.push((k_entry, b.s(e), 0));
             }
@@ -384,12 +459,12 @@ pub fn encode_gz(p: &Profile) -> Vec<u8> {
     gz.finish().expect("writing to a Vec cannot fail")
 }
 
-/// The profile of a recording: every stall, labelled with its index in
-/// `stalls.json` and its process (`process` only with stalls in several).
-/// The recording keeps no wall-clock time, so the profile's `time_nanos`
-/// is left unset (pprof then shows none) and its duration is the
-/// recording's.
-pub fn of_recording(rec: &Recording) -> Profile {
+/// The profile of a recording in `v`: every stall, labelled with its
+/// index in `stalls.json` and its process (`process` only with stalls in
+/// several). The recording keeps no wall-clock time, so the profile's
+/// `time_nanos` is left unset (pprof then shows none) and its duration is
+/// the recording's.
+pub fn of_recording(rec: &Recording, v: View) -> Profile {
     let several = rec.stalls_in_several_processes();
     let names: BTreeMap<u32, (&str, Option<String>)> = rec
         .processes
@@ -407,7 +482,8 @@ pub fn of_recording(rec: &Recording) -> Profile {
             process,
         }
     };
-    profile(
+    profile_in(
+        v,
         rec.stalls.iter().map(|s| (label(s), s)),
         0,
         rec.ended_ns.saturating_sub(rec.started_ns) as i64,
@@ -415,9 +491,9 @@ pub fn of_recording(rec: &Recording) -> Profile {
     )
 }
 
-/// `stalls.pb.gz` of a recording ([`of_recording`]).
-pub fn write(rec: &Recording, dir: &OutDir) -> Result<PathBuf, RenderError> {
-    write_file(dir, "stalls.pb.gz", &encode_gz(&of_recording(rec)))
+/// `stalls.pb.gz` of a recording in `v` ([`of_recording`]).
+pub fn write_view(rec: &Recording, dir: &OutDir, v: View) -> Result<PathBuf, RenderError> {
+    write_file(dir, "stalls.pb.gz", &encode_gz(&of_recording(rec, v)))
 }
 
 #[cfg(test)]
@@ -514,12 +590,230 @@ mod tests {
         assert_eq!(Profile::decode(bytes.as_slice()).unwrap(), p);
     }
 
+    /// `encode_gz`'s bytes read back, as a reader gets them.
+    fn decoded(p: &Profile) -> Profile {
+        use std::io::Read;
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(encode_gz(p).as_slice())
+            .read_to_end(&mut raw)
+            .unwrap();
+        Profile::decode(raw.as_slice()).unwrap()
+    }
+
+    /// A sample's label `key`, as (string, number).
+    fn label(p: &Profile, s: &Sample, key: &str) -> Option<(String, i64)> {
+        s.label
+            .iter()
+            .find(|l| p.string_table[l.key as usize] == key)
+            .map(|l| (p.string_table[l.str as usize].clone(), l.num))
+    }
+
+    /// A sample's functions (name, line), outermost first.
+    fn stack(p: &Profile, s: &Sample) -> Vec<(String, i64)> {
+        s.location_id
+            .iter()
+            .rev()
+            .map(|&id| {
+                let line = &p.location[id as usize - 1].line[0];
+                let f = &p.function[line.function_id as usize - 1];
+                (p.string_table[f.name as usize].clone(), line.line)
+            })
+            .collect()
+    }
+
+    fn native(name: &str, module: &str) -> Frame {
+        Frame {
+            module: Some(module.into()),
+            ..Frame::new(name, FrameKind::Native)
+        }
+    }
+
+    fn py(name: &str, line: u32) -> Frame {
+        Frame {
+            file: Some("/app/gateway.py".into()),
+            line: Some(line),
+            ..Frame::new(name, FrameKind::Python)
+        }
+    }
+
+    /// The demo gateway's stall as recorded: `_start` … `<module>` → `main`
+    /// → the loop → asyncio's C task step → `Gateway.handle_request` →
+    /// `tail`, `Gateway.handle_request`'s line differing between parts.
+    fn gateway_stall(tail: &[&[Frame]]) -> Stall {
+        let root = |handler_line| {
+            vec![
+                native("_start", "python3.11"),
+                native("__libc_start_main_impl", "libc.so.6"),
+                native("Py_BytesMain", "python3.11"),
+                native("PyEval_EvalCode", "python3.11"),
+                py("<module>", 227),
+                py("main", 220),
+                Frame {
+                    file: Some("/usr/lib/python3.11/asyncio/events.py".into()),
+                    ..py("Handle._run", 80)
+                },
+                native("context_run", "python3.11"),
+                native("task_step", "_asyncio.cpython-311-x86_64-linux-gnu.so"),
+                native("task_step_impl", "_asyncio.cpython-311-x86_64-linux-gnu.so"),
+                py("Gateway.handle_request", handler_line),
+            ]
+        };
+        let parts = tail
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let mut frames = root(144 + i as u32);
+                frames.extend(t.iter().cloned());
+                testing::part(PartKind::OnCpu, 10 + i as u64, frames)
+            })
+            .collect();
+        Stall {
+            coroutine: Some("Gateway.handle_request (gateway.py:144)".into()),
+            task: Some(crate::model::Task {
+                name: "Task-13".into(),
+                coro: Some("Gateway.handle_request".into()),
+                awaited_by: vec![],
+            }),
+            ..testing::stall(0, parts)
+        }
+    }
+
+    fn gateway() -> Recording {
+        let mut rec = testing::two_workers();
+        let json = native("loads", "python3.11");
+        rec.stalls = vec![gateway_stall(&[
+            &[py("load_tokenizer", 72), json.clone()],
+            &[
+                py("load_tokenizer", 72),
+                Frame {
+                    file: Some("/usr/lib/python3.11/json/decoder.py".into()),
+                    ..py("JSONDecoder.decode", 337)
+                },
+            ],
+            &[
+                py("compress_payload", 76),
+                native("zlib_compress", "zlib.cpython-311-x86_64-linux-gnu.so"),
+                Frame::new("do_syscall_64", FrameKind::Kernel),
+            ],
+        ])];
+        rec
+    }
+
+    /// Issue 37: pprof showed `<module>` as `[[stallprof: symbolized]]`:
+    /// its demangling heuristic emptied the name (see
+    /// [`Builder::location`]). Every function has its name and no system
+    /// name; a frame without a name is named by its file.
+    #[test]
+    fn every_function_is_named_and_keeps_its_name_issue_37() {
+        let mut rec = gateway();
+        rec.stalls[0].stacks[0].frames.push(Frame {
+            file: Some("/app/gateway.py".into()),
+            ..Frame::new("", FrameKind::Python)
+        });
+        let p = decoded(&of_recording(&rec, View::ALL));
+        let names: Vec<&str> = p
+            .function
+            .iter()
+            .map(|f| p.string_table[f.name as usize].as_str())
+            .collect();
+        assert!(names.iter().all(|n| !n.is_empty()), "{names:?}");
+        assert!(p.function.iter().all(|f| f.system_name == 0));
+        for want in ["<module>", "[gateway.py]", "do_syscall_64 [k]"] {
+            assert!(names.contains(&want), "{want} not in {names:?}");
+        }
+    }
+
+    /// Issue 37: `culprit_function` is the culprit's function as typed
+    /// (`-tagfocus culprit_function=load_tokenizer`), beside `culprit`; the
+    /// `task` label is the coroutine's name, not the line the stall's
+    /// first stack was at (144, while a sample's stack says 145).
+    #[test]
+    fn culprit_function_and_task_are_plain_names_issue_37() {
+        let p = decoded(&of_recording(&gateway(), View::default()));
+        let got: Vec<(String, String, String)> = p
+            .sample
+            .iter()
+            .map(|s| {
+                (
+                    label(&p, s, "culprit_function").unwrap().0,
+                    label(&p, s, "culprit").unwrap().0,
+                    label(&p, s, "task").unwrap().0,
+                )
+            })
+            .collect();
+        let task = || "Gateway.handle_request".to_string();
+        assert_eq!(
+            got,
+            [
+                (
+                    "load_tokenizer".into(),
+                    "load_tokenizer (gateway.py:72) → loads".into(),
+                    task()
+                ),
+                (
+                    "load_tokenizer".into(),
+                    "load_tokenizer (gateway.py:72) → json … JSONDecoder.decode".into(),
+                    task()
+                ),
+                (
+                    "compress_payload".into(),
+                    "compress_payload (gateway.py:76) → zlib … zlib_compress".into(),
+                    task()
+                ),
+            ]
+        );
+        assert_eq!(
+            label(&p, &p.sample[0], "task_name"),
+            Some(("Task-13".into(), 0))
+        );
+    }
+
+    /// Issue 37: pprof kept the `_start … task_step` prefix the SVG trims.
+    /// Each sample's stack is its part's stack in `stalls.folded`'s view,
+    /// without the task on top (a label here); `--native all` keeps every
+    /// frame; the labels come from the whole stack either way.
+    #[test]
+    fn samples_have_the_folded_views_stacks_issue_37() {
+        let rec = gateway();
+        for v in [View::default(), View::ALL] {
+            let p = decoded(&of_recording(&rec, v));
+            let shown = view::shown(&rec, v);
+            let want: Vec<Vec<(String, i64)>> = shown[0]
+                .stacks
+                .iter()
+                .map(|part| {
+                    part.frames
+                        .iter()
+                        .filter(|f| !f.name.starts_with("[task "))
+                        .map(|f| (function_name(f), f.line.unwrap_or(0) as i64))
+                        .collect()
+                })
+                .collect();
+            let got: Vec<Vec<(String, i64)>> = p.sample.iter().map(|s| stack(&p, s)).collect();
+            assert_eq!(got, want, "{v:?}");
+            let culprits: Vec<String> = p
+                .sample
+                .iter()
+                .map(|s| label(&p, s, "culprit_function").unwrap().0)
+                .collect();
+            assert_eq!(
+                culprits,
+                ["load_tokenizer", "load_tokenizer", "compress_payload"]
+            );
+        }
+        let p = decoded(&of_recording(&rec, View::default()));
+        let first: Vec<String> = stack(&p, &p.sample[0]).into_iter().map(|f| f.0).collect();
+        assert_eq!(first, ["Gateway.handle_request", "load_tokenizer", "loads"]);
+        let p = decoded(&of_recording(&rec, View::ALL));
+        assert_eq!(stack(&p, &p.sample[0])[0].0, "_start");
+    }
+
     /// A recording's profile: each sample labelled with its stall's pid,
     /// and, with stalls in several processes, the process by role.
     #[test]
     fn samples_say_their_process() {
         let rec = crate::testing::two_workers();
-        let p = of_recording(&rec);
+        let p = of_recording(&rec, View::default());
         let label = |s: &Sample, key: &str| {
             s.label
                 .iter()
@@ -560,7 +854,7 @@ mod tests {
         // One process: no `process` label, not even its name in the table.
         let mut one = rec.clone();
         one.stalls.retain(|s| s.pid == 1220);
-        let p = of_recording(&one);
+        let p = of_recording(&one, View::default());
         assert!(!p.string_table.iter().any(|s| s == "process"));
         assert!(
             p.sample

@@ -1,5 +1,5 @@
-//! The default view of stacks in the flamegraph and `stalls.folded`: the
-//! user's code, not the interpreter's or the loop's.
+//! The default view of stacks in the flamegraph, `stalls.folded` and
+//! `stalls.pb.gz`: the user's code, not the interpreter's or the loop's.
 //!
 //! In: symbolized stalls (every frame, as `stalls.json` keeps them). Out:
 //! the same stalls with, unless `--native all`:
@@ -27,7 +27,9 @@
 //!   a typed marker, so no renderer matches its name.
 //!
 //! Weights are untouched: the view moves no time, it only drops frames (so
-//! distinct stacks may merge). `pprof` and `stalls.json` keep every frame.
+//! distinct stacks may merge). `stalls.pb.gz` shows its samples' stacks in
+//! the same view (without the task and process frames: there they are
+//! labels); `stalls.json` keeps every frame.
 use std::collections::HashMap;
 
 use clap::ValueEnum;
@@ -50,7 +52,7 @@ pub enum Native {
     All,
 }
 
-/// How stacks are shown in the flamegraph and `stalls.folded`.
+/// How stacks are shown in the flamegraph, `stalls.folded` and `stalls.pb.gz`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct View {
     pub native: Native,
@@ -148,8 +150,14 @@ fn trim_dispatch(frames: &mut Vec<Frame>, app: &AppPaths) {
 }
 
 /// The stalls as `view` shows them, the application's frames told by `app`.
-pub fn apply(stalls: &[Stall], view: View, app: &AppPaths) -> Vec<Stall> {
-    let mut out = stalls.to_vec();
+/// Any stalls given by reference (a recording's, or a daemon's picked from
+/// several processes): they are copied once, here.
+pub fn apply<'a>(
+    stalls: impl IntoIterator<Item = &'a Stall>,
+    view: View,
+    app: &AppPaths,
+) -> Vec<Stall> {
+    let mut out: Vec<Stall> = stalls.into_iter().cloned().collect();
     if view.native == Native::All {
         return out;
     }
