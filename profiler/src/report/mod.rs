@@ -2,9 +2,10 @@
 //!
 //! In: [`Recording`]. Out: `stalls.json` (the recording itself, compact
 //! and versioned, which `stallprof report` reads back: [`json`]),
-//! `stalls.folded`, `stalls.svg` (both in a [`view::View`]: by default the
-//! user's code), `stalls.pb.gz` (pprof), `stalls.pftrace` (the Perfetto
-//! timeline: [`perfetto`]), and the summary text.
+//! `stalls.folded`, `stalls.svg`, `stalls.speedscope.json` (all three in a
+//! [`view::View`]: by default the user's code; the last the stall timeline
+//! for speedscope: [`speedscope`]), `stalls.pb.gz` (pprof), `stalls.pftrace`
+//! (the Perfetto timeline: [`perfetto`]), and the summary text.
 use std::{
     fs,
     io::Write,
@@ -23,6 +24,7 @@ pub mod journal;
 pub mod json;
 pub mod perfetto;
 pub mod pprof;
+pub mod speedscope;
 pub mod summary;
 pub mod view;
 pub mod viewers;
@@ -128,8 +130,9 @@ pub fn write_all(rec: &Recording, dir: &OutDir) -> Result<Vec<PathBuf>, RenderEr
     write_all_view(rec, dir, view::View::default())
 }
 
-/// [`write_all`], with `stalls.folded` and `stalls.svg` in the view given
-/// (`--native`); the other outputs keep every frame.
+/// [`write_all`], with `stalls.folded`, `stalls.svg` and
+/// `stalls.speedscope.json` in the view given (`--native`); the other
+/// outputs keep every frame.
 pub fn write_all_view(
     rec: &Recording,
     dir: &OutDir,
@@ -141,5 +144,6 @@ pub fn write_all_view(
         flamegraph::write_view(rec, dir, v)?,
         pprof::write(rec, dir)?,
         perfetto::write(rec, dir)?,
+        speedscope::write_view(rec, dir, v)?,
     ])
 }
