@@ -640,7 +640,7 @@ mod tests {
             ("/profiles/0/unit", serde_json::json!("ns")),
             ("/profiles/0/type", serde_json::json!("timed")),
             ("/profiles/0/events/0/type", serde_json::json!("B")),
-            ("/shared/frames/0/line", serde_json::json!("30")),
+            ("/shared/frames/0/name", serde_json::json!(30)),
         ] {
             let old = std::mem::replace(f.pointer_mut(path).unwrap(), bad);
             assert!(
