@@ -924,6 +924,18 @@ fn daemon_end_to_end_c_python_restart_pid_reuse_sigterm() {
             cb.check(pftrace.is_ok_and(|m| m.len() > 0), || {
                 format!("{}: no stalls.pftrace", p.path().display())
             });
+            let speedscope = std::fs::read(p.path().join("stalls.speedscope.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+            cb.check(
+                speedscope.is_some_and(|f| f["profiles"].as_array().is_some_and(|p| !p.is_empty())),
+                || {
+                    format!(
+                        "{}: no stalls.speedscope.json with a profile",
+                        p.path().display()
+                    )
+                },
+            );
             let prof = read_pprof(&dir.path, &p.path().join("stalls.pb.gz"));
             let total: u64 = prof["samples"]
                 .as_array()

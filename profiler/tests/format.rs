@@ -52,6 +52,7 @@ fn report_reads_version_1_and_writes_version_2() {
         "stalls.svg",
         "stalls.pb.gz",
         "stalls.pftrace",
+        "stalls.speedscope.json",
     ] {
         let len = std::fs::metadata(out.join(f)).map(|m| m.len()).unwrap_or(0);
         assert!(len > 0, "report wrote no {f}:\n{}", run.describe());

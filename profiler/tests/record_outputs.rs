@@ -9,6 +9,10 @@
 //!   recording (whole frames in every part, as stallprof wrote before) reads
 //!   back equal, is at least 20x larger, and `report` re-renders every output
 //!   from it. The ratio is printed (`--nocapture`) as `SIZE v1 v2 ratio`.
+//!   Its stalls.speedscope.json (issue 37) parses, has a profile per loop
+//!   thread whose events speedscope would replay (in time order, each close
+//!   the frame on top), and its stall frames add up to stalls.json's stall
+//!   time within 1 ms.
 //! - `gateway_pprof_reads_back_with_labels` (pyenv's 3.11, whose stalls name
 //!   their asyncio coroutine): stalls.pb.gz read by DataDog's
 //!   `pprof-format` (see tests/common): its total is the recording's stall
@@ -35,12 +39,13 @@ use std::time::Duration;
 use common::*;
 use stallprof::{model::Recording, report};
 
-const OUTPUTS: [&str; 5] = [
+const OUTPUTS: [&str; 6] = [
     "stalls.json",
     "stalls.folded",
     "stalls.svg",
     "stalls.pb.gz",
     "stalls.pftrace",
+    "stalls.speedscope.json",
 ];
 
 fn assert_outputs(out: &Path, what: &str) {
@@ -48,6 +53,43 @@ fn assert_outputs(out: &Path, what: &str) {
         let len = std::fs::metadata(out.join(f)).map(|m| m.len()).unwrap_or(0);
         assert!(len > 0, "{what}: no {f} in {}", out.display());
     }
+}
+
+/// A `stalls.speedscope.json`'s profiles and the time its stall frames
+/// (each profile's outermost frames) were open, replaying each profile's
+/// events as speedscope does: in time order, each close matching the
+/// frame on top, nothing left open.
+fn speedscope_stalls(path: &Path) -> (usize, u64) {
+    let f: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(
+        f["$schema"],
+        "https://www.speedscope.app/file-format-schema.json"
+    );
+    let profiles = f["profiles"].as_array().unwrap();
+    let mut total = 0;
+    for p in profiles {
+        assert_eq!(p["type"], "evented");
+        assert_eq!(p["unit"], "nanoseconds");
+        let mut stack: Vec<(u64, u64)> = Vec::new();
+        let mut last = 0;
+        for e in p["events"].as_array().unwrap() {
+            let (frame, at) = (e["frame"].as_u64().unwrap(), e["at"].as_u64().unwrap());
+            assert!(at >= last, "{}: {e} goes back in time", p["name"]);
+            last = at;
+            if e["type"] == "O" {
+                stack.push((frame, at));
+                continue;
+            }
+            let (open, since) = stack.pop().expect("a close with nothing open");
+            assert_eq!(open, frame, "{}: {e} closes a frame not on top", p["name"]);
+            if stack.is_empty() {
+                total += at - since;
+            }
+        }
+        assert!(stack.is_empty(), "{}: frames left open", p["name"]);
+    }
+    (profiles.len(), total)
 }
 
 /// demo/gateway.py under `py` for `seconds`, with `record --threshold
@@ -123,6 +165,18 @@ fn gateway_stalls_json_round_trips_and_is_20x_smaller() {
     assert_eq!(
         expanded, rec,
         "docs/format.md's expansion disagrees with stallprof's reader"
+    );
+
+    // stalls.speedscope.json: one evented profile per loop thread whose
+    // stall frames (the outermost) add up to stalls.json's stall time.
+    let (threads, stall_ns) = speedscope_stalls(&out.join("stalls.speedscope.json"));
+    let loop_threads: std::collections::BTreeSet<(u32, u32)> =
+        rec.stalls.iter().map(|s| (s.pid, s.tid)).collect();
+    assert_eq!(threads, loop_threads.len(), "a profile per loop thread");
+    assert!(
+        stall_ns.abs_diff(rec.total_stall_ns()) <= 1_000_000,
+        "stalls.speedscope.json holds {stall_ns} ns of stalls, stalls.json {} ns",
+        rec.total_stall_ns()
     );
 
     // Version 1, exactly as stallprof wrote it before (pretty-printed

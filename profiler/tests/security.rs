@@ -33,6 +33,7 @@ const WRITTEN: &[&str] = &[
     "stalls.svg",
     "stalls.pb.gz",
     "stalls.pftrace",
+    "stalls.speedscope.json",
     "events.bin.gz",
     "unwind.json.gz",
     "symbols.json",

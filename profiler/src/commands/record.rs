@@ -73,9 +73,10 @@ pub struct RecordArgs {
     /// No live status line.
     #[arg(short, long)]
     pub quiet: bool,
-    /// Native frames in stalls.folded and stalls.svg: `user` folds the
-    /// interpreter's eval and start-up frames away and trims the loop's
-    /// common root; `all` keeps every frame (stalls.json always does).
+    /// Native frames in stalls.folded, stalls.svg, stalls.speedscope.json and stalls.pb.gz:
+    /// `user` folds the interpreter's eval and start-up frames away and
+    /// trims the loop's common root; `all` keeps every frame (stalls.json
+    /// always does).
     #[arg(long, value_enum, default_value_t = Native::User)]
     pub native: Native,
     /// For CI and load tests: write every output as usual, then exit with
@@ -109,7 +110,8 @@ pub struct RecordConfig {
     pub live_status: bool,
     /// `--fail-on-stall`: the CI gate's limit.
     pub fail_on_stall_ns: Option<u64>,
-    /// How stalls.folded and stalls.svg show stacks (`--native`).
+    /// How stalls.folded, stalls.svg, stalls.speedscope.json and stalls.pb.gz show stacks
+    /// (`--native`).
     pub view: View,
     /// `--app-path` prefixes (the recording's `app_paths`).
     pub app_paths: Vec<String>,

@@ -33,9 +33,10 @@ pub struct ReportArgs {
     /// whose stalls.json holds stalls a higher threshold would drop).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
-    /// Native frames in stalls.folded and stalls.svg: `user` folds the
-    /// interpreter's eval and start-up frames away and trims the loop's
-    /// common root; `all` keeps every frame (stalls.json always does).
+    /// Native frames in stalls.folded, stalls.svg and stalls.speedscope.json:
+    /// `user` folds the interpreter's eval and start-up frames away and
+    /// trims the loop's common root; `all` keeps every frame (stalls.json
+    /// always does).
     #[arg(long, value_enum, default_value_t = Native::User)]
     pub native: Native,
     /// Replaces the recording's `--app-path` prefixes (and the guess, when

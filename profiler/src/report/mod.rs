@@ -2,9 +2,10 @@
 //!
 //! In: [`Recording`]. Out: `stalls.json` (the recording itself, compact
 //! and versioned, which `stallprof report` reads back: [`json`]),
-//! `stalls.folded`, `stalls.svg`, `stalls.pb.gz` (pprof; the three in a
-//! [`view::View`]: by default the user's code), `stalls.pftrace` (the
-//! Perfetto timeline: [`perfetto`]), and the summary text.
+//! `stalls.folded`, `stalls.svg`, `stalls.speedscope.json`, `stalls.pb.gz`
+//! (pprof; the four in a [`view::View`]: by default the user's code; the
+//! speedscope file the stall timeline for speedscope: [`speedscope`]),
+//! `stalls.pftrace` (the Perfetto timeline: [`perfetto`]), and the summary text.
 use std::{
     fs,
     io::Write,
@@ -23,6 +24,7 @@ pub mod journal;
 pub mod json;
 pub mod perfetto;
 pub mod pprof;
+pub mod speedscope;
 pub mod summary;
 pub mod view;
 pub mod viewers;
@@ -128,8 +130,9 @@ pub fn write_all(rec: &Recording, dir: &OutDir) -> Result<Vec<PathBuf>, RenderEr
     write_all_view(rec, dir, view::View::default())
 }
 
-/// [`write_all`], with `stalls.folded`, `stalls.svg` and `stalls.pb.gz` in
-/// the view given (`--native`); the other outputs keep every frame.
+/// [`write_all`], with `stalls.folded`, `stalls.svg`, `stalls.speedscope.json`
+/// and `stalls.pb.gz` in the view given (`--native`); the other outputs keep
+/// every frame.
 pub fn write_all_view(
     rec: &Recording,
     dir: &OutDir,
@@ -141,5 +144,6 @@ pub fn write_all_view(
         flamegraph::write_view(rec, dir, v)?,
         pprof::write_view(rec, dir, v)?,
         perfetto::write(rec, dir)?,
+        speedscope::write_view(rec, dir, v)?,
     ])
 }

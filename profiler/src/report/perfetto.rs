@@ -382,6 +382,32 @@ fn mul_div(a: u64, b: u64, c: u64) -> u64 {
     (a as u128 * b as u128 / c as u128) as u64
 }
 
+/// Weights laid end to end over `[start, end]`, scaled to fill it
+/// exactly: what begins `cum` ns of weight into `total` begins at
+/// [`EndToEnd::at`]. A stall's parts are aggregated weights, not
+/// intervals; this is the one layout every timeline output gives them
+/// (here and `stalls.speedscope.json`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EndToEnd {
+    start: u64,
+    span: u64,
+    total: u64,
+}
+
+impl EndToEnd {
+    pub(crate) fn new(start: u64, end: u64, total: u64) -> EndToEnd {
+        EndToEnd {
+            start,
+            span: end.saturating_sub(start),
+            total: total.max(1),
+        }
+    }
+
+    pub(crate) fn at(&self, cum: u64) -> u64 {
+        self.start + mul_div(self.span, cum.min(self.total), self.total)
+    }
+}
+
 /// A child slice: the parts of one kind (and syscall, and GIL holder).
 struct Group<'a> {
     kind: PartKind,
@@ -627,8 +653,8 @@ pub fn packets(
         )?;
         let groups = groups(s);
         let total: u64 = groups.iter().map(|g| g.weight_ns).sum();
-        let span = s.end_ns.saturating_sub(s.start_ns);
-        let at = |cum: u64| s.start_ns + mul_div(span, cum, total.max(1));
+        let lay = EndToEnd::new(s.start_ns, s.end_ns, total);
+        let at = |cum: u64| lay.at(cum);
         let mut cum = 0;
         for g in &groups {
             let (g_start, g_end) = (at(cum), at(cum + g.weight_ns));

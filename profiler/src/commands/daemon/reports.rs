@@ -4,7 +4,8 @@
 //! In: stalls with their process, added as they end. Out, when a window
 //! closes: `DATA/<window start, UTC>/<comm>-<pid>/` holding `stalls.json`
 //! (readable by `stallprof report`), `stalls.folded`, `stalls.svg`,
-//! `stalls.pb.gz` (pprof) and `stalls.pftrace` (the Perfetto timeline), for
+//! `stalls.pb.gz` (pprof), `stalls.pftrace` (the Perfetto timeline) and
+//! `stalls.speedscope.json` (the same timeline for speedscope), for
 //! every process that stalled in the window; and, when a service's workers
 //! stalled, `DATA/<window>/services.json`: each service group (`services`)
 //! with its workers' stalls together and per worker.
@@ -381,6 +382,7 @@ impl Window {
                 );
                 report::write_file(&dir, "stalls.pb.gz", &pprof::encode_gz(&prof))?;
                 report::perfetto::write(&rec, &dir)?;
+                report::speedscope::write(&rec, &dir)?;
                 Ok(())
             })();
             if let Err(e) = wrote {
