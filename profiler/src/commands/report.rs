@@ -33,7 +33,7 @@ pub struct ReportArgs {
     /// whose stalls.json holds stalls a higher threshold would drop).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
-    /// Native frames in stalls.folded, stalls.svg and stalls.speedscope.json:
+    /// Native frames in stalls.folded, stalls.svg, stalls.speedscope.json and stalls.pb.gz:
     /// `user` folds the interpreter's eval and start-up frames away and
     /// trims the loop's common root; `all` keeps every frame (stalls.json
     /// always does).

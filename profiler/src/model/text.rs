@@ -232,6 +232,19 @@ impl Process {
 }
 
 impl Recording {
+    /// The recording's title, as the flamegraph and speedscope show it:
+    /// `stallprof: pid 4242 (python3) — 12 stalls ≥ 20.0ms, 1.43s of stall
+    /// time`.
+    pub fn title(&self) -> String {
+        format!(
+            "stallprof: {} — {} stalls ≥ {}, {} of stall time",
+            self.target(),
+            self.stalls.len(),
+            crate::os::units::fmt_ns(self.threshold_ns),
+            crate::os::units::fmt_ns(self.total_stall_ns())
+        )
+    }
+
     /// The target for titles: `pid 4242 (python3)`, and in a container
     /// `pid 4242 (python3; pid 1 in its namespace, docker container
     /// 3f2a9c0b1d4e; tid 4242 = 1, 4250 = 9 in its namespace)`: the ids the

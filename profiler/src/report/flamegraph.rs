@@ -118,13 +118,7 @@ pub fn render(rec: &Recording, v: View) -> Result<Vec<u8>, std::io::Error> {
         }
     }
     let mut opts = Options::default();
-    opts.title = format!(
-        "stallprof: {} — {} stalls ≥ {}, {} of stall time",
-        rec.target(),
-        rec.stalls.len(),
-        fmt_ns(rec.threshold_ns),
-        fmt_ns(rec.total_stall_ns())
-    );
+    opts.title = rec.title();
     let mut subtitle = String::from(
         "width = stall time; blue = off-CPU (blocked), purple = run-queue wait, crimson = CPU throttled (cgroup quota), aqua = waiting for the GIL, gold = the asyncio task on top",
     );

@@ -114,17 +114,6 @@ pub enum EventKind {
     Close,
 }
 
-/// `stallprof: pid 4242 (python3) — 3 stalls ≥ 20.0ms, 180.0ms of stall time`.
-pub fn title(rec: &Recording) -> String {
-    format!(
-        "stallprof: {} — {} stalls ≥ {}, {} of stall time",
-        rec.target(),
-        rec.stalls.len(),
-        fmt_ns(rec.threshold_ns),
-        fmt_ns(rec.total_stall_ns())
-    )
-}
-
 /// The shared frame table, each distinct frame once.
 #[derive(Default)]
 struct Frames {
@@ -336,7 +325,7 @@ pub fn file(rec: &Recording, v: View) -> File {
         .map_or(0, |(i, _)| i);
     File {
         schema: SCHEMA,
-        name: title(rec),
+        name: rec.title(),
         exporter: format!("stallprof {}", env!("CARGO_PKG_VERSION")),
         active_profile_index: active,
         shared: Shared {
@@ -600,7 +589,7 @@ mod tests {
         for v in [View::default(), View::ALL] {
             let f = json(&rec, v);
             assert_eq!(f["$schema"], SCHEMA);
-            assert_eq!(f["name"], title(&rec));
+            assert_eq!(f["name"], rec.title());
             assert!(
                 f["name"].as_str().unwrap().contains("pid 5 (python3)"),
                 "{f}"
