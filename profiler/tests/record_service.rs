@@ -30,9 +30,10 @@
 //!   none in any other process of the tree: not in the supervisor (uvicorn's
 //!   master, gunicorn's arbiter, Node's primary), whose waits with a timeout
 //!   are no event loop, nor in uvicorn's resource tracker;
-//! - stalls.json's `processes` lists every worker, with a role, the
-//!   supervisor's (when listed) another; `record`'s summary names every
-//!   worker by its pid.
+//! - stalls.json's `processes` gives the supervisor the role `supervisor`
+//!   and each worker a worker's role of its own (`worker N of COMM`, Node:
+//!   `cluster worker K`; the respawned one a new N); `record`'s summary
+//!   names every worker by its pid.
 //!
 //! And `stallprof top --pid <master>` of the uvicorn service shows a row
 //! for each worker pid.
@@ -542,7 +543,9 @@ fn record_service(test: &str, server: Server, kill_one: bool) {
         }
     }
 
-    // The processes, by role; the summary names the workers.
+    // The processes, by role (docs/format.md): the target is the
+    // supervisor, each worker a worker of its own number (a respawned one
+    // takes the next, not its predecessor's); the summary names them.
     let processes = raw["processes"].as_array().cloned().unwrap_or_default();
     let role_of = |pid: u32| {
         processes
@@ -553,15 +556,28 @@ fn record_service(test: &str, server: Server, kill_one: bool) {
     c.check(raw["processes"].is_array(), || {
         "stalls.json has no `processes` array".into()
     });
+    let sup_role = role_of(supervisor);
+    c.check(sup_role.as_deref() == Some("supervisor"), || {
+        format!(
+            "the supervisor {supervisor} ({}) has role {sup_role:?} in stalls.json's processes, \
+             want \"supervisor\": {processes:?}",
+            server.supervisor()
+        )
+    });
+    let mut roles: BTreeMap<String, u32> = BTreeMap::new();
     for w in &workers {
-        let role = role_of(*w);
-        c.check(role.as_ref().is_some_and(|r| !r.is_empty()), || {
-            format!("worker {w} is not in stalls.json's processes with a role: {processes:?}")
+        let role = role_of(*w).unwrap_or_default();
+        let ok = match server {
+            Server::NodeCluster => role.starts_with("cluster worker "),
+            _ => role.starts_with("worker ") && role.contains(" of "),
+        };
+        c.check(ok, || {
+            format!("worker {w} has role {role:?} in stalls.json's processes: {processes:?}")
         });
-        if let (Some(r), Some(sr)) = (&role, role_of(supervisor)) {
-            c.check(*r != sr, || {
-                format!("worker {w} and the supervisor {supervisor} have the same role {r:?}")
-            });
+        if let Some(other) = roles.insert(role.clone(), *w) {
+            c.fail(format!(
+                "workers {other} and {w} have the same role {role:?}"
+            ));
         }
         c.check(names_pid(&run.stdout, *w), || {
             format!("record's summary does not name worker {w}")
