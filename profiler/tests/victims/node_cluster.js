@@ -15,6 +15,7 @@
 //
 //   {"kind":"primary","pid":P}                    the primary is up
 //   {"kind":"ready","pid":P,"ppid":Q,"tid":T}     a worker listens
+//   {"kind":"begin","seq":S,"pid":P}              a handler begins request S
 //   {"kind":"cpu"|"sleep","func":"hashPassword"|"nap","seq":S,
 //    "pid":P,"tid":T,"start_ns":..,"end_ns":..,"cpu_ns":..}
 //
@@ -74,6 +75,7 @@ if (cluster.isPrimary) {
   };
 
   function hashPassword(ms, seq) {
+    log({ kind: 'begin', seq, pid: process.pid });
     const start = process.hrtime.bigint();
     const cpu0 = runNs();
     const until = start + BigInt(ms) * 1000000n;
@@ -86,6 +88,7 @@ if (cluster.isPrimary) {
   }
 
   function nap(ms, seq) {
+    log({ kind: 'begin', seq, pid: process.pid });
     const start = process.hrtime.bigint();
     const cpu0 = runNs();
     Atomics.wait(napCell, 0, 0, ms);

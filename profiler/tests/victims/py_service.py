@@ -17,6 +17,7 @@ Every worker appends to the one log (O_APPEND, one write per line, so the
 workers' lines never tear each other), each line JSON:
 
     {"kind":"ready","pid":P,"ppid":Q,"tid":T}     the worker's app started
+    {"kind":"begin","seq":S,"pid":P}              a handler begins request S
     {"kind":"cpu"|"sleep","func":"hash_password"|"nap","seq":S,
      "pid":P,"tid":T,"start_ns":..,"end_ns":..,"cpu_ns":..}
 
@@ -63,6 +64,7 @@ def section(kind, func, seq, start, cpu0):
 
 @app.get("/hash")
 async def hash_password(ms: int = 60, seq: int = 0):
+    log(kind="begin", seq=seq, pid=os.getpid())
     start, cpu0 = time.monotonic_ns(), time.thread_time_ns()
     until = start + ms * 1_000_000
     while True:  # one round at least: ms=0 warms the handler up
@@ -75,6 +77,7 @@ async def hash_password(ms: int = 60, seq: int = 0):
 
 @app.get("/nap")
 async def nap(ms: int = 60, seq: int = 0):
+    log(kind="begin", seq=seq, pid=os.getpid())
     start, cpu0 = time.monotonic_ns(), time.thread_time_ns()
     time.sleep(ms / 1000)
     section("sleep", "nap", seq, start, cpu0)
