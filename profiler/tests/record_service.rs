@@ -360,6 +360,8 @@ fn parent_of(pid: u32) -> Option<u32> {
 #[derive(Debug, Clone)]
 struct Section {
     pid: u32,
+    /// How long the request asked it to block (0: a warm-up).
+    planned_ms: u64,
     truth: Truth,
 }
 
@@ -377,6 +379,7 @@ fn sections(log: &Path) -> Vec<Section> {
         .zip(truth)
         .map(|(r, truth)| Section {
             pid: r["pid"].as_u64().expect("a section without a pid") as u32,
+            planned_ms: r["ms"].as_u64().expect("a section without its ms"),
             truth,
         })
         .collect()
@@ -517,10 +520,10 @@ fn record_service(test: &str, server: Server, kill_one: bool) {
         let Some((_, st)) = best else { continue };
         matched += 1;
         // The shares of the planned blocks only: a warm-up request pushed
-        // over the threshold by a wait for a CPU is matched above, but the
-        // request's own handling (a few ms) is a large part of so short a
-        // stall.
-        if t.duration_ns() < SECTION_MS * MS {
+        // over the threshold by a wait for a CPU is matched above, but its
+        // stall holds the worker's one-time work on its first requests
+        // (the reason for warming up) around a section of about no CPU.
+        if s.planned_ms != SECTION_MS {
             continue;
         }
         // Both as shares of the stall: it also holds what the section does

@@ -16,7 +16,7 @@
 //   {"kind":"primary","pid":P}                    the primary is up
 //   {"kind":"ready","pid":P,"ppid":Q,"tid":T}     a worker listens
 //   {"kind":"begin","seq":S,"pid":P}              a handler begins request S
-//   {"kind":"cpu"|"sleep","func":"hashPassword"|"nap","seq":S,
+//   {"kind":"cpu"|"sleep","func":"hashPassword"|"nap","seq":S,"ms":N,
 //    "pid":P,"tid":T,"start_ns":..,"end_ns":..,"cpu_ns":..}
 //
 // start_ns/end_ns are process.hrtime.bigint() (CLOCK_MONOTONIC) around the
@@ -65,11 +65,11 @@ if (cluster.isPrimary) {
   const runNs = () => BigInt(fs.readFileSync(schedstat, 'utf8').split(' ')[0]);
   const napCell = new Int32Array(new SharedArrayBuffer(4));
 
-  const section = (kind, func, seq, start, cpu0) => {
+  const section = (kind, func, seq, ms, start, cpu0) => {
     const end = process.hrtime.bigint();
     const cpu = runNs() - cpu0;
     log({
-      kind, func, seq, pid: process.pid, tid,
+      kind, func, seq, ms, pid: process.pid, tid,
       start_ns: Number(start), end_ns: Number(end), cpu_ns: Number(cpu),
     });
   };
@@ -83,7 +83,7 @@ if (cluster.isPrimary) {
     do { // one round at least: ms=0 warms the handler up
       digest = crypto.pbkdf2Sync('correct horse', 'battery staple', 2000, 32, 'sha256');
     } while (process.hrtime.bigint() < until);
-    section('cpu', 'hashPassword', seq, start, cpu0);
+    section('cpu', 'hashPassword', seq, ms, start, cpu0);
     return digest.toString('hex');
   }
 
@@ -92,7 +92,7 @@ if (cluster.isPrimary) {
     const start = process.hrtime.bigint();
     const cpu0 = runNs();
     Atomics.wait(napCell, 0, 0, ms);
-    section('sleep', 'nap', seq, start, cpu0);
+    section('sleep', 'nap', seq, ms, start, cpu0);
     return ms;
   }
 

@@ -18,7 +18,7 @@ workers' lines never tear each other), each line JSON:
 
     {"kind":"ready","pid":P,"ppid":Q,"tid":T}     the worker's app started
     {"kind":"begin","seq":S,"pid":P}              a handler begins request S
-    {"kind":"cpu"|"sleep","func":"hash_password"|"nap","seq":S,
+    {"kind":"cpu"|"sleep","func":"hash_password"|"nap","seq":S,"ms":N,
      "pid":P,"tid":T,"start_ns":..,"end_ns":..,"cpu_ns":..}
 
 start_ns/end_ns are time.monotonic_ns() (CLOCK_MONOTONIC) around the
@@ -57,8 +57,8 @@ async def lifespan(_app):
 app = FastAPI(lifespan=lifespan)
 
 
-def section(kind, func, seq, start, cpu0):
-    log(kind=kind, func=func, seq=seq, pid=os.getpid(), tid=threading.get_native_id(),
+def section(kind, func, seq, ms, start, cpu0):
+    log(kind=kind, func=func, seq=seq, ms=ms, pid=os.getpid(), tid=threading.get_native_id(),
         start_ns=start, end_ns=time.monotonic_ns(), cpu_ns=time.thread_time_ns() - cpu0)
 
 
@@ -71,7 +71,7 @@ async def hash_password(ms: int = 60, seq: int = 0):
         digest = hashlib.pbkdf2_hmac("sha256", b"correct horse", b"battery staple", 2000)
         if time.monotonic_ns() >= until:
             break
-    section("cpu", "hash_password", seq, start, cpu0)
+    section("cpu", "hash_password", seq, ms, start, cpu0)
     return {"digest": digest.hex(), "pid": os.getpid()}
 
 
@@ -80,5 +80,5 @@ async def nap(ms: int = 60, seq: int = 0):
     log(kind="begin", seq=seq, pid=os.getpid())
     start, cpu0 = time.monotonic_ns(), time.thread_time_ns()
     time.sleep(ms / 1000)
-    section("sleep", "nap", seq, start, cpu0)
+    section("sleep", "nap", seq, ms, start, cpu0)
     return {"slept_ms": ms, "pid": os.getpid()}
