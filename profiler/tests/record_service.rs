@@ -61,6 +61,15 @@ const THRESHOLD_NS: u64 = 20 * MS;
 const SECTION_MS: u64 = 60;
 /// Sections of each kind (on-CPU, off-CPU) every worker must serve.
 const PER_WORKER: usize = 3;
+/// Requests of each kind every worker serves without blocking before its
+/// blocking ones: its first request's one-time work (a fresh worker's lazy
+/// imports) is then in no section's stall, and stallprof has seen the
+/// loop's waits it elects the loop by (assemble/loops.rs: `EPOLL_DECIDE`
+/// waits on one epoll fd) — a worker idle since before the recording began
+/// has shown it none. With one of each, the first blocking section of a
+/// worker that was running at attach went unrecorded in about half the
+/// runs.
+const WARM_UPS: usize = 3;
 /// Of the sections recorded, the share stallprof must find.
 const MATCHED_PERCENT: f64 = 95.0;
 
@@ -331,12 +340,11 @@ impl Service {
         );
     }
 
-    /// Each of `workers` first serves each handler once without blocking
-    /// (its first request's one-time work, as a fresh worker's lazy
-    /// imports, is then not inside a section's stall), then
-    /// [`PER_WORKER`] blocking sections of each kind after `since_ns`.
+    /// Each of `workers` first serves each handler [`WARM_UPS`] times
+    /// without blocking, then [`PER_WORKER`] blocking sections of each kind
+    /// after `since_ns`.
     fn drive(&self, workers: &[u32], since_ns: u64) {
-        self.serve(workers, since_ns, 0, 1);
+        self.serve(workers, since_ns, 0, WARM_UPS);
         self.serve(workers, since_ns, SECTION_MS, PER_WORKER);
     }
 }
