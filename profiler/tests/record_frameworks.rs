@@ -35,7 +35,6 @@
 mod common;
 mod pyrecord;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
@@ -50,19 +49,6 @@ const APP: HandlerApp = HandlerApp {
     // Measured share vs the victim's own share.
     share_points: 5.0,
 };
-
-/// The venv `cargo xtask test` prepares (xtask/src/main.rs `asgi_venv`).
-fn asgi_python() -> PathBuf {
-    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/asgi-venv/bin/python");
-    assert!(
-        py.exists(),
-        "{} is missing: run the tests with `cargo xtask test` (its setup installs FastAPI, \
-         uvicorn[standard], pypdf and requests, pinned, into target/asgi-venv), or \
-         `cargo xtask setup --tests`",
-        py.display()
-    );
-    py
-}
 
 #[test]
 fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {

@@ -51,10 +51,12 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// pprof files with npm's pprof-format (target/daemon-test-deps/{py,node}).
 const PROMETHEUS_CLIENT_VERSION: &str = "0.26.0";
 const PPROF_FORMAT_VERSION: &str = "2.3.2";
-/// The FastAPI victim's packages (tests/record_frameworks.rs), every one
-/// pinned, installed with `--no-deps` into a CPython 3.11 venv at
-/// target/asgi-venv: uvicorn[standard] (uvloop, httptools), FastAPI and
-/// the libraries its handlers block in (pypdf, requests).
+/// The FastAPI victims' packages (tests/record_frameworks.rs,
+/// tests/record_service.rs), every one pinned, installed with `--no-deps`
+/// into a CPython 3.11 venv at target/asgi-venv: uvicorn[standard] (uvloop,
+/// httptools), FastAPI, the libraries its handlers block in (pypdf,
+/// requests), and gunicorn, the pre-fork supervisor the service tests run
+/// uvicorn's workers under (it needs nothing beyond the standard library).
 const ASGI_PACKAGES: &[&str] = &[
     "fastapi==0.165.0",
     "starlette==1.10.0",
@@ -81,6 +83,7 @@ const ASGI_PACKAGES: &[&str] = &[
     "urllib3==2.8.0",
     "certifi==2026.10.19.post1",
     "charset-normalizer==3.5.3",
+    "gunicorn==27.0.1",
 ];
 
 #[derive(Parser)]
@@ -574,7 +577,7 @@ fn asgi_venv() -> Result<()> {
         return Ok(());
     };
     eprintln!(
-        "xtask: installing FastAPI, uvicorn[standard], pypdf and requests (pinned) for the framework tests into {}",
+        "xtask: installing FastAPI, uvicorn[standard], gunicorn, pypdf and requests (pinned) for the framework and service tests into {}",
         venv.display()
     );
     if venv.exists() {
@@ -882,6 +885,7 @@ const ACCURACY_TESTS: &[&str] = &[
     "record_native",
     "record_container",
     "record_express",
+    "record_service",
 ];
 
 /// The accuracy tests again with `STALLPROF_PROBES=tracepoints`: the

@@ -528,6 +528,22 @@ pub fn find_python(major: u32, minor: u32) -> Option<PathBuf> {
         })
 }
 
+/// The python of the venv `cargo xtask test` prepares for the framework
+/// victims (xtask/src/main.rs `asgi_venv`: CPython 3.11 with FastAPI,
+/// uvicorn[standard], gunicorn, pypdf and requests, pinned); a missing one
+/// FAILS the test, saying how to make it.
+pub fn asgi_python() -> PathBuf {
+    let py = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/asgi-venv/bin/python");
+    assert!(
+        py.exists(),
+        "{} is missing: run the tests with `cargo xtask test` (its setup installs FastAPI, \
+         uvicorn[standard], gunicorn, pypdf and requests, pinned, into target/asgi-venv), or \
+         `cargo xtask setup --tests`",
+        py.display()
+    );
+    py
+}
+
 /// Debian's CPython 3.11, /usr/bin/python3.11 (stripped, non-PIE, libpython
 /// linked in statically), if installed.
 pub fn debian_python311() -> Option<PathBuf> {
