@@ -1431,9 +1431,17 @@ fn daemon_rebuild_keeps_loops_and_full_stacks() {
         |f| loop_threads(f, pid) >= 1.0,
     );
     std::thread::sleep(Duration::from_millis(1000)); // CPython detection
-    // Stacks were interned while the loop was learned: the next
+    // A first victim's stalls intern stacks past `max_stacks`: the next
     // housekeeping rebuilds. Go only after a rebuild, so every stall of
-    // the victim is assembled by a rebuilt engine.
+    // the victim is assembled by a rebuilt engine. (Nothing else on the
+    // host may be relied on for stacks: this test's own thread, polling
+    // /metrics between sleeps, was once taken for a poll loop and did.)
+    let (warm_log, warm_start) = (dir.join("w.log"), dir.join("w.start"));
+    let warm = spawn_python(&warm_log, &warm_start, 1);
+    wait_for_log_kind(&warm_log, "ready", Duration::from_secs(15));
+    std::fs::write(&warm_start, b"go").unwrap();
+    wait_for_log_kind(&warm_log, "done", Duration::from_secs(30));
+    drop(warm);
     let resets = |f: &[Value]| sample(f, "stallprof_session_resets_total", &[]).unwrap_or(0.0);
     let before = wait_metrics(
         &mut d,
