@@ -801,6 +801,17 @@ impl Recording {
         self.stalls.iter().map(|s| s.duration_ns).sum()
     }
 
+    /// Where the timelines (Perfetto, speedscope) start: the recording's
+    /// start, or a stall's from before it (none is) rather than cut it.
+    pub fn first_ns(&self) -> u64 {
+        self.stalls
+            .iter()
+            .map(|s| s.start_ns)
+            .chain([self.started_ns])
+            .min()
+            .unwrap_or(0)
+    }
+
     /// The stalls' CPU-throttled time, summed.
     pub fn throttled_ns(&self) -> u64 {
         self.stalls.iter().map(|s| s.throttled_ns).sum()

@@ -495,13 +495,7 @@ pub fn packets(
         callstacks: HashMap::new(),
         next_flow: 1,
     };
-    let first_ts = rec
-        .stalls
-        .iter()
-        .map(|s| s.start_ns)
-        .chain([rec.started_ns])
-        .min()
-        .unwrap_or(0);
+    let first_ts = rec.first_ns();
     (w.out)(TracePacket {
         timestamp: Some(first_ts),
         timestamp_clock_id: Some(CLOCK_MONOTONIC),

@@ -227,15 +227,7 @@ fn stall_events(
 pub fn file(rec: &Recording, v: View) -> File {
     let app = rec.app();
     let shown = view::apply(&rec.stalls, v, &app);
-    // From the recording's start; a stall from before it (none is) would
-    // move the origin back rather than be cut.
-    let origin = rec
-        .stalls
-        .iter()
-        .map(|s| s.start_ns)
-        .chain([rec.started_ns])
-        .min()
-        .unwrap_or(0);
+    let origin = rec.first_ns();
     let end_value = rec
         .stalls
         .iter()
