@@ -329,6 +329,9 @@ pub enum Cost {
     /// The saved raw events (`--save-events`) are cut short: a replay
     /// misses the rest.
     Saved,
+    /// Stalls did not reach the tracing backend (OTLP); the local outputs
+    /// have them.
+    Exported,
 }
 
 impl Cost {
@@ -342,6 +345,7 @@ impl Cost {
             Cost::Holders => "CPU holders missing",
             Cost::Detail => "detail missing",
             Cost::Saved => "saved events cut",
+            Cost::Exported => "spans not exported",
         }
     }
 }

@@ -313,6 +313,78 @@ pub fn is_interpreter_frame(f: &Frame) -> bool {
     is_interpreter_module(module) && is_interpreter_machinery(&f.name)
 }
 
+/// Glue between a call and the function called: the interpreter's call
+/// machinery ([`is_interpreter_frame`], the type-call path a class
+/// instantiation runs, `type_call`, `slot_tp_init`, …, and the C API the
+/// eval loop runs bytecode through) and a binding
+/// layer's trampolines (pyo3's `pyo3::impl_::trampoline::…`, its argument
+/// extraction and conversions). Never the call the app made.
+pub fn is_call_glue(f: &Frame) -> bool {
+    if f.kind != FrameKind::Native {
+        return false;
+    }
+    if is_interpreter_frame(f) {
+        return true;
+    }
+    const TYPE_CALL: &[&str] = &[
+        "type_call",
+        "slot_tp_init",
+        "slot_tp_new",
+        "tp_new_wrapper",
+        "wrap_init",
+        "wrapper_call",
+        "wrapperdescr_call",
+        "method_vectorcall",
+        "_PyStack_",
+    ];
+    let module = f.module.as_deref().unwrap_or("");
+    // The C API (`PyObject_GetAttr`, `PyDict_GetItem`, …) under an app
+    // frame is the interpreter running that frame's own bytecode, no call
+    // the app made; a builtin module's functions (`time_sleep`) are not
+    // named so.
+    if is_interpreter_module(module)
+        && (TYPE_CALL.iter().any(|p| f.name.starts_with(p))
+            || f.name.starts_with("Py")
+            || f.name.starts_with("_Py"))
+    {
+        return true;
+    }
+    let name = f.name.trim_start_matches('<');
+    name.starts_with("pyo3::") || name.starts_with("pyo3_ffi::")
+}
+
+/// The name the caller called, for a binding's entry point: pyo3's
+/// `tokenizers::tokenizer::PyTokenizer::__pymethod_from_file__` is
+/// `PyTokenizer.from_file`, `…::__pyfunction_encode` is `encode`. None
+/// for any other frame (its own name stands). Cython's wrappers
+/// (`__pyx_pw_…`) keep their mangled names: their length-prefixed parts
+/// cannot be split without Cython's own tables.
+pub fn called_name(f: &Frame) -> Option<String> {
+    if f.kind != FrameKind::Native {
+        return None;
+    }
+    pyo3_called_name(&f.name)
+}
+
+fn pyo3_called_name(name: &str) -> Option<String> {
+    let (path, last) = name.rsplit_once("::")?;
+    if let Some(m) = last
+        .strip_prefix("__pymethod_")
+        .and_then(|m| m.strip_suffix("__"))
+    {
+        // `__pymethod___new____` (a #[new]) is the type's constructor.
+        let m = m.trim_start_matches("_");
+        let ty = path.rsplit("::").next().unwrap_or(path);
+        let m = if m.is_empty() || m == "new__" || m == "_new__" {
+            "__new__"
+        } else {
+            m
+        };
+        return Some(format!("{ty}.{m}"));
+    }
+    last.strip_prefix("__pyfunction_").map(str::to_string)
+}
+
 /// The C runtime and the vDSO: their frames are the means of blocking
 /// (`read`, `nanosleep`), never the culprit.
 pub fn is_system_lib(f: &Frame) -> bool {
@@ -377,6 +449,25 @@ pub fn is_node_internal_js(f: &Frame) -> bool {
 pub fn is_task_step(f: &Frame) -> bool {
     (f.kind == FrameKind::Native && (f.name == "task_step" || f.name == "task_step_impl"))
         || (f.kind == FrameKind::Python && f.name.contains("Task.__step"))
+}
+
+/// A task's eager start (CPython 3.12+: `create_task(…, eager_start=True)`,
+/// the eager task factory): the task's constructor runs the coroutine's
+/// first step inside its caller, `_asyncio`'s `_asyncio_Task___init__`
+/// (and its `_impl`) → `task_eager_start` → `task_step_impl`, or the
+/// pure-Python `Task.__eager_start`. A start of the task's own stack, as
+/// a step from the loop's dispatch is.
+pub fn is_eager_task_start(f: &Frame) -> bool {
+    match f.kind {
+        FrameKind::Native => {
+            f.module
+                .as_deref()
+                .is_some_and(|m| m.starts_with("_asyncio"))
+                && (f.name.starts_with("_asyncio_Task___init__") || f.name == "task_eager_start")
+        }
+        FrameKind::Python => f.name.ends_with("Task.__eager_start"),
+        _ => false,
+    }
 }
 
 /// The native function that executes Python bytecode: each activation runs

@@ -62,6 +62,10 @@ EXAMPLES:
 
     # What changed between two recordings: a differential flamegraph
     stallprof report --diff before after -o diff
+
+    # Look at it in a browser: the outputs served on 127.0.0.1 until Ctrl-C
+    stallprof report out --open
+    stallprof report out --serve 127.0.0.1:8080
 ";
 
 const TOP_EXAMPLES: &str = "\

@@ -56,6 +56,7 @@ pub fn stall(start_ns: u64, stacks: Vec<StackPart>) -> Stall {
         coroutine: None,
         task: None,
         route: None,
+        held_up: None,
         stacks,
     }
 }

@@ -2497,3 +2497,122 @@ fn daemon_groups_a_services_workers() {
     });
     c.finish();
 }
+
+/// Issue 36 item 3: the daemon sends each stall it keeps as a span to the
+/// collector `[otlp]` names (oteltap, http/protobuf, pinned in the test
+/// venv), one span per stall of the victim, each as long as the victim's
+/// call, and counts them (`stallprof_otlp_spans_total{outcome}`).
+#[test]
+fn daemon_exports_stalls_over_otlp() {
+    let Some(case) = Case::begin("daemon_exports_stalls_over_otlp", "daemon-otlp") else {
+        return;
+    };
+    let (dir, port) = (&case.dir, case.port);
+    let tap_port = free_port();
+    let received = dir.join("oteltap.ndjson");
+    let mut tap = Command::new(asgi_python())
+        .args(["-m", "oteltap", "--port", &tap_port.to_string()])
+        .stdout(std::fs::File::create(&received).unwrap())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starting oteltap (cargo xtask setup --tests installs it)");
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", tap_port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "oteltap did not listen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cfg = case.config(&format!(
+        "window = \"1h\"\n[otlp]\nendpoint = \"http://127.0.0.1:{tap_port}\"\n"
+    ));
+    let mut d = start_daemon(&cfg, port);
+    let (log, start) = (dir.join("p.log"), dir.join("p.start"));
+    let p = spawn_python(&log, &start, 2);
+    let pid = p.pid();
+    wait_metrics(
+        &mut d,
+        &dir.path,
+        "the victim's loop thread",
+        Duration::from_secs(15),
+        |f| loop_threads(f, pid) >= 1.0,
+    );
+    std::thread::sleep(Duration::from_millis(1000)); // CPython detection
+    std::fs::write(&start, b"go").unwrap();
+    wait_for_log_kind(&log, "done", Duration::from_secs(30));
+    let truth = python_truth(&read_log(&log));
+    wait_stalls_counted(&mut d, &dir.path, &[(pid, truth.len())]);
+    let exported = |f: &[Value]| {
+        sample(f, "stallprof_otlp_spans_total", &[("outcome", "exported")]).unwrap_or(0.0)
+    };
+    let fams = wait_metrics(
+        &mut d,
+        &dir.path,
+        "the victim's stalls exported",
+        Duration::from_secs(15),
+        |f| exported(f) >= truth.len() as f64,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = tap.kill();
+    let _ = tap.wait();
+    let spans: Vec<Value> = std::fs::read_to_string(&received)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|v: &Value| v["name"] == "event loop stall")
+        .collect();
+    let mut c = Checks::new(format!(
+        "Python victim:\n{}\nreceived {} spans",
+        truth_table(&truth),
+        spans.len()
+    ));
+    let tid = |s: &Value| {
+        s["attributes"].as_array().and_then(|a| {
+            a.iter()
+                .find(|kv| kv["key"] == "thread.id")
+                .and_then(|kv| kv["value"]["intValue"].as_str()?.parse::<u64>().ok())
+        })
+    };
+    let nanos = |v: &Value| v.as_str().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+    // Wall-clock spans: as long as the victim's calls (its own clock), each
+    // call's within 15 ms (a stall also holds the loop's own work around it).
+    let victim: Vec<&Value> = spans
+        .iter()
+        .filter(|s| tid(s) == Some(truth[0].tid))
+        .collect();
+    c.check(victim.len() == truth.len(), || {
+        format!(
+            "{} spans of the victim's thread, {} calls",
+            victim.len(),
+            truth.len()
+        )
+    });
+    for t in &truth {
+        let want = t.end_ns - t.start_ns;
+        c.check(
+            victim.iter().any(|s| {
+                let got = nanos(&s["endTimeUnixNano"]) - nanos(&s["startTimeUnixNano"]);
+                got + 2 * MS >= want && got <= want + 15 * MS
+            }),
+            || format!("no span as long as {} ({} ms)", t.who(), ms(want)),
+        );
+    }
+    c.check(
+        sample(
+            &fams,
+            "stallprof_otlp_spans_total",
+            &[("outcome", "failed")],
+        )
+        .unwrap_or(0.0)
+            == 0.0,
+        || "spans counted failed with the collector up".into(),
+    );
+    drop(p);
+    d.prof.signal(libc::SIGTERM);
+    let run = d.prof.wait(Duration::from_secs(30));
+    c.check(run.status.success(), || {
+        format!("the daemon's exit: {}", run.describe())
+    });
+    c.finish();
+}

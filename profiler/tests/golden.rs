@@ -6,13 +6,15 @@
 //! wrote. So replay is checked to be the live pipeline, unwinding included.
 //!
 //! A case is made by recording a victim (see docs/testing.md, "Golden
-//! recordings") with `--native all` (the comparison is of every frame;
-//! the default view drops interpreter frames and the loop's root) and
-//! copying `events.bin.gz`, `unwind.json.gz`, `symbols.json` and
-//! `stalls.folded` (as `expected.folded`) here. The `[task NAME]` markers
-//! of an asyncio recording come from reads of the live process that the
-//! saved recording does not keep: they are taken out of `expected.folded`
-//! (whose lines then sort as the replay's do).
+//! recordings") with `--native all --lines` (the comparison is of every
+//! frame, with its line and full name; the default view drops interpreter
+//! frames and the loop's root, lines and generic arguments) and copying
+//! `events.bin.gz`, `unwind.json.gz`, `symbols.json` and `stalls.folded`
+//! (as `expected.folded`) here. The cases were recorded when an asyncio
+//! recording's `stalls.folded` topped each stack with a `[task NAME]`
+//! marker, from reads of the live process that the saved recording does
+//! not keep: those were taken out of `expected.folded` (whose lines then
+//! sort as the replay's do).
 use std::{fs, path::PathBuf};
 
 use stallprof::{assemble::stall::TrackerConfig, pipeline::replay, report::aggregate};

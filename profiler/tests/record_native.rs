@@ -1041,6 +1041,8 @@ fn check_js_replay(out: &Path, replay: &Path, truth: &[Truth], script: &Path) {
             out.as_os_str(),
             "--threshold".as_ref(),
             "30ms".as_ref(),
+            // Frames by line, to check each function's line.
+            "--lines".as_ref(),
             "-o".as_ref(),
             replay.as_os_str(),
         ],

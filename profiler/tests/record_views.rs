@@ -8,7 +8,10 @@
 //!   loop root (`BaseEventLoop.run_forever`), yet keeps the C extensions
 //!   under their Python caller: zlib under `Gateway.compress_payload`,
 //!   `_ssl`/libssl under `Gateway.make_tls_contexts`. `report --native all`
-//!   of the same recording keeps every frame, with the same total.
+//!   of the same recording keeps every frame, with the same total. Its
+//!   frames are one per function (`handle_request (py_gateway.py)`), a
+//!   line each with `report --lines`; no task frame, unless `report
+//!   --group-by task`, which roots every stack in its task.
 //! - `report_diff_names_what_changed`: `report --diff` of a recording with
 //!   itself is all zero; against a copy whose compress step was fixed
 //!   (its stacks removed), diff.folded has `Gateway.compress_payload` only
@@ -169,6 +172,39 @@ fn python_default_view_shows_the_users_code() {
             .unwrap()
             .contains("_PyEval_EvalFrameDefault")
     );
+    // Issue 37: a frame per function (no line), the task no frame; with
+    // `--lines` a frame per line; with `--group-by task` every stack
+    // rooted in its task, and the same total.
+    assert!(
+        !folded.contains("(py_gateway.py:") && folded.contains("handle_request (py_gateway.py)"),
+        "the default view is not by function\n{}",
+        ctx()
+    );
+    assert!(!folded.contains("[task "), "a task frame\n{}", ctx());
+    let lines = render("views-python-lines", &out, &["--lines"]);
+    assert!(
+        lines.contains("handle_request (py_gateway.py:"),
+        "--lines shows no line:\n{lines}"
+    );
+    let grouped = render("views-python-grouped", &out, &["--group-by", "task"]);
+    for (frames, _) in stacks(&grouped) {
+        assert!(
+            frames[0].starts_with("task ") || frames[0] == "[no task]",
+            "--group-by task: a stack not rooted in its task: {frames:?}"
+        );
+    }
+    assert!(
+        stacks(&folded)
+            .iter()
+            .all(|(f, _)| !f[0].starts_with("task ") && f[0] != "[no task]")
+    );
+    for other in [&lines, &grouped] {
+        assert!(
+            total(other).abs_diff(t) <= 50,
+            "a view moved time: {} us against {t} us",
+            total(other)
+        );
+    }
 }
 
 #[test]

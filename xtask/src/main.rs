@@ -15,7 +15,10 @@
 //! the root tests run (bpftool, cc, objdump, tmux, Debian's /usr/bin/python3.11,
 //! /usr/bin/node, npm, pip) with apt-get, and the daemon tests' readers at
 //! pinned versions under target/daemon-test-deps, the FastAPI victim's
-//! packages (pinned) in a CPython 3.11 venv at target/asgi-venv, the express
+//! packages (pinned) in a CPython 3.11 venv at target/asgi-venv (with
+//! playwright, pinned, for the viewer test), the viewer test's browser and
+//! viewers (Debian chromium, chromium-driver, golang-1.19-go's pprof,
+//! graphviz; npm speedscope, pinned, under target/viewer-test-deps), the express
 //! victim's npm packages (pinned by its package-lock.json) by `npm ci` into
 //! target/express-victim, and (as root) the
 //! container sandbox: a Debian testing root filesystem with python3.13,
@@ -55,8 +58,10 @@ const PPROF_FORMAT_VERSION: &str = "2.3.2";
 /// tests/record_service.rs), every one pinned, installed with `--no-deps`
 /// into a CPython 3.11 venv at target/asgi-venv: uvicorn[standard] (uvloop,
 /// httptools), FastAPI, the libraries its handlers block in (pypdf,
-/// requests), and gunicorn, the pre-fork supervisor the service tests run
-/// uvicorn's workers under (it needs nothing beyond the standard library).
+/// requests), gunicorn, the pre-fork supervisor the service tests run
+/// uvicorn's workers under (it needs nothing beyond the standard library),
+/// OpenTelemetry's SDK and FastAPI instrumentation, and aiohttp, with
+/// their dependencies.
 const ASGI_PACKAGES: &[&str] = &[
     "fastapi==0.165.0",
     "starlette==1.10.0",
@@ -84,7 +89,45 @@ const ASGI_PACKAGES: &[&str] = &[
     "certifi==2026.10.19.post1",
     "charset-normalizer==3.5.3",
     "gunicorn==27.0.1",
+    // OpenTelemetry as a service uses it (the SDK's batch processor, the
+    // FastAPI instrumentation's server spans): py_fastapi.py --otel.
+    "opentelemetry-sdk==1.45.2",
+    "opentelemetry-semantic-conventions==0.66b2",
+    "opentelemetry-instrumentation==0.66b2",
+    "opentelemetry-instrumentation-asgi==0.66b2",
+    "opentelemetry-instrumentation-fastapi==0.66b2",
+    "opentelemetry-util-http==0.66b2",
+    "asgiref==3.13.0",
+    "packaging==26.4",
+    "wrapt==2.5.2",
+    // aiohttp, the other asyncio web server: py_aiohttp.py.
+    "aiohttp==3.14.5",
+    "aiohappyeyeballs==2.7.1",
+    "aiosignal==1.4.0",
+    "attrs==26.1.0",
+    "frozenlist==1.8.0",
+    "multidict==7.2.1",
+    "propcache==0.5.4",
+    "yarl==1.25.1",
 ];
+/// The viewer test's browser driver (tests/viewers.rs), in the same venv:
+/// playwright drives Debian's /usr/bin/chromium (never `playwright
+/// install`: no browser is downloaded), with its two dependencies.
+const BROWSER_PACKAGES: &[&str] = &["playwright==1.65.3", "greenlet==3.5.6", "pyee==13.0.1"];
+/// The OTLP receivers the export test sends stalls to (tests/record_otlp.rs),
+/// in the same venv: oteltap (OTLP over HTTP/protobuf, loopback, prints
+/// each span as JSON) and rotel (an OTLP collector, gRPC and HTTP, a Rust
+/// binary in its wheel, logging each span it receives): two receivers
+/// written by others, one per protocol.
+const OTLP_RECEIVER_PACKAGES: &[&str] = &[
+    "oteltap==1.0.0",
+    "opentelemetry-proto==1.45.2",
+    "protobuf==7.36.2",
+    "rotel==0.0.1a15",
+];
+/// speedscope's npm release whose static app the viewer test opens
+/// (under target/viewer-test-deps/node).
+const SPEEDSCOPE_VERSION: &str = "1.25.0";
 
 #[derive(Parser)]
 #[command(name = "xtask", about = "stallprof project automation")]
@@ -377,6 +420,26 @@ const TEST_TOOLS: &[Tool] = &[
         present: || succeeds(Command::new("podman").arg("--version")),
     },
     Tool {
+        package: "chromium",
+        purpose: "the viewer test (headless Chromium opens speedscope, the SVG and pprof's UI)",
+        present: || Path::new("/usr/bin/chromium").exists(),
+    },
+    Tool {
+        package: "chromium-driver",
+        purpose: "the viewer test (chromedriver, for drivers that want it)",
+        present: || Path::new("/usr/bin/chromedriver").exists(),
+    },
+    Tool {
+        package: "golang-1.19-go",
+        purpose: "the viewer test (Go's pprof tool and its web UI)",
+        present: || Path::new("/usr/lib/go-1.19/pkg/tool/linux_amd64/pprof").exists(),
+    },
+    Tool {
+        package: "graphviz",
+        purpose: "the viewer test (pprof's graph view needs dot)",
+        present: || on_path("dot"),
+    },
+    Tool {
         package: "dpkg",
         purpose: "`cargo xtask dist` (dpkg-deb builds the .deb) and the dist tests (dpkg installs it into a scratch root)",
         present: || on_path("dpkg-deb") && on_path("dpkg"),
@@ -510,6 +573,22 @@ fn test_setup() -> Result<()> {
             .arg(&node)
             .arg(format!("pprof-format@{PPROF_FORMAT_VERSION}")))?;
     }
+    let viewer = root().join("target/viewer-test-deps/node");
+    let package_json = viewer.join("node_modules/speedscope/package.json");
+    let have = fs::read_to_string(&package_json)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["version"].as_str().map(String::from));
+    if have.as_deref() != Some(SPEEDSCOPE_VERSION) {
+        eprintln!(
+            "xtask: installing speedscope {SPEEDSCOPE_VERSION} for the viewer test (its static app) into {}",
+            viewer.display()
+        );
+        run(Command::new("npm")
+            .args(["install", "--silent", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&viewer)
+            .arg(format!("speedscope@{SPEEDSCOPE_VERSION}")))?;
+    }
     prometheus_for_tests()?;
     asgi_venv()?;
     express_victim()?;
@@ -559,13 +638,16 @@ fn python311() -> Option<PathBuf> {
 }
 
 /// target/asgi-venv: a CPython 3.11 venv with [`ASGI_PACKAGES`] (the
-/// FastAPI victim's), made again when the pins change. A venv, not
+/// FastAPI victim's) and [`BROWSER_PACKAGES`] (the viewer test's driver),
+/// made again when the pins change. A venv, not
 /// `--target`: the packages must sit in a real `site-packages`, as in a
 /// deployed service, for stallprof's guess of the app's code.
 fn asgi_venv() -> Result<()> {
     let venv = root().join("target/asgi-venv");
     let stamp = venv.join("stallprof-pins.txt");
-    let want = ASGI_PACKAGES.join("\n");
+    let want = [ASGI_PACKAGES, BROWSER_PACKAGES, OTLP_RECEIVER_PACKAGES]
+        .concat()
+        .join("\n");
     if fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
         return Ok(());
     }
@@ -577,7 +659,7 @@ fn asgi_venv() -> Result<()> {
         return Ok(());
     };
     eprintln!(
-        "xtask: installing FastAPI, uvicorn[standard], gunicorn, pypdf and requests (pinned) for the framework and service tests into {}",
+        "xtask: installing FastAPI, uvicorn[standard], gunicorn, pypdf, requests, OpenTelemetry and aiohttp (pinned) for the framework and service tests, playwright for the viewer test and two OTLP receivers for the export test (all pinned), into {}",
         venv.display()
     );
     if venv.exists() {
@@ -591,7 +673,9 @@ fn asgi_venv() -> Result<()> {
     })?;
     run(pip_install(venv.join("bin/python"))
         .arg("--no-deps")
-        .args(ASGI_PACKAGES))?;
+        .args(ASGI_PACKAGES)
+        .args(BROWSER_PACKAGES)
+        .args(OTLP_RECEIVER_PACKAGES))?;
     fs::write(&stamp, want).with_context(|| format!("writing {}", stamp.display()))?;
     Ok(())
 }
@@ -886,6 +970,7 @@ const ACCURACY_TESTS: &[&str] = &[
     "record_container",
     "record_express",
     "record_service",
+    "record_held_up",
 ];
 
 /// The accuracy tests again with `STALLPROF_PROBES=tracepoints`: the

@@ -1,13 +1,18 @@
 //! The commands: thin drivers of the engine and the report writers.
 pub mod daemon;
 pub mod live;
+pub mod otlp;
 pub mod record;
 pub mod report;
 pub mod top;
+pub mod web;
 
 use clap::Args;
 
-use crate::os::units::parse_duration;
+use crate::{
+    os::units::parse_duration,
+    report::view::{GroupBy, Native, View},
+};
 
 /// What to watch and how: shared by `record` and `top` (flattened).
 #[derive(Args, Debug, Clone)]
@@ -57,6 +62,74 @@ pub struct AppArgs {
     /// node_modules. Given, the prefixes replace the guess.
     #[arg(long = "app-path", value_name = "PREFIX")]
     pub app_paths: Vec<String>,
+}
+
+/// Stalls as spans to an OpenTelemetry collector (flattened into
+/// `record`): each flag overrides the `OTEL_EXPORTER_OTLP_*` variable every
+/// OpenTelemetry exporter reads.
+#[derive(Args, Debug, Clone, Default)]
+pub struct OtlpArgs {
+    /// Send each stall as a span to this OTLP collector
+    /// (`OTEL_EXPORTER_OTLP_ENDPOINT`): `http://127.0.0.1:4318` for
+    /// http/protobuf (`/v1/traces` is added), `http://127.0.0.1:4317` for
+    /// grpc. The local outputs are written whatever the collector does.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// `grpc` or `http/protobuf` (`OTEL_EXPORTER_OTLP_PROTOCOL`; default
+    /// http/protobuf).
+    #[arg(long, value_name = "PROTOCOL")]
+    pub otlp_protocol: Option<String>,
+    /// A header sent with each export, `KEY=VALUE`, repeatable (added to
+    /// `OTEL_EXPORTER_OTLP_HEADERS`).
+    #[arg(long = "otlp-header", value_name = "KEY=VALUE")]
+    pub otlp_headers: Vec<String>,
+}
+
+impl OtlpArgs {
+    pub fn settings(&self) -> otlp::OtlpSettings {
+        otlp::OtlpSettings {
+            endpoint: self.otlp_endpoint.clone(),
+            protocol: self.otlp_protocol.clone(),
+            headers: self.otlp_headers.clone(),
+            timeout_ms: None,
+        }
+    }
+}
+
+/// How stalls.folded, stalls.svg, stalls.speedscope.json and stalls.pb.gz
+/// show stacks: shared by `record` and `report` (flattened).
+#[derive(Args, Debug, Clone, Default)]
+pub struct ViewArgs {
+    /// Native frames in stalls.folded, stalls.svg, stalls.speedscope.json and stalls.pb.gz:
+    /// `user` folds the interpreter's eval and start-up frames away, trims
+    /// the loop's common root and shortens native names (Rust/C++ generic
+    /// arguments elided: `Harness<…>::poll`); `all` keeps every frame with
+    /// its full name (stalls.json always does).
+    #[arg(long, value_enum, default_value_t = Native::User)]
+    pub native: Native,
+    /// A frame per source line (`handle (app.py:144)`, `handle
+    /// (app.py:145)`) in stalls.folded, stalls.svg and
+    /// stalls.speedscope.json. Default: a frame per function, `handle
+    /// (app.py)`. stalls.pb.gz always keeps lines (`go tool pprof -lines`).
+    #[arg(long)]
+    pub lines: bool,
+    /// Root each stack of stalls.folded and stalls.svg in its asyncio task's
+    /// coroutine (`task Gateway.handle_request`) or its ASGI route (`route
+    /// POST /resume/{rid}`). Default: no such root; the task and route are
+    /// labels in stalls.pb.gz (`-tagroot task`) and attributes in the
+    /// timelines.
+    #[arg(long, value_enum, value_name = "BY")]
+    pub group_by: Option<GroupBy>,
+}
+
+impl ViewArgs {
+    pub fn view(&self) -> View {
+        View {
+            native: self.native,
+            lines: self.lines,
+            group_by: self.group_by,
+        }
+    }
 }
 
 /// What the summary says: shared by `record` and `report` (flattened).

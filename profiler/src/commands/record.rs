@@ -30,7 +30,7 @@ use crate::{
     pipeline::engine::Engine,
     report,
     report::journal::{self, JournalWriter},
-    report::view::{Native, View},
+    report::view::View,
 };
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -73,12 +73,10 @@ pub struct RecordArgs {
     /// No live status line.
     #[arg(short, long)]
     pub quiet: bool,
-    /// Native frames in stalls.folded, stalls.svg, stalls.speedscope.json and stalls.pb.gz:
-    /// `user` folds the interpreter's eval and start-up frames away and
-    /// trims the loop's common root; `all` keeps every frame (stalls.json
-    /// always does).
-    #[arg(long, value_enum, default_value_t = Native::User)]
-    pub native: Native,
+    #[command(flatten)]
+    pub view: super::ViewArgs,
+    #[command(flatten)]
+    pub otlp: super::OtlpArgs,
     /// For CI and load tests: write every output as usual, then exit with
     /// status 3 if any stall lasted at least DUR, 0 if none did (errors
     /// exit with 1). The summary's last line says which and how many.
@@ -111,12 +109,15 @@ pub struct RecordConfig {
     /// `--fail-on-stall`: the CI gate's limit.
     pub fail_on_stall_ns: Option<u64>,
     /// How stalls.folded, stalls.svg, stalls.speedscope.json and stalls.pb.gz show stacks
-    /// (`--native`).
+    /// (`--native`, `--lines`, `--group-by`).
     pub view: View,
     /// `--app-path` prefixes (the recording's `app_paths`).
     pub app_paths: Vec<String>,
     /// What the summary says (`--by-process`, `-v`).
     pub summary: super::SummaryArgs,
+    /// Where each stall goes as a span, if anywhere (`--otlp-endpoint`,
+    /// `OTEL_EXPORTER_OTLP_*`).
+    pub otlp: Option<super::otlp::OtlpConfig>,
 }
 
 /// Exit status of `record --fail-on-stall` when a stall reached the
@@ -247,7 +248,8 @@ impl RecordConfig {
             save_events: a.save_events,
             live_status: !a.quiet && std::io::stderr().is_terminal(),
             fail_on_stall_ns: a.fail_on_stall,
-            view: View { native: a.native },
+            view: a.view.view(),
+            otlp: super::otlp::OtlpConfig::resolve(&a.otlp.settings(), |k| std::env::var(k).ok())?,
             app_paths: a.app.app_paths,
             summary: a.summary,
         })
@@ -448,7 +450,74 @@ struct Session {
     /// None for a command not yet exec'd.
     comm: Option<String>,
     journal: Journaled,
+    /// Stalls as spans to a collector, as they finish (`--otlp-endpoint`).
+    export: Option<Export>,
 }
+
+/// The exporter of a recording and what it needs to make spans.
+struct Export {
+    exporter: super::otlp::Exporter,
+    clock: report::otlp::SpanClock,
+    app: crate::classify::AppPaths,
+}
+
+impl Export {
+    fn start(cfg: &RecordConfig) -> Result<Option<Export>> {
+        let Some(config) = cfg.otlp.clone() else {
+            return Ok(None);
+        };
+        info!(
+            "exporting each stall as a span to {} ({})",
+            config.url,
+            config.protocol.as_str()
+        );
+        Ok(Some(Export {
+            exporter: super::otlp::Exporter::start(config)?,
+            clock: report::otlp::SpanClock {
+                wall_offset_ns: crate::os::clock::wall_offset_ns(),
+                random: crate::os::outdir::fill_random,
+            },
+            app: crate::classify::AppPaths::new(&cfg.app_paths),
+        }))
+    }
+
+    /// Queue `stalls` (never blocks: see [`super::otlp::Exporter::send`]).
+    fn send(&mut self, stalls: &[Stall], facts: &[crate::os::family::Facts]) {
+        if stalls.is_empty() {
+            return;
+        }
+        let processes = Process::from_facts(facts);
+        let req = report::otlp::request(stalls, &processes, &self.app, &self.clock);
+        self.exporter.send(req, stalls.len() as u64);
+    }
+}
+
+/// The summary's line on the export: how many spans went where, and why
+/// any did not.
+fn export_note(
+    url: &str,
+    protocol: super::otlp::Protocol,
+    r: &super::otlp::ExportReport,
+) -> String {
+    let mut line = format!(
+        "  otlp: {} stall span{} exported to {url} ({})",
+        r.exported,
+        if r.exported == 1 { "" } else { "s" },
+        protocol.as_str()
+    );
+    if r.failed > 0 {
+        line.push_str(&format!(
+            "; {} failed ({}): the local outputs have them",
+            r.failed,
+            r.last_error.as_deref().unwrap_or("unknown error")
+        ));
+    }
+    line.push('\n');
+    line
+}
+
+/// How long the end of a recording waits for the collector, at most.
+const EXPORT_DEADLINE: Duration = Duration::from_secs(3);
 
 impl Session {
     /// Start the command (held before exec) or find the pid, attach the
@@ -526,6 +595,7 @@ impl Session {
             target_name,
             comm,
             journal,
+            export: Export::start(cfg)?,
         })
     }
 
@@ -549,10 +619,18 @@ impl Session {
                     self.journal.watched(&self.live.ever);
                     self.journal.ran_loops(self.live.looped());
                     let engine = &mut self.live.engine;
-                    let fresh = engine.take_stalls().into_iter().map(|(_, s)| s);
+                    let fresh: Vec<Stall> =
+                        engine.take_stalls().into_iter().map(|(_, s)| s).collect();
+                    // Exported after the journal has seen (and named) their
+                    // processes.
+                    let to_export = self.export.is_some().then(|| fresh.clone());
                     let name = self.comm.as_ref().unwrap_or(&self.target_name);
                     let meta = || meta_of(engine, pid, name, monotonic_ns(), &self.cpu_quota);
-                    if !self.journal.tick(fresh.collect(), meta) {
+                    let written = self.journal.tick(fresh, meta);
+                    if let (Some(x), Some(stalls)) = (self.export.as_mut(), to_export) {
+                        x.send(&stalls, &self.journal.facts);
+                    }
+                    if !written {
                         ended_by = "a failed write to the output directory";
                         break;
                     }
@@ -604,6 +682,7 @@ impl Session {
             target_name,
             comm,
             mut journal,
+            mut export,
             ..
         } = self;
         // Every process watched that the journal has not seen (no stall
@@ -646,7 +725,29 @@ impl Session {
         // The rest of the stalls (those the end closed) into the journal too,
         // and to disk, before the slower outputs.
         let meta = meta_of(&mut engine, pid, &comm, ended_ns, &cpu_quota);
-        journal.finish(engine.take_stalls().into_iter().map(|(_, s)| s), &meta);
+        let last: Vec<Stall> = engine.take_stalls().into_iter().map(|(_, s)| s).collect();
+        let to_export = export.is_some().then(|| last.clone());
+        journal.finish(last.into_iter(), &meta);
+        if let (Some(x), Some(stalls)) = (export.as_mut(), to_export) {
+            x.send(&stalls, &journal.facts);
+        }
+        // What the collector took, waited for a bounded time: the journal
+        // is on disk already, a collector that is down holds nothing up.
+        let exported = export.map(|x| {
+            let url = x.exporter.config().url.clone();
+            let protocol = x.exporter.config().protocol;
+            (url, protocol, x.exporter.finish(EXPORT_DEADLINE))
+        });
+        if let Some((_, _, r)) = &exported
+            && r.failed > 0
+        {
+            drops.insert(
+                crate::pipeline::counters::Counter::OtlpSpansFailed
+                    .name()
+                    .to_string(),
+                r.failed,
+            );
+        }
         // The engine's tables and the symbolizer's parsed files go before the
         // stalls come back from the journal.
         drop(engine);
@@ -690,6 +791,9 @@ impl Session {
         .completed();
         let files = write_outputs(&rec, out, cfg.view, journal)?;
         let mut text = report::summary::text(&rec, &files, &cfg.summary.options());
+        if let Some((url, protocol, r)) = &exported {
+            text.push_str(&export_note(url, *protocol, r));
+        }
         // The command may still run (duration/Ctrl-C): leave it be, but reap if done.
         if let Some(note) = launched.as_mut().and_then(|l| command_note(l.try_wait()?)) {
             text.push_str(&note);

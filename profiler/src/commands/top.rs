@@ -32,7 +32,7 @@ use crate::{
     os::family::Facts,
     os::proc::{process_alive, read_comm, refuse_target, refuse_thread},
     os::units::{fmt_ns, parse_duration},
-    report::aggregate::culprit_name,
+    report::aggregate::{culprit_name, held_up_totals},
 };
 
 #[derive(Args, Debug)]
@@ -278,6 +278,48 @@ fn screen(
         pct(all.gil, all.total()),
         pct(all.throttled, all.total())
     );
+    let held = held_up_totals(w.stalls.iter().map(|(_, s)| s));
+    let not_read: usize = held.not_read.values().sum();
+    if held.timers > 0 || not_read > 0 {
+        let timers = if held.timers > 0 {
+            format!(
+                "timers up to {} late (p99 {}), {} timers in {} stalls",
+                fmt_ns(held.worst_ns),
+                fmt_ns(held.p99_ns),
+                held.timers,
+                held.delaying
+            )
+        } else {
+            "no timers delayed".to_string()
+        };
+        let unread = if not_read > 0 {
+            format!("; not read for {not_read} stalls")
+        } else {
+            String::new()
+        };
+        let _ = writeln!(out, "held up: {timers}{unread}");
+    }
+    // The latest stall that ran in an OpenTelemetry span: its ids, to look
+    // the request up in a tracing UI.
+    if let Some((s, ids)) = w
+        .stalls
+        .iter()
+        .rev()
+        .find_map(|(_, s)| Some((s, s.task.as_ref()?.trace.as_ref()?)))
+    {
+        let route = s
+            .route
+            .as_ref()
+            .map(|r| format!("{}  ", escape(&r.describe())))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "last traced stall: {}  {route}trace {} span {}",
+            fmt_ns(s.duration_ns),
+            escape(&ids.trace_id),
+            escape(&ids.span_id)
+        );
+    }
     let _ = writeln!(out);
     let procs = w.processes(watched, now_ns);
     if procs.len() > 1 {
@@ -586,6 +628,37 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains('\n') || text.contains("\r\n"));
+        assert!(
+            !text.contains("held up"),
+            "nothing read: nothing said\n{text}"
+        );
+        let mut held = stall(73 * s, 100_000_000, "load", PartKind::OnCpu);
+        held.held_up = Some(crate::model::HeldUp::Read(crate::model::Delayed {
+            timers_late_ns: vec![99_000_000, 80_000_000],
+            ready_handles: 1,
+            truncated: false,
+        }));
+        w.push(1, held);
+        let text = screen(&w, &[], "head", 0, 50_000_000, 80 * s, 10);
+        assert!(
+            text.contains("held up: timers up to 99.0ms late (p99 99.0ms), 2 timers in 1 stalls"),
+            "{text}"
+        );
+        assert!(!text.contains("traced"), "{text}");
+        let mut traced = stall(74 * s, 120_000_000, "load", PartKind::OnCpu);
+        traced.task = Some(crate::model::Task {
+            name: "Task-9".into(),
+            trace: Some(crate::model::SpanIds::new(0xabc, 0xdef)),
+            ..Default::default()
+        });
+        w.push(1, traced);
+        let text = screen(&w, &[], "head", 0, 50_000_000, 80 * s, 10);
+        assert!(
+            text.contains(
+                "last traced stall: 120.0ms  trace 00000000000000000000000000000abc span 0000000000000def"
+            ),
+            "{text}"
+        );
     }
 
     /// A supervisor and two workers (issue 34): a row per process, each

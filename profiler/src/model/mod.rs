@@ -57,6 +57,10 @@ pub enum FrameKind {
     /// stalls in more than one process ([`crate::report::view`]); never in
     /// `stalls.json`.
     Process,
+    /// The asyncio task or ASGI route a stack is grouped under
+    /// (`--group-by`): its root frame in `stalls.folded` and `stalls.svg`,
+    /// `task Gateway.handle_request`; never in `stalls.json`.
+    Group,
 }
 
 /// A frame's name, file or module: one shared string, not a copy per frame.
@@ -175,8 +179,12 @@ pub struct Frame {
     pub module: Option<Name>,
 }
 
-/// The name of a Python frame whose code could not be read.
-pub const UNKNOWN_PYTHON: &str = "[python ?]";
+/// The name of a Python frame whose code could not be read (its code
+/// object was freed or moved before the read, or the read failed).
+pub const UNKNOWN_PYTHON: &str = "[python: unreadable frame]";
+
+/// [`UNKNOWN_PYTHON`]'s name in recordings written before it was renamed.
+const UNKNOWN_PYTHON_BEFORE: &str = "[python ?]";
 
 impl Frame {
     pub fn new(name: impl Into<Name>, kind: FrameKind) -> Frame {
@@ -208,7 +216,8 @@ impl Frame {
     /// A frame the interpreter ran, named or not ([`Frame::unknown_python`]).
     pub fn is_interpreted(&self) -> bool {
         self.kind == FrameKind::Python
-            || (self.kind == FrameKind::Marker && self.name.as_ref() == UNKNOWN_PYTHON)
+            || (self.kind == FrameKind::Marker
+                && matches!(self.name.as_ref(), UNKNOWN_PYTHON | UNKNOWN_PYTHON_BEFORE))
     }
 }
 
@@ -365,7 +374,87 @@ pub struct Stall {
     /// counted, `asgi_route_*`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<Route>,
+    /// What the stall held up: the loop's timers that came due during it
+    /// and the callbacks queued behind it, or why that was not read. None
+    /// in a recording from before it was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_up: Option<HeldUp>,
     pub stacks: Vec<StackPart>,
+}
+
+/// What a stall held up, read from its event loop's own queues while the
+/// stall held it (asyncio: `_scheduled` and `_ready`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeldUp {
+    Read(Delayed),
+    NotRead(NotRead),
+}
+
+/// The loop's work a stall delayed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delayed {
+    /// How late each timer that came due by the stall's end ran, worst
+    /// first: the stall's end minus the timer's due time (it runs right
+    /// after the stall). The last is the latest-due timer's. Empty: no
+    /// timer came due.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timers_late_ns: Vec<u64>,
+    /// Callbacks (task steps, I/O callbacks) queued behind the running one.
+    #[serde(default)]
+    pub ready_handles: u32,
+    /// A queue was longer than the reader's cap: the counts are lower bounds.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+impl Delayed {
+    /// How late the worst delayed timer ran.
+    pub fn worst_late_ns(&self) -> Option<u64> {
+        self.timers_late_ns.first().copied()
+    }
+
+    /// How late the latest-due delayed timer ran.
+    pub fn latest_due_late_ns(&self) -> Option<u64> {
+        self.timers_late_ns.last().copied()
+    }
+}
+
+/// Why a stall's held-up work was not read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotRead {
+    pub reason: NotReadReason,
+    /// What was found (the loop's type, the error), when there is more to say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotReadReason {
+    /// Not read for this runtime (uvloop, Node/libuv, tokio, C, a Python
+    /// loop that is not asyncio's).
+    Runtime,
+    /// The read finished after the stall had ended: the loop had run the
+    /// due timers by then.
+    AfterEnd,
+    /// No read was made while the stall lasted (no stack with Python
+    /// frames came in time).
+    NoRead,
+    /// The thread's loop was not known, or its queues could not be read.
+    Unreadable,
+}
+
+impl NotReadReason {
+    /// The phrase after "held up: not read — ".
+    pub fn describe(self) -> &'static str {
+        match self {
+            NotReadReason::Runtime => "not read for this runtime",
+            NotReadReason::AfterEnd => "the read came after the stall ended",
+            NotReadReason::NoRead => "no read while the stall lasted",
+            NotReadReason::Unreadable => "the loop could not be read",
+        }
+    }
 }
 
 /// An ASGI request's method and route template, as the application
@@ -379,7 +468,7 @@ pub struct Route {
 }
 
 /// An asyncio Task, as read from the target.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Task {
     /// `Task.get_name()`: what `create_task(..., name=...)` gave, else
     /// asyncio's default `Task-N`.
@@ -392,6 +481,36 @@ pub struct Task {
     /// shows them. Empty when none does, or before 3.14.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub awaited_by: Vec<String>,
+    /// The OpenTelemetry span current in the task's context when it was
+    /// read (the request's span, or a child span its code opened), as the
+    /// service's own SDK reports it. None: no span, or not readable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<SpanIds>,
+    /// Why the task's OpenTelemetry context could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_unreadable: Option<String>,
+    /// While recording only: the task was in a span, but the thread had
+    /// moved on from the captured stack when it was read, so the span may
+    /// not be the stall's (a later read of the stall may verify one).
+    #[serde(skip)]
+    pub trace_pending: bool,
+}
+
+/// A span's ids in W3C trace-context form: 32 and 16 lowercase hex digits
+/// (what OTLP, `traceparent` headers and tracing UIs show).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SpanIds {
+    pub trace_id: String,
+    pub span_id: String,
+}
+
+impl SpanIds {
+    pub fn new(trace_id: u128, span_id: u64) -> Self {
+        SpanIds {
+            trace_id: format!("{trace_id:032x}"),
+            span_id: format!("{span_id:016x}"),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -469,6 +588,10 @@ pub struct Process {
     pub parent: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<Role>,
+    /// The service name its own OpenTelemetry SDK reports, from its
+    /// environment (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
 }
 
 impl Process {
@@ -487,6 +610,7 @@ impl Process {
                 },
                 parent: f.parent,
                 role: roles.remove(&f.pid),
+                service: f.service.clone(),
             })
             .collect()
     }
@@ -748,6 +872,7 @@ impl Recording {
                 info: ProcessInfo::default(),
                 parent: None,
                 role: None,
+                service: None,
             },
         };
         let mut by_pid: BTreeMap<u32, Process> = std::mem::take(&mut self.processes)
@@ -762,6 +887,7 @@ impl Recording {
                     info: ProcessInfo::default(),
                     parent: None,
                     role: None,
+                    service: None,
                 });
             }
         }

@@ -17,12 +17,22 @@
 use std::borrow::Cow;
 
 use super::{
-    CpuHolder, Frame, GilHolder, HolderRelation, PartKind, Process, ProcessInfo, Recording, Role,
-    Route, StackPart, Task,
+    CpuHolder, Frame, FrameKind, GilHolder, HolderRelation, PartKind, Process, ProcessInfo,
+    Recording, Role, Route, StackPart, Stall, Task,
 };
 
 fn is_control(c: char) -> bool {
     c.is_control() // C0, DEL and C1 (U+0080–U+009F)
+}
+
+/// `s` for HTML text or a quoted attribute: `&`, `<`, `>` and `"` as
+/// entities (the daemon's and `report --serve`'s pages). Control
+/// characters are the caller's: pass [`escape`]d text.
+pub fn html(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 /// `s` with its control characters escaped; borrowed when there are none.
@@ -71,6 +81,61 @@ impl Frame {
         }
         .label()
     }
+}
+
+impl FrameKind {
+    /// Its name in `stalls.json`: `native`, `python`, `js`, …
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrameKind::Native => "native",
+            FrameKind::Kernel => "kernel",
+            FrameKind::Python => "python",
+            FrameKind::Js => "js",
+            FrameKind::Marker => "marker",
+            FrameKind::EventLoop => "event_loop",
+            FrameKind::Process => "process",
+            FrameKind::Group => "group",
+        }
+    }
+}
+
+impl Stall {
+    /// The qualified name of the stall's coroutine, without a line
+    /// (`Gateway.handle_request`): pprof's `task` label, `--group-by
+    /// task`'s root. [`Stall::coroutine`] is its frame's label, whose line
+    /// is where the task's coroutine was when the task was read
+    /// (`Gateway.handle_request (gateway.py:145)`), not where each sample
+    /// was: the frame of that function and file in the stall's stacks
+    /// gives the name alone; should none be there, the label's name.
+    pub fn coroutine_name(&self) -> Option<String> {
+        let label = self.coroutine.as_deref()?;
+        let function = without_line(label);
+        let frame = self
+            .stacks
+            .iter()
+            .flat_map(|p| &p.frames)
+            .find(|f| f.kind == FrameKind::Python && f.function_label() == function);
+        Some(match frame {
+            Some(f) => escape(&f.name).into_owned(),
+            None => function
+                .strip_suffix(')')
+                .and_then(|l| l.rsplit_once(" ("))
+                .map_or(function.as_str(), |(name, _)| name)
+                .to_string(),
+        })
+    }
+}
+
+/// A frame label without its line: `f (app.py:12)` → `f (app.py)`.
+fn without_line(label: &str) -> String {
+    if let Some(inner) = label.strip_suffix(')')
+        && let Some((head, line)) = inner.rsplit_once(':')
+        && !line.is_empty()
+        && line.bytes().all(|b| b.is_ascii_digit())
+    {
+        return format!("{head})");
+    }
+    label.to_string()
 }
 
 impl StackPart {

@@ -110,6 +110,11 @@ pub struct Facts {
     /// first sight: a later `process` line of the journal sets it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ran_loop: bool,
+    /// The service name its own OpenTelemetry SDK reports
+    /// (`OTEL_SERVICE_NAME`, else `service.name` in
+    /// `OTEL_RESOURCE_ATTRIBUTES`, from its environment), when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
 }
 
 /// At most this much of `/proc/PID/environ` is read: the kernel caps a
@@ -121,15 +126,17 @@ impl Facts {
     /// `pid` as procfs shows it now; a field it no longer shows (the
     /// process exited) is None, and `comm` then `fallback_comm`.
     pub fn read(pid: u32, fallback_comm: &str) -> Facts {
+        let environ = read_environ(pid);
         Facts {
             pid,
             comm: super::proc::read_comm(pid, pid).unwrap_or_else(|| fallback_comm.to_string()),
             parent: super::proc::parent_pid(pid),
             start_ticks: super::proc::start_ticks(pid),
-            cluster_worker: read_environ(pid).as_deref().and_then(node_unique_id),
+            cluster_worker: environ.as_deref().and_then(node_unique_id),
             ns_pid: super::proc::read_namespace_id(pid, pid).filter(|&ns| ns != pid),
             container: super::container::of_process(pid),
             ran_loop: false,
+            service: environ.as_deref().and_then(otel_service_name),
         }
     }
 }
@@ -149,6 +156,69 @@ fn node_unique_id(environ: &[u8]) -> Option<u32> {
         .split(|&b| b == 0)
         .find_map(|kv| kv.strip_prefix(b"NODE_UNIQUE_ID="))
         .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+}
+
+/// The service name `pid`'s own OpenTelemetry SDK would report, read from
+/// its environment now ([`otel_service_name`]).
+pub fn service_of(pid: u32) -> Option<String> {
+    read_environ(pid).as_deref().and_then(otel_service_name)
+}
+
+/// The longest service name taken from a target's environment.
+const SERVICE_NAME_MAX: usize = 256;
+
+/// The service name an OpenTelemetry SDK in a process with this environ
+/// block would report: `OTEL_SERVICE_NAME`, else the `service.name` of
+/// `OTEL_RESOURCE_ATTRIBUTES` (`k=v,k2=v2`, values percent-encoded as the
+/// W3C baggage format the spec names); control characters dropped, at
+/// most [`SERVICE_NAME_MAX`] bytes. None when neither is set.
+pub fn otel_service_name(environ: &[u8]) -> Option<String> {
+    let var = |name: &[u8]| {
+        environ.split(|&b| b == 0).find_map(|kv| {
+            kv.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix(b"="))
+                .map(String::from_utf8_lossy)
+        })
+    };
+    let name = var(b"OTEL_SERVICE_NAME")
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .or_else(|| {
+            let attrs = var(b"OTEL_RESOURCE_ATTRIBUTES")?;
+            attrs.split(',').find_map(|kv| {
+                let (k, v) = kv.split_once('=')?;
+                (k.trim() == "service.name").then(|| percent_decode(v.trim()))
+            })
+        })?;
+    let mut clean: String = name.chars().filter(|c| !c.is_control()).collect();
+    if clean.len() > SERVICE_NAME_MAX {
+        let mut end = SERVICE_NAME_MAX;
+        while !clean.is_char_boundary(end) {
+            end -= 1;
+        }
+        clean.truncate(end);
+    }
+    (!clean.is_empty()).then_some(clean)
+}
+
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The role of every member of `table` that has one (see the module's
@@ -193,6 +263,37 @@ pub fn roles(table: &[Facts]) -> BTreeMap<u32, Role> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_service_name_its_sdk_would_report() {
+        let env = |s: &str| s.replace(' ', "\0").into_bytes();
+        assert_eq!(
+            otel_service_name(&env("PATH=/bin OTEL_SERVICE_NAME=gateway")),
+            Some("gateway".into())
+        );
+        assert_eq!(
+            otel_service_name(&env(
+                "OTEL_RESOURCE_ATTRIBUTES=deployment.environment=prod,service.name=chat%20api"
+            )),
+            Some("chat api".into())
+        );
+        // OTEL_SERVICE_NAME wins over the attributes.
+        assert_eq!(
+            otel_service_name(&env(
+                "OTEL_RESOURCE_ATTRIBUTES=service.name=b OTEL_SERVICE_NAME=a"
+            )),
+            Some("a".into())
+        );
+        assert_eq!(
+            otel_service_name(&env("PATH=/bin OTEL_SERVICE_NAMEX=z")),
+            None
+        );
+        assert_eq!(
+            otel_service_name(b"OTEL_SERVICE_NAME=a\x1bb"),
+            Some("ab".into())
+        );
+    }
+
     use super::*;
 
     /// (pid, parent, start ticks, comm, NODE_UNIQUE_ID).

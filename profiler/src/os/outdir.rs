@@ -121,6 +121,12 @@ pub struct OutDir {
 /// Eight random bytes as hex: an unguessable name part.
 pub fn random_suffix() -> String {
     let mut b = [0u8; 8];
+    fill_random(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Fill `b` from the kernel's random source (getrandom(2)).
+pub fn fill_random(b: &mut [u8]) {
     let mut filled = 0;
     while filled < b.len() {
         match rustix::rand::getrandom(&mut b[filled..], rustix::rand::GetRandomFlags::empty()) {
@@ -130,7 +136,6 @@ pub fn random_suffix() -> String {
             Err(e) => panic!("getrandom: {e}"),
         }
     }
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn split(path: &Path) -> (Option<&Path>, &std::ffi::OsStr) {

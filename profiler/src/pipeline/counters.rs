@@ -32,6 +32,11 @@ pub enum Counter {
     AsgiRouteUnrouted,
     AsgiRouteUnverified,
     AsgiRouteUnreadable,
+    OtelSpanUnreadable,
+    OtelSpanUnverified,
+    /// Kept by the OTLP exporter (`record`, the daemon); reported here.
+    OtlpSpansFailed,
+    HeldUpUnread,
     /// Kept by stall assembly; reported here.
     SwitchInsMissed,
     /// Kept by the V8 reader, process-wide; reported here.
@@ -39,7 +44,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    const ALL: [Counter; 17] = [
+    const ALL: [Counter; 21] = [
         Counter::UnparsableEvents,
         Counter::UpkeepDeferred,
         Counter::UserStackTruncated,
@@ -55,6 +60,10 @@ impl Counter {
         Counter::AsgiRouteUnrouted,
         Counter::AsgiRouteUnverified,
         Counter::AsgiRouteUnreadable,
+        Counter::OtelSpanUnreadable,
+        Counter::OtelSpanUnverified,
+        Counter::OtlpSpansFailed,
+        Counter::HeldUpUnread,
         Counter::SwitchInsMissed,
         Counter::JsFramesUnreadable,
     ];
@@ -77,6 +86,10 @@ impl Counter {
             Counter::AsgiRouteUnrouted => "asgi_route_unrouted",
             Counter::AsgiRouteUnverified => "asgi_route_unverified",
             Counter::AsgiRouteUnreadable => "asgi_route_unreadable",
+            Counter::OtelSpanUnreadable => "otel_span_unreadable",
+            Counter::OtelSpanUnverified => "otel_span_unverified",
+            Counter::OtlpSpansFailed => "otlp_spans_failed",
+            Counter::HeldUpUnread => "held_up_unread",
             Counter::SwitchInsMissed => "switch_ins_missed",
             Counter::JsFramesUnreadable => "js_frames_unreadable",
         }
@@ -100,8 +113,12 @@ impl Counter {
             | Counter::AsyncioTaskUnknown
             | Counter::AsgiRouteUnrouted
             | Counter::AsgiRouteUnverified
-            | Counter::AsgiRouteUnreadable => Cost::Detail,
+            | Counter::AsgiRouteUnreadable
+            | Counter::OtelSpanUnreadable
+            | Counter::OtelSpanUnverified
+            | Counter::HeldUpUnread => Cost::Detail,
             Counter::EventsNotSaved => Cost::Saved,
+            Counter::OtlpSpansFailed => Cost::Exported,
         }
     }
 
@@ -152,6 +169,21 @@ impl Counter {
             }
             Counter::AsgiRouteUnreadable => {
                 "a stall's request could not be read: no route named (docs/asgi.md)"
+            }
+            Counter::OtelSpanUnreadable => {
+                "a stall's task context could not be read: no trace or span id named \
+                 (stalls.json task.trace_unreadable says why)"
+            }
+            Counter::OtelSpanUnverified => {
+                "a stall's task was in an OpenTelemetry span, but had moved on from the stall's \
+                 stack at every read: no trace or span id named"
+            }
+            Counter::OtlpSpansFailed => {
+                "a stall's span did not reach the OTLP collector (down, refused, or past the \
+                 end's deadline): the local outputs have the stall"
+            }
+            Counter::HeldUpUnread => {
+                "a Python loop's stall whose timers and callbacks were not read in time: what it held up is not said"
             }
             Counter::SwitchInsMissed => {
                 "a thread ran with its switch-in unseen: its off-CPU time ends at that sample"

@@ -534,7 +534,12 @@ impl Engine {
             .into_iter()
             .map(|tid| (tid, self.thread(raw.tgid, tid).ns_tid))
             .collect();
-        let (task, miss, route) = self.stall_reads(raw.tgid, (raw.tid, raw.start_ns));
+        let live::StallReads {
+            task,
+            miss,
+            route,
+            held_up,
+        } = self.stall_reads(raw.tgid, (raw.tid, raw.start_ns), raw.end_ns);
         // CPU holders of another process in the stalled one's container
         // (only looked up when it is in one: on the host there is none).
         let mut same_container = Vec::new();
@@ -557,6 +562,7 @@ impl Engine {
             task,
             miss,
             route,
+            held_up,
             same_container,
             refresh: false,
         })
@@ -611,6 +617,17 @@ impl Engine {
                 .task_counter(tgid, stall.coroutine.is_some(), miss)
         {
             self.counters.add(c, 1);
+        }
+        if let Some(why) = stall
+            .task
+            .as_ref()
+            .and_then(|t| t.trace_unreadable.as_ref())
+        {
+            debug!("pid {tgid}: OpenTelemetry span unreadable: {why}");
+            self.counters.add(Counter::OtelSpanUnreadable, 1);
+        }
+        if stall.task.as_ref().is_some_and(|t| t.trace_pending) {
+            self.counters.add(Counter::OtelSpanUnverified, 1);
         }
         info!(
             "stall on {} ({}) of {}: {}",

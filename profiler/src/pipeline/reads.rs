@@ -1,5 +1,6 @@
-//! The live reads of each open busy period: its asyncio task and its
-//! ASGI request's route, read from the target while the period runs.
+//! The live reads of each open busy period: its asyncio task, its ASGI
+//! request's route and its loop's queues (what it holds up), read from the
+//! target while the period runs.
 //!
 //! In: the outcome of each read the engine makes of the live target
 //! ([`crate::symbolize::RuntimeReader::asyncio_task`] and `asgi_route`, at
@@ -19,9 +20,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use crate::model::{Route, RuntimeProblem, Task};
+use crate::model::{Delayed, HeldUp, NotRead, NotReadReason, Route, RuntimeProblem, Task};
 use crate::pipeline::counters::Counter;
-use crate::symbolize::python::{Captured, RouteRead, TaskRead};
+use crate::symbolize::python::{Captured, Queues, QueuesMiss, RouteRead, TaskRead};
 
 /// A busy period: (tid, start).
 pub type Period = (u32, u64);
@@ -43,6 +44,14 @@ pub const TASK: Schedule = Schedule {
     max_wait: Duration::ZERO,
 };
 
+/// A read task's span: read again at each further stack event, up to this
+/// many times, while not verified ([`Task::trace_pending`]: a drain's
+/// events come in a batch, read at one instant, and only the latest
+/// capture may still match the thread's frames) and after (the span of a
+/// later capture wins: the stall's blocking call may run in a child span
+/// its handler opened after the first capture).
+pub const TRACE_TRIES: u32 = 16;
+
 /// Routes: up to 8 tries, at least 10 ms apart after the first miss and
 /// twice as far after each further one, at most 640 ms: the stack events
 /// of a drain come in a batch, and reads at one instant see one live
@@ -56,6 +65,15 @@ pub const ROUTE: Schedule = Schedule {
     first_wait: Duration::from_millis(10),
     max_wait: Duration::from_millis(640),
 };
+
+/// Loop queues: read at the period's first stack events with Python
+/// frames, again only after a miss that may not repeat, up to 3 reads. One read made while the
+/// stall lasts is enough: the loop does not run its timers before the stall
+/// ends, so its heap holds every timer that comes due during it.
+pub const QUEUES_TRIES: u32 = 3;
+
+/// Queue reads kept before those of periods no longer open go.
+const MAX_QUEUE_READS: usize = 64;
 
 /// Open busy periods remembered; past this, those no longer open go.
 const MAX_PERIODS: usize = 4096;
@@ -132,11 +150,62 @@ pub enum TaskMiss {
     Unreadable(String),
 }
 
-/// Both kinds of one period.
+/// One read of a loop's queues, with CLOCK_MONOTONIC just after it (it
+/// counts only if the stall was still going on then).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuesRead {
+    pub read: Result<Queues, QueuesMiss>,
+    pub after_ns: u64,
+    pub tries: u32,
+}
+
+impl QueuesRead {
+    /// What the stall ending at `end_ns` held up, from this read: the
+    /// timers due by then, each late by `end_ns - when` (the loop runs
+    /// them right after the stall; the read cannot see when they ran).
+    pub fn held_up(&self, end_ns: u64) -> HeldUp {
+        let not_read = |reason, detail: Option<String>| HeldUp::NotRead(NotRead { reason, detail });
+        match &self.read {
+            Err(QueuesMiss::Unsupported(ty)) => not_read(NotReadReason::Runtime, Some(ty.clone())),
+            Err(QueuesMiss::NoLoop(why)) => {
+                not_read(NotReadReason::Unreadable, Some((*why).to_string()))
+            }
+            Err(QueuesMiss::Unreadable(why)) => {
+                not_read(NotReadReason::Unreadable, Some(why.clone()))
+            }
+            Ok(_) if self.after_ns >= end_ns => not_read(
+                NotReadReason::AfterEnd,
+                Some(format!(
+                    "read {} µs after the stall's end",
+                    (self.after_ns - end_ns) / 1000
+                )),
+            ),
+            Ok(q) => {
+                let mut late: Vec<u64> = q
+                    .timers_when_ns
+                    .iter()
+                    .filter(|&&w| w <= end_ns)
+                    .map(|&w| end_ns - w)
+                    .collect();
+                late.sort_unstable_by(|a, b| b.cmp(a));
+                HeldUp::Read(Delayed {
+                    timers_late_ns: late,
+                    ready_handles: q.ready_handles,
+                    truncated: q.truncated,
+                })
+            }
+        }
+    }
+}
+
+/// Every kind of one period.
 #[derive(Default)]
 struct Reads {
     task: Option<Slot<Task, TaskMiss>>,
+    /// Reads made for a read task's pending span ([`Task::trace_pending`]).
+    trace_reads: u32,
     route: Option<Slot<Route, RouteRead>>,
+    queues: Option<QueuesRead>,
 }
 
 /// A stack whose route read [`ROUTE`]'s wait held back: read at the next
@@ -172,6 +241,11 @@ pub struct BusyReads {
     task_problems: BTreeMap<u32, String>,
     /// Why a process's routes could not be read (the latest reason).
     route_problems: BTreeMap<u32, String>,
+    /// Why a process's loop queues could not be read (the latest reason).
+    queue_problems: BTreeMap<u32, String>,
+    /// Periods holding a queue read (about: make_room's purge is not
+    /// counted, so this may be high until the next purge recounts).
+    queue_reads: usize,
 }
 
 /// Which route miss a stall keeps: a read that saw the request
@@ -219,7 +293,16 @@ impl BusyReads {
 
     /// Whether period `key` wants a task read at `now`.
     pub fn wants_task(&self, key: Period, now: Instant) -> Want {
-        let slot = self.periods.get(&key).and_then(|r| r.task.as_ref());
+        let reads = self.periods.get(&key);
+        let slot = reads.and_then(|r| r.task.as_ref());
+        // A task read whose span was not verified: read again at the next
+        // stack events, up to the task's tries.
+        if let (Some(Slot::Read(t)), Some(r)) = (slot, reads)
+            && (t.trace_pending || t.trace.is_some())
+            && r.trace_reads < TRACE_TRIES
+        {
+            return Want::Now;
+        }
         TASK.wants(slot, now)
     }
 
@@ -227,6 +310,70 @@ impl BusyReads {
     pub fn wants_route(&self, key: Period, now: Instant) -> Want {
         let slot = self.periods.get(&key).and_then(|r| r.route.as_ref());
         ROUTE.wants(slot, now)
+    }
+
+    /// Whether period `key` wants its loop's queues read: none read yet,
+    /// or only misses that a later read may not repeat (the loop not
+    /// known yet, a torn read), fewer than [`QUEUES_TRIES`]. A loop of a
+    /// runtime not read is final: a later read, after the task step, would
+    /// only say less.
+    pub fn wants_queues(&self, key: Period) -> bool {
+        match self.periods.get(&key).and_then(|r| r.queues.as_ref()) {
+            None => true,
+            Some(q) => {
+                matches!(
+                    q.read,
+                    Err(QueuesMiss::NoLoop(_) | QueuesMiss::Unreadable(_))
+                ) && q.tries < QUEUES_TRIES
+            }
+        }
+    }
+
+    /// Keeps a read of period `key`'s loop queues, finished at `after_ns`.
+    /// `open` lists the periods still open: past [`MAX_QUEUE_READS`] kept,
+    /// those of periods that ended under the threshold (never taken by a
+    /// stall) go — a read holds up to 4096 timers.
+    pub fn queues_read(
+        &mut self,
+        key: Period,
+        read: Result<Queues, QueuesMiss>,
+        after_ns: u64,
+        open: impl FnOnce() -> HashSet<Period>,
+    ) {
+        let tries = self
+            .periods
+            .get(&key)
+            .and_then(|r| r.queues.as_ref())
+            .map_or(0, |q| q.tries);
+        let open = open();
+        if self.queue_reads >= MAX_QUEUE_READS {
+            for (k, r) in self.periods.iter_mut() {
+                if !open.contains(k) {
+                    r.queues = None;
+                }
+            }
+            self.queue_reads = self.periods.values().filter(|r| r.queues.is_some()).count();
+        }
+        let reads = self.make_room(key, || open);
+        let new = reads.queues.is_none();
+        reads.queues = Some(QueuesRead {
+            read,
+            after_ns,
+            tries: tries + 1,
+        });
+        self.queue_reads += usize::from(new);
+    }
+
+    /// What the finished stall `key` of `tgid`, ended at `end_ns`, held
+    /// up; None when no read was made. Call before [`Self::finish_route`].
+    /// An unreadable loop's reason becomes a runtime problem of the process.
+    pub fn finish_queues(&mut self, tgid: u32, key: Period, end_ns: u64) -> Option<HeldUp> {
+        let q = self.periods.get_mut(&key).and_then(|r| r.queues.take())?;
+        self.queue_reads = self.queue_reads.saturating_sub(1);
+        if let Err(QueuesMiss::Unreadable(why)) = &q.read {
+            self.queue_problems.insert(tgid, why.clone());
+        }
+        Some(q.held_up(end_ns))
     }
 
     /// Whether no task read of period `key` was made yet.
@@ -244,6 +391,24 @@ impl BusyReads {
         open: impl FnOnce() -> HashSet<Period>,
     ) {
         let prev = self.periods.get_mut(&key).and_then(|r| r.task.take());
+        if let Some(Slot::Read(mut old)) = prev {
+            // Read already: a later read may only give its span (the same
+            // task's, verified): a pending one, or the span at a later
+            // capture of the stall (a handler's `with` may have opened a
+            // child span around its blocking call since).
+            if let Ok(t) = read
+                && t.name == old.name
+                && (t.trace.is_some() || (old.trace_pending && !t.trace_pending))
+            {
+                old.trace = t.trace;
+                old.trace_unreadable = t.trace_unreadable;
+                old.trace_pending = false;
+            }
+            let reads = self.make_room(key, open);
+            reads.trace_reads += 1;
+            reads.task = Some(Slot::Read(old));
+            return;
+        }
         let slot = match read {
             Ok(t) => Slot::Read(t),
             Err(miss) => {
@@ -407,7 +572,21 @@ impl BusyReads {
                      framework's versions; stalls and their frames are still measured"
                     .into(),
             });
-        tasks.chain(routes).collect()
+        let queues = self
+            .queue_problems
+            .iter()
+            .map(|(&pid, why)| RuntimeProblem {
+                pid,
+                runtime: runtime(pid),
+                what: "asyncio loop queues unavailable: stalls do not say which timers and \
+                       callbacks they held up (drops: held_up_unread)"
+                    .into(),
+                why: why.clone(),
+                remedy: "report it with the output of `python -VV`; stalls and their frames \
+                     are still measured"
+                    .into(),
+            });
+        tasks.chain(routes).chain(queues).collect()
     }
 }
 
@@ -419,6 +598,90 @@ mod tests {
     fn finish(r: &mut BusyReads, tgid: u32, k: Period) -> (Option<Route>, Option<&'static str>) {
         let (route, miss) = r.finish_route(tgid, k);
         (route, miss.map(Counter::name))
+    }
+
+    /// ```text
+    ///  timers due:   t1=100   t2=150        t3=400
+    ///  stall:      [ 90 ······· read@200 ···· 300 ]
+    /// ```
+    /// A read made during the stall gives every timer due by its end its
+    /// lateness (end - due), worst first; a timer due after it is not
+    /// delayed. The same read finished after the end says so.
+    #[test]
+    fn a_read_during_the_stall_gives_each_due_timer_its_lateness() {
+        let mut r = BusyReads::default();
+        let k = (7, 90);
+        assert!(r.wants_queues(k));
+        let q = Queues {
+            timers_when_ns: vec![150, 400, 100],
+            ready_handles: 2,
+            truncated: false,
+        };
+        r.queues_read(k, Ok(q.clone()), 200, HashSet::new);
+        assert!(!r.wants_queues(k), "one read a stall");
+        let want = HeldUp::Read(Delayed {
+            timers_late_ns: vec![200, 150],
+            ready_handles: 2,
+            truncated: false,
+        });
+        assert_eq!(r.finish_queues(1, k, 300), Some(want));
+        assert_eq!(r.finish_queues(1, k, 300), None, "taken once");
+        r.queues_read(k, Ok(q), 301, HashSet::new);
+        let Some(HeldUp::NotRead(n)) = r.finish_queues(1, k, 300) else {
+            panic!("a read after the end is not read");
+        };
+        assert_eq!(n.reason, NotReadReason::AfterEnd);
+    }
+
+    /// Reads of periods that ended under the threshold (no stall took
+    /// them) do not pile up: past [`MAX_QUEUE_READS`], only open periods'
+    /// stay.
+    #[test]
+    fn queue_reads_of_periods_gone_are_let_go() {
+        let mut r = BusyReads::default();
+        let q = || Ok(Queues::default());
+        for start in 0..(3 * MAX_QUEUE_READS as u64) {
+            r.queues_read((7, start), q(), 1, || HashSet::from([(7, start)]));
+        }
+        let kept = r.periods.values().filter(|p| p.queues.is_some()).count();
+        assert!(kept <= MAX_QUEUE_READS + 1, "{kept} kept");
+        let last = (7, 3 * MAX_QUEUE_READS as u64 - 1);
+        assert!(r.finish_queues(1, last, 10).is_some(), "the open one stays");
+    }
+
+    /// A loop not known yet is read again (up to the tries); a runtime not
+    /// read is final, and the process's unreadable loop is said.
+    #[test]
+    fn queue_misses_are_retried_only_when_a_read_may_tell_more() {
+        let mut r = BusyReads::default();
+        let k = (7, 90);
+        for _ in 0..QUEUES_TRIES {
+            assert!(r.wants_queues(k));
+            r.queues_read(k, Err(QueuesMiss::NoLoop("not yet")), 1, HashSet::new);
+        }
+        assert!(!r.wants_queues(k));
+        r.queues_read(
+            k,
+            Err(QueuesMiss::Unsupported("uvloop.Loop".into())),
+            1,
+            HashSet::new,
+        );
+        assert!(!r.wants_queues((7, 90)));
+        let Some(HeldUp::NotRead(n)) = r.finish_queues(1, k, 300) else {
+            panic!("not read");
+        };
+        assert_eq!(
+            (n.reason, n.detail.as_deref()),
+            (NotReadReason::Runtime, Some("uvloop.Loop"))
+        );
+        r.queues_read(
+            k,
+            Err(QueuesMiss::Unreadable("torn".into())),
+            1,
+            HashSet::new,
+        );
+        assert!(r.finish_queues(4, k, 300).is_some());
+        assert_eq!(r.problems(|_| None)[0].pid, 4);
     }
 
     /// A read held back by the spacing is made once it is due, with the

@@ -30,7 +30,7 @@ use log::warn;
 
 use crate::{
     assemble::stall::{RawStall, StallStacks},
-    model::{HolderRelation, Route, Stall, Task, ThreadInfo},
+    model::{HeldUp, HolderRelation, Route, Stall, Task, ThreadInfo},
     pipeline::reads::TaskMiss,
     symbolize::{
         Answers, BlazeResolver, Joined, Recorder, ResolveNative, SharedMaps, TableResolver,
@@ -66,6 +66,8 @@ pub struct Job {
     pub miss: Option<TaskMiss>,
     /// The ASGI request read while the stall ran.
     pub route: Option<Route>,
+    /// What the stall held up (or why not read).
+    pub held_up: Option<HeldUp>,
     /// Processes holding the CPU that are in the stalled one's container.
     pub same_container: Vec<u32>,
     /// Re-read the maps and perf map first (a stall held back for JIT names).
@@ -90,6 +92,7 @@ pub fn finish(job: Job, native: &mut dyn ResolveNative) -> Done {
         task,
         miss,
         route,
+        held_up,
         same_container,
         ..
     } = job;
@@ -117,6 +120,7 @@ pub fn finish(job: Job, native: &mut dyn ResolveNative) -> Done {
     }
     s.task = task;
     s.route = route;
+    s.held_up = held_up;
     Done {
         tgid: raw.tgid,
         stall: s,

@@ -9,10 +9,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::classify::{
-    self, AppPaths, is_interpreter_frame, is_node_internal_js, is_perf_map_js, is_runtime_frame,
-    is_system_lib,
+    self, AppPaths, is_node_internal_js, is_perf_map_js, is_runtime_frame, is_system_lib,
 };
-use crate::model::{Frame, FrameKind, PartKind, Recording, StackPart, Stall};
+use crate::model::{
+    Frame, FrameKind, HeldUp, NotReadReason, PartKind, Recording, StackPart, Stall,
+};
 
 /// Stall time per distinct folded stack, in nanoseconds, sorted by stack.
 pub fn folded_ns(stalls: &[Stall]) -> BTreeMap<String, u64> {
@@ -118,11 +119,12 @@ fn via(p: &StackPart, i: usize, app: &AppPaths) -> Option<String> {
         matches!(
             f.kind,
             FrameKind::Python | FrameKind::Js | FrameKind::Native
-        ) && !is_interpreter_frame(f)
+        ) && !classify::is_call_glue(f)
     })?;
+    let name = classify::called_name(f).unwrap_or_else(|| f.name.to_string());
     Some(match app.library(f) {
-        Some(lib) => format!("{lib} … {}", f.name),
-        None => f.name.to_string(),
+        Some(lib) => format!("{lib} … {name}"),
+        None => name,
     })
 }
 
@@ -222,6 +224,58 @@ pub struct Summary {
 }
 
 /// Nearest-rank percentile of sorted values.
+/// What the recording's stalls held up, over every stall whose loop
+/// queues were read: the headline's numbers (summary, `top`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HeldUpTotals {
+    /// Stalls whose held-up work was read, and of them those that delayed
+    /// at least one timer.
+    pub read: usize,
+    pub delaying: usize,
+    /// Delayed timers, over those stalls.
+    pub timers: usize,
+    /// The worst lateness of any delayed timer.
+    pub worst_ns: u64,
+    /// The 99th percentile (nearest rank) of the lateness of every delayed
+    /// timer of those stalls, each timer counted once.
+    pub p99_ns: u64,
+    /// Callbacks queued behind the stalls, summed.
+    pub ready_handles: u64,
+    /// Stalls not read, by process, reason and detail (none for a read
+    /// that came late: by how much differs per stall).
+    pub not_read: BTreeMap<(u32, NotReadReason, Option<String>), usize>,
+}
+
+/// [`HeldUpTotals`] of `stalls` (a recording's, `top`'s window).
+pub fn held_up_totals<'a>(stalls: impl IntoIterator<Item = &'a Stall>) -> HeldUpTotals {
+    let mut t = HeldUpTotals::default();
+    let mut late: Vec<u64> = Vec::new();
+    for s in stalls {
+        match &s.held_up {
+            Some(HeldUp::Read(d)) => {
+                t.read += 1;
+                t.delaying += usize::from(!d.timers_late_ns.is_empty());
+                t.ready_handles += u64::from(d.ready_handles);
+                late.extend(&d.timers_late_ns);
+            }
+            Some(HeldUp::NotRead(n)) => {
+                // How late a read came differs per stall: not a group.
+                let detail = match n.reason {
+                    NotReadReason::AfterEnd => None,
+                    _ => n.detail.clone(),
+                };
+                *t.not_read.entry((s.pid, n.reason, detail)).or_default() += 1;
+            }
+            None => {}
+        }
+    }
+    late.sort_unstable();
+    t.timers = late.len();
+    t.worst_ns = late.last().copied().unwrap_or(0);
+    t.p99_ns = percentile(&late, 0.99);
+    t
+}
+
 fn percentile(sorted: &[u64], q: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
@@ -438,6 +492,77 @@ mod tests {
         );
     }
 
+    /// The library call after the app frame is the one the app made, not
+    /// the interpreter's or a binding's glue between them (issue 36).
+    #[test]
+    fn the_library_call_named_is_past_the_glue() {
+        let native = |name: &str, module: &str| Frame {
+            name: name.into(),
+            file: None,
+            line: None,
+            kind: FrameKind::Native,
+            module: Some(module.into()),
+        };
+        let py = |name: &str, file: &str| Frame {
+            name: name.into(),
+            file: Some(file.into()),
+            line: Some(25),
+            kind: FrameKind::Python,
+            module: None,
+        };
+        let part = |frames| StackPart {
+            woken: false,
+            frames,
+            weight_ns: 1,
+            kind: PartKind::OnCpu,
+            syscall: None,
+            waker_tid: None,
+            gil_holder: None,
+        };
+        let app = AppPaths::default();
+        let lib = "/srv/venv/lib/python3.11/site-packages";
+        // A class instantiated: type_call, slot_tp_init, then its __init__.
+        let p = part(vec![
+            py("make_clients", "/srv/gateway.py"),
+            native("_PyEval_EvalFrameDefault", "libpython3.11.so.1.0"),
+            native("type_call", "libpython3.11.so.1.0"),
+            native("slot_tp_init", "libpython3.11.so.1.0"),
+            native("_PyObject_Call_Prepend", "libpython3.11.so.1.0"),
+            py("AsyncClient.__init__", &format!("{lib}/httpx/_client.py")),
+            py("create_default_context", "/usr/lib/python3.11/ssl.py"),
+        ]);
+        assert_eq!(
+            blame(&p, &app).unwrap().label(),
+            "make_clients (gateway.py:25) → httpx … AsyncClient.__init__"
+        );
+        // A Rust extension's method: pyo3's trampoline, then the method.
+        let ext = "tokenizers.cpython-311-x86_64-linux-gnu.so";
+        let p = part(vec![
+            py("load_tokenizer", "/srv/gateway.py"),
+            native("cfunction_call", "libpython3.11.so.1.0"),
+            native(
+                "pyo3::impl_::trampoline::fastcall_cfunction_with_keywords::<<pyo3::impl_::pyclass::PyClassImplCollector<tokenizers::tokenizer::PyTokenizer> as tokenizers::tokenizer::PyMethods>::py_methods::ITEMS::Def>",
+                ext,
+            ),
+            native(
+                "tokenizers::tokenizer::PyTokenizer::__pymethod_from_file__",
+                ext,
+            ),
+            native("tokenizers::tokenizer::PyTokenizer::from_file", ext),
+        ]);
+        assert_eq!(
+            blame(&p, &app).unwrap().label(),
+            "load_tokenizer (gateway.py:25) → tokenizers … PyTokenizer.from_file"
+        );
+        // A pure-Python loop sampled in the C API its bytecode runs: no call.
+        let p = part(vec![
+            py("render", "/srv/app.py"),
+            native("PyObject_GetAttr", "python3.11"),
+            native("_PyObject_GenericGetAttrWithDict", "python3.11"),
+        ]);
+        assert_eq!(blame(&p, &app).unwrap().label(), "render (app.py:25)");
+    }
+
     #[test]
     fn a_rust_std_method_inlined_into_the_app_is_not_the_culprit() {
         // A tokio worker's spin: `<u64>::wrapping_add` is core's, inlined
@@ -634,6 +759,45 @@ mod tests {
         assert_eq!(
             stall_culprit(&s, &fw_app).as_deref(),
             Some("Router.__call__ (routing.py:31) → app … parse_resume — on-CPU")
+        );
+    }
+
+    #[test]
+    fn held_up_totals_over_the_read_stalls() {
+        use crate::model::{Delayed, NotRead};
+        let mut rec = Recording::for_tests(vec![]);
+        let ms = 1_000_000;
+        let mut stall = |held: HeldUp| {
+            let mut s = crate::testing::stall(0, vec![]);
+            s.pid = 7;
+            s.held_up = Some(held);
+            rec.stalls.push(s);
+        };
+        // 100 timers 1..=100 ms late over two stalls: p99 is the 99th.
+        stall(HeldUp::Read(Delayed {
+            timers_late_ns: (51..=100).rev().map(|n| n * ms).collect(),
+            ready_handles: 3,
+            truncated: false,
+        }));
+        stall(HeldUp::Read(Delayed {
+            timers_late_ns: (1..=50).rev().map(|n| n * ms).collect(),
+            ready_handles: 0,
+            truncated: false,
+        }));
+        stall(HeldUp::Read(Delayed::default()));
+        stall(HeldUp::NotRead(NotRead {
+            reason: NotReadReason::Runtime,
+            detail: Some("uvloop.Loop".into()),
+        }));
+        let t = held_up_totals(&rec.stalls);
+        assert_eq!((t.read, t.delaying, t.timers), (3, 2, 100));
+        assert_eq!(
+            (t.worst_ns, t.p99_ns, t.ready_handles),
+            (100 * ms, 99 * ms, 3)
+        );
+        assert_eq!(
+            t.not_read.into_iter().collect::<Vec<_>>(),
+            [((7, NotReadReason::Runtime, Some("uvloop.Loop".into())), 1)]
         );
     }
 

@@ -1,9 +1,12 @@
 //! `stalls.folded`: collapsed stacks, `frame;frame;…;frame weight_us`,
 //! the input format of inferno, flamegraph.pl and speedscope, in the
-//! [`View`] given (by default the user's code: [`crate::report::view`]),
-//! each stack topped by its stall's asyncio task (`[task NAME]`, [`view::with_tasks`])
-//! and, with stalls in several processes, rooted in its process
-//! (`uvicorn worker 2 (pid 1240)`, [`view::with_processes`]).
+//! [`View`] given (by default the user's code, a frame per function:
+//! [`crate::report::view`]), with `--group-by` each stack rooted in its
+//! task or route ([`view::grouped`]) and, with stalls in several
+//! processes, rooted in its process (`uvicorn worker 2 (pid 1240)`,
+//! [`view::with_processes`]). The asyncio task is no frame otherwise: the
+//! stacks are the stall's code, so speedscope's Sandwich view ranks
+//! functions.
 use std::path::PathBuf;
 
 use super::{RenderError, write_file};

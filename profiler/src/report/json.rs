@@ -8,7 +8,8 @@
 //! in-memory model keeps whole frames; only the file is compact.
 //!
 //! Versions: `format: "stallprof-recording"`, `version: 4` is written.
-//! Read: version 4; version 3 — the same without a stall's `pid` (read as
+//! Read: version 4 (a stall's `held_up`, added within it, is optional);
+//! version 3 — the same without a stall's `pid` (read as
 //! the recording's) and the `processes` list (read as the target alone);
 //! version 2 — the same layout without the `throttled`
 //! part kind, `throttled_ns`, `cpu_holders`, a part's `woken` and the
@@ -27,8 +28,9 @@ use serde_json::ser::Formatter;
 use thiserror::Error;
 
 use crate::model::{
-    Container, CpuHolder, CpuQuota, Frame, GilHolder, HolderRelation, PartKind, ProbeSet, Process,
-    ProcessInfo, Recording, Role, Route, RuntimeProblem, StackPart, Stall, Task, ThreadInfo,
+    Container, CpuHolder, CpuQuota, Frame, GilHolder, HeldUp, HolderRelation, PartKind, ProbeSet,
+    Process, ProcessInfo, Recording, Role, Route, RuntimeProblem, StackPart, Stall, Task,
+    ThreadInfo,
 };
 use crate::report::aggregate;
 
@@ -123,6 +125,9 @@ struct WireProcess {
     role: Option<Role>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     container: Option<Container>,
+    /// The service name its OpenTelemetry SDK reports, from its environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    service: Option<String>,
     /// Its stalls in this file, for readers; not read back (the stalls
     /// say it).
     #[serde(default)]
@@ -158,6 +163,11 @@ pub(crate) struct WireStall {
     /// ASGI: the request's method and route template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     route: Option<Route>,
+    /// Added within version 4 (optional: an older reader ignores it and
+    /// says nothing false): what the stall held up (its loop's late timers
+    /// and queued callbacks), or why that was not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    held_up: Option<HeldUp>,
     /// Derived from the parts for readers of the file
     /// ([`crate::report::aggregate::stall_entry`]); not read back: a
     /// re-render derives it again with its own `--app-path`.
@@ -269,6 +279,7 @@ pub(crate) fn wire_stall<'a>(
         coroutine: s.coroutine.clone(),
         task: s.task.clone(),
         route: s.route.clone(),
+        held_up: s.held_up.clone(),
         entry,
         parts: s
             .stacks
@@ -332,6 +343,7 @@ fn to_file(rec: &Recording) -> File {
                 parent: p.parent,
                 role: p.role.clone(),
                 container: p.info.container.clone(),
+                service: p.service.clone(),
                 stalls: rec.stalls.iter().filter(|s| s.pid == p.pid).count(),
             })
             .collect(),
@@ -405,6 +417,7 @@ fn from_file(f: File) -> Result<Recording, FormatError> {
                 },
                 parent: p.parent,
                 role: p.role,
+                service: p.service,
             })
             .collect(),
         stalls,
@@ -444,6 +457,7 @@ pub(crate) fn model_stall(
         coroutine: s.coroutine,
         task: s.task,
         route: s.route,
+        held_up: s.held_up,
         stacks: s
             .parts
             .into_iter()
@@ -799,6 +813,7 @@ mod tests {
                 n: 1,
                 of: "python3".into(),
             }),
+            service: Some("gateway".into()),
         });
         rec.processes[0].role = Some(Role::Supervisor);
         rec.stalls[1].pid = 43;

@@ -17,7 +17,9 @@
 //!   index in `stalls.json`, `task`: the asyncio coroutine, `task_name`
 //!   and `awaited_by`: the asyncio Task and, 3.14+, its await chain,
 //!   `entry`: the handler it ran in, [`aggregate::stall_entry`], `route`:
-//!   the ASGI request's `POST /resume/{rid}` when read, the time split);
+//!   the ASGI request's `POST /resume/{rid}` when read, what it held up:
+//!   `timers_delayed`, `timer_worst_late_ns`, `timer_latest_due_late_ns`,
+//!   `ready_callbacks`, or `held_up` saying why not read; the time split);
 //! - inside it, one child slice per part group: on-CPU, blocked in each
 //!   syscall, run queue, GIL wait per holder. `stalls.json` keeps parts as
 //!   aggregated weights, not intervals, so the children are laid end to end
@@ -52,7 +54,7 @@ use std::{
 use prost::Message;
 
 use crate::model::{
-    FrameKind, GilHolder, PartKind, Recording, StackPart, Stall, text::cpu_held_by,
+    FrameKind, GilHolder, HeldUp, PartKind, Recording, StackPart, Stall, text::cpu_held_by,
 };
 use crate::{
     os::outdir::OutDir,
@@ -620,12 +622,36 @@ pub fn packets(
             if !t.awaited_by.is_empty() {
                 notes.push(annotation_str("awaited_by", &t.awaited_by.join(" ← ")));
             }
+            if let Some(ids) = &t.trace {
+                notes.push(annotation_str("trace_id", &ids.trace_id));
+                notes.push(annotation_str("span_id", &ids.span_id));
+            }
         }
         if let Some(e) = aggregate::stall_entry(s, &app) {
             notes.push(annotation_str("entry", &e));
         }
         if let Some(r) = &s.route {
             notes.push(annotation_str("route", &r.describe()));
+        }
+        match &s.held_up {
+            Some(HeldUp::Read(d)) => {
+                notes.push(annotation_uint(
+                    "timers_delayed",
+                    d.timers_late_ns.len() as u64,
+                ));
+                if let (Some(worst), Some(latest)) = (d.worst_late_ns(), d.latest_due_late_ns()) {
+                    notes.push(annotation_uint("timer_worst_late_ns", worst));
+                    notes.push(annotation_uint("timer_latest_due_late_ns", latest));
+                }
+                notes.push(annotation_uint(
+                    "ready_callbacks",
+                    u64::from(d.ready_handles),
+                ));
+            }
+            Some(HeldUp::NotRead(n)) => {
+                notes.push(annotation_str("held_up", n.reason.describe()));
+            }
+            None => {}
         }
         if s.incomplete {
             notes.push(DebugAnnotation {
@@ -790,6 +816,7 @@ mod tests {
                 name: "batch-3".into(),
                 coro: Some("handle".into()),
                 awaited_by: vec!["runner".into(), "Task-1".into()],
+                ..Default::default()
             }),
             ..testing::stall(
                 1_000_000,

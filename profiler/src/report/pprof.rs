@@ -26,9 +26,11 @@
 //!
 //! Stacks are shown in the [`View`] of `stalls.folded` and `stalls.svg`
 //! (by default the user's code, [`crate::report::view`]; `--native all`
-//! every frame), so the three draw the same tree; the task and the
-//! process, frames there, are labels here (`-tagleaf task_name`,
-//! `-tagroot process` put them back as frames). The labels are taken from
+//! every frame), so the three draw the same tree; the process (a root
+//! frame there with stalls in several processes) and the `--group-by`
+//! root are labels here (`-tagroot process`, `-tagroot task` put them
+//! back as frames). Each location keeps its line: pprof merges them by
+//! function unless asked (`-lines`). The labels are taken from
 //! the whole stacks, as the summary's are; `stalls.json` keeps them whole.
 //! Frames are already symbolized: every location carries its function,
 //! file and line, and the one mapping says so (`has_functions`), so no
@@ -269,36 +271,14 @@ impl Builder {
     }
 }
 
-/// A location's function name: the frame's, a kernel frame's with ` [k]`.
-/// A frame with an empty name (a name read from the target may be) is
-/// named by its file or object in brackets, `[gateway.py]`,
-/// `[libfoo.so]`, as an unnamed frame is elsewhere: a function without a
-/// name is shown by pprof as its mapping, which says nothing.
+/// A location's function name: the frame's as the view says it (never
+/// empty: [`view`] names an unnamed frame by its file or object), a
+/// kernel frame's with ` [k]`.
 fn function_name(f: &Frame) -> String {
-    if f.name.is_empty() {
-        let place = f.file.as_deref().or(f.module.as_deref()).unwrap_or("?");
-        return format!("[{}]", place.rsplit('/').next().unwrap_or(place));
-    }
     match f.kind {
         FrameKind::Kernel => format!("{} [k]", f.name),
         _ => f.name.to_string(),
     }
-}
-
-/// The `task` label: the qualified name of the stall's coroutine, without
-/// a line. [`Stall::coroutine`] is its frame's label, whose line is where
-/// the stall's first stack was in it (`Gateway.handle_request
-/// (gateway.py:145)`), not where each sample was; the frame it names, in
-/// the stall's stacks, gives the name alone. Should no frame carry that
-/// label, the label itself, which is still true.
-fn task_label(s: &Stall) -> Option<String> {
-    let label = s.coroutine.as_deref()?;
-    let frame = s
-        .stacks
-        .iter()
-        .flat_map(|p| &p.frames)
-        .find(|f| f.kind == FrameKind::Python && f.label() == label);
-    Some(frame.map_or_else(|| label.to_string(), |f| escape(&f.name).into_owned()))
 }
 
 /// Build the profile of `stalls` in the default [`View`] (the view of the
@@ -324,8 +304,12 @@ pub fn profile_in<'a>(
     app: &AppPaths,
 ) -> Profile {
     let (procs, stalls): (Vec<ProcLabel>, Vec<&Stall>) = stalls.into_iter().unzip();
-    // The view keeps every part, in order, with its weight: only frames go.
-    let shown = view::apply(stalls.iter().copied(), v, app);
+    // The view keeps every part, in order, with its weight: only frames
+    // go. Lines stay in the locations whatever `--lines` says: a function
+    // is one `Function` (by name and file) whatever its line, so pprof's
+    // default granularity (functions) shows one frame per function, as
+    // the other outputs do, and `-lines` shows the lines.
+    let shown = view::apply(stalls.iter().copied(), View { lines: true, ..v }, app);
     let mut b = Builder::default();
     b.s("");
     let stall_t = b.s("stall");
@@ -344,7 +328,7 @@ pub fn profile_in<'a>(
     let k_culprit_function = b.s("culprit_function");
     for (index, ((p, s), shown)) in procs.iter().zip(&stalls).zip(&shown).enumerate() {
         let entry = aggregate::stall_entry(s, app);
-        let task = task_label(s);
+        let task = s.coroutine_name();
         for (part, frames) in s.stacks.iter().zip(shown.stacks.iter().map(|p| &p.frames)) {
             // pprof lists the leaf first; our frames are outermost first.
             let locs: Vec<u64> = frames.iter().rev().map(|f| b.location(f)).collect();
@@ -365,9 +349,22 @@ pub fn profile_in<'a>(
             }
             if let Some(t) = &s.task {
                 labels.push((k_task_name, b.s(&t.name), 0));
+                // Pyroscope's span-profile labels: a trace UI's link in.
+                if let Some(ids) = &t.trace {
+                    labels.push((b.s("trace_id"), b.s(&ids.trace_id), 0));
+                    labels.push((b.s("span_id"), b.s(&ids.span_id), 0));
+                }
             }
             if let Some(r) = &s.route {
                 labels.push((k_route, b.s(&r.describe()), 0));
+            }
+            if let Some(crate::model::HeldUp::Read(d)) = &s.held_up {
+                // Numeric: `-tagfocus timer_worst_late_ms=100:` keeps the
+                // stalls that made a timer run 100 ms late or more.
+                labels.push((b.s("timers_delayed"), 0, d.timers_late_ns.len() as i64));
+                if let Some(w) = d.worst_late_ns() {
+                    labels.push((b.s("timer_worst_late_ms"), 0, (w / 1_000_000) as i64));
+                }
             }
             if let Some(sc) = &part.syscall {
                 labels.push((k_syscall, b.s(sc), 0));
@@ -525,6 +522,8 @@ mod tests {
                 name: "conn-7".into(),
                 coro: Some("handle".into()),
                 awaited_by: vec![],
+                trace: Some(crate::model::SpanIds::new(0x2a59 << 64 | 7, 0x86ab)),
+                ..Default::default()
             }),
             ..testing::stall(
                 0,
@@ -573,6 +572,14 @@ mod tests {
         assert_eq!(label(first, "kind"), Some(("on_cpu".into(), 0)));
         assert_eq!(label(first, "task"), Some(("handle".into(), 0)));
         assert_eq!(label(first, "task_name"), Some(("conn-7".into(), 0)));
+        assert_eq!(
+            label(first, "trace_id"),
+            Some(("0000000000002a590000000000000007".into(), 0))
+        );
+        assert_eq!(
+            label(first, "span_id"),
+            Some(("00000000000086ab".into(), 0))
+        );
         assert_eq!(label(&p.sample[1], "syscall"), Some(("read".into(), 0)));
         let last = &p.sample[3];
         assert_eq!(label(last, "stall"), Some((String::new(), 1)));
@@ -673,6 +680,7 @@ mod tests {
                 name: "Task-13".into(),
                 coro: Some("Gateway.handle_request".into()),
                 awaited_by: vec![],
+                ..Default::default()
             }),
             ..testing::stall(0, parts)
         }
@@ -702,7 +710,8 @@ mod tests {
     /// Issue 37: pprof showed `<module>` as `[[stallprof: symbolized]]`:
     /// its demangling heuristic emptied the name (see
     /// [`Builder::location`]). Every function has its name and no system
-    /// name; a frame without a name is named by its file.
+    /// name; a frame without a name is named by its file (by the view,
+    /// in every view).
     #[test]
     fn every_function_is_named_and_keeps_its_name_issue_37() {
         let mut rec = gateway();
@@ -770,26 +779,25 @@ mod tests {
 
     /// Issue 37: pprof kept the `_start … task_step` prefix the SVG trims.
     /// Each sample's stack is its part's stack in `stalls.folded`'s view,
-    /// without the task on top (a label here); `--native all` keeps every
-    /// frame; the labels come from the whole stack either way.
+    /// by function (a location keeps its line: pprof merges lines by
+    /// function); `--native all` keeps every frame; the labels come from
+    /// the whole stack either way.
     #[test]
     fn samples_have_the_folded_views_stacks_issue_37() {
         let rec = gateway();
         for v in [View::default(), View::ALL] {
             let p = decoded(&of_recording(&rec, v));
             let shown = view::shown(&rec, v);
-            let want: Vec<Vec<(String, i64)>> = shown[0]
+            let want: Vec<Vec<String>> = shown[0]
                 .stacks
                 .iter()
-                .map(|part| {
-                    part.frames
-                        .iter()
-                        .filter(|f| !f.name.starts_with("[task "))
-                        .map(|f| (function_name(f), f.line.unwrap_or(0) as i64))
-                        .collect()
-                })
+                .map(|part| part.frames.iter().map(function_name).collect())
                 .collect();
-            let got: Vec<Vec<(String, i64)>> = p.sample.iter().map(|s| stack(&p, s)).collect();
+            let got: Vec<Vec<String>> = p
+                .sample
+                .iter()
+                .map(|s| stack(&p, s).into_iter().map(|f| f.0).collect())
+                .collect();
             assert_eq!(got, want, "{v:?}");
             let culprits: Vec<String> = p
                 .sample
@@ -802,10 +810,101 @@ mod tests {
             );
         }
         let p = decoded(&of_recording(&rec, View::default()));
-        let first: Vec<String> = stack(&p, &p.sample[0]).into_iter().map(|f| f.0).collect();
-        assert_eq!(first, ["Gateway.handle_request", "load_tokenizer", "loads"]);
+        let first: Vec<(String, i64)> = stack(&p, &p.sample[0]);
+        assert_eq!(
+            first,
+            [
+                ("Gateway.handle_request".to_string(), 144),
+                ("load_tokenizer".to_string(), 72),
+                ("loads".to_string(), 0)
+            ]
+        );
+        // Lines 144, 145, 146 of one function: one function.
+        let handle: Vec<&Function> = p
+            .function
+            .iter()
+            .filter(|f| p.string_table[f.name as usize] == "Gateway.handle_request")
+            .collect();
+        assert_eq!(handle.len(), 1);
         let p = decoded(&of_recording(&rec, View::ALL));
         assert_eq!(stack(&p, &p.sample[0])[0].0, "_start");
+    }
+
+    /// Issue 37: one stall, the same frames in every output: the
+    /// flamegraph's and `stalls.folded`'s stacks (one view), the speedscope
+    /// file's stacks under the stall's frame, and pprof's samples, in the
+    /// default view, with `--lines` and with `--native all`.
+    #[test]
+    fn every_output_shows_a_stall_with_the_same_frames_issue_37() {
+        use std::collections::BTreeSet;
+        let mut rec = gateway();
+        // A Rust extension's generic name, shortened alike everywhere.
+        rec.stalls[0].stacks[2].frames.push(native(
+            "tokenizers::tokenizer::TokenizerImpl<M,N,PT,PP,D>::encode_batch",
+            "tokenizers.abi3.so",
+        ));
+        let lines = View {
+            lines: true,
+            ..View::default()
+        };
+        for v in [View::default(), lines, View::ALL] {
+            let folded: BTreeSet<String> = aggregate::folded_lines(&view::shown(&rec, v))
+                .into_iter()
+                .map(|l| l.rsplit_once(' ').unwrap().0.to_string())
+                .collect();
+            let svg =
+                String::from_utf8(crate::report::flamegraph::render(&rec, v).unwrap()).unwrap();
+            for stack in &folded {
+                for frame in stack.split(';') {
+                    let drawn = frame
+                        .replace('&', "&amp;")
+                        .replace('<', "&lt;")
+                        .replace('>', "&gt;");
+                    assert!(svg.contains(&drawn), "{frame} not in the SVG ({v:?})");
+                }
+            }
+            // speedscope: each stack closed at its leaf, under the stall's frame.
+            let f = serde_json::to_value(crate::report::speedscope::file(&rec, v)).unwrap();
+            let names = f["shared"]["frames"].as_array().unwrap();
+            let (mut open, mut leaves, mut last_open) = (Vec::new(), BTreeSet::new(), false);
+            for e in f["profiles"][0]["events"].as_array().unwrap() {
+                let name = names[e["frame"].as_u64().unwrap() as usize]["name"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                if e["type"] == "O" {
+                    open.push(name);
+                    last_open = true;
+                } else {
+                    if last_open {
+                        leaves.insert(open[1..].join(";"));
+                    }
+                    open.pop();
+                    last_open = false;
+                }
+            }
+            assert_eq!(leaves, folded, "speedscope ({v:?})");
+            // pprof: the same functions (its names carry no file).
+            let p = decoded(&of_recording(&rec, v));
+            let shown: BTreeSet<Vec<String>> = view::shown(&rec, v)
+                .iter()
+                .flat_map(|s| &s.stacks)
+                .map(|part| part.frames.iter().map(function_name).collect())
+                .collect();
+            let samples: BTreeSet<Vec<String>> = p
+                .sample
+                .iter()
+                .map(|s| stack(&p, s).into_iter().map(|f| f.0).collect())
+                .collect();
+            assert_eq!(samples, shown, "pprof ({v:?})");
+        }
+        let folded = aggregate::folded_lines(&view::shown(&rec, View::default())).join("\n");
+        assert!(
+            folded.contains(
+                "Gateway.handle_request (gateway.py);compress_payload (gateway.py);zlib_compress;do_syscall_64;tokenizers::tokenizer::TokenizerImpl<…>::encode_batch"
+            ),
+            "{folded}"
+        );
     }
 
     /// A recording's profile: each sample labelled with its stall's pid,

@@ -21,12 +21,12 @@ use profiler_common::Cost;
 use crate::{
     model::text::escape,
     model::{
-        CgroupVersion, CpuHolder, Recording,
+        CgroupVersion, CpuHolder, Recording, Stall,
         text::{cpu_held_by, is_stallprof},
     },
     os::units::fmt_ns,
     report::{
-        aggregate::{Summary, summarize, summarize_where},
+        aggregate::{Summary, held_up_totals, stall_culprit, summarize, summarize_where},
         viewers,
     },
 };
@@ -336,6 +336,54 @@ impl Lines {
     }
 }
 
+/// The longest stalls that ran in an OpenTelemetry span, with its ids (to
+/// paste into a tracing UI), and the stalls whose span could not be read.
+fn trace_lines(out: &mut Lines, rec: &Recording) {
+    const SHOWN: usize = 5;
+    let mut traced: Vec<&Stall> = rec
+        .stalls
+        .iter()
+        .filter(|s| s.task.as_ref().is_some_and(|t| t.trace.is_some()))
+        .collect();
+    let unreadable = rec
+        .stalls
+        .iter()
+        .filter(|s| {
+            s.task
+                .as_ref()
+                .is_some_and(|t| t.trace_unreadable.is_some())
+        })
+        .count();
+    if traced.is_empty() && unreadable == 0 {
+        return;
+    }
+    traced.sort_by_key(|s| std::cmp::Reverse(s.duration_ns));
+    out.say(format!(
+        "  traced stalls ({} in an OpenTelemetry span; longest first):",
+        traced.len()
+    ));
+    for s in traced.iter().take(SHOWN) {
+        let Some(ids) = s.task.as_ref().and_then(|t| t.trace.as_ref()) else {
+            continue;
+        };
+        let route = s.route.as_ref().map(|r| r.describe());
+        out.say(format!(
+            "    {:>9}  {}trace {} span {}",
+            fmt_ns(s.duration_ns),
+            route.map(|r| format!("{r}  ")).unwrap_or_default(),
+            ids.trace_id,
+            ids.span_id
+        ));
+    }
+    if unreadable > 0 {
+        out.say(format!(
+            "    span not read for {unreadable} stall{} (its task's context could not be read: \
+             see stalls.json task.trace_unreadable)",
+            if unreadable == 1 { "" } else { "s" }
+        ));
+    }
+}
+
 /// `    60.0%     1.2 s  parse_resume (app.py:31) — on-CPU — in POST /r`:
 /// one line per culprit, indented by `indent`.
 fn culprit_lines(out: &mut Lines, s: &Summary, indent: &str) {
@@ -356,6 +404,107 @@ fn culprit_lines(out: &mut Lines, s: &Summary, indent: &str) {
             &format!("{kind}{}", escape(&within)),
         );
     }
+}
+
+/// Stalls listed under "held up", worst timer lateness first.
+const HELD_UP_SHOWN: usize = 5;
+
+/// The harm first, next to the stall count: how late the stalls made the
+/// loop's timers run (worst, and the p99 over every delayed timer of the
+/// recording), and the stalls whose queues were not read, per process.
+fn held_up_headline(out: &mut Lines, rec: &Recording) {
+    let t = held_up_totals(&rec.stalls);
+    if t.timers > 0 {
+        out.say(format!(
+            "  timers ran up to {} late (p99 over the recording {}): {} timer{} delayed by {} of {} \
+             stall{} read",
+            fmt_ns(t.worst_ns),
+            fmt_ns(t.p99_ns),
+            t.timers,
+            if t.timers == 1 { "" } else { "s" },
+            t.delaying,
+            t.read,
+            if t.read == 1 { "" } else { "s" },
+        ));
+    } else if t.read > 0 {
+        out.say(format!(
+            "  no timers due during the {} stall{} whose loop was read",
+            t.read,
+            if t.read == 1 { "" } else { "s" }
+        ));
+    }
+    for ((pid, reason, detail), n) in &t.not_read {
+        out.say(format!(
+            "  held up: {} for {n} stall{} of pid {pid}{}",
+            reason.describe(),
+            if *n == 1 { "" } else { "s" },
+            detail
+                .as_deref()
+                .map(|d| format!(" ({})", escape(d)))
+                .unwrap_or_default()
+        ));
+    }
+}
+
+/// Two lines per stall that held up work, worst first: the stall and its
+/// top culprit, then `delayed 40 timers by up to 241ms (the latest-due
+/// 221ms), 12 callbacks queued`.
+fn held_up_lines(out: &mut Lines, rec: &Recording) {
+    let app = rec.app();
+    let mut read: Vec<(&crate::model::Stall, &crate::model::Delayed)> = rec
+        .stalls
+        .iter()
+        .filter_map(|s| match &s.held_up {
+            Some(crate::model::HeldUp::Read(d)) => Some((s, d)),
+            _ => None,
+        })
+        .collect();
+    if read.is_empty() {
+        return;
+    }
+    read.sort_by_key(|(s, d)| (std::cmp::Reverse(d.worst_late_ns()), s.start_ns));
+    out.say("  held up (stalls, worst timer lateness first):");
+    let first = rec.first_ns();
+    for (s, d) in read.iter().take(HELD_UP_SHOWN) {
+        let culprit = stall_culprit(s, &app).unwrap_or_default();
+        out.label(
+            &format!(
+                "    {} at +{} in ",
+                fmt_ns(s.duration_ns),
+                fmt_ns(s.start_ns.saturating_sub(first))
+            ),
+            &culprit,
+            "",
+        );
+        out.say(format!("      {}", describe_delayed(d)));
+    }
+    if read.len() > HELD_UP_SHOWN {
+        out.say(format!(
+            "    {} more in stalls.json",
+            read.len() - HELD_UP_SHOWN
+        ));
+    }
+}
+
+/// `delayed 40 timers by up to 241ms (the latest-due 221ms), 12 callbacks
+/// queued`, or `no timers due, 2 callbacks queued`.
+pub fn describe_delayed(d: &crate::model::Delayed) -> String {
+    let more = if d.truncated { " or more" } else { "" };
+    let timers = match (d.worst_late_ns(), d.latest_due_late_ns()) {
+        (Some(worst), Some(latest)) => format!(
+            "delayed {}{more} timer{} by up to {} (the latest-due {})",
+            d.timers_late_ns.len(),
+            if d.timers_late_ns.len() == 1 { "" } else { "s" },
+            fmt_ns(worst),
+            fmt_ns(latest)
+        ),
+        _ => "no timers due".to_string(),
+    };
+    format!(
+        "{timers}, {}{more} callback{} queued",
+        d.ready_handles,
+        if d.ready_handles == 1 { "" } else { "s" }
+    )
 }
 
 /// `5 stalls, 1.2 s`.
@@ -551,6 +700,7 @@ pub fn text(rec: &Recording, files: &[PathBuf], opts: &Options) -> String {
             fmt_ns(s.p99_ns),
             fmt_ns(s.max_ns)
         ));
+        held_up_headline(&mut out, rec);
         let throttled = if s.throttled_ns > 0 || has_quota(rec) {
             format!(", CPU throttled {:.1}%", pct(s.throttled_ns, s.total_ns))
         } else {
@@ -592,6 +742,7 @@ pub fn text(rec: &Recording, files: &[PathBuf], opts: &Options) -> String {
                 culprit_lines(&mut out, &of, "      ");
             }
         }
+        held_up_lines(&mut out, rec);
         // The same time grouped by request handler: what each entry point
         // (the outermost app frame past the loop's dispatch) cost.
         if !s.entries.is_empty() {
@@ -617,6 +768,7 @@ pub fn text(rec: &Recording, files: &[PathBuf], opts: &Options) -> String {
             ));
         }
     }
+    trace_lines(&mut out, rec);
     if rec.probes.host_wide() || !rec.probes.notes.is_empty() {
         out.say(format!(
             "  probes: scheduler {}, waits {}{}",
@@ -682,6 +834,54 @@ mod tests {
                 vec![testing::part(PartKind::OnCpu, ns, frames)],
             )
         }
+    }
+
+    /// The harm leads, next to the stall count; each stall that held up
+    /// work says what; the stalls not read are said per process and why.
+    #[test]
+    fn the_harm_leads_and_each_stall_says_what_it_held_up() {
+        use crate::model::{Delayed, HeldUp, NotRead, NotReadReason};
+        let ms = 1_000_000;
+        let mut a = stall(0, 300, "handler", None);
+        a.held_up = Some(HeldUp::Read(Delayed {
+            timers_late_ns: vec![241 * ms, 230 * ms, 221 * ms],
+            ready_handles: 12,
+            truncated: false,
+        }));
+        let mut b = stall(1000, 100, "idle", None);
+        b.held_up = Some(HeldUp::Read(Delayed::default()));
+        let mut c = stall(2000, 100, "other", None);
+        c.pid = 9;
+        c.held_up = Some(HeldUp::NotRead(NotRead {
+            reason: NotReadReason::Runtime,
+            detail: Some("uvloop.Loop".into()),
+        }));
+        let rec = Recording::for_tests(vec![a, b, c]);
+        let text = text(&rec, &[], &Options::default());
+        let lines: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("  3 stalls"))
+            .collect();
+        assert!(lines.len() > 2, "{text}");
+        assert_eq!(
+            lines[1],
+            "  timers ran up to 241.0ms late (p99 over the recording 241.0ms): 3 timers delayed by 1 of 2 stalls read",
+            "{text}"
+        );
+        assert_eq!(
+            lines[2],
+            "  held up: not read for this runtime for 1 stall of pid 9 (uvloop.Loop)"
+        );
+        assert!(
+            text.contains(
+                "      delayed 3 timers by up to 241.0ms (the latest-due 221.0ms), 12 callbacks queued"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("      no timers due, 0 callbacks queued"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The default view of stacks in the flamegraph, `stalls.folded` and
-//! `stalls.pb.gz`: the user's code, not the interpreter's or the loop's.
+//! The default view of stacks in the flamegraph, `stalls.folded`,
+//! `stalls.speedscope.json` and `stalls.pb.gz`: the user's code, not the
+//! interpreter's or the loop's, said in short names.
 //!
 //! In: symbolized stalls (every frame, as `stalls.json` keeps them). Out:
 //! the same stalls with, unless `--native all`:
@@ -20,23 +21,39 @@
 //!   frame the summary blames ([`aggregate::culprit`]) nor anything above
 //!   it, and never a stack's last frame; then, in an interpreter's stack,
 //!   the loop's dispatch ([`dispatch_end`]: asyncio's `Handle._run`,
-//!   uvloop's Cython/libuv machinery) and past it the framework's frames
-//!   down to the entry point (the handler, [`aggregate::entry`]). A stack
-//!   with nothing of the program's past the dispatch (a sample inside the
-//!   loop itself) is one [`FrameKind::EventLoop`] frame, `[event loop]`:
-//!   a typed marker, so no renderer matches its name.
+//!   uvloop's Cython/libuv machinery), a task started eagerly by the
+//!   framework ([`classify::is_eager_task_start`]: the task's first step
+//!   run inside its constructor, `_asyncio_Task___init__` →
+//!   `task_eager_start`) and past them the framework's frames down to the
+//!   entry point (the handler, [`aggregate::entry`]). A stack with nothing
+//!   of the program's past the dispatch (a sample inside the loop itself)
+//!   is one [`FrameKind::EventLoop`] frame, `[event loop]`: a typed
+//!   marker, so no renderer matches its name.
+//! - **native names shortened** ([`short_name`]): a Rust or C++ name's
+//!   generic arguments elided (`Harness<…>::poll`), its hash suffix
+//!   dropped; one owner, so every output says a frame the same way.
 //!
-//! Weights are untouched: the view moves no time, it only drops frames (so
-//! distinct stacks may merge). `stalls.pb.gz` shows its samples' stacks in
-//! the same view (without the task and process frames: there they are
-//! labels); `stalls.json` keeps every frame.
-use std::collections::HashMap;
+//! In every view:
+//! - **one frame per function** unless `--lines`: the line is dropped, so
+//!   `handle_request (gateway.py:144)` and `(gateway.py:145)` are one
+//!   `handle_request (gateway.py)` (a flamegraph's question is which
+//!   function; the summary's culprits keep their line, they name a place);
+//! - **no frame without a name**: an empty name (a name read from the
+//!   target may be) becomes its file or object in brackets, `[gateway.py]`.
+//!
+//! Weights are untouched: the view moves no time, it only drops frames and
+//! renames them (so distinct stacks may merge). The asyncio task and the
+//! ASGI route are no frames of the view: they are labels in
+//! `stalls.pb.gz` and attributes in the timelines; `--group-by task|route`
+//! roots each stack of `stalls.folded` and `stalls.svg` in one
+//! ([`grouped`]). `stalls.json` keeps every frame.
+use std::{borrow::Cow, collections::HashMap};
 
 use clap::ValueEnum;
 
 use crate::classify::{
-    AppPaths, is_dispatch_frame, is_interpreter_frame, is_interpreter_module, is_libuv,
-    is_loop_machinery, work_start,
+    AppPaths, is_dispatch_frame, is_eager_task_start, is_interpreter_frame, is_interpreter_module,
+    is_libuv, is_loop_machinery, work_start,
 };
 use crate::model::{Frame, FrameKind, Recording, Stall};
 use crate::report::aggregate;
@@ -45,23 +62,136 @@ use crate::report::aggregate;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Native {
     /// The user's code: interpreter and bootstrap frames folded away, the
-    /// loop's common root trimmed.
+    /// loop's common root trimmed, native names shortened.
     #[default]
     User,
-    /// Every frame as recorded.
+    /// Every frame as recorded, with its full name.
     All,
 }
 
-/// How stacks are shown in the flamegraph, `stalls.folded` and `stalls.pb.gz`.
+/// What each stack of `stalls.folded` and `stalls.svg` is rooted in
+/// (`--group-by`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GroupBy {
+    /// The asyncio task's coroutine: `task Gateway.handle_request`
+    /// (`[no task]` for a stall outside any task).
+    Task,
+    /// The ASGI request's method and route: `route POST /resume/{rid}`
+    /// (`[no route]` for a stall outside any request).
+    Route,
+}
+
+/// How stacks are shown in the flamegraph, `stalls.folded`,
+/// `stalls.speedscope.json` and `stalls.pb.gz`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct View {
     pub native: Native,
+    /// A frame per line (`--lines`), not per function.
+    pub lines: bool,
+    /// The root of each stack in `stalls.folded` and `stalls.svg`
+    /// (`--group-by`), none by default.
+    pub group_by: Option<GroupBy>,
 }
 
 impl View {
+    /// Every frame as recorded, lines too.
     pub const ALL: View = View {
         native: Native::All,
+        lines: true,
+        group_by: None,
     };
+}
+
+/// A native (Rust or C++) name as the default view says it: generic
+/// arguments elided (`Harness<T,S>::poll` → `Harness<…>::poll`,
+/// `fastcall_cfunction_with_keywords::<<pyo3::…>>` →
+/// `fastcall_cfunction_with_keywords::<…>`), a Rust legacy hash suffix
+/// (`::h0123456789abcdef`) dropped. A qualified path's own brackets stay
+/// (`<T as Trait>::f`, `<impl Trait for Type>::f`, `<u64>::wrapping_add`),
+/// only the generic arguments inside them go; so do C++ operators' (`operator<<`,
+/// `operator->`). A name whose brackets do not balance is left whole. The
+/// full name is in `stalls.json` and under `--native all`.
+pub fn short_name(name: &str) -> Cow<'_, str> {
+    let base = strip_rust_hash(name);
+    if !base.contains('<') {
+        return Cow::Borrowed(base);
+    }
+    let mut out = String::with_capacity(base.len());
+    // Depth inside elided generic arguments; kept qualified-path brackets.
+    let (mut elided, mut kept) = (0usize, 0usize);
+    let mut chars = base.chars().peekable();
+    while let Some(c) = chars.next() {
+        if elided == 0 && out.ends_with("operator") && matches!(c, '<' | '>' | '-' | '=') {
+            out.push(c);
+            while let Some(&n) = chars.peek().filter(|n| matches!(n, '<' | '>' | '=')) {
+                out.push(n);
+                chars.next();
+            }
+            continue;
+        }
+        match c {
+            '<' if elided > 0 => elided += 1,
+            '<' => {
+                let generic = out
+                    .chars()
+                    .next_back()
+                    .is_some_and(|p| p.is_alphanumeric() || p == '_' || p == ':');
+                if generic {
+                    elided = 1;
+                    out.push_str("<…>");
+                } else {
+                    kept += 1;
+                    out.push('<');
+                }
+            }
+            '>' if elided > 0 => elided -= 1,
+            '>' if kept > 0 => {
+                kept -= 1;
+                out.push('>');
+            }
+            '>' => return Cow::Borrowed(name),
+            c if elided == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    if elided > 0 || kept > 0 {
+        return Cow::Borrowed(name);
+    }
+    Cow::Owned(out)
+}
+
+/// `name` without rustc's legacy symbol hash, `::h` and 16 hex digits.
+fn strip_rust_hash(name: &str) -> &str {
+    match name.rsplit_once("::h") {
+        Some((head, hash)) if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            head
+        }
+        _ => name,
+    }
+}
+
+/// A frame as every view says it: named (an empty name becomes its file
+/// or object in brackets, `[gateway.py]`, else `[unnamed python
+/// frame]`), its line dropped unless
+/// `v.lines`, a native name shortened ([`short_name`]) unless `--native
+/// all`.
+fn present(f: &mut Frame, v: View) {
+    if f.name.is_empty() {
+        f.name = match f.file.as_deref().or(f.module.as_deref()) {
+            Some(place) => format!("[{}]", place.rsplit('/').next().unwrap_or(place)),
+            None => format!("[unnamed {} frame]", f.kind.as_str()),
+        }
+        .into();
+    }
+    if !v.lines {
+        f.line = None;
+    }
+    if v.native == Native::User
+        && f.kind == FrameKind::Native
+        && let Cow::Owned(short) = short_name(&f.name)
+    {
+        f.name = short.into();
+    }
 }
 
 /// The view of one stack before trimming: interpreter frames folded away
@@ -119,13 +249,7 @@ fn dispatch_end(frames: &[Frame]) -> usize {
 /// one [`FrameKind::EventLoop`] frame, followed by its kernel frames and
 /// markers.
 fn trim_dispatch(frames: &mut Vec<Frame>, app: &AppPaths) {
-    if !frames.iter().any(Frame::is_interpreted) {
-        return;
-    }
-    // Past the loop's run too ([`classify::work_start`]): a stack whose
-    // native frames were not unwound shows uvloop's run only as
-    // `Runner.run` before the task's Python frames.
-    let end = dispatch_end(frames).max(work_start(frames));
+    let end = loop_end(frames, app);
     if end == 0 {
         return;
     }
@@ -149,6 +273,37 @@ fn trim_dispatch(frames: &mut Vec<Frame>, app: &AppPaths) {
     frames.drain(..handler);
 }
 
+/// Where the loop's part of an interpreter's (folded) stack ends: past
+/// its dispatch ([`dispatch_end`]), its run ([`classify::work_start`]: a
+/// stack whose native frames were not unwound shows uvloop's run only as
+/// `Runner.run` before the task's Python frames) and a task's eager start
+/// by the framework; 0 for a stack with none of them, or not the
+/// interpreter's.
+fn loop_end(frames: &[Frame], app: &AppPaths) -> usize {
+    if !frames.iter().any(Frame::is_interpreted) {
+        return 0;
+    }
+    let mut end = dispatch_end(frames).max(work_start(frames));
+    // A task the framework started eagerly (aiohttp's request handler
+    // task, the eager task factory): its first step ran inside the
+    // constructor, under the framework's frames. It starts there as it
+    // would after `Handle._run`, so its stacks merge with its later
+    // steps'. Not when the app's own code created it: that call is
+    // where the time went.
+    while let Some(i) = frames[end..].iter().position(is_eager_task_start) {
+        let at = end + i;
+        if frames[end..at].iter().any(|f| app.is_app(f)) {
+            break;
+        }
+        end = at
+            + frames[at..]
+                .iter()
+                .take_while(|f| is_eager_task_start(f))
+                .count();
+    }
+    end
+}
+
 /// The stalls as `view` shows them, the application's frames told by `app`.
 /// Any stalls given by reference (a recording's, or a daemon's picked from
 /// several processes): they are copied once, here.
@@ -158,9 +313,22 @@ pub fn apply<'a>(
     app: &AppPaths,
 ) -> Vec<Stall> {
     let mut out: Vec<Stall> = stalls.into_iter().cloned().collect();
-    if view.native == Native::All {
-        return out;
+    if view.native == Native::User {
+        trim(&mut out, app);
     }
+    for f in out
+        .iter_mut()
+        .flat_map(|s| s.stacks.iter_mut())
+        .flat_map(|p| p.frames.iter_mut())
+    {
+        present(f, view);
+    }
+    out
+}
+
+/// The interpreter folded away and the loop's root and dispatch trimmed,
+/// in place (the view's `--native user`).
+fn trim(out: &mut [Stall], app: &AppPaths) {
     for s in out.iter_mut() {
         for p in s.stacks.iter_mut() {
             p.frames = fold(&p.frames);
@@ -172,7 +340,7 @@ pub fn apply<'a>(
     // cut there too (the loop's own stacks, e.g. its selector, only
     // down to the root they share with the rest).
     let mut root: HashMap<u32, (usize, Vec<Frame>, bool)> = HashMap::new();
-    for s in &out {
+    for s in out.iter() {
         for p in &s.stacks {
             // A stack with no code frame (`[on-cpu: between samples]`), or
             // whose unwinding stopped short of the thread's start (its
@@ -215,20 +383,61 @@ pub fn apply<'a>(
             _ => (0, &[]),
         };
         for p in s.stacks.iter_mut() {
-            if p.frames.len() > shared && p.frames.starts_with(prefix) {
+            // A stack through the loop's dispatch is cut there, and past
+            // it down to the handler ([`trim_dispatch`]): cut at the
+            // shared root first, it would have lost the dispatch that
+            // tells where the framework's frames end.
+            if loop_end(&p.frames, app) == 0
+                && p.frames.len() > shared
+                && p.frames.starts_with(prefix)
+            {
                 p.frames.drain(..shared);
             }
             trim_dispatch(&mut p.frames, app);
         }
     }
-    out
 }
 
 /// The stalls as `stalls.folded` and `stalls.svg` show them: in `view`,
-/// with their tasks on top ([`with_tasks`]) and their processes at the
-/// root ([`with_processes`]).
+/// grouped as it says ([`grouped`]) and with their processes at the root
+/// ([`with_processes`]).
 pub fn shown(rec: &Recording, view: View) -> Vec<Stall> {
-    with_processes(with_tasks(apply(&rec.stalls, view, &rec.app())), rec)
+    let stalls = apply(&rec.stalls, view, &rec.app());
+    with_processes(grouped(stalls, view.group_by), rec)
+}
+
+/// The stalls with each stack rooted in its group (`--group-by`): its
+/// asyncio task's coroutine (`task Gateway.handle_request`: the
+/// coroutine, not the Task's name, so a server's per-connection tasks
+/// `Task-7`, `Task-9` … running one handler are one tower; the Task's
+/// name when the coroutine is unknown, `task "janitor"`) or its ASGI
+/// route (`route POST /resume/{rid}`); `[no task]`, `[no route]` when the
+/// stall has none. A [`FrameKind::Group`] frame. Without a grouping the
+/// stalls are left as they are: the task and route are labels
+/// (`stalls.pb.gz`) and attributes (the timelines), never frames.
+pub fn grouped(mut stalls: Vec<Stall>, by: Option<GroupBy>) -> Vec<Stall> {
+    let Some(by) = by else { return stalls };
+    for s in stalls.iter_mut() {
+        let name = match by {
+            GroupBy::Task => match (s.coroutine_name(), &s.task) {
+                (Some(c), _) => format!("task {c}"),
+                (None, Some(t)) => match &t.coro {
+                    Some(c) => format!("task {c}"),
+                    None => format!("task {:?}", t.name),
+                },
+                (None, None) => "[no task]".to_string(),
+            },
+            GroupBy::Route => match &s.route {
+                Some(r) => format!("route {}", r.describe()),
+                None => "[no route]".to_string(),
+            },
+        };
+        let root = Frame::new(name, FrameKind::Group);
+        for p in s.stacks.iter_mut() {
+            p.frames.insert(0, root.clone());
+        }
+    }
+    stalls
 }
 
 /// With stalls in more than one process ([`Recording::stalls_in_several_processes`]):
@@ -255,23 +464,6 @@ pub fn with_processes(mut stalls: Vec<Stall>, rec: &Recording) -> Vec<Stall> {
         let root = &roots[&s.pid];
         for p in s.stacks.iter_mut() {
             p.frames.insert(0, root.clone());
-        }
-    }
-    stalls
-}
-
-/// The stalls with their asyncio task as a marker frame `[task NAME]` on
-/// top of each stack (`stalls.folded`, `stalls.svg`: a search for the name
-/// shows its share). On top, not at the root: a server's per-connection
-/// tasks would otherwise split every tower of the graph into one per
-/// connection; here only the marker splits. Not in `report --diff`: task
-/// names differ between runs (`Task-7` vs `Task-9`).
-pub fn with_tasks(mut stalls: Vec<Stall>) -> Vec<Stall> {
-    for s in stalls.iter_mut() {
-        let Some(t) = &s.task else { continue };
-        let marker = Frame::marker(format!("[task {}]", t.name));
-        for p in s.stacks.iter_mut() {
-            p.frames.push(marker.clone());
         }
     }
     stalls
@@ -476,7 +668,12 @@ mod tests {
             stall(1, vec![a, b, between.clone(), cut_short.clone()]),
             stall(2, vec![other_thread.clone()]),
         ];
-        let v = apply(&stalls, View::default(), &AppPaths::default());
+        // With lines, to compare whole frames.
+        let lines = View {
+            lines: true,
+            ..View::default()
+        };
+        let v = apply(&stalls, lines, &AppPaths::default());
         assert_eq!(names(&v[0], 0), ["spin"]);
         assert_eq!(names(&v[0], 1), ["parse"]);
         // A part without code frames neither stops the trim nor is cut.
@@ -489,8 +686,12 @@ mod tests {
         assert_eq!(v[0].stacks[0].weight_ns, 5);
     }
 
+    /// Issue 37: the task and route are no frames by default (they were a
+    /// `[task NAME]` leaf on top of every stack, half the frames of a
+    /// demo); `--group-by` roots each stack in its task's coroutine or
+    /// its route instead.
     #[test]
-    fn the_task_tops_every_stack_of_its_stall() {
+    fn the_task_is_a_root_only_when_grouped_issue_37() {
         let mut a = stall(
             1,
             vec![vec![py("handle"), py("crunch")], vec![py("handle")]],
@@ -499,16 +700,271 @@ mod tests {
             name: "conn;7".into(),
             coro: Some("handle".into()),
             awaited_by: vec![],
+            ..Default::default()
         });
-        let b = stall(1, vec![vec![py("tick")]]);
-        let shown = with_tasks(vec![a, b]);
-        assert_eq!(names(&shown[0], 0), ["handle", "crunch", "[task conn;7]"]);
-        assert_eq!(names(&shown[0], 1), ["handle", "[task conn;7]"]);
-        assert_eq!(names(&shown[1], 0), ["tick"], "no task, no marker");
-        let lines = aggregate::folded_lines(&shown);
+        // The line where the task was read, not the samples' (7).
+        a.coroutine = Some("handle (gw.py:99)".into());
+        a.route = Some(crate::model::Route {
+            method: "POST".into(),
+            template: "/resume/{rid}".into(),
+        });
+        let mut b = stall(1, vec![vec![py("tick")]]);
+        b.task = Some(crate::model::Task {
+            name: "janitor".into(),
+            coro: None,
+            awaited_by: vec![],
+            ..Default::default()
+        });
+        let c = stall(1, vec![vec![py("idle")]]);
+        // A coroutine with no frame in the stacks: its label's name.
+        let d = Stall {
+            coroutine: Some("Server.serve (srv.py:12)".into()),
+            ..stall(1, vec![vec![py("tick")]])
+        };
+        let stalls = vec![a, b, c, d];
+        let plain = grouped(stalls.clone(), None);
+        assert_eq!(plain, stalls, "no grouping, no frame");
+        let by_task = grouped(stalls.clone(), Some(GroupBy::Task));
+        assert_eq!(names(&by_task[0], 0), ["task handle", "handle", "crunch"]);
+        assert_eq!(names(&by_task[0], 1), ["task handle", "handle"]);
+        assert_eq!(by_task[0].stacks[0].frames[0].kind, FrameKind::Group);
+        assert_eq!(names(&by_task[1], 0), ["task \"janitor\"", "tick"]);
+        assert_eq!(names(&by_task[2], 0), ["[no task]", "idle"]);
+        assert_eq!(names(&by_task[3], 0), ["task Server.serve", "tick"]);
+        let by_route = grouped(stalls, Some(GroupBy::Route));
+        assert_eq!(
+            names(&by_route[0], 0),
+            ["route POST /resume/{rid}", "handle", "crunch"]
+        );
+        assert_eq!(names(&by_route[1], 0), ["[no route]", "tick"]);
+        let lines = aggregate::folded_lines(&by_task);
         assert!(
-            lines.iter().any(|l| l.ends_with(";[task conn:7] 1")),
+            lines
+                .iter()
+                .any(|l| l == "task handle;handle (gw.py:7);crunch (gw.py:7) 1"),
             "{lines:?}"
+        );
+    }
+
+    /// Issue 37: a frame per function unless `--lines`; no frame without
+    /// a name; the summary's culprit keeps its line.
+    #[test]
+    fn one_frame_per_function_unless_lines_issue_37() {
+        let at = |line| Frame {
+            line: Some(line),
+            ..py("Gateway.handle_request")
+        };
+        let unnamed = Frame {
+            module: Some("libfoo.so".into()),
+            ..Frame::new("", FrameKind::Native)
+        };
+        let stalls = vec![stall(
+            1,
+            vec![vec![at(144), unnamed.clone()], vec![at(145), unnamed]],
+        )];
+        let nowhere = stall(1, vec![vec![Frame::new("", FrameKind::Python)]]);
+        assert_eq!(
+            names(
+                &apply(&[nowhere], View::default(), &AppPaths::default())[0],
+                0
+            ),
+            ["[unnamed python frame]"]
+        );
+        let merged =
+            aggregate::folded_lines(&apply(&stalls, View::default(), &AppPaths::default()));
+        assert_eq!(merged, ["Gateway.handle_request (gw.py);[libfoo.so] 1"]);
+        let lines = View {
+            lines: true,
+            ..View::default()
+        };
+        let apart = aggregate::folded_lines(&apply(&stalls, lines, &AppPaths::default()));
+        assert_eq!(
+            apart,
+            [
+                "Gateway.handle_request (gw.py:144);[libfoo.so] 1",
+                "Gateway.handle_request (gw.py:145);[libfoo.so] 1"
+            ]
+        );
+        // `--native all` names the unnamed frame too, and merges lines.
+        let all = View {
+            native: Native::All,
+            ..View::default()
+        };
+        assert_eq!(
+            aggregate::folded_lines(&apply(&stalls, all, &AppPaths::default())),
+            merged
+        );
+        let alone = stall(1, vec![vec![at(144)], vec![at(145)]]);
+        let summary = aggregate::summarize(&Recording::for_tests(vec![alone]), 5);
+        let culprits: Vec<&str> = summary.culprits.iter().map(|c| c.label.as_str()).collect();
+        assert_eq!(
+            culprits,
+            [
+                "Gateway.handle_request (gw.py:144) — on-CPU",
+                "Gateway.handle_request (gw.py:145) — on-CPU"
+            ]
+        );
+    }
+
+    /// Rust and C++ names as demangled (rustc-demangle, the C++ ABI's
+    /// demangler): the generic arguments go, the path and the qualified
+    /// type stay.
+    #[test]
+    fn native_names_shortened_generics_elided_issue_37() {
+        let cases = [
+            (
+                "pyo3::impl_::trampoline::fastcall_cfunction_with_keywords::<<pyo3::pycell::PyCell<tokenizers::tokenizer::PyTokenizer>>::try_from::{closure#0}, tokenizers::models::PyModel, tokenizers::normalizers::PyNormalizer, tokenizers::decoders::PyDecoder>",
+                "pyo3::impl_::trampoline::fastcall_cfunction_with_keywords::<…>",
+            ),
+            (
+                "tokio::runtime::task::harness::Harness<T,S>::poll",
+                "tokio::runtime::task::harness::Harness<…>::poll",
+            ),
+            (
+                "<tokio::runtime::blocking::task::BlockingTask<T> as core::future::future::Future>::poll",
+                "<tokio::runtime::blocking::task::BlockingTask<…> as core::future::future::Future>::poll",
+            ),
+            (
+                "<impl core::ops::drop::Drop for tokenizers::utils::Cache<K, V>>::drop",
+                "<impl core::ops::drop::Drop for tokenizers::utils::Cache<…>>::drop",
+            ),
+            (
+                "<alloc::vec::Vec<T> as pyo3::conversion::IntoPy<pyo3::Py<pyo3::types::any::PyAny>>>::into_py",
+                "<alloc::vec::Vec<…> as pyo3::conversion::IntoPy<…>>::into_py",
+            ),
+            (
+                "tokenizers::tokenizer::TokenizerImpl<M,N,PT,PP,D>::encode_batch::{{closure}}",
+                "tokenizers::tokenizer::TokenizerImpl<…>::encode_batch::{{closure}}",
+            ),
+            ("<<A as B>::C as D>::f", "<<A as B>::C as D>::f"),
+            (
+                "core::ptr::drop_in_place<alloc::string::String>::h0123456789abcdef",
+                "core::ptr::drop_in_place<…>",
+            ),
+            (
+                "std::vector<int, std::allocator<int> >::_M_realloc_insert<int const&>(__gnu_cxx::__normal_iterator<int*, std::vector<int, std::allocator<int> > >, int const&)",
+                "std::vector<…>::_M_realloc_insert<…>(__gnu_cxx::__normal_iterator<…>, int const&)",
+            ),
+            (
+                "std::operator<< <std::char_traits<char> >(std::basic_ostream<char, std::char_traits<char> >&, char const*)",
+                "std::operator<< <std::char_traits<…> >(std::basic_ostream<…>&, char const*)",
+            ),
+            ("Foo::operator->() const", "Foo::operator->() const"),
+            (
+                "bool operator<(Foo const&, Foo const&)",
+                "bool operator<(Foo const&, Foo const&)",
+            ),
+            ("<u64>::wrapping_add", "<u64>::wrapping_add"),
+            ("deflate", "deflate"),
+            (
+                "victim::stall_task::{{closure}}",
+                "victim::stall_task::{{closure}}",
+            ),
+            ("broken<a", "broken<a"),
+            ("broken>a", "broken>a"),
+        ];
+        for (full, short) in cases {
+            assert_eq!(short_name(full), short, "{full}");
+        }
+        // In the default view only, on native frames only; --native all
+        // and stalls.json keep the full name.
+        let rust = "tokio::runtime::task::harness::Harness<T,S>::poll";
+        let stalls = vec![stall(1, vec![vec![n(rust, "victim"), py("<module>")]])];
+        let v = apply(&stalls, View::default(), &AppPaths::default());
+        assert_eq!(
+            names(&v[0], 0),
+            [
+                "tokio::runtime::task::harness::Harness<…>::poll",
+                "<module>"
+            ]
+        );
+        let all = View {
+            native: Native::All,
+            ..View::default()
+        };
+        assert_eq!(
+            names(&apply(&stalls, all, &AppPaths::default())[0], 0)[0],
+            rust
+        );
+    }
+
+    /// Issue 37: an aiohttp handler in two towers, one under its task's
+    /// eager start (`RequestHandler.start → type_call →
+    /// _asyncio_Task___init__ → task_eager_start → …`), the other under
+    /// the loop's dispatch. The eager start is trimmed as the dispatch
+    /// is, so the two merge; a task the app's own code started eagerly
+    /// keeps its creator.
+    #[test]
+    fn a_tasks_eager_start_is_trimmed_like_the_dispatch_issue_37() {
+        let aio = "_asyncio.cpython-312-x86_64-linux-gnu.so";
+        let site = "/venv/lib/python3.12/site-packages/aiohttp";
+        let dispatch = || {
+            vec![
+                n("_start", "python3.12"),
+                n("Py_RunMain", "python3.12"),
+                lib_py(
+                    "BaseEventLoop.run_forever",
+                    "/usr/lib/python3.12/asyncio/base_events.py",
+                ),
+                lib_py("Handle._run", "/usr/lib/python3.12/asyncio/events.py"),
+                n("context_run", "python3.12"),
+                n("task_step", aio),
+            ]
+        };
+        let handler = || vec![py("handle_upload"), py("parse_csv")];
+        let mut later = dispatch();
+        later.push(lib_py(
+            "RequestHandler._handle_request",
+            &format!("{site}/web_protocol.py"),
+        ));
+        later.extend(handler());
+        let mut eager = dispatch();
+        eager.extend([
+            lib_py("RequestHandler.start", &format!("{site}/web_protocol.py")),
+            n("_PyObject_MakeTpCall", "python3.12"),
+            n("type_call", "python3.12"),
+            n("_asyncio_Task___init__", aio),
+            n("_asyncio_Task___init___impl", aio),
+            n("task_eager_start", aio),
+            n("task_step_impl", aio),
+            lib_py(
+                "RequestHandler._handle_request",
+                &format!("{site}/web_protocol.py"),
+            ),
+        ]);
+        eager.extend(handler());
+        let stalls = vec![stall(1, vec![later.clone(), eager.clone()])];
+        let v = apply(&stalls, View::default(), &AppPaths::default());
+        assert_eq!(names(&v[0], 0), ["handle_upload", "parse_csv"]);
+        assert_eq!(names(&v[0], 1), ["handle_upload", "parse_csv"]);
+        // Without an app frame (all of it a library's): both start at the
+        // task's coroutine, not at `RequestHandler.start`.
+        let lib = AppPaths::new(&["/nowhere/".to_string()]);
+        let v = apply(&stalls, View::default(), &lib);
+        assert_eq!(names(&v[0], 0)[0], "RequestHandler._handle_request");
+        assert_eq!(names(&v[0], 1)[0], "RequestHandler._handle_request");
+        assert_eq!(names(&v[0], 0), names(&v[0], 1));
+        // The app's own code started the task eagerly: it stays.
+        let mut own = dispatch();
+        own.extend([
+            py("schedule_jobs"),
+            n("_asyncio_Task___init__", aio),
+            n("task_eager_start", aio),
+            py("job"),
+        ]);
+        let v = apply(
+            &[stall(1, vec![own, later])],
+            View::default(),
+            &AppPaths::default(),
+        );
+        assert_eq!(
+            names(&v[0], 0),
+            [
+                "schedule_jobs",
+                "_asyncio_Task___init__",
+                "task_eager_start",
+                "job"
+            ]
         );
     }
 
@@ -643,7 +1099,10 @@ mod tests {
         assert_eq!(names(&v[0], 0), ["parse_resume", "PageObject.extract_text"]);
         assert_eq!(names(&v[0], 1), ["[event loop]"]);
         assert_eq!(names(&v[0], 2), ["HttpToolsProtocol.data_received"]);
-        assert_eq!(names(&v[0], 3), ["bytes_decode", "[python ?]"]);
+        assert_eq!(
+            names(&v[0], 3),
+            ["bytes_decode", crate::model::UNKNOWN_PYTHON]
+        );
         // --native all keeps it all.
         assert_eq!(apply(&stalls, View::ALL, &AppPaths::default()), stalls);
         // Native frames not unwound (a truncated stack copy): uvloop shows

@@ -515,6 +515,24 @@ impl RuntimeReader {
         self.python.get(&pid)?.as_ref()?.kernel_task()
     }
 
+    /// What the asyncio loop of thread `tid` of `pid` has waiting now (see
+    /// [`python::QueueReader`]). Live processes only; a process that is not
+    /// a readable CPython is [`python::QueuesMiss::Unsupported`].
+    pub fn loop_queues(
+        &mut self,
+        pid: u32,
+        tid: u32,
+    ) -> Result<python::Queues, python::QueuesMiss> {
+        let resolver = self
+            .python
+            .entry(pid)
+            .or_insert_with(|| PyResolver::for_pid(pid));
+        match resolver.as_mut() {
+            Some(r) => r.loop_queues(tid),
+            None => Err(python::QueuesMiss::Unsupported("not CPython".into())),
+        }
+    }
+
     /// The ASGI request thread `tid` of `pid` is serving now, checked
     /// against `stack` (see [`python::RouteReader`]). Live processes only.
     pub fn asgi_route(
@@ -1035,8 +1053,9 @@ pub fn to_stall(
     let coroutine = parts.first().and_then(|p| asyncio_coroutine(&p.frames));
     Stall {
         coroutine,
-        task: None,  // the engine's: read while the stall ran
-        route: None, // the engine's too
+        task: None,    // the engine's: read while the stall ran
+        route: None,   // the engine's too
+        held_up: None, // the engine's too
         pid: raw.tgid,
         tid: raw.tid,
         ns_tid: thread.ns_tid,
@@ -1079,6 +1098,9 @@ pub struct TableResolver {
     /// `"tid:start_ns"` of a stall -> the ASGI route read while it ran.
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
     pub routes: HashMap<String, crate::model::Route>,
+    /// `"tid:start_ns"` of a stall -> what it held up (or why not read).
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub held_up: HashMap<String, crate::model::HeldUp>,
     /// pid -> where its V8 frames keep their function.
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
     pub js_layouts: HashMap<String, v8::FrameLayout>,

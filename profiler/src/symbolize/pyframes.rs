@@ -9,10 +9,10 @@ use std::collections::HashMap;
 
 use crate::{
     classify::{is_eval_frame, is_gc_frame},
-    model::{Frame, Route, Task},
+    model::{Frame, Route, SpanIds, Task},
     symbolize::python::{
-        Captured, CodeResolver, Interpreter, PyFrameInfo, RouteRead, RouteReader, TaskRead,
-        TaskReader,
+        Captured, CodeResolver, Interpreter, PyFrameInfo, QueueReader, Queues, QueuesMiss,
+        RouteRead, RouteReader, SpanRead, SpanReader, TaskRead, TaskReader,
     },
 };
 use profiler_common::python::TaskLayout;
@@ -116,6 +116,10 @@ pub struct PyResolver {
     tasks: TaskReader,
     /// The ASGI request its threads serve.
     routes: RouteReader,
+    /// The OpenTelemetry span of a task's context.
+    spans: SpanReader,
+    /// What its asyncio loops have waiting.
+    queues: QueueReader,
 }
 
 impl PyResolver {
@@ -126,12 +130,16 @@ impl PyResolver {
                 let code = interp.code_resolver();
                 let tasks = interp.task_reader();
                 let routes = interp.route_reader();
+                let spans = interp.span_reader();
+                let queues = interp.queue_reader();
                 Some(PyResolver {
+                    queues,
                     interp,
                     code,
                     threads: HashMap::new(),
                     tasks,
                     routes,
+                    spans,
                 })
             }
             Ok(None) => None,
@@ -189,13 +197,64 @@ impl PyResolver {
                 coro_code,
                 coro_instr,
                 awaited_by,
-            } => Ok(Task {
-                name,
-                coro: self.resolve(coro_code, coro_instr).map(|i| i.qualname),
-                awaited_by,
-            }),
+                context,
+            } => {
+                // The span is the stall's only while the thread still runs
+                // the captured stack: a handler's `with` opening a child
+                // span, or leaving it, changes the task's context as it runs.
+                // Checked from the outermost frame through the innermost
+                // app frame, instruction and all: a span is entered and
+                // left by code (a `with` in the handler) whose frame then
+                // moves; a library's frames deeper may run on.
+                let outer = self.through_app_frame(stack);
+                let still = self
+                    .tstate_of(tid)
+                    .is_some_and(|ts| self.routes.runs_captured(ts, &outer).unwrap_or(false));
+                let (trace, trace_unreadable, trace_pending) = match self.spans.read(context) {
+                    Ok(SpanRead::Span { trace_id, span_id }) if still => {
+                        (Some(SpanIds::new(trace_id, span_id)), None, false)
+                    }
+                    Ok(SpanRead::Span { .. }) => (None, None, true),
+                    Ok(SpanRead::NoSpan) => (None, None, false),
+                    Err(why) => (None, Some(why), false),
+                };
+                Ok(Task {
+                    name,
+                    coro: self.resolve(coro_code, coro_instr).map(|i| i.qualname),
+                    awaited_by,
+                    trace,
+                    trace_unreadable,
+                    trace_pending,
+                })
+            }
             other => Err(other),
         }
+    }
+
+    /// The captured `stack` (innermost first) from its innermost app frame
+    /// (by the default guess of [`AppPaths`]) outward; the whole stack when
+    /// no frame is the app's.
+    fn through_app_frame(&mut self, stack: &[(u64, u64)]) -> Vec<(u64, u64)> {
+        let app = crate::classify::AppPaths::default();
+        for (i, &(code, instr)) in stack.iter().enumerate() {
+            if code == 0 {
+                continue;
+            }
+            let Some(info) = self.resolve(code, instr) else {
+                continue;
+            };
+            let f = Frame {
+                name: info.qualname.into(),
+                file: Some(info.filename.into()),
+                line: Some(info.line),
+                kind: crate::model::FrameKind::Python,
+                module: None,
+            };
+            if app.is_app(&f) {
+                return stack[i..].to_vec();
+            }
+        }
+        stack.to_vec()
     }
 
     /// 3.14+: where a thread state holds its running asyncio task and the
@@ -206,6 +265,21 @@ impl PyResolver {
 
     /// The ASGI request (method, route template) thread `tid` is serving,
     /// checked against `stack`: see [`RouteReader`].
+    /// What the asyncio loop of thread `tid` has waiting now: its timers
+    /// and ready handles (see [`QueueReader`]).
+    pub fn loop_queues(&mut self, tid: u32) -> Result<Queues, QueuesMiss> {
+        let tstate = self.tstate_of(tid);
+        let thread_id = tstate.and_then(|ts| {
+            let off = u64::from(self.interp.layout().tstate_thread_id);
+            crate::os::memory::ReadMemory::read_u64(self.interp.memory(), ts + off).ok()
+        });
+        match self.tasks.running_loops(tstate) {
+            Ok(Some(running)) => self.queues.read(tid, &running, thread_id),
+            Ok(None) => Err(QueuesMiss::Unsupported("asyncio not loaded".into())),
+            Err(why) => Err(QueuesMiss::Unreadable(why)),
+        }
+    }
+
     pub fn asgi_route(&mut self, tid: u32, stack: &[(u64, u64)]) -> Result<Route, RouteRead> {
         let tstate = self.tstate_of(tid);
         match self.routes.current(tstate, stack) {

@@ -634,7 +634,7 @@ impl Truth {
     }
 }
 
-fn num(r: &serde_json::Value, key: &str) -> u64 {
+pub fn num(r: &serde_json::Value, key: &str) -> u64 {
     r[key]
         .as_u64()
         .unwrap_or_else(|| panic!("victim log record lacks numeric {key:?}: {r}"))
@@ -683,6 +683,24 @@ pub fn python_truth(log: &[serde_json::Value]) -> Vec<Truth> {
             start_ns: num(r, "start_ns"),
             end_ns: num(r, "end_ns"),
             cpu_ns: num(r, "cpu_ns"),
+        })
+        .collect()
+}
+
+/// String fields `keys` of each handler call a Python victim logged, in
+/// [`python_truth`]'s order (`?` for a field it did not log).
+pub fn call_fields(log: &[serde_json::Value], keys: &[&str]) -> Vec<Vec<String>> {
+    log.iter()
+        .filter(|r| {
+            matches!(
+                r["kind"].as_str(),
+                Some("blocking_client" | "sleep" | "cpu")
+            )
+        })
+        .map(|r| {
+            keys.iter()
+                .map(|k| r[*k].as_str().unwrap_or("?").to_string())
+                .collect()
         })
         .collect()
 }
@@ -773,6 +791,18 @@ pub struct Task {
     pub coro: Option<String>,
     #[serde(default)]
     pub awaited_by: Vec<String>,
+    /// The OpenTelemetry span current in the task's context.
+    #[serde(default)]
+    pub trace: Option<SpanIds>,
+    #[serde(default)]
+    pub trace_unreadable: Option<String>,
+}
+
+/// stalls.json `task.trace`: W3C hex ids.
+#[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
+pub struct SpanIds {
+    pub trace_id: String,
+    pub span_id: String,
 }
 
 /// A part's `gil_holder`: the thread that held the GIL, and its Python

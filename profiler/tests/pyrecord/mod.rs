@@ -133,7 +133,8 @@ impl Func {
 }
 
 struct Run {
-    _dir: Scratch,
+    /// The scratch directory; the recording is in its `out`.
+    dir: Scratch,
     log: Vec<serde_json::Value>,
     ready: serde_json::Value,
     rec: Recording,
@@ -225,7 +226,7 @@ fn record_at(
     }
     let (_, _, folded) = folded_total_us(&out.join("stalls.folded"));
     Some(Run {
-        _dir: dir,
+        dir,
         log,
         ready,
         rec,
@@ -1214,8 +1215,9 @@ const SHORT_LIVED: &[&str] = &["run_batch"];
 /// carry the task the victim logged (`asyncio.current_task().get_name()`),
 /// and every name given is exactly that task's, with its coroutine; on
 /// 3.14+ the batch tasks' await chain is the one the victim built; the
-/// summary's culprit line of the janitor's sweep names the janitor task,
-/// and stalls.folded tops its stacks with `[task janitor]`.
+/// summary's culprit line of the janitor's sweep names the janitor task;
+/// stalls.folded has no task frame (issue 37: the task is a label), and
+/// `--group-by task` roots the sweep's stacks in `task janitor`.
 pub fn check_tasks(test: &str, py: &'static Python) {
     tasks_named(test, py, &[], THRESHOLD_MS);
 }
@@ -1321,12 +1323,24 @@ fn tasks_named(test: &str, py: &'static Python, args: &[&str], threshold_ms: u64
         }),
         || "the summary's culprit line for janitor_sweep does not say `— in task \"janitor\" (janitor)`".into(),
     );
-    // Searchable in the flamegraph: the task tops its stall's stacks.
+    // Issue 37: the task is no frame of the default view; grouped by
+    // task, the sweep's stacks are rooted in its coroutine.
+    c.check(!run.folded.contains("[task "), || {
+        "stalls.folded has a `[task …]` frame in the default view".into()
+    });
+    let rec = stallprof::report::read_json(&run.dir.join("out")).unwrap();
+    let grouped = stallprof::report::aggregate::folded_lines(&stallprof::report::view::shown(
+        &rec,
+        stallprof::report::view::View {
+            group_by: Some(stallprof::report::view::GroupBy::Task),
+            ..Default::default()
+        },
+    ));
     c.check(
-        run.folded
-            .lines()
-            .any(|l| l.contains("janitor_sweep (py_tasks.py:") && l.contains(";[task janitor] ")),
-        || "stalls.folded has no janitor_sweep stack topped by `[task janitor]`".into(),
+        grouped
+            .iter()
+            .any(|l| l.starts_with("task janitor;") && l.contains(";janitor_sweep (py_tasks.py)")),
+        || "--group-by task roots no janitor_sweep stack in `task janitor`".into(),
     );
     c.finish();
 }
@@ -1402,15 +1416,31 @@ pub fn check_routes(test: &str, py: &'static Python) {
         c.check(got.as_deref() == Some(want.as_str()), || {
             format!("{who}: the stall's route is {got:?}, the victim served {want:?}")
         });
+        // The span current in the request's task, as the victim's
+        // OpenTelemetry-shaped context holds it.
+        let want_ids = (
+            call["trace_id"].as_str().unwrap_or_default(),
+            call["span_id"].as_str().unwrap_or_default(),
+        );
+        let task = s.task.as_ref();
+        let ids = task
+            .and_then(|t| t.trace.as_ref())
+            .map(|t| (t.trace_id.as_str(), t.span_id.as_str()));
+        c.check(ids == Some(want_ids), || {
+            format!(
+                "{who}: the stall's span is {ids:?} (unreadable: {:?}), the victim's is {want_ids:?}",
+                task.and_then(|t| t.trace_unreadable.as_deref())
+            )
+        });
     }
     let misses: Vec<(&String, &u64)> = run
         .rec
         .drops
         .iter()
-        .filter(|(k, _)| k.starts_with("asgi_route_"))
+        .filter(|(k, _)| k.starts_with("asgi_route_") || k.starts_with("otel_span_"))
         .collect();
     c.check(misses.is_empty(), || {
-        format!("stalls that served a request without their route: {misses:?}")
+        format!("stalls that served a request without their route or span: {misses:?}")
     });
     let by_route = summary_section(&run.output, "by route (");
     for r in &routes {

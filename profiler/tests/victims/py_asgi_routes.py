@@ -12,6 +12,13 @@ with the standard library only, so they run on every CPython 3.10-3.15
                        3.11+), WideRoute 40 (a dict of its own)
     nap, crunch        async endpoints that block the loop: time.sleep
                        (off-CPU) and a pure-Python loop (on-CPU)
+    Tracing            an OpenTelemetry-style middleware, as opentelemetry-api
+                       keeps the current span: a ContextVar named
+                       "current_context" holding a Context (a dict) whose
+                       "current-span-<uuid4>" key is the span, whose
+                       `_context` is a SpanContext (a tuple subclass:
+                       trace_id, span_id, ...); 24 other context variables
+                       make the task's context a HAMT of several nodes
 
 Each request runs in a task of its own, as a server's would, one at a time.
 
@@ -20,17 +27,21 @@ Usage: python3 py_asgi_routes.py LOG_PATH [--rounds N]
 Log (JSON lines, flushed per line; times are time.monotonic_ns()):
     {"kind":"ready","pid":P,"tid":T,"python":"3.12.1"}
     {"kind":"call","func":"nap"|"crunch","method":"GET","route":"/nap/{n}",
-     "path":"/nap/1","tid":T,"start_ns":..,"end_ns":..}
+     "path":"/nap/1","tid":T,"start_ns":..,"end_ns":..,
+     "trace_id":"<32 hex>","span_id":"<16 hex>"}
     {"kind":"done"}
 `method` and `route` are the scope's, as the endpoint sees them.
 """
 
 import asyncio
+import contextvars
 import json
 import os
+import random
 import sys
 import threading
 import time
+import uuid
 
 BLOCK_S = 0.09
 GAP_S = 0.2
@@ -42,10 +53,56 @@ def log(**rec):
     LOG.flush()
 
 
+# ---- the shapes of opentelemetry-api's context, standard library only ----
+
+CURRENT_CONTEXT = contextvars.ContextVar("current_context", default={})
+SPAN_KEY = "current-span-" + str(uuid.uuid4())
+OTHER_VARS = [contextvars.ContextVar(f"app_var_{i}") for i in range(24)]
+
+
+class Context(dict):
+    pass
+
+
+class SpanContext(tuple):
+    def __new__(cls, trace_id, span_id):
+        return tuple.__new__(cls, (trace_id, span_id, 1, None, False))
+
+
+class Span:
+    def __init__(self, name, context):
+        self._name = name
+        self._context = context
+
+
+def current_span_ids():
+    span = CURRENT_CONTEXT.get().get(SPAN_KEY)
+    ctx = span._context
+    return {"trace_id": "%032x" % ctx[0], "span_id": "%016x" % ctx[1]}
+
+
+class Tracing:
+    """Opens a span per request, as OpenTelemetry's ASGI middleware does."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        for i, var in enumerate(OTHER_VARS):
+            var.set(i)
+        # The top bit set: a trace id of five 30-bit digits.
+        ids = SpanContext(random.getrandbits(127) | 1 << 127, random.getrandbits(63) | 1 << 63)
+        token = CURRENT_CONTEXT.set(Context({SPAN_KEY: Span(scope["path"], ids)}))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            CURRENT_CONTEXT.reset(token)
+
+
 def record(func, scope, start):
     log(kind="call", func=func, method=scope["method"], route=scope["route"].path,
         path=scope["path"], tid=threading.get_native_id(), start_ns=start,
-        end_ns=time.monotonic_ns())
+        end_ns=time.monotonic_ns(), **current_span_ids())
 
 
 async def nap(scope):
@@ -113,10 +170,10 @@ class Cycle:
         await app(self.scope, None, None)
 
 
-APP = Middleware(Router([
+APP = Tracing(Middleware(Router([
     Route("/nap/{n}", {"GET"}, nap),
     WideRoute("/crunch/{job_id}", {"POST"}, crunch),
-]))
+])))
 
 
 async def main(rounds):

@@ -12,7 +12,15 @@ library:
 Each handler logs time.monotonic_ns() (CLOCK_MONOTONIC) around its blocking
 call: the ground truth the test compares stallprof with.
 
-Usage: python py_fastapi.py LOG_PATH [--rounds N]
+Usage: python py_fastapi.py LOG_PATH [--rounds N] [--otel]
+
+With --otel the service is instrumented the usual OpenTelemetry way: the
+SDK's TracerProvider with its BatchSpanProcessor (exporting to /dev/null),
+and opentelemetry-instrumentation-fastapi's FastAPIInstrumentor, which
+opens a server span per request; `nap` opens a child span around its
+sleep. Each blocking call then also logs the trace id and span id of the
+span current in it (`trace_id`, `span_id`, W3C hex), as the SDK reports
+them: what stallprof reads from the task's context.
 
 Timeline: the server starts on 127.0.0.1 (a port of its own choosing),
 ~600 ms idle (attach; the loop parks), then a client thread of this process
@@ -48,6 +56,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 
 LOG = open(sys.argv[1], "a", buffering=1)
+OTEL = "--otel" in sys.argv
 ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
 SLOW_UPSTREAM_S = 0.12
 NAP_S = 0.09
@@ -138,12 +147,33 @@ UPSTREAM_PORT = start_upstream()
 
 app = FastAPI()
 
+if OTEL:
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
-def record(kind, func, seq, request, start, cpu0):
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(out=open(os.devnull, "w"))))
+    trace.set_tracer_provider(provider)
+    FastAPIInstrumentor.instrument_app(app)
+    TRACER = trace.get_tracer("py_fastapi")
+
+
+def current_span_ids():
+    """The current span's ids as the SDK reports them (W3C hex)."""
+    if not OTEL:
+        return {}
+    ctx = trace.get_current_span().get_span_context()
+    return {"trace_id": "%032x" % ctx.trace_id, "span_id": "%016x" % ctx.span_id}
+
+
+def record(kind, func, seq, request, start, cpu0, ids=None):
     end = time.monotonic_ns()
     log(kind=kind, func=func, seq=seq, tid=threading.get_native_id(), start_ns=start,
         end_ns=end, cpu_ns=time.thread_time_ns() - cpu0, path=request.url.path,
-        method=request.method, route=request.scope["route"].path)
+        method=request.method, route=request.scope["route"].path,
+        **(current_span_ids() if ids is None else ids))
 
 
 @app.post("/resume/{rid}")
@@ -167,9 +197,17 @@ async def fetch_profile(pid: int, request: Request):
 
 @app.get("/nap")
 async def nap(request: Request, seq: int = 0):
-    start, cpu0 = time.monotonic_ns(), time.thread_time_ns()
-    time.sleep(NAP_S)
-    record("sleep", "nap", seq, request, start, cpu0)
+    if OTEL:
+        # A child span of the request's, current during the sleep.
+        with TRACER.start_as_current_span("nap.sleep"):
+            ids = current_span_ids()
+            start, cpu0 = time.monotonic_ns(), time.thread_time_ns()
+            time.sleep(NAP_S)
+    else:
+        ids = None
+        start, cpu0 = time.monotonic_ns(), time.thread_time_ns()
+        time.sleep(NAP_S)
+    record("sleep", "nap", seq, request, start, cpu0, ids)
     return {"slept": NAP_S}
 
 
@@ -204,7 +242,8 @@ def main():
     server = uvicorn.Server(config)
     log(kind="ready", pid=os.getpid(), tid=threading.get_native_id(),
         python="%d.%d.%d" % sys.version_info[:3], port=port,
-        versions={m.__name__: getattr(m, "__version__", "?") for m in (pypdf, requests, uvicorn)})
+        versions={m.__name__: getattr(m, "__version__", "?") for m in (pypdf, requests, uvicorn)},
+        otel=OTEL)
     threading.Thread(target=client, args=(server, port), name="client", daemon=True).start()
     server.run(sockets=[sock])
 

@@ -36,6 +36,18 @@ pub enum ConfigError {
     Value { key: &'static str, message: String },
 }
 
+/// `[otlp]`: `endpoint = "http://127.0.0.1:4318"`, `protocol = "grpc"` or
+/// `"http/protobuf"`, `headers = ["authorization=Bearer …"]`, `timeout = "10s"`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OtlpFile {
+    pub endpoint: Option<String>,
+    pub protocol: Option<String>,
+    #[serde(default)]
+    pub headers: Vec<String>,
+    pub timeout: Option<String>,
+}
+
 /// The file, as written. Every key is optional.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -60,6 +72,10 @@ pub struct FileConfig {
     pub limits: LimitsFile,
     #[serde(default)]
     pub http: HttpFile,
+    /// Stalls as spans to an OpenTelemetry collector (`[otlp]`); each key
+    /// overrides its `OTEL_EXPORTER_OTLP_*` variable.
+    #[serde(default)]
+    pub otlp: OtlpFile,
     #[serde(default)]
     pub include: Vec<Rule>,
     #[serde(default)]
@@ -163,6 +179,8 @@ pub struct DaemonConfig {
     /// `app_paths`: where the application's code is (empty: the guess;
     /// [`crate::classify`]).
     pub app_paths: Vec<String>,
+    /// Where stalls go as spans, if anywhere (`[otlp]`, `OTEL_EXPORTER_OTLP_*`).
+    pub otlp: Option<crate::commands::otlp::OtlpConfig>,
 }
 
 fn duration(key: &'static str, s: &str) -> Result<Duration, ConfigError> {
@@ -362,6 +380,23 @@ impl DaemonConfig {
             }
             None => None,
         };
+        let otlp_timeout = match &f.otlp.timeout {
+            Some(t) => Some(duration("otlp.timeout", t)?.as_millis() as u64),
+            None => None,
+        };
+        let otlp = crate::commands::otlp::OtlpConfig::resolve(
+            &crate::commands::otlp::OtlpSettings {
+                endpoint: f.otlp.endpoint.clone(),
+                protocol: f.otlp.protocol.clone(),
+                headers: f.otlp.headers.clone(),
+                timeout_ms: otlp_timeout,
+            },
+            |k| std::env::var(k).ok(),
+        )
+        .map_err(|e| ConfigError::Value {
+            key: "otlp",
+            message: e.to_string(),
+        })?;
         Ok(DaemonConfig {
             listen,
             http,
@@ -382,6 +417,7 @@ impl DaemonConfig {
             max_stacks,
             rules,
             app_paths: f.app_paths,
+            otlp,
         })
     }
 
@@ -468,6 +504,17 @@ impl DaemonConfig {
                 "none (the guess: outside the standard library, site-packages, node_modules)".into()
             } else {
                 self.app_paths.join(", ")
+            }
+        ));
+        s.push_str(&format!(
+            "  otlp          {}\n",
+            match &self.otlp {
+                None => "off (no [otlp] endpoint, no OTEL_EXPORTER_OTLP_ENDPOINT)".to_string(),
+                Some(o) => format!(
+                    "each stall as a span to {} ({})",
+                    o.url,
+                    o.protocol.as_str()
+                ),
             }
         ));
         s

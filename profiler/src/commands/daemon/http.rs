@@ -12,61 +12,37 @@
 //! In: requests and the [`Shared`] state the collector publishes. Out:
 //! responses. Reads only; the collector owns every change.
 //!
-//! Hostile or broken clients cost a bounded amount (docs/security.md):
-//! headers must arrive within `http.header_timeout` (hyper's timeout, which
-//! needs the Tokio timer set here), a connection with no request in flight
-//! is closed after `http.idle_timeout`, at most `http.max_connections` are
-//! served at once (beyond it a new one is closed at once, so the kernel's
-//! backlog never fills), `accept` errors back off instead of spinning, report
-//! files are streamed in 64 KiB chunks, and `/reports/` opens only regular
-//! files beneath the data directory's descriptor, never through a symlink.
+//! The server itself — connection limits and timeouts, the accept loop,
+//! files streamed from beneath a directory's descriptor — is
+//! [`crate::commands::web`], which `report --serve` shares; what a hostile
+//! client can cost is said there (docs/security.md). `/reports/` opens only
+//! regular files three plain names beneath the data directory, never
+//! through a symlink.
 use std::{
-    convert::Infallible,
     fmt::Write as _,
     fs::File,
     io::{self, Read as _},
-    os::fd::{BorrowedFd, OwnedFd},
-    path::{Component, Path, PathBuf},
-    pin::Pin,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
-    },
-    task::{Context, Poll},
-    time::{Duration, Instant},
+    path::Path,
+    sync::Arc,
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result};
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
-use hyper::{
-    Request, Response, StatusCode,
-    body::{Bytes, Frame, SizeHint},
-    header,
-    server::conn::http1,
-    service::service_fn,
-};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use log::{debug, warn};
-use rustix::fs::{FileType, Mode, OFlags, ResolveFlags, fstat, openat, openat2};
-use tokio::{
-    io::{AsyncRead, AsyncWrite},
-    net::{TcpListener, UnixListener},
-    sync::{Semaphore, watch},
-};
+use hyper::{Request, StatusCode, header};
+use rustix::fs::{Mode, OFlags, openat};
+use tokio::sync::watch;
 
 use super::Shared;
 use super::config::{HttpConfig, Listen};
 use crate::{
-    os::clock::monotonic_ns, os::outdir::OutDir, os::units::fmt_ns, report::aggregate,
+    commands::web::{self, Listener, Resp, resp, text},
+    model::text::html as html_escape,
+    os::clock::monotonic_ns,
+    os::outdir::OutDir,
+    os::units::fmt_ns,
+    report::aggregate,
     report::pprof,
 };
-
-/// A report file is sent in chunks this big; hyper asks for the next one
-/// only when the previous one is written, so a slow reader holds one chunk.
-const FILE_CHUNK: usize = 64 * 1024;
-/// `accept` failing for lack of descriptors or memory is retried after a
-/// pause doubling from the first to the last.
-const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
 /// What the HTTP side needs besides the collector's state.
 pub struct Settings {
@@ -75,77 +51,37 @@ pub struct Settings {
     pub token: Option<Vec<u8>>,
     /// The data directory, opened once: `/reports/` reads beneath it only.
     pub data: OutDir,
-    /// Connections closed at once because `max_connections` were open.
-    pub refused: AtomicU64,
 }
 
-/// The listening socket: TCP, or a Unix socket removed again on drop.
-pub enum Listener {
-    Tcp(TcpListener),
-    Unix(UnixListener, PathBuf),
-}
-
-impl Listener {
-    /// Binds `listen`. A Unix socket is created 0600 (0660 in `group`): the
-    /// umask is narrowed around `bind`, so it is never reachable wider. A
-    /// stale socket at the path is replaced; anything else there is refused.
-    pub async fn bind(listen: &Listen, group: Option<u32>) -> Result<Listener> {
-        match listen {
-            Listen::Tcp(addr) => Ok(Listener::Tcp(TcpListener::bind(addr).await.with_context(|| {
-                format!("cannot listen on {addr}: is the port in use (another stallprof daemon)? choose another with --listen")
-            })?)),
-            Listen::Unix(path) => {
-                use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-                match std::fs::symlink_metadata(path) {
-                    Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)
-                        .with_context(|| format!("cannot remove the stale socket {}", path.display()))?,
-                    Ok(_) => anyhow::bail!(
-                        "{} exists and is not a socket: remove it or choose another listen = \"unix:PATH\"",
-                        path.display()
-                    ),
-                    Err(_) => {}
-                }
-                let mode = if group.is_some() { 0o660 } else { 0o600 };
-                let old = rustix::process::umask(Mode::from_raw_mode(0o777 & !mode));
-                let bound = UnixListener::bind(path);
-                rustix::process::umask(old);
-                let l = bound.with_context(|| {
-                    format!("cannot listen on unix:{}: is its directory there and writable?", path.display())
-                })?;
-                let owned = Listener::Unix(l, path.clone());
-                if let Some(g) = group {
-                    std::os::unix::fs::chown(path, None, Some(g))
-                        .with_context(|| format!("cannot give {} to the data_group", path.display()))?;
-                }
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-                    .with_context(|| format!("cannot chmod {}", path.display()))?;
-                Ok(owned)
-            }
+/// Binds the daemon's `listen`: TCP, or a Unix socket 0600 (0660 in
+/// `group`).
+pub async fn bind(listen: &Listen, group: Option<u32>) -> Result<Listener> {
+    match listen {
+        Listen::Tcp(addr) => {
+            Listener::tcp(
+                *addr,
+                "(another stallprof daemon?) choose another with --listen",
+            )
+            .await
         }
-    }
-
-    async fn accept(&self) -> io::Result<Conn> {
-        match self {
-            Listener::Tcp(l) => l
-                .accept()
-                .await
-                .map(|(s, peer)| Conn::Tcp(s, peer.to_string())),
-            Listener::Unix(l, _) => l.accept().await.map(|(s, _)| Conn::Unix(s)),
-        }
+        Listen::Unix(path) => Listener::unix(path, group),
     }
 }
 
-impl Drop for Listener {
-    fn drop(&mut self) {
-        if let Listener::Unix(_, path) = self {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-enum Conn {
-    Tcp(tokio::net::TcpStream, String),
-    Unix(tokio::net::UnixStream),
+/// Serves the daemon's pages on `listener` until `stop` changes.
+pub async fn serve(
+    listener: Listener,
+    shared: Arc<Shared>,
+    settings: Arc<Settings>,
+    stop: watch::Receiver<bool>,
+) {
+    let limits = web::Limits {
+        max_connections: settings.http.max_connections,
+        header_timeout: settings.http.header_timeout,
+        idle_timeout: settings.http.idle_timeout,
+    };
+    let handler = move |req| handle(req, shared.clone(), settings.clone());
+    web::serve(listener, limits, handler, stop).await
 }
 
 /// Reads the bearer token: the file must be root's and readable by no one
@@ -201,21 +137,6 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 const COLLECT_LAG: Duration = Duration::from_millis(400);
 const MAX_PROFILE_SECONDS: u64 = 300;
 
-type Body = BoxBody<Bytes, io::Error>;
-type Resp = Response<Body>;
-
-fn resp(status: StatusCode, ctype: &str, body: impl Into<Bytes>) -> Resp {
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, ctype)
-        .body(Full::new(body.into()).map_err(|e| match e {}).boxed())
-        .expect("static headers are valid")
-}
-
-fn text(status: StatusCode, msg: impl Into<String>) -> Resp {
-    resp(status, "text/plain; charset=utf-8", msg.into())
-}
-
 fn query(req: &Request<hyper::body::Incoming>, key: &str) -> Option<String> {
     req.uri().query()?.split('&').find_map(|kv| {
         let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
@@ -223,159 +144,9 @@ fn query(req: &Request<hyper::body::Incoming>, key: &str) -> Option<String> {
     })
 }
 
-pub async fn serve(
-    listener: Listener,
-    shared: Arc<Shared>,
-    settings: Arc<Settings>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let slots = Arc::new(Semaphore::new(settings.http.max_connections));
-    let mut backoff = Duration::ZERO;
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = stop.changed() => break,
-        };
-        let conn = match accepted {
-            Ok(c) => {
-                backoff = Duration::ZERO;
-                c
-            }
-            // The peer gave up before we accepted: nothing to wait for.
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::ECONNABORTED | libc::EPROTO | libc::ECONNRESET | libc::EINTR)
-                ) =>
-            {
-                continue;
-            }
-            Err(e) => {
-                backoff = (backoff * 2).clamp(ACCEPT_BACKOFF.0, ACCEPT_BACKOFF.1);
-                warn!(
-                    "http: accept failed ({e}); retrying in {backoff:?}: raise the daemon's open-file limit (LimitNOFILE) or lower http.max_connections"
-                );
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => continue,
-                    _ = stop.changed() => break,
-                }
-            }
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            let n = settings.refused.fetch_add(1, Ordering::Relaxed) + 1;
-            if n.is_power_of_two() {
-                warn!(
-                    "http: {} connections open (http.max_connections): closed {n} new ones so far",
-                    settings.http.max_connections
-                );
-            }
-            continue;
-        };
-        let (sh, st, stop_conn) = (shared.clone(), settings.clone(), stop.clone());
-        match conn {
-            Conn::Tcp(s, peer) => {
-                tokio::spawn(connection(s, peer, sh, st, stop_conn, permit));
-            }
-            Conn::Unix(s) => {
-                tokio::spawn(connection(
-                    s,
-                    "unix socket".into(),
-                    sh,
-                    st,
-                    stop_conn,
-                    permit,
-                ));
-            }
-        }
-    }
-}
-
-/// Requests in flight on one connection and when the last one ended: a
-/// connection is idle when none is in flight.
-struct Activity {
-    in_flight: AtomicUsize,
-    last: Mutex<Instant>,
-}
-
-struct InFlight(Arc<Activity>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        *self.0.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-async fn connection<S>(
-    stream: S,
-    peer: String,
-    sh: Arc<Shared>,
-    st: Arc<Settings>,
-    mut stop: watch::Receiver<bool>,
-    _slot: tokio::sync::OwnedSemaphorePermit,
-) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let activity = Arc::new(Activity {
-        in_flight: AtomicUsize::new(0),
-        last: Mutex::new(Instant::now()),
-    });
-    let idle = st.http.idle_timeout;
-    let svc = {
-        let (activity, st) = (activity.clone(), st.clone());
-        service_fn(move |req| {
-            activity.in_flight.fetch_add(1, Ordering::SeqCst);
-            let guard = InFlight(activity.clone());
-            let (sh, st) = (sh.clone(), st.clone());
-            async move {
-                let r = handle(req, sh, st).await;
-                drop(guard);
-                r
-            }
-        })
-    };
-    let conn = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(st.http.header_timeout)
-        .serve_connection(TokioIo::new(stream), svc);
-    tokio::pin!(conn);
-    loop {
-        let idle_at = *activity.last.lock().unwrap_or_else(|p| p.into_inner()) + idle;
-        tokio::select! {
-            r = conn.as_mut() => {
-                if let Err(e) = r {
-                    debug!("http connection from {peer}: {e}");
-                }
-                return;
-            }
-            _ = stop.changed() => break,
-            _ = tokio::time::sleep_until(idle_at.into()) => {
-                let last = *activity.last.lock().unwrap_or_else(|p| p.into_inner());
-                if activity.in_flight.load(Ordering::SeqCst) == 0 && last.elapsed() >= idle {
-                    debug!("http connection from {peer}: idle for {idle:?}, closed");
-                    break;
-                }
-                if activity.in_flight.load(Ordering::SeqCst) > 0 {
-                    // Re-armed from now: a long profile request is not idle.
-                    *activity.last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
-                }
-            }
-        }
-    }
-    // Idle connections close at once; a request in flight is answered first.
-    conn.as_mut().graceful_shutdown();
-    if let Err(e) = conn.await {
-        debug!("http connection from {peer}: {e}");
-    }
-}
-
-async fn handle(
-    req: Request<hyper::body::Incoming>,
-    sh: Arc<Shared>,
-    st: Arc<Settings>,
-) -> Result<Resp, Infallible> {
+async fn handle(req: Request<hyper::body::Incoming>, sh: Arc<Shared>, st: Arc<Settings>) -> Resp {
     if req.method() != hyper::Method::GET && req.method() != hyper::Method::HEAD {
-        return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n"));
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
     }
     let path = req.uri().path().to_string();
     if let Some(token) = &st.token
@@ -394,10 +165,10 @@ async fn handle(
                 header::WWW_AUTHENTICATE,
                 header::HeaderValue::from_static("Bearer realm=\"stallprof\""),
             );
-            return Ok(r);
+            return r;
         }
     }
-    Ok(match path.as_str() {
+    match path.as_str() {
         "/metrics" => resp(
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -411,7 +182,7 @@ async fn handle(
             StatusCode::NOT_FOUND,
             "not found: try /, /metrics or /debug/pprof/profile?seconds=10\n",
         ),
-    })
+    }
 }
 
 async fn profile(req: &Request<hyper::body::Incoming>, sh: &Shared) -> Resp {
@@ -488,145 +259,22 @@ async fn profile(req: &Request<hyper::body::Incoming>, sh: &Shared) -> Resp {
 
 fn report_file(data: &OutDir, rel: &str) -> Resp {
     let rel = Path::new(rel);
-    if rel.components().any(|c| !matches!(c, Component::Normal(_))) || rel.components().count() != 3
-    {
-        return text(StatusCode::NOT_FOUND, "no such report\n");
+    let report = matches!(
+        rel.extension().and_then(|e| e.to_str()),
+        Some("svg" | "json" | "folded" | "gz" | "pftrace")
+    );
+    if !report || rel.components().count() != 3 {
+        return text(
+            StatusCode::NOT_FOUND,
+            "no such report
+",
+        );
     }
-    let ctype = match rel.extension().and_then(|e| e.to_str()) {
-        Some("svg") => "image/svg+xml",
-        Some("json") => "application/json",
-        Some("folded") => "text/plain; charset=utf-8",
-        // stalls.pb.gz (pprof), stalls.pftrace (Perfetto): protobuf.
-        Some("gz" | "pftrace") => "application/octet-stream",
-        _ => return text(StatusCode::NOT_FOUND, "no such report\n"),
-    };
-    let fd = match open_beneath(data.dir_fd(), rel) {
-        Ok(fd) => fd,
-        Err(e) => {
-            debug!("/reports/{}: {e}", rel.display());
-            return text(
-                StatusCode::NOT_FOUND,
-                "no such report (retention may have removed it)\n",
-            );
-        }
-    };
-    let len = match fstat(&fd) {
-        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => st.st_size as u64,
-        _ => return text(StatusCode::FORBIDDEN, "not a regular file\n"),
-    };
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, ctype)
-        .header(header::CONTENT_LENGTH, len)
-        .body(
-            FileBody {
-                file: Some(File::from(fd)),
-                remaining: len,
-            }
-            .boxed(),
-        )
-        .expect("static headers are valid")
-}
-
-/// Opens `rel` (only normal components) beneath `dir` without following a
-/// symlink anywhere on the way and without blocking on a FIFO: openat2's
-/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, or on kernels before 5.6 one
-/// `O_NOFOLLOW` openat per component. The caller checks the file type.
-fn open_beneath(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<OwnedFd> {
-    let flags =
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
-    match openat2(
-        dir,
+    web::file_beneath(
+        data.dir_fd(),
         rel,
-        flags,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    ) {
-        Err(rustix::io::Errno::NOSYS) => {}
-        r => return r.map_err(Into::into),
-    }
-    let mut parts: Vec<_> = rel.components().map(|c| c.as_os_str()).collect();
-    let last = parts
-        .pop()
-        .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
-    let mut cur: Option<OwnedFd> = None;
-    for p in parts {
-        let at = cur
-            .as_ref()
-            .map(|f| rustix::fd::AsFd::as_fd(f))
-            .unwrap_or(dir);
-        cur = Some(openat(
-            at,
-            p,
-            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?);
-    }
-    let at = cur
-        .as_ref()
-        .map(|f| rustix::fd::AsFd::as_fd(f))
-        .unwrap_or(dir);
-    Ok(openat(at, last, flags, Mode::empty())?)
-}
-
-/// A regular file's bytes, read a chunk at a time as hyper asks for them.
-/// Reads are synchronous: the file is regular (checked), so a read returns
-/// at the speed of the disk, never waits on a writer.
-struct FileBody {
-    file: Option<File>,
-    remaining: u64,
-}
-
-impl hyper::body::Body for FileBody {
-    type Data = Bytes;
-    type Error = io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        let want = (self.remaining as usize).min(FILE_CHUNK);
-        let Some(f) = self.file.as_mut().filter(|_| want > 0) else {
-            return Poll::Ready(None);
-        };
-        let mut buf = vec![0u8; want];
-        match f.read(&mut buf) {
-            Ok(0) => {
-                self.file = None;
-                Poll::Ready(Some(Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "report file shrank while being sent",
-                ))))
-            }
-            Ok(n) => {
-                buf.truncate(n);
-                self.remaining -= n as u64;
-                if self.remaining == 0 {
-                    self.file = None;
-                }
-                Poll::Ready(Some(Ok(Frame::data(Bytes::from(buf)))))
-            }
-            Err(e) => {
-                self.file = None;
-                Poll::Ready(Some(Err(e)))
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.remaining == 0
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.remaining)
-    }
-}
-
-pub fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+        "no such report (retention may have removed it)\n",
+    )
 }
 
 /// The service groups among the processes (`services`): each with its
@@ -771,23 +419,5 @@ mod tests {
         assert!(ct_eq(b"abcdef0123456789", b"abcdef0123456789"));
         assert!(!ct_eq(b"abcdef0123456789", b"abcdef0123456788"));
         assert!(!ct_eq(b"abc", b"abcd"));
-    }
-
-    #[test]
-    fn open_beneath_refuses_symlinks_and_escapes() {
-        let tmp = std::env::temp_dir().join(format!("sp-http-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(tmp.join("w/p")).unwrap();
-        std::fs::write(tmp.join("w/p/stalls.json"), b"{}").unwrap();
-        std::fs::write(tmp.join("outside"), b"secret").unwrap();
-        std::os::unix::fs::symlink(tmp.join("outside"), tmp.join("w/p/stalls.svg")).unwrap();
-        std::os::unix::fs::symlink(tmp.join("w/p"), tmp.join("w/q")).unwrap();
-        let dir = File::open(&tmp).unwrap();
-        let fd = rustix::fd::AsFd::as_fd(&dir);
-        assert!(open_beneath(fd, Path::new("w/p/stalls.json")).is_ok());
-        assert!(open_beneath(fd, Path::new("w/p/stalls.svg")).is_err());
-        assert!(open_beneath(fd, Path::new("w/q/stalls.json")).is_err());
-        assert!(open_beneath(fd, Path::new("../outside")).is_err());
-        std::fs::remove_dir_all(&tmp).unwrap();
     }
 }

@@ -16,7 +16,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use crate::model::{PartKind, Stall};
+use crate::model::{HeldUp, PartKind, Stall};
 
 /// Label pairs of one process: pid, comm, exe, cgroup, container, pod,
 /// runtime. Each is a function of the process, so a process has one set:
@@ -35,6 +35,9 @@ fn histogram() -> Histogram {
     Histogram::new(BUCKETS)
 }
 
+/// `held_up.not_read.reason` values (the model's, as stalls.json spells them).
+const NOT_READ_REASONS: [&str; 4] = ["runtime", "after_end", "no_read", "unreadable"];
+
 pub const KINDS: [PartKind; 5] = [
     PartKind::OnCpu,
     PartKind::OffCpu,
@@ -47,6 +50,8 @@ pub struct Metrics {
     pub registry: Registry,
     stall_duration: Family<Labels, Histogram, fn() -> Histogram>,
     stall_seconds: Family<Labels, Counter<f64, AtomicU64>>,
+    timer_lateness: Family<Labels, Histogram, fn() -> Histogram>,
+    held_up_not_read: Family<Labels, Counter>,
     incomplete: Family<Labels, Counter>,
     loop_threads: Family<Labels, Gauge>,
     runtime_problems: Family<Labels, Gauge>,
@@ -68,6 +73,7 @@ pub struct Metrics {
     pub reports_bytes: Gauge,
     pub session_resets: Counter,
     pub non_loop_stack_events: Counter,
+    otlp_spans: Family<Labels, Counter>,
     cpu: Counter<f64, AtomicU64>,
     rss: Gauge,
     last: std::sync::Mutex<Last>,
@@ -79,6 +85,7 @@ struct Last {
     probe: BTreeMap<String, u64>,
     agent: BTreeMap<String, u64>,
     filtered: BTreeMap<String, u64>,
+    otlp: BTreeMap<String, u64>,
 }
 
 /// Absolute counters in, increments of `family{label=name}` out; returns
@@ -133,6 +140,25 @@ impl Metrics {
             "Time spent in stalls, by where it went: kind=on_cpu|off_cpu|runqueue|gil_wait|throttled",
             Unit::Seconds,
             stall_seconds.clone(),
+        );
+        let timer_lateness = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(
+            histogram as fn() -> Histogram,
+        );
+        r.register_with_unit(
+            "stallprof_timer_lateness",
+            "How late the event loop's timers ran because a stall held the loop: one observation per \
+             timer that came due during a stall (plain asyncio; stallprof_held_up_not_read counts \
+             the stalls whose loop was not read)",
+            Unit::Seconds,
+            timer_lateness.clone(),
+        );
+        let held_up_not_read = Family::<Labels, Counter>::default();
+        r.register(
+            "stallprof_held_up_not_read",
+            "Stalls whose loop queues (timers, callbacks held up) were not read, by reason: \
+             runtime (uvloop, Node/libuv, tokio, C: not read for this runtime), after_end, no_read, \
+             unreadable",
+            held_up_not_read.clone(),
         );
         let incomplete = Family::<Labels, Counter>::default();
         r.register(
@@ -269,6 +295,12 @@ impl Metrics {
             "Stack events of threads that are not event loops, dropped before unwinding (work the kernel side did for nothing)",
             non_loop_stack_events.clone(),
         );
+        let otlp_spans = Family::<Labels, Counter>::default();
+        r.register(
+            "stallprof_otlp_spans",
+            "Stalls sent as spans to the OTLP collector, by outcome (exported, failed: the reports still have them)",
+            otlp_spans.clone(),
+        );
         let cpu = Counter::<f64, AtomicU64>::default();
         r.register_with_unit(
             "process_cpu",
@@ -310,6 +342,8 @@ impl Metrics {
             registry: r,
             stall_duration,
             stall_seconds,
+            timer_lateness,
+            held_up_not_read,
             incomplete,
             loop_threads,
             runtime_problems,
@@ -331,6 +365,7 @@ impl Metrics {
             reports_bytes,
             session_resets,
             non_loop_stack_events,
+            otlp_spans,
             cpu,
             rss,
             last: std::sync::Mutex::new(Last::default()),
@@ -341,6 +376,7 @@ impl Metrics {
     /// before its first stall.
     pub fn add_process(&self, labels: &Labels) {
         let _ = self.stall_duration.get_or_create(labels);
+        let _ = self.timer_lateness.get_or_create(labels);
         for k in KINDS {
             let _ = self
                 .stall_seconds
@@ -366,6 +402,24 @@ impl Metrics {
         if s.incomplete {
             self.incomplete.get_or_create(labels).inc();
         }
+        match &s.held_up {
+            Some(HeldUp::Read(d)) => {
+                let h = self.timer_lateness.get_or_create(labels);
+                for &late in &d.timers_late_ns {
+                    h.observe(late as f64 / 1e9);
+                }
+            }
+            Some(HeldUp::NotRead(n)) => {
+                let reason = serde_json::to_value(n.reason)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default();
+                self.held_up_not_read
+                    .get_or_create(&with(labels, "reason", &reason))
+                    .inc();
+            }
+            None => {}
+        }
     }
 
     pub fn set_loop_threads(&self, labels: &Labels, n: usize) {
@@ -375,6 +429,16 @@ impl Metrics {
     /// Which probes serve now (a part can fall back while the daemon runs).
     /// Which probes serve; `per_process_waits`: the wait uprobes are each
     /// included process's own (else on each C library file).
+    /// The exporter's totals so far: spans exported and failed.
+    pub fn set_otlp(&self, exported: u64, failed: u64) {
+        let now = BTreeMap::from([
+            ("exported".to_string(), exported),
+            ("failed".to_string(), failed),
+        ]);
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        add_deltas(&self.otlp_spans, "outcome", &mut last.otlp, &now);
+    }
+
     pub fn set_probes(&self, set: &crate::model::ProbeSet, per_process_waits: bool) {
         self.probes.clear();
         let scope = if set.waits == crate::model::WaitProbes::Uprobes {
@@ -412,6 +476,10 @@ impl Metrics {
         self.stall_duration.remove(labels);
         for k in KINDS {
             self.stall_seconds.remove(&with(labels, "kind", k.as_str()));
+        }
+        self.timer_lateness.remove(labels);
+        for r in NOT_READ_REASONS {
+            self.held_up_not_read.remove(&with(labels, "reason", r));
         }
         self.incomplete.remove(labels);
         self.loop_threads.remove(labels);
@@ -496,18 +564,40 @@ mod tests {
             )
         };
         m.observe(&labels, &s);
+        let mut held = s.clone();
+        held.held_up = Some(HeldUp::Read(crate::model::Delayed {
+            timers_late_ns: vec![240_000_000, 20_000_000],
+            ready_handles: 0,
+            truncated: false,
+        }));
+        m.observe(&labels, &held);
+        held.held_up = Some(HeldUp::NotRead(crate::model::NotRead {
+            reason: crate::model::NotReadReason::Runtime,
+            detail: None,
+        }));
+        m.observe(&labels, &held);
         let text = m.encode();
+        assert!(
+            text.contains("stallprof_timer_lateness_seconds_count{pid=\"1\",comm=\"x\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "stallprof_held_up_not_read_total{pid=\"1\",comm=\"x\",reason=\"runtime\"} 1"
+            ),
+            "{text}"
+        );
         assert!(
             text.contains("# TYPE stallprof_stall_duration_seconds histogram"),
             "{text}"
         );
         assert!(
-            text.contains("stallprof_stall_duration_seconds_count{pid=\"1\",comm=\"x\"} 1"),
+            text.contains("stallprof_stall_duration_seconds_count{pid=\"1\",comm=\"x\"} 3"),
             "{text}"
         );
         assert!(
             text.contains(
-                "stallprof_stall_seconds_total{pid=\"1\",comm=\"x\",kind=\"on_cpu\"} 0.06"
+                "stallprof_stall_seconds_total{pid=\"1\",comm=\"x\",kind=\"on_cpu\"} 0.18"
             ),
             "{text}"
         );

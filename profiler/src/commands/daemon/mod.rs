@@ -34,6 +34,7 @@
 //! per-process caches) rebuilt past `limits.max_stacks` (default
 //! [`MAX_STACKS`]) stacks or [`MAX_FORGOTTEN`] forgotten processes.
 pub mod config;
+pub mod export;
 pub mod http;
 pub mod metrics;
 pub mod procs;
@@ -237,12 +238,11 @@ async fn daemon(cfg: DaemonConfig, data: OutDir) -> Result<String> {
         None => None,
     };
     raise_nofile_limit();
-    let listener = http::Listener::bind(&cfg.listen, cfg.data_group.as_ref().map(|g| g.1)).await?;
+    let listener = http::bind(&cfg.listen, cfg.data_group.as_ref().map(|g| g.1)).await?;
     let settings = Arc::new(http::Settings {
         http: cfg.http.clone(),
         token,
         data: data.clone(),
-        refused: Default::default(),
     });
     let shared = Arc::new(Shared {
         metrics: Metrics::new(),
@@ -374,6 +374,9 @@ fn labels_of(p: &ProcInfo) -> Labels {
 /// that come and go faster than that would pile up.
 pub const MAX_PROCESS_WAITS: usize = 8;
 
+/// How long the daemon's exit waits for the collector, at most.
+const EXPORT_DEADLINE: Duration = Duration::from_secs(3);
+
 struct Collector {
     cfg: DaemonConfig,
     /// The data directory, opened once (reports are written relative to it).
@@ -417,6 +420,8 @@ struct Collector {
     total_stalls: u64,
     total_reports: u64,
     processes_seen: u64,
+    /// Stalls as spans to a collector (`[otlp]`).
+    export: Option<export::DaemonExport>,
 }
 
 impl Collector {
@@ -473,7 +478,11 @@ impl Collector {
             total_stalls: 0,
             total_reports: 0,
             processes_seen: 0,
+            export: None,
         };
+        if let Some(o) = &c.cfg.otlp {
+            c.export = Some(export::DaemonExport::start(o, &c.cfg.app_paths)?);
+        }
         c.look_at_new_processes();
         Ok(c)
     }
@@ -546,6 +555,17 @@ impl Collector {
         }
         self.roll();
         self.housekeep();
+        let export = self.export.take().map(|x| x.finish(EXPORT_DEADLINE));
+        if let Some(r) = &export {
+            self.sh.metrics.set_otlp(r.exported, r.failed);
+            match &r.last_error {
+                Some(e) if r.failed > 0 => warn!(
+                    "OTLP: {} stall spans exported, {} failed ({e}); the reports have them",
+                    r.exported, r.failed
+                ),
+                _ => info!("OTLP: {} stall spans exported", r.exported),
+            }
+        }
         let summary = format!(
             "{:.0}s, {} stalls in {} processes, {} reports written; probes detached\n",
             self.started.elapsed().as_secs_f64(),
@@ -945,6 +965,9 @@ impl Collector {
             // Delivered after its exit (the engine forgot it then).
             problems = self.gone[i].1.problems_at_exit.clone();
         }
+        if let Some(x) = self.export.as_mut() {
+            x.add(&stall, info.start_ticks, &info.comm, &info.process);
+        }
         if !self.window.add(&info, stall, problems) {
             self.sh.metrics.window_stalls_dropped.inc();
         }
@@ -994,6 +1017,11 @@ impl Collector {
         }
         let pids: Vec<u32> = self.procs.keys().copied().collect();
         self.engine.tick(&pids, &mut self.probes);
+        if let Some(x) = self.export.as_mut() {
+            x.flush();
+            let (exported, failed) = x.counts();
+            self.sh.metrics.set_otlp(exported, failed);
+        }
     }
 
     fn housekeep(&mut self) {

@@ -13,15 +13,25 @@ use log::debug;
 
 use crate::{
     kernel::event::Event,
-    model::{Route, Task},
+    model::{HeldUp, NotRead, NotReadReason, Route, Task},
     pipeline::{
         control::Control,
+        counters::Counter,
         reads::{Period, TaskMiss, Want},
     },
-    symbolize::python::{Captured, RouteRead, TaskRead},
+    symbolize::python::{Captured, QueuesMiss, RouteRead, TaskRead},
 };
 
 use super::{Engine, Symbols};
+
+/// What the live reads found for a finished stall.
+pub(super) struct StallReads {
+    pub task: Option<Task>,
+    /// Why it has no task (live only).
+    pub miss: Option<TaskMiss>,
+    pub route: Option<Route>,
+    pub held_up: Option<HeldUp>,
+}
 
 impl Engine {
     /// What a stack event's busy period needs read from the live target,
@@ -64,6 +74,9 @@ impl Engine {
             return;
         };
         self.read_task((tid, start), tgid, python, &captured, probes);
+        if self.kept.reads.wants_queues((tid, start)) {
+            self.read_queues((tid, start), tgid);
+        }
         let now = Instant::now();
         match self.kept.reads.wants_route((tid, start), now) {
             Want::Now => self.read_route((tid, start), tgid, python, now),
@@ -106,6 +119,35 @@ impl Engine {
             .task_read(key, found, now, || tracker.open_periods());
     }
 
+    /// Read what the loop of period `key` of `tgid` holds up now: its
+    /// timers and ready callbacks (kept with the time the read finished:
+    /// it counts only if the stall was still going on then).
+    fn read_queues(&mut self, key: Period, tgid: u32) {
+        let Some(reader) = self.symbols.live() else {
+            return;
+        };
+        let before_ns = crate::os::clock::monotonic_ns();
+        let read = reader.loop_queues(tgid, key.0);
+        let after_ns = crate::os::clock::monotonic_ns();
+        match &read {
+            Ok(q) => debug!(
+                "pid {tgid} tid {}: loop queues read in {} µs: {} timers, {} ready handles",
+                key.0,
+                (after_ns - before_ns) / 1000,
+                q.timers_when_ns.len(),
+                q.ready_handles
+            ),
+            Err(QueuesMiss::Unreadable(why)) => {
+                debug!("pid {tgid} tid {}: loop queues unreadable: {why}", key.0);
+            }
+            Err(_) => {}
+        }
+        let tracker = &self.kept.tracker;
+        self.kept
+            .reads
+            .queues_read(key, read, after_ns, || tracker.open_periods());
+    }
+
     /// The route reads held back that are due now.
     pub(super) fn read_held_routes(&mut self) {
         if !self.kept.reads.any_held() {
@@ -135,40 +177,63 @@ impl Engine {
             .route_read(key, read, now, || tracker.open_periods());
     }
 
-    /// The task and route of a finished stall: the live reads' (also kept
-    /// for a recording, a route's miss counted), or the recording's; and,
-    /// live, why it has no task.
-    pub(super) fn stall_reads(
-        &mut self,
-        tgid: u32,
-        key: Period,
-    ) -> (Option<Task>, Option<TaskMiss>, Option<Route>) {
+    /// The task, route and held-up work of a finished stall (ended at
+    /// `end_ns`): the live reads' (also kept for a recording, a route's
+    /// and the queues' misses counted), or the recording's; and, live, why
+    /// it has no task.
+    pub(super) fn stall_reads(&mut self, tgid: u32, key: Period, end_ns: u64) -> StallReads {
         let saved_key = format!("{}:{}", key.0, key.1);
         let task = self.kept.reads.finish_task(key);
+        let queues = self.kept.reads.finish_queues(tgid, key, end_ns);
         match &mut self.symbols {
-            Symbols::Saved(table) => (
-                table.tasks.get(&saved_key).cloned(),
-                None,
-                table.routes.get(&saved_key).cloned(),
-            ),
+            Symbols::Saved(table) => StallReads {
+                task: table.tasks.get(&saved_key).cloned(),
+                miss: None,
+                route: table.routes.get(&saved_key).cloned(),
+                held_up: table.held_up.get(&saved_key).cloned(),
+            },
             Symbols::Live { recorded, .. } => {
                 let (route, miss) = self.kept.reads.finish_route(tgid, key);
                 if let Some(c) = miss {
                     self.counters.add(c, 1);
+                }
+                let held_up = queues.unwrap_or_else(|| {
+                    // A Python loop's stall whose stacks came too late for
+                    // a read; any other runtime's queues are not read.
+                    let reason = if self.python.contains_key(&tgid) {
+                        NotReadReason::NoRead
+                    } else {
+                        NotReadReason::Runtime
+                    };
+                    HeldUp::NotRead(NotRead {
+                        reason,
+                        detail: None,
+                    })
+                });
+                if let HeldUp::NotRead(n) = &held_up
+                    && n.reason != NotReadReason::Runtime
+                {
+                    self.counters.add(Counter::HeldUpUnread, 1);
                 }
                 if let Some(table) = recorded {
                     if let Ok(t) = &task {
                         table.tasks.insert(saved_key.clone(), t.clone());
                     }
                     if let Some(r) = &route {
-                        table.routes.insert(saved_key, r.clone());
+                        table.routes.insert(saved_key.clone(), r.clone());
                     }
+                    table.held_up.insert(saved_key, held_up.clone());
                 }
                 let (task, miss) = match task {
                     Ok(t) => (Some(t), None),
                     Err(m) => (None, Some(m)),
                 };
-                (task, miss, route)
+                StallReads {
+                    task,
+                    miss,
+                    route,
+                    held_up: Some(held_up),
+                }
             }
         }
     }

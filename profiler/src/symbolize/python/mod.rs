@@ -23,7 +23,10 @@ mod debug_offsets;
 mod dict;
 mod discover;
 mod linetable;
+mod loop_queues;
+mod objects;
 pub mod offsets;
+mod otel;
 mod tasks;
 mod walk;
 
@@ -38,7 +41,9 @@ pub use asgi::{RouteRead, RouteReader};
 pub use code::{CodeResolver, PyFrameInfo};
 pub use discover::is_interpreter_file;
 pub use linetable::{LineRange, LineTableFormat};
+pub use loop_queues::{QueueReader, Queues, QueuesMiss};
 pub use offsets::{GilFields, Layout};
+pub use otel::{SpanRead, SpanReader};
 pub use profiler_common::python::{PY_MAX_FRAMES, PyFrame, PyOffsets};
 pub use tasks::{Captured, TaskRead, TaskReader};
 
@@ -470,8 +475,17 @@ impl Interpreter {
 
     /// A reader of the ASGI request (method, route) its threads serve
     /// (keep it: it caches code objects' `scope` slots).
+    pub fn queue_reader(&self) -> QueueReader {
+        QueueReader::new(Arc::clone(&self.mem), self.layout)
+    }
+
     pub fn route_reader(&self) -> RouteReader {
         RouteReader::new(Arc::clone(&self.mem), self.layout)
+    }
+
+    /// A reader of the OpenTelemetry span in a task's context.
+    pub fn span_reader(&self) -> SpanReader {
+        SpanReader::new(Arc::clone(&self.mem), self.layout)
     }
 
     /// A resolver for frames of this process (keep it: it caches).

@@ -90,6 +90,8 @@ pub enum TaskRead {
         coro_code: u64,
         coro_instr: u64,
         awaited_by: Vec<String>,
+        /// The task's `contextvars.Context` (`task_context`).
+        context: u64,
     },
     /// No task is running on that thread now (a plain callback, or the
     /// task finished), or asyncio is not loaded.
@@ -187,6 +189,11 @@ struct TaskFields {
     size: u64,
     name: u64,
     coro: u64,
+    /// `task_context`: the word after `task_name` on every version
+    /// 3.10-3.15 (`ctypes`: the word equal to `id(task.get_context())` on
+    /// 3.12+; on 3.10 and 3.11 the word whose `ctx_vars` is that of
+    /// `contextvars.copy_context()` inside the task).
+    context: u64,
     /// 3.14+: `task_awaited_by`, `task_awaited_by_is_set`, `task_is_task`.
     awaited_by: Option<(u64, u64, u64)>,
     gen_frame: GenFrame,
@@ -209,6 +216,8 @@ pub struct TaskReader {
     runtime: u64,
     fields: Option<TaskFields>,
     source: Source,
+    /// 3.14+: `asyncio_running_loop`'s offset in a thread state.
+    running_loop: Option<u64>,
     /// Why the last setup failed (said with every read until it works).
     setup_error: Option<String>,
     /// The wait before the next setup attempt.
@@ -224,6 +233,7 @@ impl TaskReader {
             runtime,
             fields: None,
             source: Source::Pending(Instant::now()),
+            running_loop: None,
             setup_error: None,
             retry: RETRY_FIRST,
         }
@@ -240,26 +250,8 @@ impl TaskReader {
         stack: &[(u64, u64)],
         captured: &Captured,
     ) -> TaskRead {
-        if let Source::Pending(at) = self.source {
-            if Instant::now() < at {
-                return self.not_found();
-            }
-            match self.setup() {
-                Ok(Some((fields, source))) => {
-                    self.fields = Some(fields);
-                    self.source = source;
-                    self.setup_error = None;
-                }
-                Ok(None) => {
-                    self.back_off();
-                    return self.not_found();
-                }
-                Err(e) => {
-                    self.back_off();
-                    self.setup_error = Some(e);
-                    return self.not_found();
-                }
-            }
+        if !self.found() {
+            return self.not_found();
         }
         match self.read(tstate, stack, captured) {
             Ok(r) => r,
@@ -293,6 +285,77 @@ impl TaskReader {
         ))
     }
 
+    /// Whether asyncio's running-task source is found, looked for again
+    /// when due.
+    fn found(&mut self) -> bool {
+        self.found_when(false)
+    }
+
+    /// [`Self::found`]; with `now`, looked for now even before the
+    /// back-off's time (once a stall: the queues' read has no later chance).
+    fn found_when(&mut self, now: bool) -> bool {
+        let Source::Pending(at) = self.source else {
+            return true;
+        };
+        if !now && Instant::now() < at {
+            return false;
+        }
+        match self.setup() {
+            Ok(Some((fields, source, running_loop))) => {
+                self.fields = Some(fields);
+                self.source = source;
+                self.running_loop = running_loop;
+                self.setup_error = None;
+                true
+            }
+            Ok(None) => {
+                self.back_off();
+                false
+            }
+            Err(e) => {
+                self.back_off();
+                self.setup_error = Some(e);
+                false
+            }
+        }
+    }
+
+    /// The event loops that may be running on the thread of `tstate` now:
+    /// 3.14+ the thread state's `asyncio_running_loop` (one, or none);
+    /// 3.10-3.13 the keys of `_current_tasks`, every loop running a task
+    /// step now (any thread; at most [`MAX_TASKS`]). `Err`: asyncio's state
+    /// could not be read (why); `None`: asyncio is not loaded; an empty
+    /// list: no loop is in a task step. Asyncio is looked for now if it was
+    /// not found yet.
+    pub fn running_loops(&mut self, tstate: Option<u64>) -> Result<Option<Vec<u64>>, String> {
+        if !self.found_when(true) {
+            return match &self.setup_error {
+                Some(e) => Err(e.clone()),
+                None => Ok(None),
+            };
+        }
+        self.loops_now(tstate).map(Some)
+    }
+
+    fn loops_now(&mut self, tstate: Option<u64>) -> Result<Vec<u64>, String> {
+        match self.source {
+            Source::Pending(_) => Ok(Vec::new()),
+            Source::RunningTask(_) => {
+                let (Some(off), Some(ts)) = (self.running_loop, tstate) else {
+                    return Err("the thread's PyThreadState is not known".into());
+                };
+                let l = self.mem.read_u64(ts + off).map_err(|e| e.to_string())?;
+                Ok(if l == 0 { vec![] } else { vec![l] })
+            }
+            Source::CurrentTasks(dict) => Ok(self
+                .dict_entries(dict, MAX_TASKS as u64)
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect()),
+        }
+    }
+
     fn back_off(&mut self) {
         self.source = Source::Pending(Instant::now() + self.retry);
         self.retry = (self.retry * 2).min(RETRY_MAX);
@@ -307,7 +370,10 @@ impl TaskReader {
 
     /// Finds the running-task source. `Ok(None)`: asyncio is not loaded
     /// (yet). `Err`: it is, but cannot be read (says why).
-    fn setup(&self) -> Result<Option<(TaskFields, Source)>, String> {
+    /// With the source, 3.14+'s offset of `asyncio_running_loop` in a
+    /// thread state.
+    #[allow(clippy::type_complexity)]
+    fn setup(&self) -> Result<Option<(TaskFields, Source, Option<u64>)>, String> {
         if self.minor >= 14 {
             return self.setup_debug_section();
         }
@@ -354,15 +420,17 @@ impl TaskReader {
             size: fixed.task_size,
             name: fixed.task_name,
             coro: fixed.task_coro,
+            context: fixed.task_name + 8,
             awaited_by: None,
             gen_frame: fixed.gen_frame,
         };
-        Ok(Some((fields, Source::CurrentTasks(current))))
+        Ok(Some((fields, Source::CurrentTasks(current), None)))
     }
 
     /// 3.14+: the `.AsyncioDebug` section of a mapped `_asyncio` module or
     /// of the interpreter's ELF.
-    fn setup_debug_section(&self) -> Result<Option<(TaskFields, Source)>, String> {
+    #[allow(clippy::type_complexity)]
+    fn setup_debug_section(&self) -> Result<Option<(TaskFields, Source, Option<u64>)>, String> {
         let pid = self.mem.pid();
         let maps = maps::read(pid)
             .map_err(|e| format!("cannot read {}: {e}", maps::path(pid).display()))?;
@@ -383,8 +451,9 @@ impl TaskReader {
             else {
                 continue;
             };
-            return parse_asyncio_debug(&bytes)
-                .map(|(f, running)| Some((f, Source::RunningTask(running))));
+            return parse_asyncio_debug(&bytes).map(|(f, running, running_loop)| {
+                Some((f, Source::RunningTask(running), Some(running_loop)))
+            });
         }
         Ok(None) // _asyncio not loaded yet
     }
@@ -452,6 +521,7 @@ impl TaskReader {
                 coro_code: code,
                 coro_instr: instr,
                 awaited_by,
+                context: le_u64(&t, fields.context as usize),
             });
         }
         Ok(TaskRead::Unverified)
@@ -640,7 +710,7 @@ impl TaskReader {
 /// `asyncio_running_task`, `asyncio_tasks_head`) -> the task fields and the
 /// thread-state offset of the running task, each checked to lie inside its
 /// struct.
-fn parse_asyncio_debug(b: &[u8]) -> Result<(TaskFields, u64), String> {
+fn parse_asyncio_debug(b: &[u8]) -> Result<(TaskFields, u64, u64), String> {
     if b.len() < 13 * 8 {
         return Err(format!(
             ".AsyncioDebug is {} bytes, want at least 104: not the layout stallprof reads",
@@ -650,12 +720,13 @@ fn parse_asyncio_debug(b: &[u8]) -> Result<(TaskFields, u64), String> {
     let w = |i: usize| le_u64(b, 8 * i);
     let size = w(0);
     let (name, by, is_task, is_set, coro) = (w(1), w(2), w(3), w(4), w(5));
-    let (ts_size, running_task) = (w(9), w(11));
+    let (ts_size, running_loop, running_task) = (w(9), w(10), w(11));
     let fits = (64..=1024).contains(&size)
         && [name, by, coro].iter().all(|&o| o >= 16 && o + 8 <= size)
         && [is_task, is_set].iter().all(|&o| o >= 16 && o < size)
         && (128..=1 << 16).contains(&ts_size)
-        && running_task + 8 <= ts_size;
+        && running_task + 8 <= ts_size
+        && running_loop + 8 <= ts_size;
     if !fits {
         return Err(format!(
             ".AsyncioDebug offsets do not fit their structs (task size {size}, \
@@ -668,10 +739,12 @@ fn parse_asyncio_debug(b: &[u8]) -> Result<(TaskFields, u64), String> {
             size,
             name,
             coro,
+            context: name + 8,
             awaited_by: Some((by, is_set, is_task)),
             gen_frame: GenFrame::Embedded(GI_IFRAME_314),
         },
         running_task,
+        running_loop,
     ))
 }
 
@@ -703,11 +776,12 @@ mod tests {
             .flat_map(|v: &u64| v.to_le_bytes())
             .collect()
         };
-        let (f, running) = parse_asyncio_debug(&sec(936, 864)).unwrap();
+        let (f, running, running_loop) = parse_asyncio_debug(&sec(936, 864)).unwrap();
+        assert_eq!(running_loop, 864);
         assert_eq!((f.size, f.name, f.coro), (168, 136, 128));
         assert_eq!(f.awaited_by, Some((96, 109, 108)));
         assert_eq!(running, 872);
-        let (_, running) = parse_asyncio_debug(&sec(1104, 1024)).unwrap();
+        let (_, running, _) = parse_asyncio_debug(&sec(1104, 1024)).unwrap();
         assert_eq!(running, 1032);
         let mut bad = sec(936, 864);
         bad[8..16].copy_from_slice(&4000u64.to_le_bytes());

@@ -2,11 +2,14 @@
 //!
 //! In: `stalls.json` (and, for a lower threshold, the raw records of a
 //! `--save-events` recording, replayed through the engine). Out: the same
-//! files as `record`, optionally for another threshold, and the summary.
+//! files as `record`, optionally for another threshold, and the summary;
+//! with `--serve`/`--open`, those files served to a browser ([`serve`]).
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 use clap::Args;
+
+pub mod serve;
 
 use crate::{
     assemble::stall::TrackerConfig,
@@ -16,7 +19,7 @@ use crate::{
     os::units::parse_duration,
     pipeline::{recording, replay},
     report,
-    report::view::{Native, View},
+    report::view::View,
 };
 
 #[derive(Args, Debug)]
@@ -33,24 +36,22 @@ pub struct ReportArgs {
     /// whose stalls.json holds stalls a higher threshold would drop).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
-    /// Native frames in stalls.folded, stalls.svg, stalls.speedscope.json and stalls.pb.gz:
-    /// `user` folds the interpreter's eval and start-up frames away and
-    /// trims the loop's common root; `all` keeps every frame (stalls.json
-    /// always does).
-    #[arg(long, value_enum, default_value_t = Native::User)]
-    pub native: Native,
+    #[command(flatten)]
+    pub view: super::ViewArgs,
     /// Replaces the recording's `--app-path` prefixes (and the guess, when
     /// it had none).
     #[command(flatten)]
     pub app: AppArgs,
     #[command(flatten)]
     pub summary: SummaryArgs,
+    #[command(flatten)]
+    pub serve: serve::ServeArgs,
     /// A differential flamegraph of two recordings into -o DIR: diff.svg
     /// (AFTER's stacks, red where stall time grew, blue where it shrank),
     /// diff-before.svg (BEFORE's stacks, same colours: what went away) and
     /// diff.folded (`stack before_us after_us`). Weights are scaled to the
     /// same total stall time before colouring.
-    #[arg(long, num_args = 2, value_names = ["BEFORE", "AFTER"], conflicts_with_all = ["input", "threshold"], requires = "output")]
+    #[arg(long, num_args = 2, value_names = ["BEFORE", "AFTER"], conflicts_with_all = ["input", "threshold", "serve", "open"], requires = "output")]
     pub diff: Option<Vec<PathBuf>>,
 }
 
@@ -64,7 +65,7 @@ fn same_dir(a: &Path, b: &Path) -> bool {
 }
 
 pub fn run(a: ReportArgs) -> Result<String> {
-    let view = View { native: a.native };
+    let view = a.view.view();
     if let (Some(d), Some(o)) = (&a.diff, &a.output) {
         return diff(&d[0], &d[1], o, view, &a.app.app_paths);
     }
@@ -149,7 +150,11 @@ pub fn run(a: ReportArgs) -> Result<String> {
         }
     };
     let files = report::write_all_view(&rec, &out, view)?;
-    Ok(report::summary::text(&rec, &files, &a.summary.options()))
+    let summary = report::summary::text(&rec, &files, &a.summary.options());
+    if a.serve.wanted() {
+        return serve::run(&a.serve, &rec, &out, &files, &summary);
+    }
+    Ok(summary)
 }
 
 /// `report --diff BEFORE AFTER -o OUT`: diff.svg, diff-before.svg and

@@ -1,0 +1,190 @@
+//! The OpenTelemetry span active in a `contextvars.Context` of another
+//! process: the trace id and span id the service's own SDK reports for the
+//! request a stall served, read without the SDK's help.
+//!
+//! In: a `PyContext*` (an asyncio Task's `task_context`,
+//! [`super::TaskReader`]). Out: a [`SpanRead`]: the span's ids, or that the
+//! context holds no span, or why it could not be read.
+//!
+//! Where the span is (opentelemetry-api 1.x, checked on 1.45):
+//! - the current OTel `Context` is the value of a `ContextVar` named
+//!   `"current_context"` (`opentelemetry/context/contextvars_context.py`);
+//!   a context's variables are a HAMT (`Objects/hamt.c`: bitmap, array
+//!   and collision nodes, told apart by their type's `tp_name`), walked
+//!   whole ([`MAX_HAMT_NODES`]): its keys are the variables, compared by
+//!   type (`_contextvars.ContextVar`) and name (`var_name`);
+//! - that `Context` is a `dict`; the active span is under the `str` key
+//!   `"current-span-<uuid4>"` (`create_key("current-span")`,
+//!   `opentelemetry/trace/propagation/__init__.py`);
+//! - a span's `SpanContext` is its `_context` attribute (the SDK's `_Span`
+//!   and the API's `NonRecordingSpan` both keep it there), a `tuple`
+//!   subclass whose first two items are `trace_id` and `span_id` (`int`s).
+//!
+//! Layouts (3.10-3.15, x86-64; `ctypes` on pyenv 3.10.13-3.13.0 and Debian
+//! testing's 3.14.8, 3.15.0): `PyContext.ctx_vars` at 24, `PyHamtObject.h_root`
+//! at 16; a bitmap node's `ob_size` counts the words of its array at 32 (a
+//! key and a value each; a NULL key: the value is a sub-node), a
+//! collision node's too; an array node holds 32 sub-nodes at 16;
+//! `PyContextVar.var_name` at 16. A trace id of zero is OpenTelemetry's
+//! invalid span (no span): [`SpanRead::NoSpan`].
+
+use super::PythonError;
+use super::objects::{Objects, TPFLAGS_DICT_SUBCLASS};
+use crate::os::memory::{ReadMemory, le_u64};
+
+/// HAMT nodes visited in one context (a context holds a handful of
+/// variables; a node holds up to 32 entries).
+pub const MAX_HAMT_NODES: usize = 256;
+/// A HAMT is at most this deep (7 levels of 5 hash bits, and collisions).
+const MAX_HAMT_DEPTH: usize = 8;
+
+const CONTEXT_CTX_VARS: u64 = 24;
+const HAMT_ROOT: u64 = 16;
+const NODE_OB_SIZE: u64 = 16;
+const NODE_ITEMS: u64 = 32;
+const ARRAY_NODE_ITEMS: u64 = 16;
+const ARRAY_NODE_SLOTS: usize = 32;
+const CONTEXTVAR_NAME: u64 = 16;
+
+/// The `ContextVar` OpenTelemetry keeps its current `Context` in.
+const OTEL_VAR: &str = "current_context";
+/// The prefix of the key the active span is under.
+const SPAN_KEY: &str = "current-span-";
+
+/// What one read of a context found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpanRead {
+    /// The active span's ids: 128-bit trace id, 64-bit span id.
+    Span { trace_id: u128, span_id: u64 },
+    /// The context holds no OpenTelemetry span (no SDK, or no span active).
+    NoSpan,
+}
+
+/// Reads spans of one process.
+pub struct SpanReader {
+    obj: Objects,
+}
+
+impl SpanReader {
+    pub(crate) fn new(
+        mem: std::sync::Arc<crate::os::memory::ProcessMemory>,
+        layout: super::Layout,
+    ) -> Self {
+        SpanReader {
+            obj: Objects::new(mem, layout),
+        }
+    }
+
+    /// The span active in context `ctx` (a `PyContext*`; 0: none), or why
+    /// it could not be read.
+    pub fn read(&self, ctx: u64) -> Result<SpanRead, String> {
+        span_in_context(&self.obj, ctx).map_err(|e| e.to_string())
+    }
+}
+
+/// The span active in context `ctx` (a `PyContext*`; 0: none).
+fn span_in_context(objs: &Objects, ctx: u64) -> Result<SpanRead, PythonError> {
+    if ctx == 0 {
+        return Ok(SpanRead::NoSpan);
+    }
+    let vars = objs.mem.read_u64(ctx + CONTEXT_CTX_VARS)?;
+    if vars == 0 || objs.type_name(vars, 8)? != b"hamt" {
+        return Err(objs.bad("context variables (not a hamt)", vars));
+    }
+    let root = objs.mem.read_u64(vars + HAMT_ROOT)?;
+    let Some(otel) = find_var(objs, root)? else {
+        return Ok(SpanRead::NoSpan);
+    };
+    if !objs.has_flag(otel, TPFLAGS_DICT_SUBCLASS)? {
+        return Err(objs.bad("OpenTelemetry context (not a dict)", otel));
+    }
+    let span = objs
+        .dict_items(otel)?
+        .into_iter()
+        .find(|&(k, _)| is_span_key(objs, k).unwrap_or(false))
+        .map(|(_, v)| v);
+    let Some(span) = span else {
+        return Ok(SpanRead::NoSpan);
+    };
+    span_ids(objs, span)
+}
+
+/// The value of the `current_context` variable in the HAMT under `root`.
+fn find_var(objs: &Objects, root: u64) -> Result<Option<u64>, PythonError> {
+    let mut todo = vec![(root, 0usize)];
+    let mut visited = 0;
+    while let Some((node, depth)) = todo.pop() {
+        if node == 0 {
+            continue;
+        }
+        visited += 1;
+        if visited > MAX_HAMT_NODES || depth > MAX_HAMT_DEPTH {
+            crate::os::limits::hit(crate::os::limits::Limit::PythonListTooLong);
+            return Err(objs.bad("context variables (HAMT too large)", root));
+        }
+        let kind = objs.type_name(node, 24)?;
+        if kind == b"hamt_array_node" {
+            let raw = objs
+                .mem
+                .read_bytes(node + ARRAY_NODE_ITEMS, 8 * ARRAY_NODE_SLOTS)?;
+            for i in 0..ARRAY_NODE_SLOTS {
+                todo.push((le_u64(&raw, 8 * i), depth + 1));
+            }
+            continue;
+        }
+        let bitmap = kind == b"hamt_bitmap_node";
+        if !bitmap && kind != b"hamt_collision_node" {
+            return Err(objs.bad("context variables (unknown HAMT node)", node));
+        }
+        let words = objs.mem.read_u64(node + NODE_OB_SIZE)?;
+        if words > 2 * ARRAY_NODE_SLOTS as u64 || words % 2 != 0 {
+            return Err(objs.bad("context variables (HAMT node size)", node));
+        }
+        let raw = objs.mem.read_bytes(node + NODE_ITEMS, 8 * words as usize)?;
+        for pair in raw.chunks_exact(16) {
+            let (key, value) = (le_u64(pair, 0), le_u64(pair, 8));
+            if key == 0 {
+                if bitmap {
+                    todo.push((value, depth + 1));
+                }
+                continue;
+            }
+            if is_otel_var(objs, key)? {
+                return Ok((value != 0).then_some(value));
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn is_otel_var(objs: &Objects, key: u64) -> Result<bool, PythonError> {
+    if objs.type_name(key, 32)? != b"_contextvars.ContextVar" {
+        return Ok(false);
+    }
+    let name = objs.mem.read_u64(key + CONTEXTVAR_NAME)?;
+    objs.ascii_eq(name, OTEL_VAR)
+}
+
+fn is_span_key(objs: &Objects, key: u64) -> Result<bool, PythonError> {
+    Ok(objs
+        .str_value(key, 64)?
+        .is_some_and(|k| k.starts_with(SPAN_KEY)))
+}
+
+/// A span's `_context`: `(trace_id, span_id, …)`.
+fn span_ids(objs: &Objects, span: u64) -> Result<SpanRead, PythonError> {
+    let Some(ctx) = objs.attr(span, "_context")? else {
+        return Err(objs.bad("span without _context", span));
+    };
+    let item = |i| {
+        objs.tuple_item(ctx, i)?
+            .ok_or_else(|| objs.bad("SpanContext (too short)", ctx))
+    };
+    let trace_id = objs.int_u128(item(0)?)?;
+    let span_id = u64::try_from(objs.int_u128(item(1)?)?)
+        .map_err(|_| objs.bad("span id (over 64 bits)", ctx))?;
+    if trace_id == 0 || span_id == 0 {
+        return Ok(SpanRead::NoSpan);
+    }
+    Ok(SpanRead::Span { trace_id, span_id })
+}

@@ -1,0 +1,448 @@
+//! Issue 35 ("Who waited"), root integration tests: what each stall held
+//! up. tests/victims/py_timers.py serves 40 streams on a fixed 20 ms chunk
+//! schedule (each chunk a timer of the loop: `asyncio.sleep(due - now)`)
+//! and blocks its loop as planned (time.sleep and CPU burns of 80-300 ms,
+//! one with every stream paused: no timer pending); it logs each chunk's
+//! due time and when its stream resumed, on its own CLOCK_MONOTONIC.
+//!
+//! Plain asyncio (the venv's 3.11, pyenv 3.10, 3.12, 3.13, the container
+//! sandbox's 3.14 and 3.15, attached by pid in its own namespaces): for each
+//! planned block that delayed chunks, the stall over it says how many
+//! timers it delayed (the victim's chunks with a timer due inside the
+//! stall, within 10%) and how late the worst ran (the victim's worst
+//! chunk lateness among them, within 5 ms at the 90th percentile over the
+//! 11 blocks: one whose chunks were also held up after it — the loop
+//! waiting for a CPU or busy right after the stall, no part of the stall,
+//! seen once as 12.5 ms on a machine shared with builds — does not fail
+//! it); the paused block's stall says no timer was due; the summary's
+//! headline p99 is the victim's own p99, defined the same way (nearest
+//! rank, over every chunk with a timer due inside a stall whose loop was
+//! read), within 5 ms.
+//!
+//! uvloop: its loop's queues are not read yet — every block's stall says
+//! "not read for this runtime" (`uvloop.Loop`), and the summary says it
+//! for the process; never a zero.
+//!
+//! Needs root (see tests/common/mod.rs for STALLPROF_SKIP_ROOT_TESTS).
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const THRESHOLD_MS: u64 = 50;
+
+#[test]
+fn held_up_asyncio_venv_3_11() {
+    check_asyncio("held_up_asyncio_venv_3_11", &asgi_python());
+}
+
+#[test]
+fn held_up_asyncio_pyenv_3_10() {
+    check_asyncio("held_up_asyncio_pyenv_3_10", &require_python(3, 10));
+}
+
+#[test]
+fn held_up_asyncio_pyenv_3_12() {
+    check_asyncio("held_up_asyncio_pyenv_3_12", &require_python(3, 12));
+}
+
+#[test]
+fn held_up_asyncio_pyenv_3_13() {
+    check_asyncio("held_up_asyncio_pyenv_3_13", &require_python(3, 13));
+}
+
+/// CPython 3.14 and 3.15 (Debian's, in the container sandbox): the loop
+/// found through the thread state's `asyncio_running_loop`.
+#[test]
+fn held_up_asyncio_container_3_14() {
+    check_asyncio_in_container("held_up_asyncio_container_3_14", "python3.14");
+}
+
+#[test]
+fn held_up_asyncio_container_3_15() {
+    check_asyncio_in_container("held_up_asyncio_container_3_15", "python3.15");
+}
+
+#[test]
+fn held_up_uvloop_is_said_not_read() {
+    let Some(run) = record("held_up_uvloop", &asgi_python(), &["--uvloop"]) else {
+        return;
+    };
+    let mut c = Checks::new(run.context());
+    check_probes(&mut c, &run.rec["probes"]);
+    c.check(run.ready["loop"] == "uvloop", || {
+        format!("the victim ran loop {}, want uvloop", run.ready["loop"])
+    });
+    let blocks = run.blocks();
+    for b in &blocks {
+        let Some(s) = run.stall_over(&mut c, b) else {
+            continue;
+        };
+        let h = &s["held_up"]["not_read"];
+        c.check(
+            h["reason"] == "runtime" && h["detail"] == "uvloop.Loop",
+            || {
+                format!(
+                    "{}: held_up {}, want not read for runtime uvloop.Loop",
+                    who(b),
+                    s["held_up"]
+                )
+            },
+        );
+    }
+    let pid = run.ready["pid"].as_u64().unwrap();
+    let line = "held up: not read for this runtime for ";
+    c.check(
+        run.summary.lines().any(|l| {
+            l.contains(line) && l.contains(&format!("of pid {pid} (uvloop.Loop)"))
+        }),
+        || format!("the summary does not say the uvloop stalls were not read ({line}… of pid {pid} (uvloop.Loop))"),
+    );
+    c.check(!run.summary.contains("timers ran up to"), || {
+        "the summary gives a timer lateness for a loop it did not read".into()
+    });
+    c.finish();
+}
+
+fn check_asyncio(test: &str, python: &Path) {
+    let Some(run) = record(test, python, &[]) else {
+        return;
+    };
+    check_asyncio_run(test, run);
+}
+
+fn check_asyncio_in_container(test: &str, python: &str) {
+    let Some(run) = record_in_container(test, python) else {
+        return;
+    };
+    check_asyncio_run(test, run);
+}
+
+fn check_asyncio_run(test: &str, run: Run) {
+    let mut c = Checks::new(run.context());
+    check_probes(&mut c, &run.rec["probes"]);
+    c.check(run.ready["loop"] == "asyncio", || {
+        format!("the victim ran loop {}, want asyncio", run.ready["loop"])
+    });
+    let chunks = run.timer_chunks();
+    let blocks = run.blocks();
+    c.check(blocks.len() == 12, || {
+        format!("the victim logged {} blocks, want 12", blocks.len())
+    });
+    let mut worst_diffs: Vec<u64> = Vec::new();
+    let mut table = String::new();
+    for b in &blocks {
+        let Some(s) = run.stall_over(&mut c, b) else {
+            continue;
+        };
+        let (start, end) = (num(s, "start_ns"), num(s, "end_ns"));
+        let Some(read) = s["held_up"].get("read") else {
+            c.fail(format!(
+                "{}: held_up {}, want it read",
+                who(b),
+                s["held_up"]
+            ));
+            continue;
+        };
+        let sp: Vec<u64> = read["timers_late_ns"]
+            .as_array()
+            .map(|a| a.iter().map(|v| v.as_u64().unwrap()).collect())
+            .unwrap_or_default();
+        // The victim's chunks whose timer came due inside the stall.
+        let mut late: Vec<u64> = chunks
+            .iter()
+            .filter(|&&(due, _)| due >= start && due <= end)
+            .map(|&(due, at)| at.saturating_sub(due))
+            .collect();
+        late.sort_unstable();
+        table += &format!(
+            "  {:5} {:>4} ms  stall {:7.1} ms: stallprof {:3} timers, worst {:7.1} ms | victim {:3} chunks, worst {:7.1} ms\n",
+            b["how"].as_str().unwrap_or("?"),
+            b["planned_ms"],
+            ms(end - start),
+            sp.len(),
+            ms(sp.first().copied().unwrap_or(0)),
+            late.len(),
+            ms(late.last().copied().unwrap_or(0)),
+        );
+        if b["how"] == "idle" {
+            c.check(sp.is_empty() && late.is_empty(), || {
+                format!(
+                    "{}: every stream was paused, want no timer due: stallprof {} timers, the victim {} chunks",
+                    who(b),
+                    sp.len(),
+                    late.len()
+                )
+            });
+            continue;
+        }
+        c.check(!late.is_empty(), || {
+            format!(
+                "{}: no chunk of the victim was due inside the stall",
+                who(b)
+            )
+        });
+        let (n_sp, n_v) = (sp.len() as f64, late.len() as f64);
+        c.check((n_sp - n_v).abs() <= 0.1 * n_v, || {
+            format!(
+                "{}: stallprof counts {} delayed timers, the victim {} chunks due inside the stall (want within 10%)",
+                who(b),
+                sp.len(),
+                late.len()
+            )
+        });
+        if let (Some(&w_sp), Some(&w_v)) = (sp.first(), late.last()) {
+            worst_diffs.push(w_sp.abs_diff(w_v));
+        }
+    }
+    worst_diffs.sort_unstable();
+    let p90 = nearest_rank(&worst_diffs, 0.90);
+    c.check(!worst_diffs.is_empty() && p90 <= 5 * MS, || {
+        format!(
+            "stallprof's worst timer lateness differs from the victim's by {:.1} ms at the 90th percentile \
+             over {} stalls (want at most 5 ms): {:?} ms",
+            ms(p90),
+            worst_diffs.len(),
+            worst_diffs.iter().map(|&d| ms(d)).collect::<Vec<_>>()
+        )
+    });
+    // The headline: p99 over every delayed timer of the stalls read, the
+    // victim's the same way over its chunks.
+    let mut all_late: Vec<u64> = Vec::new();
+    for s in run.stalls() {
+        if s["held_up"].get("read").is_none() {
+            continue;
+        }
+        let (start, end) = (num(s, "start_ns"), num(s, "end_ns"));
+        all_late.extend(
+            chunks
+                .iter()
+                .filter(|&&(due, _)| due >= start && due <= end)
+                .map(|&(due, at)| at.saturating_sub(due)),
+        );
+    }
+    all_late.sort_unstable();
+    let victim_p99 = nearest_rank(&all_late, 0.99);
+    match headline_p99(&run.summary) {
+        Some(p99) => c.check(p99.abs_diff(victim_p99) <= 5 * MS, || {
+            format!(
+                "the summary's p99 timer lateness is {:.1} ms, the victim's p99 chunk lateness {:.1} ms \
+                 (over {} chunks; want within 5 ms)",
+                ms(p99),
+                ms(victim_p99),
+                all_late.len()
+            )
+        }),
+        None => c.fail("the summary has no \"timers ran up to … (p99 over the recording …)\" headline".into()),
+    }
+    eprintln!(
+        "{test}: victim p99 {:.1} ms over {} chunks; per block:\n{table}",
+        ms(victim_p99),
+        all_late.len()
+    );
+    c.add_context(&table);
+    c.finish();
+}
+
+struct Run {
+    _dir: Scratch,
+    log: Vec<Value>,
+    ready: Value,
+    rec: Value,
+    summary: String,
+}
+
+impl Run {
+    fn context(&self) -> String {
+        format!("summary:\n{}", self.summary)
+    }
+
+    fn blocks(&self) -> Vec<&Value> {
+        self.log.iter().filter(|r| r["kind"] == "block").collect()
+    }
+
+    fn stalls(&self) -> &Vec<Value> {
+        self.rec["stalls"].as_array().expect("stalls")
+    }
+
+    /// (due, resumed) of every chunk that waited on a timer.
+    fn timer_chunks(&self) -> Vec<(u64, u64)> {
+        self.log
+            .iter()
+            .filter(|r| r["kind"] == "chunk" && r["timer"] == true)
+            .map(|r| (num(r, "due_ns"), num(r, "at_ns")))
+            .collect()
+    }
+
+    /// The one stall of the loop thread covering block `b` (the victim
+    /// logs its tid as its PID namespace has it: a stall's `ns_tid` when
+    /// it has one).
+    fn stall_over(&self, c: &mut Checks, b: &Value) -> Option<&Value> {
+        let (t0, t1) = (num(b, "start_ns"), num(b, "end_ns"));
+        let tid = self.ready["tid"].as_u64().unwrap();
+        let over: Vec<&Value> = self
+            .stalls()
+            .iter()
+            .filter(|s| s.get("ns_tid").unwrap_or(&s["tid"]).as_u64() == Some(tid))
+            .filter(|s| num(s, "start_ns") <= t0 && num(s, "end_ns") >= t1)
+            .collect();
+        if over.len() != 1 {
+            c.fail(format!(
+                "{}: {} stalls cover it, want one",
+                who(b),
+                over.len()
+            ));
+            return None;
+        }
+        Some(over[0])
+    }
+}
+
+fn record(test: &str, python: &Path, args: &[&str]) -> Option<Run> {
+    if !require_root_and_bpf(test) {
+        return None;
+    }
+    let _serial = serial();
+    let dir = Scratch::new(test);
+    let out = dir.join("out");
+    let log_path = dir.join("victim.jsonl");
+    let mut argv: Vec<std::ffi::OsString> = vec![
+        "record".into(),
+        "--threshold".into(),
+        format!("{THRESHOLD_MS}ms").into(),
+        "-o".into(),
+        out.clone().into(),
+        "--".into(),
+        python.into(),
+        victims_dir().join("py_timers.py").into(),
+        log_path.clone().into(),
+    ];
+    argv.extend(args.iter().map(Into::into));
+    let run = run_stallprof(&argv, Duration::from_secs(90));
+    assert!(
+        run.status.success(),
+        "stallprof record -- {} py_timers.py failed:\n{}",
+        python.display(),
+        run.describe()
+    );
+    let log = read_log(&log_path);
+    assert!(
+        log.iter().any(|r| r["kind"] == "done"),
+        "the victim did not finish; log:\n{}",
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
+    let ready = log
+        .iter()
+        .find(|r| r["kind"] == "ready")
+        .expect("no ready record")
+        .clone();
+    let rec = read_stalls_json(&out.join("stalls.json"));
+    Some(Run {
+        _dir: dir,
+        log,
+        ready,
+        rec,
+        summary: run.stdout,
+    })
+}
+
+/// [`record`] of the victim in the container sandbox (its own PID and
+/// mount namespaces, Debian testing's `python`), attached by host pid.
+fn record_in_container(test: &str, python: &str) -> Option<Run> {
+    if !require_root_and_bpf(test) {
+        return None;
+    }
+    let _serial = serial();
+    let dir = Scratch::new(test);
+    let out = dir.join("out");
+    let mut victim = ContainerVictim::spawn_python(test, python, "py_timers.py", &[]);
+    let mut prof = Profiler::spawn(&[
+        "record".to_string(),
+        "--pid".into(),
+        victim.host_pid.to_string(),
+        "--threshold".into(),
+        format!("{THRESHOLD_MS}ms"),
+        "-o".into(),
+        out.display().to_string(),
+    ]);
+    wait_for_attach(&mut prof, Duration::from_secs(30));
+    victim.go();
+    let run = prof.wait(Duration::from_secs(90));
+    victim.wait(Duration::from_secs(10));
+    assert!(
+        run.status.success(),
+        "stallprof record --pid (the sandbox's {python} py_timers.py) failed:\n{}",
+        run.describe()
+    );
+    let log = read_log(&victim.log);
+    assert!(
+        log.iter().any(|r| r["kind"] == "done"),
+        "the victim did not finish; log:\n{}",
+        std::fs::read_to_string(&victim.log).unwrap_or_default()
+    );
+    let ready = log
+        .iter()
+        .find(|r| r["kind"] == "ready")
+        .expect("no ready record")
+        .clone();
+    let rec = read_stalls_json(&out.join("stalls.json"));
+    Some(Run {
+        _dir: dir,
+        log,
+        ready,
+        rec,
+        summary: run.stdout,
+    })
+}
+
+fn num(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+fn who(b: &Value) -> String {
+    format!(
+        "block {} of {} ms [{} .. {}]",
+        b["how"], b["planned_ms"], b["start_ns"], b["end_ns"]
+    )
+}
+
+/// The nearest-rank percentile `q` of `sorted` (0 when empty): the one
+/// definition stallprof's headline uses (docs/format.md).
+fn nearest_rank(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// The p99 of the summary's headline `timers ran up to X late (p99 over
+/// the recording Y)`, in ns.
+fn headline_p99(summary: &str) -> Option<u64> {
+    let line = summary.lines().find(|l| l.contains("timers ran up to"))?;
+    let rest = line.split("(p99 over the recording ").nth(1)?;
+    parse_duration(rest.split(')').next()?)
+}
+
+/// `299.3ms`, `1.20s`, `850us` as the summary writes durations (fmt_ns).
+fn parse_duration(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, unit) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1e6)
+    } else if let Some(n) = s.strip_suffix("us") {
+        (n, 1e3)
+    } else if let Some(n) = s.strip_suffix("ns") {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1e9)
+    } else {
+        return None;
+    };
+    Some((num.trim().parse::<f64>().ok()? * unit).round() as u64)
+}
