@@ -112,14 +112,6 @@ fn family<'a>(fams: &'a [Value], name: &str) -> Option<&'a Value> {
 // ---------------------------------------------------------------------------
 // HTTP (loopback only) and the daemon process
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// GET over loopback: (status, body).
 fn http_get(port: u16, path: &str, timeout: Duration) -> std::io::Result<(u16, Vec<u8>)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
@@ -2508,24 +2500,10 @@ fn daemon_exports_stalls_over_otlp() {
         return;
     };
     let (dir, port) = (&case.dir, case.port);
-    let tap_port = free_port();
-    let received = dir.join("oteltap.ndjson");
-    let mut tap = Command::new(asgi_python())
-        .args(["-m", "oteltap", "--port", &tap_port.to_string()])
-        .stdout(std::fs::File::create(&received).unwrap())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("starting oteltap (cargo xtask setup --tests installs it)");
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", tap_port)).is_err() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "oteltap did not listen"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let tap = Oteltap::start(&dir.path);
     let cfg = case.config(&format!(
-        "window = \"1h\"\n[otlp]\nendpoint = \"http://127.0.0.1:{tap_port}\"\n"
+        "window = \"1h\"\n[otlp]\nendpoint = \"{}\"\n",
+        tap.endpoint()
     ));
     let mut d = start_daemon(&cfg, port);
     let (log, start) = (dir.join("p.log"), dir.join("p.start"));
@@ -2553,15 +2531,7 @@ fn daemon_exports_stalls_over_otlp() {
         Duration::from_secs(15),
         |f| exported(f) >= truth.len() as f64,
     );
-    std::thread::sleep(Duration::from_millis(300));
-    let _ = tap.kill();
-    let _ = tap.wait();
-    let spans: Vec<Value> = std::fs::read_to_string(&received)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .filter(|v: &Value| v["name"] == "event loop stall")
-        .collect();
+    let spans = tap.stop_stall_spans(Duration::from_millis(300));
     let mut c = Checks::new(format!(
         "Python victim:\n{}\nreceived {} spans",
         truth_table(&truth),

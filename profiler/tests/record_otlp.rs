@@ -21,7 +21,7 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -29,29 +29,8 @@ use common::*;
 const THRESHOLD: &str = "20ms";
 const THRESHOLD_NS: u64 = 20 * MS;
 
-/// A loopback port nobody listens on now.
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
 fn venv_bin(python: &Path) -> PathBuf {
     python.parent().unwrap().to_path_buf()
-}
-
-/// Wait until something listens on `port` (the receiver is up).
-fn wait_listening(port: u16, child: &mut Child, what: &str) {
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(20) {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        if let Ok(Some(st)) = child.try_wait() {
-            panic!("{what} exited ({st}) before listening on 127.0.0.1:{port}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("{what} did not listen on 127.0.0.1:{port} within 20 s");
 }
 
 /// The victim's calls: (trace_id, span_id) of each, in log order.
@@ -101,18 +80,10 @@ fn otlp_http_spans_reach_the_collector_linked_to_the_requests() {
     let python = asgi_python();
     let _serial = serial();
     let dir = Scratch::new(test);
-    let port = free_port();
-    let received = dir.join("oteltap.ndjson");
-    let mut tap = Command::new(&python)
-        .args(["-m", "oteltap", "--port", &port.to_string()])
-        .stdout(std::fs::File::create(&received).unwrap())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting oteltap (cargo xtask setup --tests installs it)");
-    wait_listening(port, &mut tap, "oteltap");
+    let tap = Oteltap::start(&dir.path);
     let log = dir.join("victim.jsonl");
     let out = dir.join("out");
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let endpoint = tap.endpoint();
     let cmd = victim_cmd(&python, &log, "3");
     let argv: Vec<&std::ffi::OsStr> = cmd.iter().map(|a| a.as_os_str()).collect();
     let run = record_ok(
@@ -123,18 +94,9 @@ fn otlp_http_spans_reach_the_collector_linked_to_the_requests() {
         &argv,
         Duration::from_secs(120),
     );
-    // oteltap prints as it receives: give it a moment, then stop it.
-    std::thread::sleep(Duration::from_millis(500));
-    let _ = tap.kill();
-    let _ = tap.wait();
+    let spans = tap.stop_stall_spans(Duration::from_millis(500));
     let contract = load_recording(&out);
     let raw = read_stalls_json(&out.join("stalls.json"));
-    let spans: Vec<serde_json::Value> = std::fs::read_to_string(&received)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .filter(|v: &serde_json::Value| v["name"] == "event loop stall")
-        .collect();
     let mut c = Checks::new(format!(
         "{}\nsummary:\n{}\nreceived {} spans",
         stalls_table(&contract),

@@ -432,8 +432,8 @@ pub struct NotRead {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NotReadReason {
-    /// Not read for this runtime (uvloop, Node/libuv, tokio, C, a Python
-    /// loop that is not asyncio's).
+    /// Not read for this runtime (Node/libuv, tokio, C, a Python loop that
+    /// is neither asyncio's nor uvloop's).
     Runtime,
     /// The read finished after the stall had ended: the loop had run the
     /// due timers by then.
@@ -489,11 +489,6 @@ pub struct Task {
     /// Why the task's OpenTelemetry context could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_unreadable: Option<String>,
-    /// While recording only: the task was in a span, but the thread had
-    /// moved on from the captured stack when it was read, so the span may
-    /// not be the stall's (a later read of the stall may verify one).
-    #[serde(skip)]
-    pub trace_pending: bool,
 }
 
 /// A span's ids in W3C trace-context form: 32 and 16 lowercase hex digits

@@ -626,9 +626,6 @@ impl Engine {
             debug!("pid {tgid}: OpenTelemetry span unreadable: {why}");
             self.counters.add(Counter::OtelSpanUnreadable, 1);
         }
-        if stall.task.as_ref().is_some_and(|t| t.trace_pending) {
-            self.counters.add(Counter::OtelSpanUnverified, 1);
-        }
         info!(
             "stall on {} ({}) of {}: {}",
             stall.tid,

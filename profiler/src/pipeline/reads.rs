@@ -20,9 +20,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use crate::model::{Delayed, HeldUp, NotRead, NotReadReason, Route, RuntimeProblem, Task};
+use crate::model::{Delayed, HeldUp, NotRead, NotReadReason, Route, RuntimeProblem};
 use crate::pipeline::counters::Counter;
-use crate::symbolize::python::{Captured, Queues, QueuesMiss, RouteRead, TaskRead};
+use crate::symbolize::python::{Captured, Queues, QueuesMiss, RouteRead, TaskFound, TaskRead};
 
 /// A busy period: (tid, start).
 pub type Period = (u32, u64);
@@ -45,7 +45,7 @@ pub const TASK: Schedule = Schedule {
 };
 
 /// A read task's span: read again at each further stack event, up to this
-/// many times, while not verified ([`Task::trace_pending`]: a drain's
+/// many times, while not verified ([`TaskFound::span_unverified`]: a drain's
 /// events come in a batch, read at one instant, and only the latest
 /// capture may still match the thread's frames) and after (the span of a
 /// later capture wins: the stall's blocking call may run in a child span
@@ -201,8 +201,8 @@ impl QueuesRead {
 /// Every kind of one period.
 #[derive(Default)]
 struct Reads {
-    task: Option<Slot<Task, TaskMiss>>,
-    /// Reads made for a read task's pending span ([`Task::trace_pending`]).
+    task: Option<Slot<TaskFound, TaskMiss>>,
+    /// Reads made for a read task's span ([`TRACE_TRIES`]).
     trace_reads: u32,
     route: Option<Slot<Route, RouteRead>>,
     queues: Option<QueuesRead>,
@@ -298,7 +298,7 @@ impl BusyReads {
         // A task read whose span was not verified: read again at the next
         // stack events, up to the task's tries.
         if let (Some(Slot::Read(t)), Some(r)) = (slot, reads)
-            && (t.trace_pending || t.trace.is_some())
+            && (t.span_unverified || t.task.trace.is_some())
             && r.trace_reads < TRACE_TRIES
         {
             return Want::Now;
@@ -386,7 +386,7 @@ impl BusyReads {
     pub fn task_read(
         &mut self,
         key: Period,
-        read: Result<Task, TaskRead>,
+        read: Result<TaskFound, TaskRead>,
         now: Instant,
         open: impl FnOnce() -> HashSet<Period>,
     ) {
@@ -397,12 +397,12 @@ impl BusyReads {
             // capture of the stall (a handler's `with` may have opened a
             // child span around its blocking call since).
             if let Ok(t) = read
-                && t.name == old.name
-                && (t.trace.is_some() || (old.trace_pending && !t.trace_pending))
+                && t.task.name == old.task.name
+                && (t.task.trace.is_some() || (old.span_unverified && !t.span_unverified))
             {
-                old.trace = t.trace;
-                old.trace_unreadable = t.trace_unreadable;
-                old.trace_pending = false;
+                old.task.trace = t.task.trace;
+                old.task.trace_unreadable = t.task.trace_unreadable;
+                old.span_unverified = false;
             }
             let reads = self.make_room(key, open);
             reads.trace_reads += 1;
@@ -493,7 +493,7 @@ impl BusyReads {
     }
 
     /// The task of the finished stall `key`, or why it has none.
-    pub fn finish_task(&mut self, key: Period) -> Result<Task, TaskMiss> {
+    pub fn finish_task(&mut self, key: Period) -> Result<TaskFound, TaskMiss> {
         match self.periods.get_mut(&key).and_then(|r| r.task.take()) {
             Some(Slot::Read(t)) => Ok(t),
             Some(Slot::Tried { last, .. }) => Err(last),

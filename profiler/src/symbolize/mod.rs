@@ -498,7 +498,7 @@ impl RuntimeReader {
         tid: u32,
         stack: &[(u64, u64)],
         captured: &python::Captured,
-    ) -> Result<crate::model::Task, python::TaskRead> {
+    ) -> Result<python::TaskFound, python::TaskRead> {
         let resolver = self
             .python
             .entry(pid)

@@ -12,7 +12,7 @@ use crate::{
     model::{Frame, Route, SpanIds, Task},
     symbolize::python::{
         Captured, CodeResolver, Interpreter, PyFrameInfo, QueueReader, Queues, QueuesMiss,
-        RouteRead, RouteReader, SpanRead, SpanReader, TaskRead, TaskReader,
+        RouteRead, RouteReader, SpanRead, SpanReader, TaskFound, TaskRead, TaskReader,
     },
 };
 use profiler_common::python::TaskLayout;
@@ -185,7 +185,7 @@ impl PyResolver {
         tid: u32,
         stack: &[(u64, u64)],
         captured: &Captured,
-    ) -> Result<Task, TaskRead> {
+    ) -> Result<TaskFound, TaskRead> {
         let tstate = if self.interp.version().1 >= 14 {
             self.tstate_of(tid)
         } else {
@@ -210,7 +210,7 @@ impl PyResolver {
                 let still = self
                     .tstate_of(tid)
                     .is_some_and(|ts| self.routes.runs_captured(ts, &outer).unwrap_or(false));
-                let (trace, trace_unreadable, trace_pending) = match self.spans.read(context) {
+                let (trace, trace_unreadable, span_unverified) = match self.spans.read(context) {
                     Ok(SpanRead::Span { trace_id, span_id }) if still => {
                         (Some(SpanIds::new(trace_id, span_id)), None, false)
                     }
@@ -218,13 +218,15 @@ impl PyResolver {
                     Ok(SpanRead::NoSpan) => (None, None, false),
                     Err(why) => (None, Some(why), false),
                 };
-                Ok(Task {
-                    name,
-                    coro: self.resolve(coro_code, coro_instr).map(|i| i.qualname),
-                    awaited_by,
-                    trace,
-                    trace_unreadable,
-                    trace_pending,
+                Ok(TaskFound {
+                    task: Task {
+                        name,
+                        coro: self.resolve(coro_code, coro_instr).map(|i| i.qualname),
+                        awaited_by,
+                        trace,
+                        trace_unreadable,
+                    },
+                    span_unverified,
                 })
             }
             other => Err(other),

@@ -2077,3 +2077,73 @@ impl HandlerApp<'_> {
         }
     }
 }
+
+/// A loopback port nobody listens on now.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Waits until something listens on 127.0.0.1:`port`; panics naming
+/// `what` when `child` exits first or nothing listens within 20 s.
+pub fn wait_listening(port: u16, child: &mut Child, what: &str) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("{what} exited ({st}) before listening on 127.0.0.1:{port}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what} did not listen on 127.0.0.1:{port} within 20 s");
+}
+
+/// oteltap (PyPI, pinned in target/asgi-venv by `cargo xtask setup
+/// --tests`): an OTLP http/protobuf receiver that prints each span it
+/// receives as a JSON line, here into a file of the test's scratch dir.
+pub struct Oteltap {
+    child: Child,
+    pub port: u16,
+    received: PathBuf,
+}
+
+impl Oteltap {
+    /// Started on a free port, listening when this returns.
+    pub fn start(dir: &Path) -> Oteltap {
+        let port = free_port();
+        let received = dir.join("oteltap.ndjson");
+        let mut child = Command::new(asgi_python())
+            .args(["-m", "oteltap", "--port", &port.to_string()])
+            .stdout(std::fs::File::create(&received).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting oteltap (cargo xtask setup --tests installs it)");
+        wait_listening(port, &mut child, "oteltap");
+        Oteltap {
+            child,
+            port,
+            received,
+        }
+    }
+
+    /// What `--otlp-endpoint` (or daemon.toml's `[otlp] endpoint`) names.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops it, `settle` after the last send (it prints as it receives),
+    /// and returns the stall spans it printed.
+    pub fn stop_stall_spans(mut self, settle: Duration) -> Vec<serde_json::Value> {
+        std::thread::sleep(settle);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::fs::read_to_string(&self.received)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter(|v: &serde_json::Value| v["name"] == "event loop stall")
+            .collect()
+    }
+}

@@ -156,7 +156,7 @@ impl Metrics {
         r.register(
             "stallprof_held_up_not_read",
             "Stalls whose loop queues (timers, callbacks held up) were not read, by reason: \
-             runtime (uvloop, Node/libuv, tokio, C: not read for this runtime), after_end, no_read, \
+             runtime (Node/libuv, tokio, C: not read for this runtime), after_end, no_read, \
              unreadable",
             held_up_not_read.clone(),
         );

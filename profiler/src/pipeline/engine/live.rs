@@ -183,7 +183,12 @@ impl Engine {
     /// it has no task.
     pub(super) fn stall_reads(&mut self, tgid: u32, key: Period, end_ns: u64) -> StallReads {
         let saved_key = format!("{}:{}", key.0, key.1);
-        let task = self.kept.reads.finish_task(key);
+        let task = self.kept.reads.finish_task(key).map(|found| {
+            if found.span_unverified {
+                self.counters.add(Counter::OtelSpanUnverified, 1);
+            }
+            found.task
+        });
         let queues = self.kept.reads.finish_queues(tgid, key, end_ns);
         match &mut self.symbols {
             Symbols::Saved(table) => StallReads {

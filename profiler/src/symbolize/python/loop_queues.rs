@@ -38,7 +38,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::PythonError;
-use super::objects::{Objects, TYPE_TP_FLAGS, TYPE_TP_NAME};
+use super::objects::{
+    Objects, TYPE_TP_BASE, TYPE_TP_BASICSIZE, TYPE_TP_DICT, TYPE_TP_FLAGS, TYPE_TP_WEAKLISTOFFSET,
+};
 use super::offsets::{Layout, OB_TYPE, VAR_OB_SIZE};
 use crate::os::memory::{ProcessMemory, ReadMemory, le_u64};
 
@@ -48,10 +50,8 @@ pub const MAX_HANDLES: usize = 4096;
 pub const MAX_MEMBERS: u64 = 64;
 /// Types followed up `tp_base` for a handle's members.
 pub const MAX_BASES: usize = 8;
-/// `PyTypeObject.tp_members`, `.tp_base`, `.tp_dict` (3.10-3.15).
+/// `PyTypeObject.tp_members` (3.10-3.15).
 const TYPE_TP_MEMBERS: u64 = 240;
-const TYPE_TP_BASE: u64 = 256;
-const TYPE_TP_DICT: u64 = 264;
 const TPFLAGS_HEAPTYPE: u64 = 1 << 9;
 /// `PyMemberDef`: `name`, `type` (int), `offset` (Py_ssize_t), `flags`, `doc`.
 const MEMBER_DEF_SIZE: u64 = 40;
@@ -62,6 +62,8 @@ const DEQUE_HEADER: usize = 56;
 /// `BLOCKLEN`: item pointers per deque block, after its `leftlink`; the
 /// `rightlink` follows them.
 pub const DEQUE_BLOCK_LEN: u64 = 64;
+/// Bytes of a uvloop `Loop` before its `__weakref__` looked at, at most.
+const UVLOOP_MAX_FIELDS: u64 = 1024;
 /// `PyFloatObject.ob_fval`.
 const FLOAT_OB_FVAL: u64 = 16;
 /// A `bool`'s first word after the header: 3.10/3.11 `ob_size` (1 for
@@ -104,6 +106,17 @@ enum HandleKind {
     Other,
 }
 
+/// Where a uvloop `Loop` type keeps what is read (offsets in the object).
+#[derive(Clone, Debug)]
+struct UvLoopFields {
+    /// `_ready`, the deque of handles `call_soon` queued.
+    ready: u64,
+    /// Every `set` field; `_timers` is the one that holds `TimerHandle`s.
+    sets: Vec<u64>,
+    /// `_timers`, once a set was seen holding a `TimerHandle`.
+    timers: Option<u64>,
+}
+
 /// Reads the queues of one process's asyncio loops (keep it: it caches
 /// the handle types and each thread's loop).
 pub struct QueueReader {
@@ -113,7 +126,28 @@ pub struct QueueReader {
     types: HashMap<u64, HandleKind>,
     /// bool object -> its truth.
     bools: HashMap<u64, bool>,
+    /// uvloop `Loop` type -> its fields.
+    uv_loops: HashMap<u64, UvLoopFields>,
+    /// uvloop `TimerHandle` type -> the offset of its `_when`.
+    uv_timers: HashMap<u64, u64>,
+    /// Type -> its `tp_name` (the types met in a uvloop loop's fields and
+    /// sets; at most [`MAX_TYPE_NAMES`]).
+    names: HashMap<u64, String>,
 }
+
+/// What an entry of a uvloop loop's set is.
+enum SetItem {
+    Timer(u64),
+    Deleted,
+    Other,
+}
+
+/// The type of the key a `set` leaves where an entry was deleted
+/// (`Objects/setobject.c`'s `_PySetDummy_Type`, 3.10-3.15).
+const SET_DUMMY_TYPE: &str = "<dummy key> type";
+
+/// Types whose names are kept.
+const MAX_TYPE_NAMES: usize = 256;
 
 impl QueueReader {
     pub(crate) fn new(mem: Arc<ProcessMemory>, layout: Layout) -> Self {
@@ -122,6 +156,9 @@ impl QueueReader {
             loops: HashMap::new(),
             types: HashMap::new(),
             bools: HashMap::new(),
+            uv_loops: HashMap::new(),
+            uv_timers: HashMap::new(),
+            names: HashMap::new(),
         }
     }
 
@@ -172,7 +209,7 @@ impl QueueReader {
         let unreadable = |e: PythonError| QueuesMiss::Unreadable(e.to_string());
         let ty = self.class_name(lp).map_err(unreadable)?;
         if ty.starts_with("uvloop.") {
-            return Err(QueuesMiss::Unsupported(ty));
+            return self.read_uvloop(lp, &ty, thread_id);
         }
         if let Some(want) = thread_id {
             let runs_on = match self.obj.attr(lp, "_thread_id").map_err(unreadable)? {
@@ -212,6 +249,208 @@ impl QueueReader {
         Ok(q)
     }
 
+    /// A uvloop `Loop` (a Cython class: its fields are C struct members,
+    /// not attributes). uvloop declares `_thread_id`, `_ready` (a deque)
+    /// and `_timers` (the `set` of live `TimerHandle`s: `call_later` adds
+    /// one, its run or cancel removes it) before the loop's `__weakref__`,
+    /// so the words before `tp_weaklistoffset` are looked at (never the
+    /// receive buffer after it, which holds peers' bytes): the loop
+    /// runs on this thread when one of them is its `pthread_t`; the one
+    /// deque among them is `_ready`; the set holding a `TimerHandle` is
+    /// `_timers` — when no set holds one, no timer is pending.
+    /// A `TimerHandle`'s `_when` (`loop.time()`: libuv's clock,
+    /// CLOCK_MONOTONIC in whole ms) is its one `float` field.
+    fn read_uvloop(
+        &mut self,
+        lp: u64,
+        class: &str,
+        thread_id: Option<u64>,
+    ) -> Result<Queues, QueuesMiss> {
+        let unreadable = |e: PythonError| QueuesMiss::Unreadable(e.to_string());
+        let ty = self
+            .obj
+            .mem
+            .read_u64(lp + OB_TYPE)
+            .map_err(|e| unreadable(PythonError::from(e)))?;
+        let weak = self
+            .obj
+            .mem
+            .read_u64(ty + TYPE_TP_WEAKLISTOFFSET)
+            .map_err(|e| unreadable(PythonError::from(e)))?;
+        if !(24..=UVLOOP_MAX_FIELDS).contains(&weak) || weak % 8 != 0 {
+            return Err(QueuesMiss::Unsupported(format!(
+                "{class} (no __weakref__ where uvloop 0.17-0.23 has it)"
+            )));
+        }
+        let words = self
+            .obj
+            .mem
+            .read_bytes(lp, weak as usize)
+            .map_err(|e| unreadable(PythonError::from(e)))?;
+        let word = |off: u64| le_u64(&words, off as usize);
+        if let Some(want) = thread_id
+            && !(16..weak).step_by(8).any(|off| word(off) == want)
+        {
+            return Err(QueuesMiss::NoLoop(
+                "the loop running a task step is not this thread's",
+            ));
+        }
+        let fields = match self.uv_loops.get(&ty) {
+            Some(f) => f.clone(),
+            None => {
+                let f = self.uv_loop_fields(&words, class)?;
+                self.uv_loops.insert(ty, f.clone());
+                f
+            }
+        };
+        let mut q = Queues::default();
+        q.ready_handles = self
+            .deque_items(word(fields.ready), &mut q.truncated)
+            .map_err(unreadable)?
+            .len() as u32;
+        let sets = match fields.timers {
+            Some(t) => vec![t],
+            None => fields.sets.clone(),
+        };
+        for off in sets {
+            let items = self
+                .obj
+                .set_items(word(off), MAX_HANDLES, &mut q.truncated)
+                .map_err(unreadable)?;
+            let mut timers = Vec::with_capacity(items.len());
+            for h in items {
+                match self.uv_set_item(h).map_err(unreadable)? {
+                    SetItem::Timer(when) => timers.push(when),
+                    SetItem::Deleted => {}
+                    // Not `_timers` (which holds only `TimerHandle`s).
+                    SetItem::Other => break,
+                }
+            }
+            if !timers.is_empty() {
+                if let Some(f) = self.uv_loops.get_mut(&ty) {
+                    f.timers = Some(off);
+                }
+                q.timers_when_ns = timers;
+                break;
+            }
+        }
+        Ok(q)
+    }
+
+    /// The `_ready` deque and the sets among a uvloop loop's fields.
+    fn uv_loop_fields(&mut self, words: &[u8], class: &str) -> Result<UvLoopFields, QueuesMiss> {
+        let (mut deques, mut sets) = (Vec::new(), Vec::new());
+        for off in (16..words.len() as u64).step_by(8) {
+            let v = le_u64(words, off as usize);
+            // An object is 8-aligned and never in the first pages.
+            if v < 1 << 16 || v % 8 != 0 {
+                continue;
+            }
+            // A word that is not an object's address reads as no type.
+            let Ok(ty) = self.obj.mem.read_u64(v + OB_TYPE) else {
+                continue;
+            };
+            match self.type_name_cached(ty).as_deref() {
+                Some("collections.deque") => deques.push(off),
+                Some("set") => sets.push(off),
+                _ => {}
+            }
+        }
+        match (deques.as_slice(), sets.is_empty()) {
+            ([ready], false) => Ok(UvLoopFields {
+                ready: *ready,
+                sets,
+                timers: None,
+            }),
+            _ => Err(QueuesMiss::Unsupported(format!(
+                "{class} ({} deques and {} sets among its fields, want one deque and a set)",
+                deques.len(),
+                sets.len()
+            ))),
+        }
+    }
+
+    /// An item of a set of a uvloop loop: a `TimerHandle` and its due
+    /// time (CLOCK_MONOTONIC ns), a deleted entry, or another object.
+    fn uv_set_item(&mut self, h: u64) -> Result<SetItem, PythonError> {
+        // The usual case, one `TimerHandle` type known: its type and its
+        // `_when` in one read.
+        if let Some((&ty, &when)) = self.uv_timers.iter().next() {
+            let b = self.obj.mem.read_bytes(h, (when + 8) as usize)?;
+            if le_u64(&b, OB_TYPE as usize) == ty {
+                let f = le_u64(&b, when as usize);
+                return self
+                    .float_secs_ns(f, "TimerHandle._when")
+                    .map(SetItem::Timer);
+            }
+        }
+        let ty = self.obj.mem.read_u64(h + OB_TYPE)?;
+        let when = match self.uv_timers.get(&ty) {
+            Some(&w) => w,
+            None => match self.type_name_cached(ty).as_deref() {
+                Some("uvloop.loop.TimerHandle") => {
+                    let w = self.uv_when_offset(h, ty)?;
+                    self.uv_timers.insert(ty, w);
+                    w
+                }
+                // The set's dummy key, left where an entry was deleted.
+                Some(SET_DUMMY_TYPE) => return Ok(SetItem::Deleted),
+                _ => return Ok(SetItem::Other),
+            },
+        };
+        let f = self.obj.mem.read_u64(h + when)?;
+        self.float_secs_ns(f, "TimerHandle._when")
+            .map(SetItem::Timer)
+    }
+
+    /// Where a `TimerHandle` type keeps `_when`: its one field that is a
+    /// `float`, found on instance `h`.
+    fn uv_when_offset(&mut self, h: u64, ty: u64) -> Result<u64, PythonError> {
+        let size = self.obj.mem.read_u64(ty + TYPE_TP_BASICSIZE)?;
+        if !(24..=512).contains(&size) {
+            return Err(self.obj.bad("TimerHandle type (tp_basicsize)", ty));
+        }
+        let words = self.obj.mem.read_bytes(h, size as usize)?;
+        let mut floats = Vec::new();
+        for off in (16..size).step_by(8) {
+            let v = le_u64(&words, off as usize);
+            if v < 1 << 16 || v % 8 != 0 {
+                continue;
+            }
+            if let Ok(t) = self.obj.mem.read_u64(v + OB_TYPE)
+                && self.type_name_cached(t).as_deref() == Some("float")
+            {
+                floats.push(off);
+            }
+        }
+        match floats.as_slice() {
+            [one] => Ok(*one),
+            _ => Err(self.obj.bad("TimerHandle (not one float field)", h)),
+        }
+    }
+
+    /// Type `ty`'s name, cached; None when it cannot be read.
+    fn type_name_cached(&mut self, ty: u64) -> Option<String> {
+        if let Some(n) = self.names.get(&ty) {
+            return Some(n.clone());
+        }
+        let b = self.obj.type_name_of(ty, 64).ok()?;
+        let n = String::from_utf8_lossy(&b).into_owned();
+        if self.names.len() < MAX_TYPE_NAMES {
+            self.names.insert(ty, n.clone());
+        }
+        Some(n)
+    }
+
+    /// A `float` object holding a CLOCK_MONOTONIC time in seconds, in ns.
+    fn float_secs_ns(&self, f: u64, what: &'static str) -> Result<u64, PythonError> {
+        let secs = f64::from_bits(self.obj.mem.read_u64(f + FLOAT_OB_FVAL)?);
+        if !(secs.is_finite() && secs > 0.0 && secs < 1e10) {
+            return Err(self.obj.bad(what, f));
+        }
+        Ok((secs * 1e9).round() as u64)
+    }
+
     /// A handle: `Some(Some(when))` a live timer, `Some(None)` another
     /// live handle, `None` a cancelled one.
     fn handle(&mut self, h: u64) -> Result<Option<Option<u64>>, PythonError> {
@@ -240,11 +479,8 @@ impl QueueReader {
             return Ok(Some(None));
         };
         let f = le_u64(&b, when as usize);
-        let secs = f64::from_bits(self.obj.mem.read_u64(f + FLOAT_OB_FVAL)?);
-        if !(secs.is_finite() && secs > 0.0 && secs < 1e10) {
-            return Err(self.obj.bad("TimerHandle._when (not a time)", f));
-        }
-        Ok(Some(Some((secs * 1e9).round() as u64)))
+        self.float_secs_ns(f, "TimerHandle._when (not a time)")
+            .map(|w| Some(Some(w)))
     }
 
     /// A `bool`'s truth (cached by object).
@@ -287,7 +523,7 @@ impl QueueReader {
                     if !(16..4096).contains(&off) {
                         continue;
                     }
-                    let n = read_c_str(&self.obj.mem, name, 16)?;
+                    let n = self.obj.c_str(name, 16)?;
                     if n == b"_when" {
                         when = when.or(Some(off));
                     } else if n == b"_cancelled" {
@@ -387,20 +623,10 @@ impl QueueReader {
 
     /// The name of `obj`'s type (`tp_name`, at most 64 bytes).
     fn type_name(&self, obj: u64) -> Result<String, PythonError> {
-        let ty = self.obj.mem.read_u64(obj + OB_TYPE)?;
-        let name = self.obj.mem.read_u64(ty + TYPE_TP_NAME)?;
-        if name == 0 {
-            return Err(self.obj.bad("type without a name", ty));
+        let b = self.obj.type_name(obj, 64)?;
+        if b.is_empty() {
+            return Err(self.obj.bad("type without a name", obj));
         }
-        let b = read_c_str(&self.obj.mem, name, 64)?;
         Ok(String::from_utf8_lossy(&b).into_owned())
     }
-}
-
-/// A C string of at most `cap` bytes (read in one go, up to the end of
-/// its page so a short string at a page's end does not fail).
-fn read_c_str(mem: &ProcessMemory, addr: u64, cap: u64) -> Result<Vec<u8>, PythonError> {
-    let to_page_end = 4096 - (addr % 4096);
-    let b = mem.read_bytes(addr, cap.min(to_page_end) as usize)?;
-    Ok(b.split(|&c| c == 0).next().unwrap_or(&[]).to_vec())
 }

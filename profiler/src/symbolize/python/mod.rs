@@ -45,7 +45,7 @@ pub use loop_queues::{QueueReader, Queues, QueuesMiss};
 pub use offsets::{GilFields, Layout};
 pub use otel::{SpanRead, SpanReader};
 pub use profiler_common::python::{PY_MAX_FRAMES, PyFrame, PyOffsets};
-pub use tasks::{Captured, TaskRead, TaskReader};
+pub use tasks::{Captured, TaskFound, TaskRead, TaskReader};
 
 /// Interpreters per process, and thread states over all of them, followed
 /// before we assume a torn or hostile list: each thread state costs two or

@@ -23,6 +23,7 @@ pub const MAX_DICT_ENTRIES: u64 = 1024;
 pub(super) const TYPE_TP_NAME: u64 = 24;
 pub(super) const TYPE_TP_BASICSIZE: u64 = 32;
 pub(super) const TYPE_TP_FLAGS: u64 = 168;
+pub(super) const TYPE_TP_WEAKLISTOFFSET: u64 = 208;
 pub(super) const TYPE_TP_BASE: u64 = 256;
 pub(super) const TYPE_TP_DICT: u64 = 264;
 pub(super) const TYPE_TP_DICTOFFSET: u64 = 288;
@@ -31,6 +32,9 @@ pub(super) const TYPE_TP_DICTOFFSET: u64 = 288;
 /// (3.10-3.15: `ctypes`, a `__slots__` attribute's descriptor read back).
 const DESCR_D_MEMBER: u64 = 40;
 const MEMBER_DEF_OFFSET: u64 = 16;
+/// `PySetObject.used` (then `mask`, `table`) and a `setentry`'s size.
+const SET_USED: u64 = 24;
+const SET_ENTRY: u64 = 16;
 /// 30-bit digits of an `int` read at most: 128 bits and a spare.
 pub const MAX_INT_DIGITS: u64 = 5;
 /// `PyLongObject`'s size word (`ob_size`; 3.12+ `lv_tag`) and digits.
@@ -120,8 +124,8 @@ impl Objects {
         })
     }
 
-    /// The value of `str` key `want` in a dict (combined or split table).
-    pub(super) fn dict_get(&self, dict: u64, want: &str) -> Result<Option<u64>, PythonError> {
+    /// A dict's keys object and, for a split table, its values array.
+    fn dict_table(&self, dict: u64) -> Result<(u64, Option<u64>), PythonError> {
         let model = self.model()?;
         let h = self.mem.read_bytes(dict + DICT_MA_KEYS, 16)?;
         let (keys, values) = (
@@ -131,8 +135,13 @@ impl Objects {
         if keys == 0 {
             return Err(self.bad("dict without keys", dict));
         }
-        let split = (values != 0).then_some((values + model.values_start, u64::MAX));
-        self.keys_get(keys, split, want)
+        Ok((keys, (values != 0).then_some(values + model.values_start)))
+    }
+
+    /// The value of `str` key `want` in a dict (combined or split table).
+    pub(super) fn dict_get(&self, dict: u64, want: &str) -> Result<Option<u64>, PythonError> {
+        let (keys, values) = self.dict_table(dict)?;
+        self.keys_get(keys, values.map(|v| (v, u64::MAX)), want)
     }
 
     /// Looks `want` up in a keys object: each entry's value, or with
@@ -223,13 +232,7 @@ impl Objects {
 
     /// The object's type is named `name` (`tp_name`, a C string).
     pub(super) fn type_name_is(&self, obj: u64, name: &[u8]) -> Result<bool, PythonError> {
-        let ty = self.mem.read_u64(obj + OB_TYPE)?;
-        let tp_name = self.mem.read_u64(ty + TYPE_TP_NAME)?;
-        if tp_name == 0 {
-            return Ok(false);
-        }
-        let b = self.mem.read_bytes(tp_name, name.len() + 1)?;
-        Ok(&b[..name.len()] == name && b[name.len()] == 0)
+        Ok(self.type_name(obj, name.len() + 1)? == name)
     }
 
     /// A `str` object's text, cut to `cap` characters (with `…`); None when
@@ -291,23 +294,13 @@ impl Objects {
     /// The `(key, value)` entries of a dict (combined or split table), up
     /// to [`MAX_DICT_ENTRIES`]; deleted entries skipped.
     pub(super) fn dict_items(&self, dict: u64) -> Result<Vec<(u64, u64)>, PythonError> {
-        let model = self.model()?;
-        let h = self.mem.read_bytes(dict + DICT_MA_KEYS, 16)?;
-        let (keys, values) = (
-            le_u64(&h, 0),
-            le_u64(&h, (DICT_MA_VALUES - DICT_MA_KEYS) as usize),
-        );
-        if keys == 0 {
-            return Err(self.bad("dict without keys", dict));
-        }
+        let (keys, values) = self.dict_table(dict)?;
         let entries = dict::keys_entries(&self.mem, self.minor, keys, MAX_DICT_ENTRIES)?;
         let mut out = Vec::with_capacity(entries.len());
         for (i, (key, value)) in entries.into_iter().enumerate() {
-            let value = if values != 0 {
-                self.mem
-                    .read_u64(values + model.values_start + 8 * i as u64)?
-            } else {
-                value
+            let value = match values {
+                Some(v) => self.mem.read_u64(v + 8 * i as u64)?,
+                None => value,
             };
             if key != 0 && value != 0 {
                 out.push((key, value));
@@ -362,13 +355,63 @@ impl Objects {
     /// The C string a type calls itself (`tp_name`), up to `cap` bytes.
     pub(super) fn type_name(&self, obj: u64, cap: usize) -> Result<Vec<u8>, PythonError> {
         let ty = self.mem.read_u64(obj + OB_TYPE)?;
-        let tp_name = self.mem.read_u64(ty + TYPE_TP_NAME)?;
-        if tp_name == 0 {
-            return Ok(Vec::new());
+        self.type_name_of(ty, cap)
+    }
+
+    /// The `tp_name` of type `ty`, up to `cap` bytes (read up to the end
+    /// of its page, so a short name at a page's end does not fail).
+    pub(super) fn type_name_of(&self, ty: u64, cap: usize) -> Result<Vec<u8>, PythonError> {
+        match self.mem.read_u64(ty + TYPE_TP_NAME)? {
+            0 => Ok(Vec::new()),
+            tp_name => self.c_str(tp_name, cap),
         }
-        let b = self.mem.read_bytes(tp_name, cap)?;
+    }
+
+    /// A C string of at most `cap` bytes, read in one go up to the end of
+    /// its page (a short string at a page's end does not fail).
+    pub(super) fn c_str(&self, addr: u64, cap: usize) -> Result<Vec<u8>, PythonError> {
+        let to_page_end = (4096 - addr % 4096) as usize;
+        let b = self.mem.read_bytes(addr, cap.min(to_page_end))?;
         let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
         Ok(b[..end].to_vec())
+    }
+
+    /// The items of a `set` (exact type), at most `cap`; `truncated` set
+    /// when it held more. `PySetObject` (3.10-3.15): `fill`, `used`,
+    /// `mask`, `table` after the object head; a table of `mask + 1`
+    /// entries of `key`, `hash`, an empty one's key NULL, a deleted one's
+    /// the dummy (another type: callers check their items' types).
+    pub(super) fn set_items(
+        &self,
+        set: u64,
+        cap: usize,
+        truncated: &mut bool,
+    ) -> Result<Vec<u64>, PythonError> {
+        if self.type_name(set, 8)? != b"set" {
+            return Err(self.bad("set (not a set)", set));
+        }
+        let h = self.mem.read_bytes(set + SET_USED, 24)?;
+        let (used, mask, table) = (le_u64(&h, 0), le_u64(&h, 8), le_u64(&h, 16));
+        if used == 0 {
+            return Ok(Vec::new());
+        }
+        let slots = mask.saturating_add(1);
+        if !slots.is_power_of_two() || used > slots || table == 0 {
+            return Err(self.bad("set (its table)", set));
+        }
+        // Past `cap` items the table is not read whole: a bigger one is cut.
+        let read = slots.min(2 * cap as u64);
+        if read < slots || used > cap as u64 {
+            *truncated = true;
+            crate::os::limits::hit(crate::os::limits::Limit::PythonListTooLong);
+        }
+        let raw = self.mem.read_bytes(table, (SET_ENTRY * read) as usize)?;
+        Ok(raw
+            .chunks_exact(SET_ENTRY as usize)
+            .map(|e| le_u64(e, 0))
+            .filter(|&k| k != 0)
+            .take(cap)
+            .collect())
     }
 
     /// `obj` is a compact ASCII `str` equal to `want`.

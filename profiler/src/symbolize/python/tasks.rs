@@ -79,6 +79,18 @@ impl CapturedRead for MemoryRead {
     }
 }
 
+/// A task read, named and checked against the stack: the model's task,
+/// and whether its OpenTelemetry span is still unverified — the task was
+/// in a span, but the thread had moved on from the captured stack when it
+/// was read, so the span may not be the stall's (a later read of the stall
+/// may verify one; `pipeline/reads.rs` keeps the flag, the model never
+/// sees it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskFound {
+    pub task: crate::model::Task,
+    pub span_unverified: bool,
+}
+
 /// What one read found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskRead {
