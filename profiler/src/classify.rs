@@ -350,20 +350,78 @@ pub fn is_call_glue(f: &Frame) -> bool {
         return true;
     }
     let name = f.name.trim_start_matches('<');
-    name.starts_with("pyo3::") || name.starts_with("pyo3_ffi::")
+    // Cython's runtime helpers (`__Pyx_PyObject_Call`,
+    // `__Pyx_CyFunction_Vectorcall_…`): its calls and conversions.
+    name.starts_with("pyo3::") || name.starts_with("pyo3_ffi::") || name.starts_with("__Pyx_")
 }
 
 /// The name the caller called, for a binding's entry point: pyo3's
 /// `tokenizers::tokenizer::PyTokenizer::__pymethod_from_file__` is
-/// `PyTokenizer.from_file`, `…::__pyfunction_encode` is `encode`. None
-/// for any other frame (its own name stands). Cython's wrappers
-/// (`__pyx_pw_…`) keep their mangled names: their length-prefixed parts
-/// cannot be split without Cython's own tables.
+/// `PyTokenizer.from_file`, `…::__pyfunction_encode` is `encode`;
+/// Cython's `__pyx_pw_6uvloop_4loop_4Loop_31call_later` is
+/// `uvloop.loop.Loop.call_later` ([`cython_called_name`]). None for any
+/// other frame (its own name stands).
 pub fn called_name(f: &Frame) -> Option<String> {
     if f.kind != FrameKind::Native {
         return None;
     }
-    pyo3_called_name(&f.name)
+    pyo3_called_name(&f.name).or_else(|| cython_called_name(&f.name))
+}
+
+/// A Cython function's Python name. Cython names a `def` function's
+/// wrapper `__pyx_pw_` and its body `__pyx_pf_` followed by its scope's
+/// names (module path, class), each as its length and itself and an `_`,
+/// then the function's index among the scope's and its name
+/// (`6uvloop_4loop_4Loop_` `31` `call_later`); a `cdef` function
+/// `__pyx_f_` and the scope and its name (`6uvloop_4loop_6Handle_`
+/// `_run`). None for another name, or one that does not split so.
+fn cython_called_name(name: &str) -> Option<String> {
+    let (rest, indexed) = if let Some(r) = name
+        .strip_prefix("__pyx_pw_")
+        .or_else(|| name.strip_prefix("__pyx_pf_"))
+    {
+        (r, true)
+    } else {
+        (name.strip_prefix("__pyx_f_")?, false)
+    };
+    let parts = cython_parts(rest, indexed, 0)?;
+    (parts.len() >= 2).then(|| parts.join("."))
+}
+
+/// Scopes nested deeper than this are not split.
+const MAX_CYTHON_SCOPES: usize = 16;
+
+/// The parts of a Cython name after its prefix: each length-prefixed
+/// scope, then the function's name (after its index when `indexed`).
+fn cython_parts(s: &str, indexed: bool, depth: usize) -> Option<Vec<&str>> {
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    // A scope: its length, its name, `_`, and the rest.
+    if digits > 0
+        && depth < MAX_CYTHON_SCOPES
+        && let Ok(n) = s[..digits].parse::<usize>()
+        && let Some(scope) = s.get(digits..digits.saturating_add(n))
+        && let Some(rest) = s.get(digits + n..).and_then(|r| r.strip_prefix('_'))
+        && is_identifier(scope)
+        && let Some(mut parts) = cython_parts(rest, indexed, depth + 1)
+    {
+        parts.insert(0, scope);
+        return Some(parts);
+    }
+    // The function: its index (a `def`), then its name.
+    let name = match (indexed, digits) {
+        (true, 0) => return None,
+        (true, d) => &s[d..],
+        (false, 0) => s,
+        (false, _) => return None,
+    };
+    is_identifier(name).then(|| vec![name])
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut b = s.bytes();
+    b.next()
+        .is_some_and(|c| c == b'_' || c.is_ascii_alphabetic())
+        && b.all(|c| c == b'_' || c.is_ascii_alphanumeric())
 }
 
 fn pyo3_called_name(name: &str) -> Option<String> {
@@ -500,6 +558,59 @@ pub fn is_gc_frame(f: &Frame) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cython_names_split() {
+        let n = |s: &str| cython_called_name(s);
+        assert_eq!(
+            n("__pyx_pw_6uvloop_4loop_4Loop_31call_later").as_deref(),
+            Some("uvloop.loop.Loop.call_later")
+        );
+        assert_eq!(
+            n("__pyx_pf_6uvloop_4loop_4Loop_30call_later").as_deref(),
+            Some("uvloop.loop.Loop.call_later")
+        );
+        assert_eq!(
+            n("__pyx_f_6uvloop_4loop_6Handle__run").as_deref(),
+            Some("uvloop.loop.Handle._run")
+        );
+        // The index may read as a length: the split that parses wins.
+        assert_eq!(
+            n("__pyx_pw_5numpy_6random_13bit_generator_12BitGenerator_5random_raw").as_deref(),
+            Some("numpy.random.bit_generator.BitGenerator.random_raw")
+        );
+        assert_eq!(
+            n("__pyx_pw_4lxml_5etree_3get_x").as_deref(),
+            Some("lxml.etree.get_x")
+        );
+        // Module-level def: the module and the function.
+        assert_eq!(
+            n("__pyx_pw_7fastmod_1parse").as_deref(),
+            Some("fastmod.parse")
+        );
+        for bad in [
+            "__pyx_pw_",
+            "__pyx_pw_6uvloop",
+            "__pyx_pw_99uvloop_1x",
+            "__pyx_f_6uvloop_",
+            "__pyx_tp_new_6uvloop_4loop_Loop",
+            "__pyx_pw_6uvlo\u{e9}p_1x",
+        ] {
+            assert_eq!(n(bad), None, "{bad}");
+        }
+        let f = |name: &str| Frame {
+            module: Some("loop.cpython-311-x86_64-linux-gnu.so".into()),
+            ..Frame::new(name, FrameKind::Native)
+        };
+        assert_eq!(
+            called_name(&f("__pyx_pw_6uvloop_4loop_4Loop_31call_later")).as_deref(),
+            Some("uvloop.loop.Loop.call_later")
+        );
+        assert!(is_call_glue(&f("__Pyx_PyObject_Call")));
+        assert!(!is_call_glue(&f(
+            "__pyx_pw_6uvloop_4loop_4Loop_31call_later"
+        )));
+    }
 
     fn py(name: &str, file: &str) -> Frame {
         Frame {

@@ -134,7 +134,28 @@ pub trait ReadMemory {
         self.read_into(addr, &mut b)?;
         Ok(b[0])
     }
+
+    /// A C string at `addr`, without its NUL, at most `cap` bytes. Read up
+    /// to the end of its page first (a short string before an unmapped
+    /// page does not fail), then, when no NUL came yet, the rest.
+    fn read_c_str(&self, addr: u64, cap: usize) -> Result<Vec<u8>, MemoryError> {
+        let first = cap.min((PAGE - addr % PAGE) as usize);
+        let mut b = self.read_bytes(addr, first)?;
+        if let Some(end) = b.iter().position(|&c| c == 0) {
+            b.truncate(end);
+            return Ok(b);
+        }
+        if first < cap {
+            let more = self.read_bytes(addr + first as u64, cap - first)?;
+            let end = more.iter().position(|&c| c == 0).unwrap_or(more.len());
+            b.extend_from_slice(&more[..end]);
+        }
+        Ok(b)
+    }
 }
+
+/// The page size reads are split at ([`ReadMemory::read_c_str`]): x86-64's.
+const PAGE: u64 = 4096;
 
 impl ReadMemory for ProcessMemory {
     fn pid(&self) -> u32 {
@@ -200,6 +221,46 @@ mod tests {
         fn bytes(&self) -> &[u8] {
             &self.bytes
         }
+    }
+
+    #[test]
+    fn c_strings_cross_pages_and_stop_before_unmapped_ones() {
+        let live = ProcessMemory::open(std::process::id()).unwrap();
+        let page = PAGE as usize;
+        // SAFETY: a private anonymous mapping of our own, unmapped below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                2 * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let bytes = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, 2 * page) };
+        let name = b"_contextvars.ContextVar\0";
+        // Across the two pages: 9 bytes on the first.
+        let at = page - 9;
+        bytes[at..at + name.len()].copy_from_slice(name);
+        let addr = base as u64 + at as u64;
+        assert_eq!(
+            live.read_c_str(addr, 32).unwrap(),
+            b"_contextvars.ContextVar"
+        );
+        assert_eq!(live.read_c_str(addr, 5).unwrap(), b"_cont");
+        // At the end of the first page, the second one unmapped.
+        bytes[page - 4..page].copy_from_slice(b"set\0");
+        unsafe { libc::munmap((base as usize + page) as *mut libc::c_void, page) };
+        assert_eq!(
+            live.read_c_str(base as u64 + page as u64 - 4, 32).unwrap(),
+            b"set"
+        );
+        // No NUL before the unmapped page: the read fails, never a guess.
+        bytes[page - 2..page].copy_from_slice(b"xy");
+        assert!(live.read_c_str(base as u64 + page as u64 - 2, 32).is_err());
+        unsafe { libc::munmap(base, page) };
     }
 
     #[test]

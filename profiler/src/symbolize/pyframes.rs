@@ -191,7 +191,20 @@ impl PyResolver {
         } else {
             None
         };
-        match self.tasks.current(tstate, stack, captured) {
+        let mut read = self.tasks.current(tstate, stack, captured);
+        // A stack cut short of its outermost frames (over the kernel's 64
+        // Python frames: a deep framework and client stack) lacks the
+        // task's coroutine frame. While the thread is still inside the
+        // captured call, its live frames are that stack and its callers:
+        // the task is checked against them.
+        if read == TaskRead::Unverified
+            && let Some(ts) = self.tstate_of(tid)
+            && let Ok(Some(live)) = self.routes.still_in(ts, stack)
+            && live.len() > stack.len()
+        {
+            read = self.tasks.current(tstate, &live, captured);
+        }
+        match read {
             TaskRead::Task {
                 name,
                 coro_code,
@@ -210,7 +223,11 @@ impl PyResolver {
                 let still = self
                     .tstate_of(tid)
                     .is_some_and(|ts| self.routes.runs_captured(ts, &outer).unwrap_or(false));
-                let (trace, trace_unreadable, span_unverified) = match self.spans.read(context) {
+                let span = self.spans.read(context);
+                log::debug!(
+                    "tid {tid}: the task's span (context {context:#x}, still {still}): {span:?}"
+                );
+                let (trace, trace_unreadable, span_unverified) = match span {
                     Ok(SpanRead::Span { trace_id, span_id }) if still => {
                         (Some(SpanIds::new(trace_id, span_id)), None, false)
                     }

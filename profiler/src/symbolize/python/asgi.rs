@@ -163,29 +163,21 @@ impl RouteReader {
     ) -> Result<RouteRead, PythonError> {
         let live = self.live_frames(tstate)?;
         // The innermost frame whose `scope` local is an ASGI scope dict.
-        let mut scope = None;
-        for f in &live {
-            let Some(slot) = self.scope_slot(f.code) else {
-                continue;
-            };
-            let obj = self.local_value(f, slot)?;
-            if obj == 0 || !self.obj.has_flag(obj, TPFLAGS_DICT_SUBCLASS)? {
-                continue;
+        let scope = self.innermost_local(&live, Local::Scope, |me, obj| {
+            if !me.obj.has_flag(obj, TPFLAGS_DICT_SUBCLASS)? {
+                return Ok(None);
             }
-            let kind = match self.obj.dict_get(obj, "type")? {
-                Some(t) => self.obj.str_value(t, 16)?,
+            Ok(match me.obj.dict_get(obj, "type")? {
+                Some(t) => me.obj.str_value(t, 16)?.map(|k| (obj, k)),
                 None => None,
-            };
-            match kind {
-                Some(k) if k == "http" || k == "websocket" => {
-                    scope = Some((obj, k));
-                    break;
-                }
-                // `lifespan` (the app's startup and shutdown): ASGI, but
-                // no request.
-                Some(_) => return Ok(RouteRead::NotAsgi),
-                None => {}
-            }
+            })
+        })?;
+        // `lifespan` (the app's startup and shutdown): ASGI, but no request.
+        if let Some((_, k)) = &scope
+            && k != "http"
+            && k != "websocket"
+        {
+            return Ok(RouteRead::NotAsgi);
         }
         let Some((scope, kind)) = scope else {
             log::debug!(
@@ -280,6 +272,21 @@ impl RouteReader {
             }))
     }
 
+    /// The thread's frames now (code, instruction; innermost first) when
+    /// they begin with the whole captured `stack` (innermost first), frame
+    /// for frame, instruction and all: the thread is still inside the
+    /// captured call (blocked in it), and the frames past the capture's
+    /// end (a stack cut short of its outermost frames) are that call's
+    /// callers. None when the thread has moved on.
+    pub fn still_in(
+        &self,
+        tstate: u64,
+        stack: &[(u64, u64)],
+    ) -> Result<Option<Vec<(u64, u64)>>, PythonError> {
+        let live = self.live_frames(tstate)?;
+        Ok(begins_with(&live, stack).then(|| live.iter().map(|l| (l.code, l.instr)).collect()))
+    }
+
     fn live_frames(&self, tstate: u64) -> Result<Vec<LiveFrame>, PythonError> {
         let off = &self.obj.layout.bpf;
         let mut frame = self
@@ -343,6 +350,28 @@ impl RouteReader {
         slot
     }
 
+    /// The innermost of the `live` frames whose local `which` holds an
+    /// object `accept` takes: what `accept` made of it.
+    fn innermost_local<T>(
+        &mut self,
+        live: &[LiveFrame],
+        which: Local,
+        accept: impl Fn(&Self, u64) -> Result<Option<T>, PythonError>,
+    ) -> Result<Option<T>, PythonError> {
+        for f in live {
+            let Some(slot) = self.local_slot(f.code, which) else {
+                continue;
+            };
+            let obj = self.local_value(f, slot)?;
+            if obj != 0
+                && let Some(t) = accept(self, obj)?
+            {
+                return Ok(Some(t));
+            }
+        }
+        Ok(None)
+    }
+
     /// The object in frame `f`'s local slot `slot` (a cell's content for a
     /// local an inner function closes over); 0 when unset.
     fn local_value(&self, f: &LiveFrame, slot: u64) -> Result<u64, PythonError> {
@@ -368,25 +397,16 @@ impl RouteReader {
         captured: &[u64],
     ) -> Result<RouteRead, PythonError> {
         let live = self.live_frames(tstate)?;
-        let mut found = None;
-        for f in &live {
-            let Some(slot) = self.local_slot(f.code, Local::Request) else {
-                continue;
-            };
-            let request = self.local_value(f, slot)?;
-            if request == 0 {
-                continue;
-            }
-            // Any other object named `request` (a client library's) is not
-            // one: it has no `_match_info` attribute, or no `__dict__`.
-            match self.obj.attr(request, "_match_info") {
-                Ok(Some(m)) => {
-                    found = Some((request, m));
-                    break;
-                }
-                Ok(None) | Err(_) => continue,
-            }
-        }
+        // Any other object named `request` (a client library's) is not
+        // one: it has no `_match_info` attribute, or no `__dict__`.
+        let found = self.innermost_local(&live, Local::Request, |me, request| {
+            Ok(me
+                .obj
+                .attr(request, "_match_info")
+                .ok()
+                .flatten()
+                .map(|m| (request, m)))
+        })?;
         let Some((request, match_info)) = found else {
             return Ok(RouteRead::NotAsgi);
         };
@@ -477,9 +497,37 @@ fn extends(live: &[LiveFrame], captured: &[(u64, u64)]) -> bool {
         && from_out.next().is_some_and(|l| l.code == innermost.0)
 }
 
+/// `live` (innermost first) begins with every frame of `stack`, code and
+/// instruction, frame for frame (a slot BPF could not read, code 0,
+/// stands for whichever frame is there).
+fn begins_with(live: &[LiveFrame], stack: &[(u64, u64)]) -> bool {
+    stack.iter().any(|f| f.0 != 0)
+        && live.len() >= stack.len()
+        && stack
+            .iter()
+            .zip(live)
+            .all(|(w, l)| w.0 == 0 || (l.code, l.instr) == *w)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_thread_is_still_in_the_captured_call() {
+        let captured = [(40, 9), (0, 0), (30, 5)];
+        // Blocked where it was: the capture and its callers.
+        assert!(begins_with(
+            &live(&[(40, 9), (35, 1), (30, 5), (20, 2), (10, 1)]),
+            &captured
+        ));
+        assert!(begins_with(&live(&[(40, 9), (35, 1), (30, 5)]), &captured));
+        // Moved on: a frame returned, or the innermost runs elsewhere.
+        assert!(!begins_with(&live(&[(35, 1), (30, 5), (20, 2)]), &captured));
+        assert!(!begins_with(&live(&[(40, 8), (35, 1), (30, 5)]), &captured));
+        assert!(!begins_with(&live(&[(40, 9), (30, 5)]), &captured));
+        assert!(!begins_with(&live(&[(40, 9)]), &[(0, 0)]));
+    }
 
     fn live(frames: &[(u64, u64)]) -> Vec<LiveFrame> {
         frames

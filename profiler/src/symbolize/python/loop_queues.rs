@@ -277,7 +277,7 @@ impl QueueReader {
             .mem
             .read_u64(ty + TYPE_TP_WEAKLISTOFFSET)
             .map_err(|e| unreadable(PythonError::from(e)))?;
-        if !(24..=UVLOOP_MAX_FIELDS).contains(&weak) || weak % 8 != 0 {
+        if !(24..=UVLOOP_MAX_FIELDS).contains(&weak) || !weak.is_multiple_of(8) {
             return Err(QueuesMiss::Unsupported(format!(
                 "{class} (no __weakref__ where uvloop 0.17-0.23 has it)"
             )));
@@ -340,19 +340,10 @@ impl QueueReader {
     /// The `_ready` deque and the sets among a uvloop loop's fields.
     fn uv_loop_fields(&mut self, words: &[u8], class: &str) -> Result<UvLoopFields, QueuesMiss> {
         let (mut deques, mut sets) = (Vec::new(), Vec::new());
-        for off in (16..words.len() as u64).step_by(8) {
-            let v = le_u64(words, off as usize);
-            // An object is 8-aligned and never in the first pages.
-            if v < 1 << 16 || v % 8 != 0 {
-                continue;
-            }
-            // A word that is not an object's address reads as no type.
-            let Ok(ty) = self.obj.mem.read_u64(v + OB_TYPE) else {
-                continue;
-            };
-            match self.type_name_cached(ty).as_deref() {
-                Some("collections.deque") => deques.push(off),
-                Some("set") => sets.push(off),
+        for (off, name) in self.field_types(words) {
+            match name.as_str() {
+                "collections.deque" => deques.push(off),
+                "set" => sets.push(off),
                 _ => {}
             }
         }
@@ -411,22 +402,36 @@ impl QueueReader {
             return Err(self.obj.bad("TimerHandle type (tp_basicsize)", ty));
         }
         let words = self.obj.mem.read_bytes(h, size as usize)?;
-        let mut floats = Vec::new();
-        for off in (16..size).step_by(8) {
-            let v = le_u64(&words, off as usize);
-            if v < 1 << 16 || v % 8 != 0 {
-                continue;
-            }
-            if let Ok(t) = self.obj.mem.read_u64(v + OB_TYPE)
-                && self.type_name_cached(t).as_deref() == Some("float")
-            {
-                floats.push(off);
-            }
-        }
+        let floats: Vec<u64> = self
+            .field_types(&words)
+            .into_iter()
+            .filter(|(_, name)| name == "float")
+            .map(|(off, _)| off)
+            .collect();
         match floats.as_slice() {
             [one] => Ok(*one),
             _ => Err(self.obj.bad("TimerHandle (not one float field)", h)),
         }
+    }
+
+    /// The fields of an object (its `words`, from its head on) that point
+    /// at objects, with their types' names: (offset, name).
+    fn field_types(&mut self, words: &[u8]) -> Vec<(u64, String)> {
+        let mut out = Vec::new();
+        for off in (16..words.len() as u64).step_by(8) {
+            let v = le_u64(words, off as usize);
+            // An object is 8-aligned and never in the first pages.
+            if v < 1 << 16 || !v.is_multiple_of(8) {
+                continue;
+            }
+            // A word that is not an object's address reads as no type.
+            if let Ok(ty) = self.obj.mem.read_u64(v + OB_TYPE)
+                && let Some(name) = self.type_name_cached(ty)
+            {
+                out.push((off, name));
+            }
+        }
+        out
     }
 
     /// Type `ty`'s name, cached; None when it cannot be read.

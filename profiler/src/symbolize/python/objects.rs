@@ -358,8 +358,7 @@ impl Objects {
         self.type_name_of(ty, cap)
     }
 
-    /// The `tp_name` of type `ty`, up to `cap` bytes (read up to the end
-    /// of its page, so a short name at a page's end does not fail).
+    /// The `tp_name` of type `ty`, up to `cap` bytes.
     pub(super) fn type_name_of(&self, ty: u64, cap: usize) -> Result<Vec<u8>, PythonError> {
         match self.mem.read_u64(ty + TYPE_TP_NAME)? {
             0 => Ok(Vec::new()),
@@ -367,13 +366,9 @@ impl Objects {
         }
     }
 
-    /// A C string of at most `cap` bytes, read in one go up to the end of
-    /// its page (a short string at a page's end does not fail).
+    /// A C string of at most `cap` bytes ([`ReadMemory::read_c_str`]).
     pub(super) fn c_str(&self, addr: u64, cap: usize) -> Result<Vec<u8>, PythonError> {
-        let to_page_end = (4096 - addr % 4096) as usize;
-        let b = self.mem.read_bytes(addr, cap.min(to_page_end))?;
-        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-        Ok(b[..end].to_vec())
+        Ok(self.mem.read_c_str(addr, cap)?)
     }
 
     /// The items of a `set` (exact type), at most `cap`; `truncated` set
