@@ -191,18 +191,29 @@ impl PyResolver {
         } else {
             None
         };
-        let mut read = self.tasks.current(tstate, stack, captured);
+        let ts = self.tstate_of(tid);
+        let live_innermost = ts.and_then(|ts| self.routes.innermost_frame(ts).ok().flatten());
+        let mut read = self.tasks.current(tstate, stack, captured, live_innermost);
         // A stack cut short of its outermost frames (over the kernel's 64
         // Python frames: a deep framework and client stack) lacks the
         // task's coroutine frame. While the thread is still inside the
         // captured call, its live frames are that stack and its callers:
         // the task is checked against them.
         if read == TaskRead::Unverified
-            && let Some(ts) = self.tstate_of(tid)
-            && let Ok(Some(live)) = self.routes.still_in(ts, stack)
-            && live.len() > stack.len()
+            && let Some(ts) = ts
         {
-            read = self.tasks.current(tstate, &live, captured);
+            let live = self.routes.still_in(ts, stack);
+            let captured_frames = stack.iter().filter(|f| f.0 != 0).count();
+            log::debug!(
+                "tid {tid}: task unverified on {captured_frames} captured Python frames; \
+                 live frames beginning with them: {:?}",
+                live.as_ref().map(|l| l.as_ref().map(Vec::len))
+            );
+            if let Ok(Some(live)) = live
+                && live.len() > captured_frames
+            {
+                read = self.tasks.current(tstate, &live, captured, live_innermost);
+            }
         }
         match read {
             TaskRead::Task {

@@ -287,7 +287,18 @@ impl RouteReader {
         Ok(begins_with(&live, stack).then(|| live.iter().map(|l| (l.code, l.instr)).collect()))
     }
 
+    /// The address of the thread's innermost Python frame now (shims
+    /// skipped); None when it runs none.
+    pub fn innermost_frame(&self, tstate: u64) -> Result<Option<u64>, PythonError> {
+        Ok(self.frames_upto(tstate, 1)?.first().map(|f| f.addr))
+    }
+
     fn live_frames(&self, tstate: u64) -> Result<Vec<LiveFrame>, PythonError> {
+        self.frames_upto(tstate, MAX_FRAMES)
+    }
+
+    /// The thread's innermost `max` frames now (at most [`MAX_FRAMES`]).
+    fn frames_upto(&self, tstate: u64, max: usize) -> Result<Vec<LiveFrame>, PythonError> {
         let off = &self.obj.layout.bpf;
         let mut frame = self
             .obj
@@ -301,7 +312,7 @@ impl RouteReader {
         }
         let mut out = Vec::new();
         for _ in 0..MAX_FRAMES {
-            if frame == 0 {
+            if frame == 0 || out.len() >= max {
                 break;
             }
             let shim = off.frame_owner != PY_OFFSET_NONE
@@ -498,15 +509,14 @@ fn extends(live: &[LiveFrame], captured: &[(u64, u64)]) -> bool {
 }
 
 /// `live` (innermost first) begins with every frame of `stack`, code and
-/// instruction, frame for frame (a slot BPF could not read, code 0,
-/// stands for whichever frame is there).
+/// instruction, frame for frame; the walk's activation boundaries in
+/// `stack` (code 0: BPF marks each eval-loop activation, the live walk
+/// has none) are no frames.
 fn begins_with(live: &[LiveFrame], stack: &[(u64, u64)]) -> bool {
-    stack.iter().any(|f| f.0 != 0)
-        && live.len() >= stack.len()
-        && stack
-            .iter()
-            .zip(live)
-            .all(|(w, l)| w.0 == 0 || (l.code, l.instr) == *w)
+    let want: Vec<&(u64, u64)> = stack.iter().filter(|f| f.0 != 0).collect();
+    !want.is_empty()
+        && live.len() >= want.len()
+        && want.iter().zip(live).all(|(w, l)| (l.code, l.instr) == **w)
 }
 
 #[cfg(test)]
@@ -515,17 +525,19 @@ mod tests {
 
     #[test]
     fn the_thread_is_still_in_the_captured_call() {
+        // Innermost first, with an activation boundary (code 0) between.
         let captured = [(40, 9), (0, 0), (30, 5)];
         // Blocked where it was: the capture and its callers.
         assert!(begins_with(
-            &live(&[(40, 9), (35, 1), (30, 5), (20, 2), (10, 1)]),
+            &live(&[(40, 9), (30, 5), (20, 2), (10, 1)]),
             &captured
         ));
-        assert!(begins_with(&live(&[(40, 9), (35, 1), (30, 5)]), &captured));
+        assert!(begins_with(&live(&[(40, 9), (30, 5)]), &captured));
         // Moved on: a frame returned, or the innermost runs elsewhere.
-        assert!(!begins_with(&live(&[(35, 1), (30, 5), (20, 2)]), &captured));
-        assert!(!begins_with(&live(&[(40, 8), (35, 1), (30, 5)]), &captured));
-        assert!(!begins_with(&live(&[(40, 9), (30, 5)]), &captured));
+        assert!(!begins_with(&live(&[(30, 5), (20, 2)]), &captured));
+        assert!(!begins_with(&live(&[(40, 8), (30, 5), (20, 2)]), &captured));
+        assert!(!begins_with(&live(&[(40, 9), (35, 1), (30, 5)]), &captured));
+        assert!(!begins_with(&live(&[(40, 9)]), &captured));
         assert!(!begins_with(&live(&[(40, 9)]), &[(0, 0)]));
     }
 

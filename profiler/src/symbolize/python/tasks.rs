@@ -29,7 +29,11 @@
 //! `gi_frame` on 3.10) must hold the same code object *and* instruction as
 //! a frame of the stack — or the same code object as the stack's innermost
 //! Python frame, when the coroutine body itself was running bytecode (its
-//! instruction moves). Otherwise the read is [`TaskRead::Unverified`].
+//! instruction moves), and then the coroutine's frame must still be the
+//! thread's innermost frame, by address (tasks of one coroutine function
+//! share its code: a read that came after the block, with another such
+//! task running, must not name it). Otherwise the read is
+//! [`TaskRead::Unverified`].
 //! Every read is bounded ([`MAX_TASKS`], [`MAX_DICT_ENTRIES`],
 //! [`MAX_AWAIT_CHAIN`], string caps of [`super::code`]).
 
@@ -261,11 +265,12 @@ impl TaskReader {
         tstate: Option<u64>,
         stack: &[(u64, u64)],
         captured: &Captured,
+        live_innermost: Option<u64>,
     ) -> TaskRead {
         if !self.found() {
             return self.not_found();
         }
-        match self.read(tstate, stack, captured) {
+        match self.read(tstate, stack, captured, live_innermost) {
             Ok(r) => r,
             Err(e) => TaskRead::Unreadable(e.to_string()),
         }
@@ -475,6 +480,7 @@ impl TaskReader {
         tstate: Option<u64>,
         stack: &[(u64, u64)],
         captured: &Captured,
+        live_innermost: Option<u64>,
     ) -> Result<TaskRead, PythonError> {
         let Some(fields) = self.fields else {
             return Ok(TaskRead::NoTask);
@@ -514,11 +520,15 @@ impl TaskReader {
         for task in candidates {
             let t = mem.read_bytes(task, fields.size as usize)?;
             let coro = le_u64(&t, fields.coro as usize);
-            let Some((code, instr)) = self.coro_frame(mem, coro, fields.gen_frame)? else {
+            let Some((frame, code, instr)) = self.coro_frame(mem, coro, fields.gen_frame)? else {
                 continue;
             };
+            // The coroutine body itself ran bytecode (its instruction
+            // moves): the same code is not enough (tasks of one coroutine
+            // function share it), its frame must be the thread's innermost
+            // still.
             let on_stack = stack.contains(&(code, instr))
-                || (code != 0 && innermost == Some(code))
+                || (code != 0 && innermost == Some(code) && live_innermost == Some(frame))
                 || (with_stack && code != 0 && stack.iter().any(|f| f.0 == code));
             if !on_stack {
                 continue;
@@ -539,14 +549,15 @@ impl TaskReader {
         Ok(TaskRead::Unverified)
     }
 
-    /// (code object, instruction) of a coroutine's frame as the BPF walk
-    /// would emit them; `None` for a finished coroutine.
+    /// A coroutine's frame: its address, and its code object and
+    /// instruction as the BPF walk would emit them; `None` for a finished
+    /// coroutine.
     fn coro_frame(
         &self,
         mem: &dyn ReadMemory,
         coro: u64,
         gen_frame: GenFrame,
-    ) -> Result<Option<(u64, u64)>, PythonError> {
+    ) -> Result<Option<(u64, u64, u64)>, PythonError> {
         if coro == 0 {
             return Ok(None);
         }
@@ -565,7 +576,7 @@ impl TaskReader {
         } else {
             mem.read_u64(frame + u64::from(b.frame_instr))?
         };
-        Ok(Some((code, instr)))
+        Ok(Some((frame, code, instr)))
     }
 
     /// `Task.get_name()`: the `str` it holds, or `Task-N` for the counter
