@@ -504,6 +504,16 @@ pub fn is_node_internal_js(f: &Frame) -> bool {
 /// asyncio's task step, where a task's coroutine is resumed: the C
 /// accelerator's `task_step`/`task_step_impl` (native), or the pure-Python
 /// `Task.__step` (3.10's and a build without `_asyncio`).
+/// JavaScript of the OpenTelemetry SDK or its instrumentations (an
+/// express handler wrapped by `@opentelemetry/instrumentation-express`):
+/// the process is traced, in a context stallprof does not read in Node.
+pub fn is_otel_js(f: &Frame) -> bool {
+    f.kind == FrameKind::Js
+        && f.file
+            .as_deref()
+            .is_some_and(|p| p.contains("/node_modules/@opentelemetry/"))
+}
+
 pub fn is_task_step(f: &Frame) -> bool {
     (f.kind == FrameKind::Native && (f.name == "task_step" || f.name == "task_step_impl"))
         || (f.kind == FrameKind::Python && f.name.contains("Task.__step"))

@@ -114,43 +114,12 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
         raw,
         checks: mut c,
     } = record_app(test, &APP, "py_fastapi.py", &[]);
-    // What the victim says it served, call for call (python_truth's order).
-    let served = call_fields(&entries, &["method", "route"]);
-    assert_eq!(served.len(), truth.len());
-
-    let mut handler_routes: Vec<(String, String)> = Vec::new();
-    for (t, served) in truth.iter().zip(&served) {
-        let (method, template) = (&served[0], &served[1]);
-        let want_route = format!("{method} {template}");
-        if !handler_routes.iter().any(|h| h.0 == t.func) {
-            handler_routes.push((t.func.clone(), want_route.clone()));
-        }
-        let Some((index, s)) = APP.check_call(&mut c, &rec, &raw, t) else {
-            continue;
-        };
-        let who = t.who();
-        // The request's route, as the victim served it.
-        let route = s.route.as_ref().map(|r| r.describe());
-        c.check(route.as_deref() == Some(want_route.as_str()), || {
-            format!("{who}: the stall's route is {route:?}, the victim served {want_route:?}")
-        });
-        let wire = &raw["stalls"][index]["route"];
-        c.check(
-            wire["method"] == method.as_str() && wire["template"] == template.as_str(),
-            || format!("{who}: stalls.json route {wire}, want {want_route:?}"),
-        );
-    }
-
+    // Each call's stall and its route, as the victim served it.
+    let handler_routes =
+        APP.check_calls_and_routes(&mut c, &entries, &truth, &rec, &raw, &run.stdout);
     // The summary: every handler by its own name among the top culprits
-    // and the entry points, and its route.
+    // and the entry points.
     APP.check_summary(&mut c, &run.stdout);
-    let by_route = summary_section(&run.stdout, "by route (");
-    for (func, route) in &handler_routes {
-        let line = format!("  {route} (");
-        c.check(by_route.iter().any(|l| l.contains(&line)), || {
-            format!("{func}'s route {route:?} is not under the summary's by route: {by_route:#?}")
-        });
-    }
     // pprof: every sample of a handler's stall is labelled with its route.
     let prof = read_pprof(&dir.path, &out.join("stalls.pb.gz"));
     for (func, route) in &handler_routes {
@@ -341,50 +310,9 @@ fn record_aiohttp_stalls_carry_their_routes() {
         checks: mut c,
         ..
     } = record_app(test, &AIOHTTP, "py_aiohttp.py", &[]);
-    let served: Vec<String> = call_fields(&entries, &["method", "route"])
-        .into_iter()
-        .map(|f| f.join(" "))
-        .collect();
-    assert_eq!(served.len(), truth.len());
-    let mut routes: Vec<String> = Vec::new();
-    for (t, want) in truth.iter().zip(&served) {
-        if !routes.contains(want) {
-            routes.push(want.clone());
-        }
-        let Some((index, s)) = AIOHTTP.check_call(&mut c, &rec, &raw, t) else {
-            continue;
-        };
-        let who = t.who();
-        let route = s.route.as_ref().map(|r| r.describe());
-        c.check(route.as_deref() == Some(want.as_str()), || {
-            format!("{who}: the stall's route is {route:?}, aiohttp matched {want:?}")
-        });
-        let wire = &raw["stalls"][index]["route"];
-        c.check(
-            format!(
-                "{} {}",
-                wire["method"].as_str().unwrap_or("?"),
-                wire["template"].as_str().unwrap_or("?")
-            ) == *want,
-            || format!("{who}: stalls.json route {wire}, want {want:?}"),
-        );
-    }
-    let misses: Vec<(&String, &u64)> = rec
-        .drops
-        .iter()
-        .filter(|(k, _)| k.starts_with("asgi_route_"))
-        .collect();
-    c.check(misses.is_empty(), || {
-        format!("stalls that served a request without their route: {misses:?}")
-    });
+    AIOHTTP.check_calls_and_routes(&mut c, &entries, &truth, &rec, &raw, &run.stdout);
+    check_no_route_misses(&mut c, &rec);
     AIOHTTP.check_summary(&mut c, &run.stdout);
-    let by_route = summary_section(&run.stdout, "by route (");
-    for r in &routes {
-        c.check(
-            by_route.iter().any(|l| l.contains(&format!("  {r} ("))),
-            || format!("{r:?} is not under the summary's by route: {by_route:#?}"),
-        );
-    }
     c.finish();
 }
 

@@ -696,7 +696,7 @@ fn express_victim() -> Result<()> {
         return Ok(());
     }
     eprintln!(
-        "xtask: installing express, bcryptjs and js-yaml (pinned by {}/package-lock.json) for the express victim into {}",
+        "xtask: installing express, bcryptjs, js-yaml and OpenTelemetry (pinned by {}/package-lock.json) for the express victim into {}",
         src.display(),
         dst.display()
     );

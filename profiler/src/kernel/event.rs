@@ -18,7 +18,10 @@ use crate::model::Holder;
 /// (the copy is gone after unwinding): its index in the user stack, its
 /// tagged `JSFunction`, and, for interpreted and baseline frames, its
 /// tagged `BytecodeArray` and bytecode-offset slot (0 where the frame has
-/// none or the layout does not say), and its frame pointer.
+/// none or the layout does not say), its frame pointer, and the words its
+/// caller passed: the receiver (`this`) and the first argument (0 where
+/// the copy or the layout does not reach them). A request's objects are
+/// read through these (`symbolize::v8::express`).
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
 )]
@@ -31,6 +34,24 @@ pub struct JsSlot {
     pub offset: u64,
     #[serde(default)]
     pub fp: u64,
+    #[serde(default, skip_serializing_if = "is_zero64")]
+    pub this: u64,
+    #[serde(default, skip_serializing_if = "is_zero64")]
+    pub arg0: u64,
+}
+
+impl JsSlot {
+    /// What names the frame, the key its answer is kept under: the slot
+    /// without its place in the stack and the values passed to it (a
+    /// request's objects differ with every call).
+    pub fn identity(&self) -> JsSlot {
+        JsSlot {
+            frame: 0,
+            this: 0,
+            arg0: 0,
+            ..*self
+        }
+    }
 }
 
 /// Stacks captured at one instant, innermost frame first in each list.

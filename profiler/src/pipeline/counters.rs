@@ -34,6 +34,7 @@ pub enum Counter {
     AsgiRouteUnreadable,
     OtelSpanUnreadable,
     OtelSpanUnverified,
+    OtelSpanUnsupported,
     /// Kept by the OTLP exporter (`record`, the daemon); reported here.
     OtlpSpansFailed,
     HeldUpUnread,
@@ -44,7 +45,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    const ALL: [Counter; 21] = [
+    const ALL: [Counter; 22] = [
         Counter::UnparsableEvents,
         Counter::UpkeepDeferred,
         Counter::UserStackTruncated,
@@ -62,6 +63,7 @@ impl Counter {
         Counter::AsgiRouteUnreadable,
         Counter::OtelSpanUnreadable,
         Counter::OtelSpanUnverified,
+        Counter::OtelSpanUnsupported,
         Counter::OtlpSpansFailed,
         Counter::HeldUpUnread,
         Counter::SwitchInsMissed,
@@ -88,6 +90,7 @@ impl Counter {
             Counter::AsgiRouteUnreadable => "asgi_route_unreadable",
             Counter::OtelSpanUnreadable => "otel_span_unreadable",
             Counter::OtelSpanUnverified => "otel_span_unverified",
+            Counter::OtelSpanUnsupported => "otel_span_unsupported",
             Counter::OtlpSpansFailed => "otlp_spans_failed",
             Counter::HeldUpUnread => "held_up_unread",
             Counter::SwitchInsMissed => "switch_ins_missed",
@@ -116,6 +119,7 @@ impl Counter {
             | Counter::AsgiRouteUnreadable
             | Counter::OtelSpanUnreadable
             | Counter::OtelSpanUnverified
+            | Counter::OtelSpanUnsupported
             | Counter::HeldUpUnread => Cost::Detail,
             Counter::EventsNotSaved => Cost::Saved,
             Counter::OtlpSpansFailed => Cost::Exported,
@@ -173,6 +177,11 @@ impl Counter {
             Counter::OtelSpanUnreadable => {
                 "a stall's task context could not be read: no trace or span id named \
                  (stalls.json task.trace_unreadable says why)"
+            }
+            Counter::OtelSpanUnsupported => {
+                "a stall ran OpenTelemetry's instrumentation in a Node process, whose context \
+                 stallprof does not read: no trace or span id named \
+                 (docs/architecture.md#node-trace-context)"
             }
             Counter::OtelSpanUnverified => {
                 "a stall's task was in an OpenTelemetry span, but had moved on from the stall's \

@@ -119,6 +119,9 @@ pub struct Engine {
     /// Node; a process that is not has no JavaScript frames to miss.
     js_pending_stacks: HashMap<u32, u64>,
     exited: HashSet<u32>,
+    /// Node processes with a stall that ran OpenTelemetry's JavaScript: a
+    /// trace context not read, said once per process.
+    otel_unread: std::collections::BTreeSet<u32>,
     /// Processes the kernel side started watching at their fork (a
     /// recorded process tree), since the last [`Engine::take_forked`].
     forked: Vec<(u32, u32)>,
@@ -197,6 +200,7 @@ impl Engine {
             events_out: None,
             counters: Counters::default(),
             js_pending_stacks: HashMap::new(),
+            otel_unread: Default::default(),
             exited: HashSet::new(),
             forked: Vec::new(),
         }
@@ -299,10 +303,35 @@ impl Engine {
             .values()
             .filter_map(|w| w.problem.clone())
             .collect();
+        let mut v8 = std::collections::HashMap::new();
         if let Symbols::Live { reader, .. } = &self.symbols {
             v.extend(reader.js_problems());
+            v8 = reader.js_versions();
         }
-        v.extend(self.kept.reads.problems(|pid| self.python_version(pid)));
+        let runtime = |pid| match (self.python_version(pid), v8.get(&pid)) {
+            (None, Some((a, b, c))) => (format!("node (V8 {a}.{b}.{c})"), "`node --version`"),
+            (v, _) => (
+                v.map_or_else(|| "cpython".into(), |v| format!("cpython {v}")),
+                "`python -VV`",
+            ),
+        };
+        v.extend(self.kept.reads.problems(runtime));
+        v.extend(self.otel_unread.iter().map(|&pid| {
+            RuntimeProblem {
+                pid,
+                runtime: runtime(pid).0,
+                what: "OpenTelemetry trace ids not read: stalls that ran the OpenTelemetry SDK's \
+                   instrumentation carry no trace or span id (drops: otel_span_unsupported)"
+                    .into(),
+                why: "Node keeps the active span in an AsyncLocalStorage, held by Node's async \
+                  hooks (Node 20) or V8's isolate (Node 22+), whose layout Node's postmortem \
+                  metadata does not describe"
+                    .into(),
+                remedy: "find the stall's request in your traces by its route and time; see \
+                     docs/architecture.md#node-trace-context"
+                    .into(),
+            }
+        }));
         v.sort_by_key(|p| p.pid);
         v
     }
@@ -356,6 +385,8 @@ impl Engine {
                 // extension), which could put them past the stall's end.
                 self.read_live(&ev, probes);
                 self.unwind_user(&mut ev, bytes);
+                // JavaScript frames are known once unwound.
+                self.read_js_route(&ev);
                 self.handle(ev, probes);
             }
             Err(e) => {
@@ -625,6 +656,24 @@ impl Engine {
         {
             debug!("pid {tgid}: OpenTelemetry span unreadable: {why}");
             self.counters.add(Counter::OtelSpanUnreadable, 1);
+        }
+        if stall.task.is_none()
+            && stall
+                .stacks
+                .iter()
+                .any(|p| p.frames.iter().any(crate::classify::is_otel_js))
+        {
+            self.counters.add(Counter::OtelSpanUnsupported, 1);
+            self.otel_unread.insert(tgid);
+        }
+        if stall.task.is_none()
+            && stall
+                .stacks
+                .iter()
+                .any(|p| p.frames.iter().any(crate::classify::is_otel_js))
+        {
+            self.counters.add(Counter::OtelSpanUnsupported, 1);
+            self.otel_unread.insert(tgid);
         }
         info!(
             "stall on {} ({}) of {}: {}",

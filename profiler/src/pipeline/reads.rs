@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use crate::model::{Delayed, HeldUp, NotRead, NotReadReason, Route, RuntimeProblem};
 use crate::pipeline::counters::Counter;
-use crate::symbolize::python::{Captured, Queues, QueuesMiss, RouteRead, TaskFound, TaskRead};
+use crate::symbolize::python::{Captured, Queues, QueuesMiss, TaskFound, TaskRead};
+use crate::symbolize::request::RouteRead;
 
 /// A busy period: (tid, start).
 pub type Period = (u32, u64);
@@ -254,7 +255,7 @@ pub struct BusyReads {
 /// had ended).
 fn rank(r: &RouteRead) -> u8 {
     match r {
-        RouteRead::NotAsgi => 0,
+        RouteRead::NoRequest => 0,
         RouteRead::Unreadable(_) => 1,
         _ => 2,
     }
@@ -440,7 +441,7 @@ impl BusyReads {
                 // A stack without ASGI frames costs no read of the target
                 // (the code objects' `scope` slots are cached): it does not
                 // use up the tries.
-                let counted = miss != RouteRead::NotAsgi;
+                let counted = miss != RouteRead::NoRequest;
                 Slot::missed(prev, miss, counted, now, |old, new| rank(old) > rank(new))
             }
         };
@@ -515,7 +516,7 @@ impl BusyReads {
 
     fn route_counter(&mut self, tgid: u32, miss: RouteRead) -> Option<Counter> {
         match miss {
-            RouteRead::Route { .. } | RouteRead::NotAsgi => None,
+            RouteRead::Route { .. } | RouteRead::NoRequest => None,
             RouteRead::Unrouted => Some(Counter::AsgiRouteUnrouted),
             RouteRead::Unverified => Some(Counter::AsgiRouteUnverified),
             RouteRead::Unreadable(why) => {
@@ -543,10 +544,14 @@ impl BusyReads {
     }
 
     /// A runtime problem per process whose tasks, then per process whose
-    /// routes, could not be read; `version`: the process's CPython's.
-    pub fn problems(&self, version: impl Fn(u32) -> Option<String>) -> Vec<RuntimeProblem> {
-        let runtime =
-            |pid| version(pid).map_or_else(|| "cpython".into(), |v| format!("cpython {v}"));
+    /// routes, could not be read; `runtime`: a process's runtime as said
+    /// (`cpython 3.12.1`, `node (V8 11.3.244)`) and the command that shows
+    /// its version (`python -VV`).
+    pub fn problems(
+        &self,
+        runtime_of: impl Fn(u32) -> (String, &'static str),
+    ) -> Vec<RuntimeProblem> {
+        let runtime = |pid| runtime_of(pid).0;
         let tasks = self.task_problems.iter().map(|(&pid, why)| RuntimeProblem {
             pid,
             runtime: runtime(pid),
@@ -564,13 +569,15 @@ impl BusyReads {
             .map(|(&pid, why)| RuntimeProblem {
                 pid,
                 runtime: runtime(pid),
-                what: "ASGI request routes unavailable: stalls that served a request do not \
-                   say which route (drops: asgi_route_unreadable)"
+                what: "request routes unavailable: stalls that served a request do not say \
+                   which route (drops: asgi_route_unreadable)"
                     .into(),
                 why: why.clone(),
-                remedy: "report it with the output of `python -VV` and the server's and \
-                     framework's versions; stalls and their frames are still measured"
-                    .into(),
+                remedy: format!(
+                    "report it with the output of {} and the server's and framework's \
+                     versions; stalls and their frames are still measured",
+                    runtime_of(pid).1
+                ),
             });
         let queues = self
             .queue_problems
@@ -681,7 +688,7 @@ mod tests {
             HashSet::new,
         );
         assert!(r.finish_queues(4, k, 300).is_some());
-        assert_eq!(r.problems(|_| None)[0].pid, 4);
+        assert_eq!(r.problems(|_| ("cpython".into(), "`python -VV`"))[0].pid, 4);
     }
 
     /// A read held back by the spacing is made once it is due, with the
@@ -770,23 +777,29 @@ mod tests {
         // Saw the request, then a torn read, then the stall was over.
         read(&mut r, RouteRead::Unverified);
         read(&mut r, RouteRead::Unreadable("torn".into()));
-        read(&mut r, RouteRead::NotAsgi);
+        read(&mut r, RouteRead::NoRequest);
         assert_eq!(finish(&mut r, 1, k), (None, Some("asgi_route_unverified")));
-        assert!(r.problems(|_| None).is_empty());
+        assert!(
+            r.problems(|_| ("cpython".into(), "`python -VV`"))
+                .is_empty()
+        );
         // Stacks without a request's frames use no tries.
         for _ in 0..2 * ROUTE.tries {
-            read(&mut r, RouteRead::NotAsgi);
+            read(&mut r, RouteRead::NoRequest);
         }
-        let now = read(&mut r, RouteRead::NotAsgi);
+        let now = read(&mut r, RouteRead::NoRequest);
         assert_eq!(r.wants_route(k, now + ROUTE.first_wait), Want::Now);
         for _ in 0..ROUTE.tries {
             read(&mut r, RouteRead::Unreadable("bad dict".into()));
         }
-        let now = read(&mut r, RouteRead::NotAsgi);
+        let now = read(&mut r, RouteRead::NoRequest);
         assert_eq!(r.wants_route(k, now + ROUTE.first_wait), Want::Never);
         assert_eq!(finish(&mut r, 1, k), (None, Some("asgi_route_unreadable")));
-        assert_eq!(r.problems(|_| None)[0].why, "bad dict");
-        read(&mut r, RouteRead::NotAsgi);
+        assert_eq!(
+            r.problems(|_| ("cpython".into(), "`python -VV`"))[0].why,
+            "bad dict"
+        );
+        read(&mut r, RouteRead::NoRequest);
         assert_eq!(
             finish(&mut r, 1, k),
             (None, None),

@@ -17,6 +17,7 @@
 
 pub mod pyframes;
 pub mod python;
+pub mod request;
 pub mod v8;
 use std::{
     collections::HashMap,
@@ -438,6 +439,14 @@ impl RuntimeReader {
         self.v8.get_mut(&pid).is_some_and(|w| w.pending(pid))
     }
 
+    /// The V8 version of each Node process whose metadata was read.
+    pub fn js_versions(&self) -> HashMap<u32, (u32, u32, u32)> {
+        self.v8
+            .iter()
+            .filter_map(|(&pid, w)| Some((pid, w.state.as_ref()?.as_ref().ok()?.meta.version)))
+            .collect()
+    }
+
     /// Why a Node process's JavaScript frames cannot be read, if so.
     pub fn js_problems(&self) -> Vec<crate::model::RuntimeProblem> {
         self.v8
@@ -534,20 +543,34 @@ impl RuntimeReader {
     }
 
     /// The ASGI request thread `tid` of `pid` is serving now, checked
-    /// against `stack` (see [`python::RouteReader`]). Live processes only.
+    /// against `stack` (see [`request::RouteReader`]). Live processes only.
     pub fn asgi_route(
         &mut self,
         pid: u32,
         tid: u32,
         stack: &[(u64, u64)],
-    ) -> Result<crate::model::Route, python::RouteRead> {
+    ) -> Result<crate::model::Route, request::RouteRead> {
         let resolver = self
             .python
             .entry(pid)
             .or_insert_with(|| PyResolver::for_pid(pid));
         match resolver.as_mut() {
             Some(r) => r.asgi_route(tid, stack),
-            None => Err(python::RouteRead::NotAsgi),
+            None => Err(request::RouteRead::NoRequest),
+        }
+    }
+
+    /// The route of the express request thread `tid` of `pid` serves, from
+    /// `slots`, the JavaScript frames of one of its stack events (see
+    /// [`v8::JsResolver::express_route`]). Live processes only.
+    pub fn express_route(
+        &mut self,
+        pid: u32,
+        slots: &[JsSlot],
+    ) -> Result<crate::model::Route, request::RouteRead> {
+        match self.v8.entry(pid).or_default().get(pid) {
+            Some(r) => r.express_route(slots),
+            None => Err(request::RouteRead::NoRequest),
         }
     }
 
@@ -1245,7 +1268,7 @@ impl Answers {
         for p in &raw.parts {
             let Some(id) = p.stack else { continue };
             for slot in stacks.get(id).js.iter().rev() {
-                let key = JsSlot { frame: 0, ..*slot };
+                let key = slot.identity();
                 if self.js.contains_key(&key) || missing.contains(&key) {
                     continue;
                 }
@@ -1296,7 +1319,7 @@ impl ResolveRuntime for Answers {
         None
     }
     fn js(&mut self, _pid: u32, slot: &JsSlot) -> Option<Frame> {
-        self.js.get(&JsSlot { frame: 0, ..*slot }).cloned()
+        self.js.get(&slot.identity()).cloned()
     }
 }
 

@@ -12,8 +12,9 @@ use crate::{
     model::{Frame, Route, SpanIds, Task},
     symbolize::python::{
         Captured, CodeResolver, Interpreter, PyFrameInfo, QueueReader, Queues, QueuesMiss,
-        RouteRead, RouteReader, SpanRead, SpanReader, TaskFound, TaskRead, TaskReader,
+        RouteReader, SpanRead, SpanReader, TaskFound, TaskRead, TaskReader,
     },
+    symbolize::request::RouteRead,
 };
 use profiler_common::python::TaskLayout;
 
@@ -312,7 +313,8 @@ impl PyResolver {
 
     pub fn asgi_route(&mut self, tid: u32, stack: &[(u64, u64)]) -> Result<Route, RouteRead> {
         let tstate = self.tstate_of(tid);
-        match self.routes.current(tstate, stack) {
+        let outer = self.through_app_frame(stack);
+        match self.routes.current(tstate, stack, &outer) {
             RouteRead::Route { method, template } => Ok(Route { method, template }),
             other => Err(other),
         }

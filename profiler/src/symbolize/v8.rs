@@ -55,6 +55,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod express;
+mod objects;
+
 use crate::{
     kernel::event::JsSlot,
     model::{Frame, FrameKind, RuntimeProblem},
@@ -188,6 +191,11 @@ pub struct FrameLayout {
     /// offset (a Smi) as of its last call out. 0: not known.
     #[serde(default)]
     pub fp_bytecode_offset: i32,
+    /// `v8dbg_off_fp_args` (16 on x86-64): the caller's stack pointer,
+    /// where the receiver lies and the arguments follow it, first to last
+    /// (V8 9.0 on). 0: not known.
+    #[serde(default)]
+    pub fp_args: i32,
 }
 
 impl FrameLayout {
@@ -249,6 +257,13 @@ pub fn js_slots(layout: &FrameLayout, fps: &[u64], sp: u64, stack: &[u8]) -> Vec
                     .unwrap_or(0)
             };
             let bytecode = slot(layout.fp_bytecode_array);
+            let passed = |i: i32| {
+                if layout.fp_args > 0 {
+                    slot(layout.fp_args + 8 * i)
+                } else {
+                    0
+                }
+            };
             out.push(JsSlot {
                 frame: i as u32,
                 func,
@@ -259,6 +274,8 @@ pub fn js_slots(layout: &FrameLayout, fps: &[u64], sp: u64, stack: &[u8]) -> Vec
                 },
                 offset: slot(layout.fp_bytecode_offset),
                 fp,
+                this: passed(0),
+                arg0: passed(1),
             });
         }
     }
@@ -306,6 +323,9 @@ pub struct V8Meta {
     one_byte_tag: u16,
     scope_first_vars: u64,
     scope_ncontextlocals: u64,
+    /// Where objects keep their properties (a request's route); Err: why
+    /// this binary's metadata does not say (frames are read all the same).
+    objects: Result<objects::ObjectMeta, String>,
 }
 
 /// Why a binary's metadata cannot be used.
@@ -402,6 +422,7 @@ impl V8Meta {
                 }
                 _ => (0, 0),
             };
+        let fp_args = opt("off_fp_args").filter(|&a| a > 0).unwrap_or(0) as i32;
         let scope_first_vars = get(&["scopeinfo_idx_first_vars"]) as u64;
         let scope_ncontextlocals = get(&["scopeinfo_idx_ncontextlocals"]) as u64;
         if !missing.is_empty() {
@@ -442,6 +463,7 @@ impl V8Meta {
                 heap_tag,
                 fp_bytecode_array,
                 fp_bytecode_offset,
+                fp_args,
             },
             version,
             path: mapped_as.to_string(),
@@ -477,6 +499,7 @@ impl V8Meta {
             one_byte_tag,
             scope_first_vars,
             scope_ncontextlocals,
+            objects: objects::ObjectMeta::read(&vals),
         }))
     }
 }
@@ -1280,6 +1303,7 @@ mod tests {
             heap_tag: 1,
             fp_bytecode_array: -32,
             fp_bytecode_offset: -40,
+            fp_args: 0,
         }
     }
 
@@ -1290,6 +1314,7 @@ mod tests {
             bytecode,
             offset,
             fp,
+            ..JsSlot::default()
         }
     }
 

@@ -689,6 +689,19 @@ pub fn python_truth(log: &[serde_json::Value]) -> Vec<Truth> {
 
 /// String fields `keys` of each handler call a Python victim logged, in
 /// [`python_truth`]'s order (`?` for a field it did not log).
+/// No stall that served a request lacks its route (no `asgi_route_*`
+/// miss counted).
+pub fn check_no_route_misses(c: &mut Checks, rec: &stallprof::model::Recording) {
+    let misses: Vec<(&String, &u64)> = rec
+        .drops
+        .iter()
+        .filter(|(k, _)| k.starts_with("asgi_route_"))
+        .collect();
+    c.check(misses.is_empty(), || {
+        format!("stalls that served a request without their route: {misses:?}")
+    });
+}
+
 pub fn call_fields(log: &[serde_json::Value], keys: &[&str]) -> Vec<Vec<String>> {
     log.iter()
         .filter(|r| {
@@ -1993,8 +2006,10 @@ impl HandlerApp<'_> {
         (entries, truth)
     }
 
-    /// The one stall of `rec` over handler call `t`, with its index (the
-    /// same in `raw`, stalls.json as written), checked: its culprit and
+    /// The one stall of `rec` over handler call `t` on the victim's thread
+    /// (another process of the tree, such as a client the victim started,
+    /// may stall meanwhile), with its index (the same in `raw`, stalls.json
+    /// as written), checked: its culprit and
     /// entry point are the handler, and the time blamed on the handler is
     /// the call's share of it by the victim's clock. None, a failure
     /// said, when not exactly one stall overlaps the call.
@@ -2012,6 +2027,7 @@ impl HandlerApp<'_> {
             .iter()
             .enumerate()
             .filter(|(_, s)| s.start_ns < t.end_ns && t.start_ns < s.end_ns)
+            .filter(|(_, s)| u64::from(s.ns_tid.unwrap_or(s.tid)) == t.tid)
             .collect();
         let [(index, s)] = found[..] else {
             c.fail(format!("{who}: {} overlapping stalls, want 1", found.len()));
@@ -2058,6 +2074,58 @@ impl HandlerApp<'_> {
             self.label, t.func
         );
         Some((index, s))
+    }
+
+    /// Every handler call checked ([`Self::check_call`]), and its stall's
+    /// route the one the victim logged serving (its `method` and `route`
+    /// fields, the template as the framework matched it): in the model and
+    /// in stalls.json, and each route under the summary's by route. The
+    /// handlers' routes, `(func, "METHOD /template")`, first seen first.
+    pub fn check_calls_and_routes(
+        &self,
+        c: &mut Checks,
+        entries: &[serde_json::Value],
+        truth: &[Truth],
+        rec: &stallprof::model::Recording,
+        raw: &serde_json::Value,
+        stdout: &str,
+    ) -> Vec<(String, String)> {
+        let served: Vec<String> = call_fields(entries, &["method", "route"])
+            .into_iter()
+            .map(|f| f.join(" "))
+            .collect();
+        assert_eq!(served.len(), truth.len(), "a call logged without its route");
+        let mut routes: Vec<(String, String)> = Vec::new();
+        for (t, want) in truth.iter().zip(&served) {
+            if !routes.iter().any(|r| r.0 == t.func) {
+                routes.push((t.func.clone(), want.clone()));
+            }
+            let Some((index, s)) = self.check_call(c, rec, raw, t) else {
+                continue;
+            };
+            let who = t.who();
+            let route = s.route.as_ref().map(|r| r.describe());
+            c.check(route.as_deref() == Some(want.as_str()), || {
+                format!("{who}: the stall's route is {route:?}, the victim served {want:?}")
+            });
+            let wire = &raw["stalls"][index]["route"];
+            c.check(
+                format!(
+                    "{} {}",
+                    wire["method"].as_str().unwrap_or("?"),
+                    wire["template"].as_str().unwrap_or("?")
+                ) == *want,
+                || format!("{who}: stalls.json route {wire}, want {want:?}"),
+            );
+        }
+        let by_route = summary_section(stdout, "by route (");
+        for (func, route) in &routes {
+            c.check(
+                by_route.iter().any(|l| l.contains(&format!("  {route} ("))),
+                || format!("{func}'s route {route:?} is not under the summary's by route: {by_route:#?}"),
+            );
+        }
+        routes
     }
 
     /// `record`'s summary names every handler among its top culprits and

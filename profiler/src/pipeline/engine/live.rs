@@ -19,7 +19,8 @@ use crate::{
         counters::Counter,
         reads::{Period, TaskMiss, Want},
     },
-    symbolize::python::{Captured, QueuesMiss, RouteRead, TaskRead},
+    symbolize::python::{Captured, QueuesMiss, TaskRead},
+    symbolize::request::RouteRead,
 };
 
 use super::{Engine, Symbols};
@@ -146,6 +147,52 @@ impl Engine {
         self.kept
             .reads
             .queues_read(key, read, after_ns, || tracker.open_periods());
+    }
+
+    /// Read the express route of a stack event's busy period from its
+    /// JavaScript frames, now, when the period wants one: the objects are
+    /// found through the stack copy's words (the request moves with the
+    /// young generation; the next stack event has its new address), so a
+    /// read is never held back for later.
+    pub(super) fn read_js_route(&mut self, ev: &Event) {
+        let (Event::Sample {
+            tgid, tid, stack, ..
+        }
+        | Event::SwitchOut {
+            tgid, tid, stack, ..
+        }) = ev
+        else {
+            return;
+        };
+        if stack.js.is_empty() {
+            return;
+        }
+        let Some(start) = self.kept.tracker.open_period(*tid) else {
+            return;
+        };
+        let key = (*tid, start);
+        let now = Instant::now();
+        if self.kept.reads.wants_route(key, now) != Want::Now {
+            return;
+        }
+        let Some(reader) = self.symbols.live() else {
+            return;
+        };
+        let read = reader.express_route(*tgid, &stack.js);
+        match &read {
+            Ok(r) => debug!(
+                "pid {tgid} tid {tid}: express route {} {}",
+                r.method, r.template
+            ),
+            Err(RouteRead::Unreadable(why)) => {
+                debug!("pid {tgid} tid {tid}: express route unreadable: {why}")
+            }
+            Err(_) => {}
+        }
+        let tracker = &self.kept.tracker;
+        self.kept
+            .reads
+            .route_read(key, read, now, || tracker.open_periods());
     }
 
     /// The route reads held back that are due now.

@@ -148,6 +148,7 @@ impl Engine {
     /// does not grow these tables.
     pub fn forget(&mut self, pid: u32, probes: &mut dyn Control) {
         self.js_pending_stacks.remove(&pid);
+        self.otel_unread.remove(&pid);
         for tid in self.kept.tracker.forget_process(pid) {
             self.kept.ids.forget_thread(tid);
             probes.forget_loop_thread(tid);

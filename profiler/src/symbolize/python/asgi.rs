@@ -22,7 +22,7 @@
 //! (`scope["endpoint"].__code__`) is a frame of the captured stack, or the
 //! live frame chain equals the captured one frame for frame (code and
 //! instruction). Otherwise [`RouteRead::Unverified`]. A stall whose stack
-//! has no frame with a `scope` local is not a request ([`RouteRead::NotAsgi`],
+//! has no frame with a `scope` local is not a request ([`RouteRead::NoRequest`],
 //! not counted).
 //!
 //! aiohttp, no ASGI server, is read the same way through its handlers'
@@ -49,6 +49,7 @@ use super::objects::{FUNC_CODE, Objects, TPFLAGS_DICT_SUBCLASS, TPFLAGS_TUPLE_SU
 use super::offsets::Layout;
 use super::offsets::VAR_OB_SIZE;
 use crate::os::memory::{ProcessMemory, ReadMemory, le_u64};
+use crate::symbolize::request::RouteRead;
 
 /// Frames of the live chain followed (shims included).
 pub const MAX_FRAMES: usize = 512;
@@ -61,25 +62,6 @@ pub const MAX_TEMPLATE_CHARS: u64 = 256;
 /// Code objects whose `scope` slot is remembered; past this the cache is
 /// emptied.
 const MAX_CACHED_CODES: usize = 1 << 14;
-
-/// What one read found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RouteRead {
-    /// The request's method (`WEBSOCKET` for a websocket) and route
-    /// template, checked against the stack.
-    Route { method: String, template: String },
-    /// No frame of the captured stack has a `scope` local: not an ASGI
-    /// request.
-    NotAsgi,
-    /// The request's scope was read, but it has no `route` (not routed yet,
-    /// or no route matched).
-    Unrouted,
-    /// A request ran, but the one read is not provably the stall's (the
-    /// loop had moved on, or the stall had ended, before the read).
-    Unverified,
-    /// The scope or route could not be read; says why.
-    Unreadable(String),
-}
 
 /// Reads ASGI routes of one process (keep it: it caches code objects'
 /// `scope` slots).
@@ -124,8 +106,15 @@ impl RouteReader {
 
     /// The route of the request thread `tstate` is serving, checked against
     /// `stack` (the `(code, instr)` pairs of a stack event of that thread,
-    /// innermost first, `code == 0` between activations).
-    pub fn current(&mut self, tstate: Option<u64>, stack: &[(u64, u64)]) -> RouteRead {
+    /// innermost first, `code == 0` between activations); `outer`: its
+    /// frames from the innermost app frame outward (see
+    /// [`Self::verified`]).
+    pub fn current(
+        &mut self,
+        tstate: Option<u64>,
+        stack: &[(u64, u64)],
+        outer: &[(u64, u64)],
+    ) -> RouteRead {
         let captured: Vec<u64> = stack.iter().map(|f| f.0).filter(|&c| c != 0).collect();
         let asgi = captured.iter().any(|&c| self.scope_slot(c).is_some());
         let aiohttp = !asgi
@@ -133,7 +122,7 @@ impl RouteReader {
                 .iter()
                 .any(|&c| self.local_slot(c, Local::Request).is_some());
         if !asgi && !aiohttp {
-            return RouteRead::NotAsgi;
+            return RouteRead::NoRequest;
         }
         if self.obj.model.is_none() {
             return RouteRead::Unreadable(format!(
@@ -145,7 +134,7 @@ impl RouteReader {
             return RouteRead::Unreadable("the thread's PyThreadState is not known".into());
         };
         let read = if asgi {
-            self.read(tstate, stack, &captured)
+            self.read(tstate, stack, outer, &captured)
         } else {
             self.read_aiohttp(tstate, stack, &captured)
         };
@@ -159,6 +148,7 @@ impl RouteReader {
         &mut self,
         tstate: u64,
         stack: &[(u64, u64)],
+        outer: &[(u64, u64)],
         captured: &[u64],
     ) -> Result<RouteRead, PythonError> {
         let live = self.live_frames(tstate)?;
@@ -177,7 +167,7 @@ impl RouteReader {
             && k != "http"
             && k != "websocket"
         {
-            return Ok(RouteRead::NotAsgi);
+            return Ok(RouteRead::NoRequest);
         }
         let Some((scope, kind)) = scope else {
             log::debug!(
@@ -187,7 +177,7 @@ impl RouteReader {
             );
             return Ok(RouteRead::Unverified);
         };
-        if !self.verified(scope, &live, stack, captured)? {
+        if !self.verified(scope, &live, stack, outer, captured)? {
             log::debug!(
                 "pid {}: ASGI route unverified: the endpoint is not on the captured stack \
                  ({} frames) and the live chain ({} frames) does not run it",
@@ -226,12 +216,19 @@ impl RouteReader {
     /// The scope read is the stall's: its endpoint's code is on the
     /// captured stack, or the live chain still runs the captured one (the
     /// same frames, code and instruction, from the outermost in; only the
-    /// captured innermost frame may have moved on, or called deeper).
+    /// captured innermost frame may have moved on, or called deeper), or —
+    /// a capture cut short of its outermost frames (a deep framework and
+    /// library stack over the kernel's 64 Python frames), whose endpoint
+    /// frame may be past its end — the live chain still runs `outer`, the
+    /// captured app frame and its captured callers, instruction and all
+    /// (the handler blocked in the same call of the same request; another
+    /// request of that handler would be the same route).
     fn verified(
         &self,
         scope: u64,
         live: &[LiveFrame],
         stack: &[(u64, u64)],
+        outer: &[(u64, u64)],
         captured: &[u64],
     ) -> Result<bool, PythonError> {
         if let Some(endpoint) = self.obj.dict_get(scope, "endpoint")?
@@ -243,7 +240,7 @@ impl RouteReader {
             }
         }
         let want: Vec<(u64, u64)> = stack.iter().filter(|f| f.0 != 0).copied().collect();
-        Ok(extends(live, &want))
+        Ok(extends(live, &want) || runs(live, outer))
     }
 
     /// The thread's frames now, innermost first, shims skipped (as
@@ -252,24 +249,7 @@ impl RouteReader {
     /// captured stack (innermost first): the same frames, code and
     /// instruction, in a row; what it runs deeper may differ.
     pub fn runs_captured(&self, tstate: u64, outer: &[(u64, u64)]) -> Result<bool, PythonError> {
-        let live = self.live_frames(tstate)?;
-        let want: Vec<(u64, u64)> = outer.iter().filter(|f| f.0 != 0).copied().collect();
-        // A run of the live chain (innermost first) equal to `outer`: at
-        // its outer end when the capture held the whole stack, anywhere
-        // when the capture was cut short of the outermost frames.
-        // The run's innermost frame may have moved on within its own code
-        // when it is still the thread's innermost (a loop in the handler
-        // itself); a frame that called deeper since must be where it was.
-        Ok(!want.is_empty()
-            && live.windows(want.len()).enumerate().any(|(j, run)| {
-                run.iter().zip(&want).enumerate().all(|(k, (l, w))| {
-                    if j == 0 && k == 0 {
-                        l.code == w.0
-                    } else {
-                        (l.code, l.instr) == *w
-                    }
-                })
-            }))
+        Ok(runs(&self.live_frames(tstate)?, outer))
     }
 
     /// The thread's frames now (code, instruction; innermost first) when
@@ -419,7 +399,7 @@ impl RouteReader {
                 .map(|m| (request, m)))
         })?;
         let Some((request, match_info)) = found else {
-            return Ok(RouteRead::NotAsgi);
+            return Ok(RouteRead::NoRequest);
         };
         if self.obj.type_name_is(match_info, b"NoneType")? {
             return Ok(RouteRead::Unrouted);
@@ -506,6 +486,26 @@ fn extends(live: &[LiveFrame], captured: &[(u64, u64)]) -> bool {
         .rev()
         .all(|c| from_out.next().is_some_and(|l| (l.code, l.instr) == *c))
         && from_out.next().is_some_and(|l| l.code == innermost.0)
+}
+
+/// The live chain (innermost first) holds `outer` (innermost first) as a
+/// run: at its outer end when the capture held the whole stack, anywhere
+/// when the capture was cut short of the outermost frames. The run's
+/// innermost frame may have moved on within its own code when it is still
+/// the thread's innermost (a loop in the handler itself); a frame that
+/// called deeper since must be where it was.
+fn runs(live: &[LiveFrame], outer: &[(u64, u64)]) -> bool {
+    let want: Vec<(u64, u64)> = outer.iter().filter(|f| f.0 != 0).copied().collect();
+    !want.is_empty()
+        && live.windows(want.len()).enumerate().any(|(j, run)| {
+            run.iter().zip(&want).enumerate().all(|(k, (l, w))| {
+                if j == 0 && k == 0 {
+                    l.code == w.0
+                } else {
+                    (l.code, l.instr) == *w
+                }
+            })
+        })
 }
 
 /// `live` (innermost first) begins with every frame of `stack`, code and

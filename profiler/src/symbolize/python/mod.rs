@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use crate::os::memory::{MemoryError, ProcessMemory, ReadMemory};
 
-pub use asgi::{RouteRead, RouteReader};
+pub use asgi::RouteReader;
 pub use code::{CodeResolver, PyFrameInfo};
 pub use discover::is_interpreter_file;
 pub use linetable::{LineRange, LineTableFormat};

@@ -10,10 +10,15 @@
 //                                       library's hot code (optimized by V8)
 //   POST /config        parseConfig:    js-yaml's load of a large document --
 //                                       pure-JS CPU over many library functions
-//   GET  /report        compressReport: zlib.gzipSync -- sync native code
+//   GET  /api/report/:period
+//                       compressReport: zlib.gzipSync -- sync native code
 //                                       under node:zlib's JavaScript
-//   GET  /lock          waitForLock:    Atomics.wait on a SharedArrayBuffer --
+//   GET  /api/lock      waitForLock:    Atomics.wait on a SharedArrayBuffer --
 //                                       off-CPU (a futex) on the loop thread
+//
+// The last two are served by a router mounted on /api, the first by a
+// route with a parameter: a route's template (req.baseUrl +
+// req.route.path) is not the path requested.
 //
 // Each handler reads process.hrtime.bigint() (CLOCK_MONOTONIC on Linux)
 // first and last thing in its body, around its blocking call and its reply
@@ -29,7 +34,8 @@
 //
 // Log: JSON lines, each one synchronous write(2):
 //   {"kind":"ready","pid":P,"tid":P,"port":N,"node":"v20..."}
-//   {"kind":"cpu"|"sleep","func":F,"seq":N,"tid":P,"path":"/signup",
+//   {"kind":"cpu"|"sleep","func":F,"seq":N,"tid":P,"path":"/api/report/daily",
+//    "method":"GET","route":"/api/report/:period",
 //    "start_ns":..,"end_ns":..,"cpu_ns":..}
 //   {"kind":"done"}
 // cpu_ns is the process's CPU time over the call (process.cpuUsage).
@@ -57,11 +63,15 @@ const log = (obj) => fs.writeSync(logFd, JSON.stringify(obj) + '\n');
 const now = () => process.hrtime.bigint();
 
 let seq = 0;
-function record(kind, func, path, start, end, cpu) {
+// The request as the handler served it: the path requested, and the
+// route express matched (what stallprof should say).
+function record(kind, func, req, start, end, cpu) {
   const d = process.cpuUsage(cpu);
+  const route = req.baseUrl + req.route.path;
   fs.writeSync(
     logFd,
-    `{"kind":"${kind}","func":"${func}","seq":${seq++},"tid":${process.pid},"path":"${path}",` +
+    `{"kind":"${kind}","func":"${func}","seq":${seq++},"tid":${process.pid},` +
+      `"path":"${req.originalUrl}","method":"${req.method}","route":"${route}",` +
       `"start_ns":${start},"end_ns":${end},"cpu_ns":${(d.user + d.system) * 1000}}\n`
   );
 }
@@ -157,7 +167,7 @@ function hashPassword(req, res) {
   for (let i = 0; i < work.hashes; i++) hash = bcrypt.hashSync(password, work.salt);
   res.json({ hash });
   const end = now();
-  record('cpu', 'hashPassword', req.path, start, end, cpu);
+  record('cpu', 'hashPassword', req, start, end, cpu);
 }
 
 function parseConfig(req, res) {
@@ -166,7 +176,7 @@ function parseConfig(req, res) {
   const doc = yaml.load(work.config);
   res.json({ services: doc.services.length });
   const end = now();
-  record('cpu', 'parseConfig', req.path, start, end, cpu);
+  record('cpu', 'parseConfig', req, start, end, cpu);
 }
 
 function compressReport(req, res) {
@@ -175,7 +185,7 @@ function compressReport(req, res) {
   const gz = zlib.gzipSync(work.report, { level: 9 });
   res.json({ bytes: gz.length });
   const end = now();
-  record('cpu', 'compressReport', req.path, start, end, cpu);
+  record('cpu', 'compressReport', req, start, end, cpu);
 }
 
 function waitForLock(req, res) {
@@ -185,15 +195,17 @@ function waitForLock(req, res) {
   Atomics.wait(lock, 0, 0, TARGET_MS);
   res.json({ waited: true });
   const end = now();
-  record('sleep', 'waitForLock', req.path, start, end, cpu);
+  record('sleep', 'waitForLock', req, start, end, cpu);
 }
 
 const app = express();
 app.use(express.json());
 app.post('/signup', hashPassword);
 app.post('/config', parseConfig);
-app.get('/report', compressReport);
-app.get('/lock', waitForLock);
+const api = express.Router();
+api.get('/report/:period', compressReport);
+api.get('/lock', waitForLock);
+app.use('/api', api);
 // What a deployment's warm-up request reaches before traffic: a JSON body
 // through express.json() and a JSON reply. The first of each loads code
 // lazily from disk (body-parser has iconv-lite load its encoding tables; the
