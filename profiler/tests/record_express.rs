@@ -93,6 +93,41 @@ fn deploy_victim(dir: &Path) -> PathBuf {
     app
 }
 
+/// A recording of one of the victim's scripts, deployed in a scratch
+/// directory of its own (kept there when the test fails).
+struct Recorded {
+    _dir: Scratch,
+    run: RunOutput,
+    log: PathBuf,
+    out: PathBuf,
+}
+
+/// Deploy the victim and record `node SCRIPT LOG` with no Node flags.
+fn record_victim(test: &str, script: &str) -> Recorded {
+    assert!(
+        Path::new(NODE).exists(),
+        "{NODE} is missing: this test needs Node 20 there (`cargo xtask setup --tests` installs it)"
+    );
+    let dir = Scratch::new(test);
+    let app_dir = deploy_victim(&dir.path);
+    let log = dir.join("victim.jsonl");
+    let out = dir.join("out");
+    let run = record_ok(
+        Some(&app_dir),
+        THRESHOLD,
+        &[],
+        &out,
+        &[NODE.as_ref(), script.as_ref(), log.as_os_str()],
+        Duration::from_secs(120),
+    );
+    Recorded {
+        _dir: dir,
+        run,
+        log,
+        out,
+    }
+}
+
 /// Is frame `i` of a stack (outermost first) JavaScript code V8 runs, left
 /// unnamed: the interpreter's trampoline, or anonymous JIT code — except
 /// the regular-expression code a builtin with no script (`exec`) runs,
@@ -111,23 +146,13 @@ fn record_express_culprits_are_the_apps_handlers() {
     if !require_root_and_bpf(test) {
         return;
     }
-    assert!(
-        Path::new(NODE).exists(),
-        "{NODE} is missing: this test needs Node 20 there (`cargo xtask setup --tests` installs it)"
-    );
     let _serial = serial();
-    let dir = Scratch::new(test);
-    let app_dir = deploy_victim(&dir.path);
-    let log = dir.join("victim.jsonl");
-    let out = dir.join("out");
-    let run = record_ok(
-        Some(&app_dir),
-        THRESHOLD,
-        &[],
-        &out,
-        &[NODE.as_ref(), "app.js".as_ref(), log.as_os_str()],
-        Duration::from_secs(120),
-    );
+    let Recorded {
+        _dir,
+        run,
+        log,
+        out,
+    } = record_victim(test, "app.js");
     let (entries, truth) = APP.truth(&log, THRESHOLD_NS);
 
     let rec = report::read_json(&out).unwrap_or_else(|e| panic!("reading stalls.json: {e}"));
@@ -269,18 +294,12 @@ fn record_express_traced_says_its_trace_is_not_read() {
         share_points: 5.0,
     };
     let _serial = serial();
-    let dir = Scratch::new(test);
-    let app_dir = deploy_victim(&dir.path);
-    let log = dir.join("victim.jsonl");
-    let out = dir.join("out");
-    let run = record_ok(
-        Some(&app_dir),
-        THRESHOLD,
-        &[],
-        &out,
-        &[NODE.as_ref(), "traced.cjs".as_ref(), log.as_os_str()],
-        Duration::from_secs(120),
-    );
+    let Recorded {
+        _dir,
+        run,
+        log,
+        out,
+    } = record_victim(test, "traced.cjs");
     let (entries, truth) = TRACED.truth(&log, THRESHOLD_NS);
     let rec = report::read_json(&out).unwrap_or_else(|e| panic!("reading stalls.json: {e}"));
     let raw = read_stalls_json(&out.join("stalls.json"));

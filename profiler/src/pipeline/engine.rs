@@ -666,15 +666,6 @@ impl Engine {
             self.counters.add(Counter::OtelSpanUnsupported, 1);
             self.otel_unread.insert(tgid);
         }
-        if stall.task.is_none()
-            && stall
-                .stacks
-                .iter()
-                .any(|p| p.frames.iter().any(crate::classify::is_otel_js))
-        {
-            self.counters.add(Counter::OtelSpanUnsupported, 1);
-            self.otel_unread.insert(tgid);
-        }
         info!(
             "stall on {} ({}) of {}: {}",
             stall.tid,

@@ -354,6 +354,43 @@ fn symbol_values(path: &Path, prefixes: &[&str]) -> Result<HashMap<String, i64>,
         .collect())
 }
 
+/// The `v8dbg_*` values of a binary, asked for by name; the first name of
+/// each value missing is kept for the error.
+pub(crate) struct Values<'a> {
+    vals: &'a HashMap<String, i64>,
+    missing: Vec<String>,
+}
+
+impl<'a> Values<'a> {
+    pub(crate) fn new(vals: &'a HashMap<String, i64>) -> Self {
+        Values {
+            vals,
+            missing: Vec::new(),
+        }
+    }
+
+    /// The value of the first of `names` (spellings of one value across V8
+    /// versions, without `v8dbg_`) the binary has; 0 when none is.
+    pub(crate) fn get(&mut self, names: &[&str]) -> i64 {
+        for n in names {
+            if let Some(v) = self.vals.get(&format!("v8dbg_{n}")) {
+                return *v;
+            }
+        }
+        self.missing.push(names[0].to_string());
+        0
+    }
+
+    /// Err: the values asked for and missing, `v8dbg_a, v8dbg_b`.
+    pub(crate) fn done(self) -> Result<(), String> {
+        if self.missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("v8dbg_{}", self.missing.join(", v8dbg_")))
+        }
+    }
+}
+
 impl V8Meta {
     /// Reads the metadata from `file` (opened as `mapped_as` in the
     /// target). `Ok(None)`: the file has no V8 metadata at all.
@@ -363,16 +400,8 @@ impl V8Meta {
         if !vals.keys().any(|k| k.starts_with("v8dbg_")) {
             return Ok(None);
         }
-        let mut missing = Vec::new();
-        let mut get = |names: &[&str]| -> i64 {
-            for n in names {
-                if let Some(v) = vals.get(&format!("v8dbg_{n}")) {
-                    return *v;
-                }
-            }
-            missing.push(names[0].to_string());
-            0
-        };
+        let mut values = Values::new(&vals);
+        let mut get = |names: &[&str]| values.get(names);
         let fp_function = get(&["off_fp_function"]) as i32;
         let fp_context = get(&["off_fp_context_or_frame_type", "off_fp_context"]) as i32;
         let heap_tag_mask = get(&["HeapObjectTagMask"]) as u64;
@@ -425,10 +454,9 @@ impl V8Meta {
         let fp_args = opt("off_fp_args").filter(|&a| a > 0).unwrap_or(0) as i32;
         let scope_first_vars = get(&["scopeinfo_idx_first_vars"]) as u64;
         let scope_ncontextlocals = get(&["scopeinfo_idx_ncontextlocals"]) as u64;
-        if !missing.is_empty() {
+        if let Err(missing) = values.done() {
             return Err(MetaError(format!(
-                "{mapped_as} lacks V8 postmortem metadata stallprof needs: v8dbg_{}",
-                missing.join(", v8dbg_")
+                "{mapped_as} lacks V8 postmortem metadata stallprof needs: {missing}"
             )));
         }
         let ver = |n: &str| vals.get(&format!("_ZN2v88internal7Version6{n}_E")).copied();

@@ -72,16 +72,8 @@ impl ObjectMeta {
     /// From the binary's `v8dbg_*` values (`vals`, keyed by full symbol
     /// name). Err: the names of the values it lacks.
     pub fn read(vals: &HashMap<String, i64>) -> Result<ObjectMeta, String> {
-        let mut missing = Vec::new();
-        let mut get = |names: &[&str]| -> i64 {
-            for n in names {
-                if let Some(v) = vals.get(&format!("v8dbg_{n}")) {
-                    return *v;
-                }
-            }
-            missing.push(names[0].to_string());
-            0
-        };
+        let mut values = super::Values::new(vals);
+        let mut get = |names: &[&str]| values.get(names);
         let meta = ObjectMeta {
             map_bit_field3: get(&["class_Map__bit_field3__int"]) as u64,
             dictionary_shift: get(&["bit_field3_is_dictionary_map_shift"]) as u32,
@@ -122,12 +114,9 @@ impl ObjectMeta {
             t_js_object: get(&["type_JSObject__JS_OBJECT_TYPE"]) as u16,
             t_property_array: get(&["type_PropertyArray__PROPERTY_ARRAY_TYPE"]) as u16,
         };
-        if !missing.is_empty() {
-            return Err(format!(
-                "V8's postmortem metadata lacks v8dbg_{}",
-                missing.join(", v8dbg_")
-            ));
-        }
+        values
+            .done()
+            .map_err(|missing| format!("V8's postmortem metadata lacks {missing}"))?;
         if meta.desc_size < 3 || meta.dict_entry_size < 3 || meta.index_mask == 0 {
             return Err(format!(
                 "V8's property layout is unexpected (descriptor size {}, dictionary entry \
