@@ -16,7 +16,11 @@
 //! with a doubling wait, each attempt bounded by the timeout, and
 //! [`Exporter::finish`] waits at most its deadline for what is queued:
 //! a collector that is down or slow costs the recording nothing but those
-//! spans, which are counted (`otlp_spans_failed`) and said. Plain
+//! spans, which are counted (`otlp_spans_failed`) and said. One
+//! connection carries the requests ([`Conn`]: an HTTP/1.1 keep-alive
+//! connection, or a gRPC channel) and is made anew only after it fails:
+//! the collector's host pays one accept per recording, not one per stall.
+//! Plain
 //! `http://` endpoints only (no TLS here: an `https://` endpoint is
 //! refused with a message).
 
@@ -323,6 +327,7 @@ fn run(config: OtlpConfig, rx: Receiver<Msg>, counts: &Counts) -> ExportReport {
         }
     };
     let mut deadline: Option<Instant> = None;
+    let mut conn = Conn::default();
     loop {
         let msg = match deadline {
             None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
@@ -336,7 +341,7 @@ fn run(config: OtlpConfig, rx: Receiver<Msg>, counts: &Counts) -> ExportReport {
                     counts.failed.fetch_add(n, Ordering::Relaxed);
                     continue;
                 }
-                match rt.block_on(send_with_retries(&config, &req, deadline)) {
+                match rt.block_on(send_with_retries(&config, &mut conn, &req, deadline)) {
                     Ok(()) => {
                         report.exported += n;
                         counts.exported.fetch_add(n, Ordering::Relaxed);
@@ -358,6 +363,7 @@ fn run(config: OtlpConfig, rx: Receiver<Msg>, counts: &Counts) -> ExportReport {
 
 async fn send_with_retries(
     config: &OtlpConfig,
+    conn: &mut Conn,
     req: &ExportTraceServiceRequest,
     deadline: Option<Instant>,
 ) -> Result<(), String> {
@@ -371,16 +377,21 @@ async fn send_with_retries(
                 break;
             }
         }
-        let sent = tokio::time::timeout(timeout, send_once(config, req)).await;
+        let sent = tokio::time::timeout(timeout, send_once(config, conn, req)).await;
         match sent {
             Ok(Ok(())) => return Ok(()),
             Ok(Err((e, retryable))) => {
+                // The connection may be what failed: the next try makes one.
+                *conn = Conn::default();
                 last = e;
                 if !retryable {
                     break;
                 }
             }
-            Err(_) => last = format!("no answer within {} ms", timeout.as_millis()),
+            Err(_) => {
+                *conn = Conn::default();
+                last = format!("no answer within {} ms", timeout.as_millis());
+            }
         }
         if attempt < TRIES {
             if deadline.is_some_and(|d| Instant::now() + wait >= d) {
@@ -393,19 +404,29 @@ async fn send_with_retries(
     Err(last)
 }
 
+/// The exporter's connection to the collector, kept between requests;
+/// none until the first request, and again after a failure.
+#[derive(Default)]
+struct Conn {
+    http: Option<hyper::client::conn::http1::SendRequest<Full<hyper::body::Bytes>>>,
+    grpc: Option<TraceServiceClient<tonic::transport::Channel>>,
+}
+
 /// One attempt: Ok, or the error and whether another attempt may help.
 async fn send_once(
     config: &OtlpConfig,
+    conn: &mut Conn,
     req: &ExportTraceServiceRequest,
 ) -> Result<(), (String, bool)> {
     match config.protocol {
-        Protocol::HttpProtobuf => send_http(config, req).await,
-        Protocol::Grpc => send_grpc(config, req).await,
+        Protocol::HttpProtobuf => send_http(config, conn, req).await,
+        Protocol::Grpc => send_grpc(config, conn, req).await,
     }
 }
 
 async fn send_http(
     config: &OtlpConfig,
+    conn: &mut Conn,
     req: &ExportTraceServiceRequest,
 ) -> Result<(), (String, bool)> {
     let uri: hyper::Uri = config
@@ -414,14 +435,27 @@ async fn send_http(
         .map_err(|e| (format!("bad URL {}: {e}", config.url), false))?;
     let host = uri.host().unwrap_or("127.0.0.1").to_string();
     let port = uri.port_u16().unwrap_or(80);
-    let stream = tokio::net::TcpStream::connect((host.as_str(), port))
-        .await
-        .map_err(|e| (format!("connecting to {host}:{port}: {e}"), true))?;
-    let io = hyper_util::rt::TokioIo::new(stream);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| (format!("HTTP handshake with {host}:{port}: {e}"), true))?;
-    tokio::spawn(conn);
+    // The kept connection, when the collector has not closed it.
+    let mut kept = conn.http.take();
+    if let Some(s) = &mut kept
+        && s.ready().await.is_err()
+    {
+        kept = None;
+    }
+    let mut sender = match kept {
+        Some(s) => s,
+        None => {
+            let stream = tokio::net::TcpStream::connect((host.as_str(), port))
+                .await
+                .map_err(|e| (format!("connecting to {host}:{port}: {e}"), true))?;
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let (sender, connection) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(|e| (format!("HTTP handshake with {host}:{port}: {e}"), true))?;
+            tokio::spawn(connection);
+            sender
+        }
+    };
     let authority = uri
         .authority()
         .map(|a| a.to_string())
@@ -445,8 +479,10 @@ async fn send_http(
         .await
         .map_err(|e| (format!("sending to {}: {e}", config.url), true))?;
     let status = resp.status();
-    // Read the answer out, so the connection ends cleanly.
-    let _ = resp.into_body().collect().await;
+    // Read the answer out, so the connection can carry the next request.
+    if resp.into_body().collect().await.is_ok() {
+        conn.http = Some(sender);
+    }
     if status.is_success() {
         return Ok(());
     }
@@ -456,16 +492,22 @@ async fn send_http(
 
 async fn send_grpc(
     config: &OtlpConfig,
+    conn: &mut Conn,
     req: &ExportTraceServiceRequest,
 ) -> Result<(), (String, bool)> {
-    let endpoint = tonic::transport::Endpoint::from_shared(config.url.clone())
-        .map_err(|e| (format!("bad URL {}: {e}", config.url), false))?
-        .timeout(config.timeout);
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| (format!("connecting to {}: {e}", config.url), true))?;
-    let mut client = TraceServiceClient::new(channel);
+    let mut client = match conn.grpc.take() {
+        Some(c) => c,
+        None => {
+            let endpoint = tonic::transport::Endpoint::from_shared(config.url.clone())
+                .map_err(|e| (format!("bad URL {}: {e}", config.url), false))?
+                .timeout(config.timeout);
+            let channel = endpoint
+                .connect()
+                .await
+                .map_err(|e| (format!("connecting to {}: {e}", config.url), true))?;
+            TraceServiceClient::new(channel)
+        }
+    };
     let mut request = tonic::Request::new(req.clone());
     for (k, v) in &config.headers {
         if let (Ok(k), Ok(v)) = (
@@ -475,7 +517,9 @@ async fn send_grpc(
             request.metadata_mut().insert(k, v);
         }
     }
-    match client.export(request).await {
+    let answer = client.export(request).await;
+    conn.grpc = Some(client);
+    match answer {
         Ok(_) => Ok(()),
         Err(status) => {
             let retryable = matches!(
