@@ -770,6 +770,9 @@ pub struct Stall {
     /// The asyncio task running when the stall began.
     #[serde(default)]
     pub task: Option<Task>,
+    /// With no task: the span of the thread's own context (issue 36).
+    #[serde(default)]
+    pub thread_context: Option<ContextTrace>,
     /// The ASGI request the stall served.
     #[serde(default)]
     pub route: Option<Route>,
@@ -792,6 +795,15 @@ pub struct Task {
     #[serde(default)]
     pub awaited_by: Vec<String>,
     /// The OpenTelemetry span current in the task's context.
+    #[serde(default)]
+    pub trace: Option<SpanIds>,
+    #[serde(default)]
+    pub trace_unreadable: Option<String>,
+}
+
+/// stalls.json `thread_context`: the span of the thread's own context.
+#[derive(Debug, Deserialize, Clone)]
+pub struct ContextTrace {
     #[serde(default)]
     pub trace: Option<SpanIds>,
     #[serde(default)]

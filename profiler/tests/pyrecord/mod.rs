@@ -1442,6 +1442,39 @@ pub fn check_routes(test: &str, py: &'static Python) {
     c.check(misses.is_empty(), || {
         format!("stalls that served a request without their route or span: {misses:?}")
     });
+    // Issue 36: a callback the request scheduled (`call_soon`) runs with
+    // no task, under the request's context: its stall's span is the
+    // thread's own context's.
+    let callbacks = run.records("callback");
+    c.check(!callbacks.is_empty(), || {
+        "the victim logged no callback".into()
+    });
+    for cb in &callbacks {
+        let (t0, t1) = (num(cb, "start_ns"), num(cb, "end_ns"));
+        let who = format!("later_callback [{t0} .. {t1}]");
+        c.check(cb["running_task"] == false, || {
+            format!("{who}: the victim ran it inside a task")
+        });
+        let Some(s) = run.only_stall(&mut c, &who, t0, t1) else {
+            continue;
+        };
+        let want = (
+            cb["trace_id"].as_str().unwrap_or_default(),
+            cb["span_id"].as_str().unwrap_or_default(),
+        );
+        let thread = s.thread_context.as_ref();
+        let ids = thread
+            .and_then(|t| t.trace.as_ref())
+            .map(|t| (t.trace_id.as_str(), t.span_id.as_str()));
+        c.check(s.task.is_none() && ids == Some(want), || {
+            format!(
+                "{who}: the stall's task {:?}, thread span {ids:?} (unreadable: {:?}), the \
+                 victim's {want:?}",
+                s.task.as_ref().map(|t| &t.name),
+                thread.and_then(|t| t.trace_unreadable.as_deref())
+            )
+        });
+    }
     let by_route = summary_section(&run.output, "by route (");
     for r in &routes {
         c.check(
