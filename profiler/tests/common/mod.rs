@@ -817,6 +817,13 @@ pub struct SpanIds {
     pub span_id: String,
 }
 
+impl SpanIds {
+    /// (trace id, span id).
+    pub fn pair(&self) -> (&str, &str) {
+        (&self.trace_id, &self.span_id)
+    }
+}
+
 /// A part's `gil_holder`: the thread that held the GIL, and its Python
 /// frames when the wait began.
 #[derive(Debug, Deserialize, Clone)]
