@@ -55,6 +55,7 @@ pub fn stall(start_ns: u64, stacks: Vec<StackPart>) -> Stall {
         incomplete: false,
         coroutine: None,
         task: None,
+        thread_context: None,
         route: None,
         held_up: None,
         stacks,

@@ -315,7 +315,7 @@ fn record_express_traced_says_its_trace_is_not_read() {
     let traced: Vec<String> = rec
         .stalls
         .iter()
-        .filter_map(|s| Some(s.task.as_ref()?.trace.as_ref()?.trace_id.clone()))
+        .filter_map(|s| Some(s.trace()?.trace_id.clone()))
         .collect();
     c.check(traced.is_empty(), || {
         format!("stalls of a Node process carry trace ids it cannot have read: {traced:?}")

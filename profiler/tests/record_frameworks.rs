@@ -27,6 +27,10 @@
 //!   default-view stack holds uvloop's dispatch (`uv_run`, `Handle__run`,
 //!   `run_forever`), which `--native all` does hold.
 //!
+//! And the span of the thread's own context in plain asyncio callbacks
+//! (`record_callback_stalls_carry_the_threads_span`:
+//! tests/victims/py_callback_spans.py, the OpenTelemetry SDK, no task).
+//!
 //! And the route on the host's other CPythons, without packages
 //! (`asgi_routes_pyenv_*`: tests/victims/py_asgi_routes.py, the shapes of
 //! uvicorn and Starlette in the standard library; pyrecord `check_routes`;
@@ -60,11 +64,18 @@ struct AppRecording {
     rec: stallprof::model::Recording,
     raw: serde_json::Value,
     checks: Checks,
+    /// Recordings one at a time (tests/common `serial`).
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 /// Record `script` (with `args` after its log path) under the test venv's
-/// Python, until it exits; its log and truth per `app`.
-fn record_app(test: &str, app: &HandlerApp, script: &str, args: &[&str]) -> AppRecording {
+/// Python, until it exits; its log and truth per `app`. None (the test
+/// skipped) without root and BPF.
+fn record_app(test: &str, app: &HandlerApp, script: &str, args: &[&str]) -> Option<AppRecording> {
+    if !require_root_and_bpf(test) {
+        return None;
+    }
+    let _serial = serial();
     let python = asgi_python();
     let dir = Scratch::new(test);
     let script = victims_dir().join(script);
@@ -85,7 +96,7 @@ fn record_app(test: &str, app: &HandlerApp, script: &str, args: &[&str]) -> AppR
         run.stdout
     ));
     check_contract(&mut checks, &contract, THRESHOLD_NS);
-    AppRecording {
+    Some(AppRecording {
         dir,
         run,
         out,
@@ -94,17 +105,14 @@ fn record_app(test: &str, app: &HandlerApp, script: &str, args: &[&str]) -> AppR
         rec,
         raw,
         checks,
-    }
+        _serial,
+    })
 }
 
 #[test]
 fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
     let test = "record_fastapi_uvloop_culprits_are_the_apps_handlers";
-    if !require_root_and_bpf(test) {
-        return;
-    }
-    let _serial = serial();
-    let AppRecording {
+    let Some(AppRecording {
         dir,
         run,
         out,
@@ -113,7 +121,11 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
         rec,
         raw,
         checks: mut c,
-    } = record_app(test, &APP, "py_fastapi.py", &[]);
+        ..
+    }) = record_app(test, &APP, "py_fastapi.py", &[])
+    else {
+        return;
+    };
     // Each call's stall and its route, as the victim served it.
     let handler_routes =
         APP.check_calls_and_routes(&mut c, &entries, &truth, &rec, &raw, &run.stdout);
@@ -207,11 +219,7 @@ fn record_fastapi_uvloop_culprits_are_the_apps_handlers() {
 #[test]
 fn record_fastapi_otel_stalls_carry_their_spans() {
     let test = "record_fastapi_otel_stalls_carry_their_spans";
-    if !require_root_and_bpf(test) {
-        return;
-    }
-    let _serial = serial();
-    let AppRecording {
+    let Some(AppRecording {
         dir,
         run,
         out,
@@ -220,7 +228,11 @@ fn record_fastapi_otel_stalls_carry_their_spans() {
         rec,
         raw,
         checks: mut c,
-    } = record_app(test, &APP, "py_fastapi.py", &["--otel", "--rounds", "7"]);
+        ..
+    }) = record_app(test, &APP, "py_fastapi.py", &["--otel", "--rounds", "7"])
+    else {
+        return;
+    };
     // The span each call ran in, as the SDK reported it (python_truth's order).
     let spans = call_fields(&entries, &["trace_id", "span_id"]);
     assert_eq!(spans.len(), truth.len());
@@ -248,16 +260,7 @@ fn record_fastapi_otel_stalls_carry_their_spans() {
                 wire["trace_id"] == trace_id.as_str() && wire["span_id"] == span_id.as_str(),
                 || format!("{who}: stalls.json task.trace {wire}, want {trace_id}/{span_id}"),
             );
-            // pprof: the stall's samples carry the span's labels.
-            let labelled = prof["samples"].as_array().is_some_and(|v| {
-                v.iter().any(|p| {
-                    p["labels"]["trace_id"] == trace_id.as_str()
-                        && p["labels"]["span_id"] == span_id.as_str()
-                })
-            });
-            c.check(labelled, || {
-                format!("{who}: no pprof sample labelled trace_id={trace_id} span_id={span_id}")
-            });
+            check_pprof_labelled(&mut c, &who, &prof, &ids[..]);
         }
     }
     let need = (truth.len() * 95).div_ceil(100);
@@ -269,15 +272,147 @@ fn record_fastapi_otel_stalls_carry_their_spans() {
     });
     // (nap's stalls are checked against the child span the victim opened
     // around its sleep, not the request's server span.)
-    let traced = summary_section(&run.stdout, "traced stalls (");
+    check_summary_traced(&mut c, &run.stdout, &spans);
+    c.finish();
+}
+
+/// A stall's pprof samples carry its span's labels, `ids` = [trace id,
+/// span id] as the victim logged them.
+fn check_pprof_labelled(c: &mut Checks, who: &str, prof: &serde_json::Value, ids: &[String]) {
+    let labelled = prof["samples"].as_array().is_some_and(|v| {
+        v.iter().any(|p| {
+            p["labels"]["trace_id"] == ids[0].as_str() && p["labels"]["span_id"] == ids[1].as_str()
+        })
+    });
+    c.check(labelled, || {
+        format!(
+            "{who}: no pprof sample labelled trace_id={} span_id={}",
+            ids[0], ids[1]
+        )
+    });
+}
+
+/// The summary's traced stalls name at least one of the victim's `spans`.
+fn check_summary_traced(c: &mut Checks, stdout: &str, spans: &[Vec<String>]) {
+    let traced = summary_section(stdout, "traced stalls (");
     c.check(
         traced.iter().any(|l| {
             spans
                 .iter()
                 .any(|ids| l.contains(&format!("trace {} span {}", ids[0], ids[1])))
         }),
-        || format!("the summary's traced stalls name none of the SDK's spans: {traced:#?}"),
+        || format!("the summary's traced stalls name none of the victim's spans: {traced:#?}"),
     );
+}
+
+/// Issue 36, the thread's context when no task runs: tests/victims/
+/// py_callback_spans.py, plain asyncio with the OpenTelemetry SDK
+/// (target/asgi-venv, pinned), schedules callbacks with `loop.call_soon`
+/// from inside `tracer.start_as_current_span(...)` (a `time.sleep` and a
+/// CPU loop, 100 ms each) and one outside any span; each logs the span
+/// current inside it. Each callback's stall runs no task and carries the
+/// trace id and span id the victim logged (at least 95% of the spanned
+/// calls, none wrong), from the thread's own context: in the model
+/// (`Stall::trace`), stalls.json `thread_context.trace`, the pprof samples'
+/// `trace_id`/`span_id` labels and the summary's traced stalls; the
+/// spanless callback's stall carries none. `stallprof report` replays the
+/// same spans from the recording.
+#[test]
+fn record_callback_stalls_carry_the_threads_span() {
+    let test = "record_callback_stalls_carry_the_threads_span";
+    const CALLBACKS: HandlerApp = HandlerApp {
+        label: "asyncio-callbacks",
+        file: "py_callback_spans.py",
+        handlers: &["nap_callback", "crunch_callback", "plain_callback"],
+        share_points: 5.0,
+    };
+    let Some(AppRecording {
+        dir,
+        run,
+        out,
+        entries,
+        truth,
+        rec,
+        raw,
+        checks: mut c,
+        ..
+    }) = record_app(test, &CALLBACKS, "py_callback_spans.py", &["--rounds", "8"])
+    else {
+        return;
+    };
+    let spans = call_fields(&entries, &["trace_id", "span_id"]);
+    assert_eq!(spans.len(), truth.len());
+    let prof = read_pprof(&dir.path, &out.join("stalls.pb.gz"));
+    let (mut spanned, mut matched) = (0usize, 0usize);
+    for (t, ids) in truth.iter().zip(&spans) {
+        let (trace_id, span_id) = (&ids[0], &ids[1]);
+        let Some((index, s)) = CALLBACKS.check_call(&mut c, &rec, &raw, t) else {
+            continue;
+        };
+        let who = t.who();
+        c.check(s.task.is_none(), || {
+            format!("{who}: a callback's stall names task {:?}", s.task)
+        });
+        let wire = &raw["stalls"][index]["thread_context"];
+        if trace_id.is_empty() {
+            c.check(s.trace().is_none() && wire.is_null(), || {
+                format!("{who}: a callback outside any span has span {wire}")
+            });
+            continue;
+        }
+        spanned += 1;
+        match s.trace() {
+            Some(got) if got.trace_id == *trace_id && got.span_id == *span_id => matched += 1,
+            Some(got) => c.fail(format!(
+                "{who}: the stall's span is {}/{}, the victim's {trace_id}/{span_id}",
+                got.trace_id, got.span_id
+            )),
+            None => c.add_context(&format!("{who}: no span read ({:?})", s.thread_context)),
+        }
+        if s.trace().is_some() {
+            c.check(
+                wire["trace"]["trace_id"] == trace_id.as_str()
+                    && wire["trace"]["span_id"] == span_id.as_str(),
+                || format!("{who}: stalls.json thread_context {wire}, want {trace_id}/{span_id}"),
+            );
+            check_pprof_labelled(&mut c, &who, &prof, &ids[..]);
+        }
+    }
+    let need = (spanned * 95).div_ceil(100);
+    c.check(spanned > 0 && matched >= need, || {
+        format!(
+            "{matched} of {spanned} spanned callbacks' stalls carry the victim's span, want at \
+             least {need} (95%); drops {:?}",
+            rec.drops
+        )
+    });
+    check_summary_traced(&mut c, &run.stdout, &spans);
+    // Replayed from the recording: the same spans, stall for stall.
+    let replay = dir.join("replay");
+    let r = run_stallprof(
+        &[
+            "report".as_ref(),
+            out.as_os_str(),
+            "-o".as_ref(),
+            replay.as_os_str(),
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(r.status.success(), "report: {}", r.describe());
+    let again = report::read_json(&replay).unwrap_or_else(|e| panic!("the replay: {e}"));
+    let traces = |r: &stallprof::model::Recording| -> Vec<(u64, Option<String>)> {
+        r.stalls
+            .iter()
+            .map(|s| (s.start_ns, s.trace().map(|t| t.span_id.clone())))
+            .collect()
+    };
+    c.check(traces(&again) == traces(&rec), || {
+        format!(
+            "the replay's spans differ:\n{:?}\nrecorded:\n{:?}",
+            traces(&again),
+            traces(&rec)
+        )
+    });
     c.finish();
 }
 
@@ -291,17 +426,13 @@ fn record_fastapi_otel_stalls_carry_their_spans() {
 #[test]
 fn record_aiohttp_stalls_carry_their_routes() {
     let test = "record_aiohttp_stalls_carry_their_routes";
-    if !require_root_and_bpf(test) {
-        return;
-    }
     const AIOHTTP: HandlerApp = HandlerApp {
         label: "aiohttp",
         file: "py_aiohttp.py",
         handlers: &["render", "lookup_user", "health"],
         share_points: 5.0,
     };
-    let _serial = serial();
-    let AppRecording {
+    let Some(AppRecording {
         run,
         entries,
         truth,
@@ -309,7 +440,10 @@ fn record_aiohttp_stalls_carry_their_routes() {
         raw,
         checks: mut c,
         ..
-    } = record_app(test, &AIOHTTP, "py_aiohttp.py", &[]);
+    }) = record_app(test, &AIOHTTP, "py_aiohttp.py", &[])
+    else {
+        return;
+    };
     AIOHTTP.check_calls_and_routes(&mut c, &entries, &truth, &rec, &raw, &run.stdout);
     check_no_route_misses(&mut c, &rec);
     AIOHTTP.check_summary(&mut c, &run.stdout);

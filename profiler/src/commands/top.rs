@@ -305,7 +305,7 @@ fn screen(
         .stalls
         .iter()
         .rev()
-        .find_map(|(_, s)| Some((s, s.task.as_ref()?.trace.as_ref()?)))
+        .find_map(|(_, s)| Some((s, s.trace()?)))
     {
         let route = s
             .route

@@ -368,6 +368,14 @@ pub struct Stall {
     /// could be read and checked against the stall's stack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<Task>,
+    /// Python, when no asyncio task ran (a plain `call_soon`/`call_later`
+    /// callback, an I/O callback, a loop other than asyncio's): the
+    /// OpenTelemetry span of the thread's own current context
+    /// (`PyThreadState.context`, the callback's), or why it could not be
+    /// read. None when a task ran (its context is [`Task::trace`]), or the
+    /// context held no span. Read [`Stall::trace`], not this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread_context: Option<ContextTrace>,
     /// ASGI: the request the stall served (uvicorn/hypercorn running
     /// Starlette/FastAPI), read from its scope and checked against the
     /// stall's stack; None when not a request or not read (the miss is
@@ -380,6 +388,26 @@ pub struct Stall {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_up: Option<HeldUp>,
     pub stacks: Vec<StackPart>,
+}
+
+impl Stall {
+    /// The OpenTelemetry span the stall ran in: its task's context's, or,
+    /// with no task, its thread's own context's. The one accessor every
+    /// output uses.
+    pub fn trace(&self) -> Option<&SpanIds> {
+        match &self.task {
+            Some(t) => t.trace.as_ref(),
+            None => self.thread_context.as_ref()?.trace.as_ref(),
+        }
+    }
+
+    /// Why the context [`Stall::trace`] comes from could not be read.
+    pub fn trace_unreadable(&self) -> Option<&str> {
+        match &self.task {
+            Some(t) => t.trace_unreadable.as_deref(),
+            None => self.thread_context.as_ref()?.trace_unreadable.as_deref(),
+        }
+    }
 }
 
 /// What a stall held up, read from its event loop's own queues while the
@@ -489,6 +517,23 @@ pub struct Task {
     /// Why the task's OpenTelemetry context could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_unreadable: Option<String>,
+}
+
+/// The OpenTelemetry span of a `contextvars.Context` as read: its ids,
+/// or why they could not be read (neither: the context held no span).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextTrace {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<SpanIds>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_unreadable: Option<String>,
+}
+
+impl ContextTrace {
+    /// Whether it says anything (a span, or why none was read).
+    pub fn is_empty(&self) -> bool {
+        self.trace.is_none() && self.trace_unreadable.is_none()
+    }
 }
 
 /// A span's ids in W3C trace-context form: 32 and 16 lowercase hex digits
@@ -954,5 +999,39 @@ impl Recording {
             });
         }
         by_tid.into_values().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stall's span has one owner: its task's context when a task ran
+    /// (even one without a span), else its thread's context.
+    #[test]
+    fn a_stalls_trace_is_its_tasks_else_its_threads() {
+        let thread = ContextTrace {
+            trace: Some(SpanIds::new(1, 2)),
+            trace_unreadable: None,
+        };
+        let mut s = crate::testing::stall(0, vec![]);
+        assert_eq!(s.trace(), None);
+        s.thread_context = Some(thread.clone());
+        assert_eq!(s.trace(), thread.trace.as_ref());
+        s.task = Some(Task {
+            name: "Task-1".into(),
+            trace_unreadable: Some("torn".into()),
+            ..Default::default()
+        });
+        assert_eq!(s.trace(), None, "a task ran: its context, not the thread's");
+        assert_eq!(s.trace_unreadable(), Some("torn"));
+        s.task = None;
+        s.thread_context = Some(ContextTrace {
+            trace: None,
+            trace_unreadable: Some("bad hamt".into()),
+        });
+        assert_eq!(s.trace_unreadable(), Some("bad hamt"));
+        let json = serde_json::to_value(&s.thread_context).unwrap();
+        assert_eq!(json, serde_json::json!({"trace_unreadable": "bad hamt"}));
     }
 }

@@ -175,8 +175,8 @@ impl Counter {
                 "a stall's request could not be read: no route named (docs/asgi.md)"
             }
             Counter::OtelSpanUnreadable => {
-                "a stall's task context could not be read: no trace or span id named \
-                 (stalls.json task.trace_unreadable says why)"
+                "a stall's task or thread context could not be read: no trace or span id named \
+                 (stalls.json task.trace_unreadable or thread_context.trace_unreadable says why)"
             }
             Counter::OtelSpanUnsupported => {
                 "a stall ran OpenTelemetry's instrumentation in a Node process, whose context \
@@ -184,8 +184,8 @@ impl Counter {
                  (docs/architecture.md#node-trace-context)"
             }
             Counter::OtelSpanUnverified => {
-                "a stall's task was in an OpenTelemetry span, but had moved on from the stall's \
-                 stack at every read: no trace or span id named"
+                "a stall's task (with none, its thread's context) was in an OpenTelemetry span, \
+                 but had moved on from the stall's stack at every read: no trace or span id named"
             }
             Counter::OtlpSpansFailed => {
                 "a stall's span did not reach the OTLP collector (down, refused, or past the \

@@ -567,6 +567,7 @@ impl Engine {
             .collect();
         let live::StallReads {
             task,
+            thread_context,
             miss,
             route,
             held_up,
@@ -591,6 +592,7 @@ impl Engine {
             thread,
             holders,
             task,
+            thread_context,
             miss,
             route,
             held_up,
@@ -649,11 +651,7 @@ impl Engine {
         {
             self.counters.add(c, 1);
         }
-        if let Some(why) = stall
-            .task
-            .as_ref()
-            .and_then(|t| t.trace_unreadable.as_ref())
-        {
+        if let Some(why) = stall.trace_unreadable() {
             debug!("pid {tgid}: OpenTelemetry span unreadable: {why}");
             self.counters.add(Counter::OtelSpanUnreadable, 1);
         }

@@ -1,6 +1,7 @@
-//! The live reads of each open busy period: its asyncio task, its ASGI
-//! request's route and its loop's queues (what it holds up), read from the
-//! target while the period runs.
+//! The live reads of each open busy period: its asyncio task (or, when no
+//! task runs, the OpenTelemetry span of the thread's own context), its
+//! ASGI request's route and its loop's queues (what it holds up), read
+//! from the target while the period runs.
 //!
 //! In: the outcome of each read the engine makes of the live target
 //! ([`crate::symbolize::RuntimeReader::asyncio_task`] and `asgi_route`, at
@@ -22,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::model::{Delayed, HeldUp, NotRead, NotReadReason, Route, RuntimeProblem};
 use crate::pipeline::counters::Counter;
-use crate::symbolize::python::{Captured, Queues, QueuesMiss, TaskFound, TaskRead};
+use crate::symbolize::python::{Captured, Queues, QueuesMiss, TaskFound, TaskRead, TraceFound};
 use crate::symbolize::request::RouteRead;
 
 /// A busy period: (tid, start).
@@ -203,8 +204,12 @@ impl QueuesRead {
 #[derive(Default)]
 struct Reads {
     task: Option<Slot<TaskFound, TaskMiss>>,
-    /// Reads made for a read task's span ([`TRACE_TRIES`]).
+    /// Reads made for a read task's span, or the thread's
+    /// ([`TRACE_TRIES`]).
     trace_reads: u32,
+    /// The span of the thread's own context, read at each task read that
+    /// found no task running: the stall's when no read found a task.
+    thread: Option<TraceFound>,
     route: Option<Slot<Route, RouteRead>>,
     queues: Option<QueuesRead>,
 }
@@ -296,10 +301,15 @@ impl BusyReads {
     pub fn wants_task(&self, key: Period, now: Instant) -> Want {
         let reads = self.periods.get(&key);
         let slot = reads.and_then(|r| r.task.as_ref());
-        // A task read whose span was not verified: read again at the next
-        // stack events, up to the task's tries.
-        if let (Some(Slot::Read(t)), Some(r)) = (slot, reads)
-            && (t.span_unverified || t.task.trace.is_some())
+        // A span found or not yet verified, the task's or (no task read)
+        // the thread's: read again at the next stack events, up to
+        // TRACE_TRIES.
+        let span = match slot {
+            Some(Slot::Read(t)) => Some(t.span()),
+            _ => reads.and_then(|r| r.thread.clone()),
+        };
+        if let (Some(span), Some(r)) = (span, reads)
+            && span.wants_more()
             && r.trace_reads < TRACE_TRIES
         {
             return Want::Now;
@@ -399,7 +409,7 @@ impl BusyReads {
             // child span around its blocking call since).
             if let Ok(t) = read
                 && t.task.name == old.task.name
-                && (t.task.trace.is_some() || (old.span_unverified && !t.span_unverified))
+                && t.span().replaces(&old.span())
             {
                 old.task.trace = t.task.trace;
                 old.task.trace_unreadable = t.task.trace_unreadable;
@@ -423,6 +433,25 @@ impl BusyReads {
             }
         };
         self.make_room(key, open).task = Some(slot);
+    }
+
+    /// Keeps what a read of the thread's own context found for period `key`
+    /// (made where a task read found no task); `open` lists the periods
+    /// still open. A later read replaces an earlier one as a task's span
+    /// does ([`TraceFound::replaces`]).
+    pub fn thread_read(
+        &mut self,
+        key: Period,
+        found: TraceFound,
+        open: impl FnOnce() -> HashSet<Period>,
+    ) {
+        let reads = self.make_room(key, open);
+        if reads.thread.is_some() {
+            reads.trace_reads += 1;
+        }
+        if reads.thread.as_ref().is_none_or(|old| found.replaces(old)) {
+            reads.thread = Some(found);
+        }
     }
 
     /// Keeps what a route read of period `key` at `now` found; `open` lists
@@ -500,6 +529,13 @@ impl BusyReads {
             Some(Slot::Tried { last, .. }) => Err(last),
             None => Err(TaskMiss::NoTask),
         }
+    }
+
+    /// The span of the thread's own context of the finished stall `key`
+    /// (None when none was read). Call after [`Self::finish_task`], and
+    /// keep it only when that found no task.
+    pub fn finish_thread(&mut self, key: Period) -> Option<TraceFound> {
+        self.periods.get_mut(&key).and_then(|r| r.thread.take())
     }
 
     /// The route of the finished stall `key` of `tgid`, and the counter of
@@ -715,6 +751,57 @@ mod tests {
             "period closed"
         );
         assert!(!r.any_held());
+    }
+
+    /// ```text
+    /// stack events:  e1      e2      e3      e4 ... e16      e17
+    /// task read:     NoTask  NoTask  NoTask  NoTask (TASK's tries used up)
+    /// thread span:   moved   moved   A       B  ... B        (no read)
+    /// ```
+    /// A plain callback's stall: its thread's context is read with each
+    /// task read that finds no task, again while its span is unverified or
+    /// found (a later capture's may be a child span), up to TRACE_TRIES;
+    /// the latest verified span is the stall's.
+    #[test]
+    fn with_no_task_the_threads_span_is_read_until_verified() {
+        use crate::symbolize::python::SpanRead;
+        let span = |id: u64, still: bool| {
+            let read = SpanRead::Span {
+                trace_id: 1,
+                span_id: id,
+            };
+            TraceFound::checked(Ok(read), still)
+        };
+        let mut r = BusyReads::default();
+        let (k, now) = ((7, 100), Instant::now());
+        let mut reads = 0;
+        let mut read = |r: &mut BusyReads, found: TraceFound| {
+            assert_eq!(r.wants_task(k, now), Want::Now, "read {reads}");
+            r.task_read(k, Err(TaskRead::NoTask), now, HashSet::new);
+            r.thread_read(k, found, HashSet::new);
+            reads += 1;
+        };
+        read(&mut r, span(0xa, false));
+        read(&mut r, span(0xa, false));
+        read(&mut r, span(0xa, true));
+        read(&mut r, span(0xa, false));
+        for _ in 4..=TRACE_TRIES {
+            read(&mut r, span(0xb, true));
+        }
+        assert_eq!(r.wants_task(k, now), Want::Never);
+        assert_eq!(r.finish_task(k), Err(TaskMiss::NoTask));
+        let got = r.finish_thread(k).expect("a thread read");
+        assert_eq!(got.trace.trace, Some(crate::model::SpanIds::new(1, 0xb)));
+        assert!(!got.span_unverified);
+
+        // No span in the thread's context: TASK's tries only.
+        let k = (8, 100);
+        for _ in 0..TASK.tries {
+            assert_eq!(r.wants_task(k, now), Want::Now);
+            r.task_read(k, Err(TaskRead::NoTask), now, HashSet::new);
+            r.thread_read(k, TraceFound::default(), HashSet::new);
+        }
+        assert_eq!(r.wants_task(k, now), Want::Never);
     }
 
     fn route() -> Route {

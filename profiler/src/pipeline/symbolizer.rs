@@ -30,7 +30,7 @@ use log::warn;
 
 use crate::{
     assemble::stall::{RawStall, StallStacks},
-    model::{HeldUp, HolderRelation, Route, Stall, Task, ThreadInfo},
+    model::{ContextTrace, HeldUp, HolderRelation, Route, Stall, Task, ThreadInfo},
     pipeline::reads::TaskMiss,
     symbolize::{
         Answers, BlazeResolver, Joined, Recorder, ResolveNative, SharedMaps, TableResolver,
@@ -62,6 +62,8 @@ pub struct Job {
     pub holders: Vec<(u32, Option<u32>)>,
     /// The asyncio task read while the stall ran.
     pub task: Option<Task>,
+    /// With no task, the span of the thread's own context.
+    pub thread_context: Option<ContextTrace>,
     /// Why there is no task, for the engine's counters (live only).
     pub miss: Option<TaskMiss>,
     /// The ASGI request read while the stall ran.
@@ -90,6 +92,7 @@ pub fn finish(job: Job, native: &mut dyn ResolveNative) -> Done {
         thread,
         holders,
         task,
+        thread_context,
         miss,
         route,
         held_up,
@@ -119,6 +122,7 @@ pub fn finish(job: Job, native: &mut dyn ResolveNative) -> Done {
         h.relation = HolderRelation::SameContainer;
     }
     s.task = task;
+    s.thread_context = thread_context;
     s.route = route;
     s.held_up = held_up;
     Done {

@@ -28,9 +28,9 @@ use serde_json::ser::Formatter;
 use thiserror::Error;
 
 use crate::model::{
-    Container, CpuHolder, CpuQuota, Frame, GilHolder, HeldUp, HolderRelation, PartKind, ProbeSet,
-    Process, ProcessInfo, Recording, Role, Route, RuntimeProblem, StackPart, Stall, Task,
-    ThreadInfo,
+    Container, ContextTrace, CpuHolder, CpuQuota, Frame, GilHolder, HeldUp, HolderRelation,
+    PartKind, ProbeSet, Process, ProcessInfo, Recording, Role, Route, RuntimeProblem, StackPart,
+    Stall, Task, ThreadInfo,
 };
 use crate::report::aggregate;
 
@@ -160,6 +160,10 @@ pub(crate) struct WireStall {
     coroutine: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     task: Option<Task>,
+    /// Added within version 4 (optional): with no task, the span of the
+    /// thread's own context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    thread_context: Option<ContextTrace>,
     /// ASGI: the request's method and route template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     route: Option<Route>,
@@ -278,6 +282,7 @@ pub(crate) fn wire_stall<'a>(
         incomplete: s.incomplete,
         coroutine: s.coroutine.clone(),
         task: s.task.clone(),
+        thread_context: s.thread_context.clone(),
         route: s.route.clone(),
         held_up: s.held_up.clone(),
         entry,
@@ -456,6 +461,7 @@ pub(crate) fn model_stall(
         incomplete: s.incomplete,
         coroutine: s.coroutine,
         task: s.task,
+        thread_context: s.thread_context,
         route: s.route,
         held_up: s.held_up,
         stacks: s

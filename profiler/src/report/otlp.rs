@@ -132,17 +132,17 @@ pub fn span(stall: &Stall, app: &AppPaths, clock: &SpanClock) -> Span {
     let mut links = Vec::new();
     if let Some(t) = &stall.task {
         attributes.push(s("stallprof.task", t.describe()));
-        if let Some(ids) = &t.trace
-            && let (Some(trace_id), Some(span_id)) =
-                (hex_bytes(&ids.trace_id, 16), hex_bytes(&ids.span_id, 8))
-        {
-            links.push(span::Link {
-                trace_id,
-                span_id,
-                attributes: vec![s("stallprof.link", "stalled request")],
-                ..Default::default()
-            });
-        }
+    }
+    if let Some(ids) = stall.trace()
+        && let (Some(trace_id), Some(span_id)) =
+            (hex_bytes(&ids.trace_id, 16), hex_bytes(&ids.span_id, 8))
+    {
+        links.push(span::Link {
+            trace_id,
+            span_id,
+            attributes: vec![s("stallprof.link", "stalled request")],
+            ..Default::default()
+        });
     }
     if stall.incomplete {
         attributes.push(kv(
@@ -266,5 +266,24 @@ mod tests {
         assert_eq!(sp.links[0].span_id, vec![0, 0, 0, 0, 0, 0, 0x86, 0xab]);
         assert_eq!(sp.trace_id.len(), 16);
         assert_eq!(sp.span_id.len(), 8);
+    }
+
+    /// A plain callback's stall (no task) links to the span of its
+    /// thread's own context.
+    #[test]
+    fn a_callbacks_stall_links_to_its_threads_span() {
+        let mut st = crate::testing::stall(5_000_000, vec![]);
+        st.thread_context = Some(crate::model::ContextTrace {
+            trace: Some(SpanIds::new(0xbeef, 0x12)),
+            trace_unreadable: None,
+        });
+        let clock = SpanClock {
+            wall_offset_ns: 0,
+            random: zeros,
+        };
+        let req = request(&[st], &[], &AppPaths::default(), &clock);
+        let sp = &req.resource_spans[0].scope_spans[0].spans[0];
+        assert_eq!(sp.links.len(), 1);
+        assert_eq!(sp.links[0].span_id, vec![0, 0, 0, 0, 0, 0, 0, 0x12]);
     }
 }

@@ -622,10 +622,10 @@ pub fn packets(
             if !t.awaited_by.is_empty() {
                 notes.push(annotation_str("awaited_by", &t.awaited_by.join(" ← ")));
             }
-            if let Some(ids) = &t.trace {
-                notes.push(annotation_str("trace_id", &ids.trace_id));
-                notes.push(annotation_str("span_id", &ids.span_id));
-            }
+        }
+        if let Some(ids) = s.trace() {
+            notes.push(annotation_str("trace_id", &ids.trace_id));
+            notes.push(annotation_str("span_id", &ids.span_id));
         }
         if let Some(e) = aggregate::stall_entry(s, &app) {
             notes.push(annotation_str("entry", &e));

@@ -349,11 +349,11 @@ pub fn profile_in<'a>(
             }
             if let Some(t) = &s.task {
                 labels.push((k_task_name, b.s(&t.name), 0));
-                // Pyroscope's span-profile labels: a trace UI's link in.
-                if let Some(ids) = &t.trace {
-                    labels.push((b.s("trace_id"), b.s(&ids.trace_id), 0));
-                    labels.push((b.s("span_id"), b.s(&ids.span_id), 0));
-                }
+            }
+            // Pyroscope's span-profile labels: a trace UI's link in.
+            if let Some(ids) = s.trace() {
+                labels.push((b.s("trace_id"), b.s(&ids.trace_id), 0));
+                labels.push((b.s("span_id"), b.s(&ids.span_id), 0));
             }
             if let Some(r) = &s.route {
                 labels.push((k_route, b.s(&r.describe()), 0));
@@ -534,10 +534,15 @@ mod tests {
                 ],
             )
         };
+        // A plain callback's stall: no task, the thread's context's span.
         let second = Stall {
             tid: 8,
             coroutine: None,
             task: None,
+            thread_context: Some(crate::model::ContextTrace {
+                trace: Some(crate::model::SpanIds::new(0xbeef, 0x12)),
+                trace_unreadable: None,
+            }),
             ..s.clone()
         };
         let proc = ProcLabel {
@@ -588,6 +593,11 @@ mod tests {
             label(last, "task_name"),
             None,
             "no task, no task_name label"
+        );
+        assert_eq!(
+            label(last, "span_id"),
+            Some(("0000000000000012".into(), 0)),
+            "no task: the thread's context's span"
         );
         let leaf = p.sample[0].location_id[0];
         let loc = &p.location[leaf as usize - 1];

@@ -340,19 +340,11 @@ impl Lines {
 /// paste into a tracing UI), and the stalls whose span could not be read.
 fn trace_lines(out: &mut Lines, rec: &Recording) {
     const SHOWN: usize = 5;
-    let mut traced: Vec<&Stall> = rec
-        .stalls
-        .iter()
-        .filter(|s| s.task.as_ref().is_some_and(|t| t.trace.is_some()))
-        .collect();
+    let mut traced: Vec<&Stall> = rec.stalls.iter().filter(|s| s.trace().is_some()).collect();
     let unreadable = rec
         .stalls
         .iter()
-        .filter(|s| {
-            s.task
-                .as_ref()
-                .is_some_and(|t| t.trace_unreadable.is_some())
-        })
+        .filter(|s| s.trace_unreadable().is_some())
         .count();
     if traced.is_empty() && unreadable == 0 {
         return;
@@ -363,7 +355,7 @@ fn trace_lines(out: &mut Lines, rec: &Recording) {
         traced.len()
     ));
     for s in traced.iter().take(SHOWN) {
-        let Some(ids) = s.task.as_ref().and_then(|t| t.trace.as_ref()) else {
+        let Some(ids) = s.trace() else {
             continue;
         };
         let route = s.route.as_ref().map(|r| r.describe());
@@ -377,8 +369,8 @@ fn trace_lines(out: &mut Lines, rec: &Recording) {
     }
     if unreadable > 0 {
         out.say(format!(
-            "    span not read for {unreadable} stall{} (its task's context could not be read: \
-             see stalls.json task.trace_unreadable)",
+            "    span not read for {unreadable} stall{} (its task's or thread's context could not \
+             be read: see stalls.json task.trace_unreadable, thread_context.trace_unreadable)",
             if unreadable == 1 { "" } else { "s" }
         ));
     }

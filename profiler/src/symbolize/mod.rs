@@ -518,6 +518,23 @@ impl RuntimeReader {
         }
     }
 
+    /// The OpenTelemetry span of the current context of thread `tid` of
+    /// `pid` (the callback's, when no asyncio task runs), checked against
+    /// `stack` (see [`PyResolver::thread_trace`]). Live processes only;
+    /// None for a process that is not a readable CPython.
+    pub fn thread_trace(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        stack: &[(u64, u64)],
+    ) -> Option<python::TraceFound> {
+        let resolver = self
+            .python
+            .entry(pid)
+            .or_insert_with(|| PyResolver::for_pid(pid));
+        Some(resolver.as_mut()?.thread_trace(tid, stack))
+    }
+
     /// CPython 3.14+: where `pid`'s thread states hold their running
     /// asyncio task, and the task's layout, once a task read found them.
     pub fn kernel_task(&self, pid: u32) -> Option<(u64, profiler_common::python::TaskLayout)> {
@@ -1076,9 +1093,10 @@ pub fn to_stall(
     let coroutine = parts.first().and_then(|p| asyncio_coroutine(&p.frames));
     Stall {
         coroutine,
-        task: None,    // the engine's: read while the stall ran
-        route: None,   // the engine's too
-        held_up: None, // the engine's too
+        task: None,           // the engine's: read while the stall ran
+        thread_context: None, // the engine's too
+        route: None,          // the engine's too
+        held_up: None,        // the engine's too
         pid: raw.tgid,
         tid: raw.tid,
         ns_tid: thread.ns_tid,
@@ -1118,6 +1136,10 @@ pub struct TableResolver {
     /// `"tid:start_ns"` of a stall -> the asyncio task read while it ran.
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
     pub tasks: HashMap<String, crate::model::Task>,
+    /// `"tid:start_ns"` of a stall that ran no task -> the span of its
+    /// thread's own context, read while it ran.
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub thread_contexts: HashMap<String, crate::model::ContextTrace>,
     /// `"tid:start_ns"` of a stall -> the ASGI route read while it ran.
     #[serde(default, skip_serializing_if = "HashMap::is_empty")]
     pub routes: HashMap<String, crate::model::Route>,

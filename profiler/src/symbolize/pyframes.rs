@@ -9,10 +9,10 @@ use std::collections::HashMap;
 
 use crate::{
     classify::{is_eval_frame, is_gc_frame},
-    model::{Frame, Route, SpanIds, Task},
+    model::{Frame, Route, Task},
     symbolize::python::{
         Captured, CodeResolver, Interpreter, PyFrameInfo, QueueReader, Queues, QueuesMiss,
-        RouteReader, SpanRead, SpanReader, TaskFound, TaskRead, TaskReader,
+        RouteReader, SpanRead, SpanReader, TaskFound, TaskRead, TaskReader, TraceFound,
     },
     symbolize::request::RouteRead,
 };
@@ -117,7 +117,7 @@ pub struct PyResolver {
     tasks: TaskReader,
     /// The ASGI request its threads serve.
     routes: RouteReader,
-    /// The OpenTelemetry span of a task's context.
+    /// The OpenTelemetry span of a task's or a thread's context.
     spans: SpanReader,
     /// What its asyncio loops have waiting.
     queues: QueueReader,
@@ -224,42 +224,57 @@ impl PyResolver {
                 awaited_by,
                 context,
             } => {
-                // The span is the stall's only while the thread still runs
-                // the captured stack: a handler's `with` opening a child
-                // span, or leaving it, changes the task's context as it runs.
-                // Checked from the outermost frame through the innermost
-                // app frame, instruction and all: a span is entered and
-                // left by code (a `with` in the handler) whose frame then
-                // moves; a library's frames deeper may run on.
-                let outer = self.through_app_frame(stack);
-                let still = self
-                    .tstate_of(tid)
-                    .is_some_and(|ts| self.routes.runs_captured(ts, &outer).unwrap_or(false));
                 let span = self.spans.read(context);
-                log::debug!(
-                    "tid {tid}: the task's span (context {context:#x}, still {still}): {span:?}"
-                );
-                let (trace, trace_unreadable, span_unverified) = match span {
-                    Ok(SpanRead::Span { trace_id, span_id }) if still => {
-                        (Some(SpanIds::new(trace_id, span_id)), None, false)
-                    }
-                    Ok(SpanRead::Span { .. }) => (None, None, true),
-                    Ok(SpanRead::NoSpan) => (None, None, false),
-                    Err(why) => (None, Some(why), false),
-                };
+                log::debug!("tid {tid}: the task's span (context {context:#x}): {span:?}");
+                let found = self.checked_span(tid, stack, span);
                 Ok(TaskFound {
                     task: Task {
                         name,
                         coro: self.resolve(coro_code, coro_instr).map(|i| i.qualname),
                         awaited_by,
-                        trace,
-                        trace_unreadable,
+                        trace: found.trace.trace,
+                        trace_unreadable: found.trace.trace_unreadable,
                     },
-                    span_unverified,
+                    span_unverified: found.span_unverified,
                 })
             }
             other => Err(other),
         }
+    }
+
+    /// The OpenTelemetry span of thread `tid`'s own current context
+    /// (`PyThreadState.context`: under asyncio's `Handle._run`, the
+    /// context the running callback was scheduled in), checked against
+    /// `stack` as a task's span is. For a stall that runs no task.
+    pub fn thread_trace(&mut self, tid: u32, stack: &[(u64, u64)]) -> TraceFound {
+        let span = match self.tstate_of(tid) {
+            Some(ts) => self.spans.in_thread(ts),
+            None => Err(format!("thread {tid}: no Python thread state found")),
+        };
+        log::debug!("tid {tid}: the thread's span: {span:?}");
+        self.checked_span(tid, stack, span)
+    }
+
+    /// A span read from a context of thread `tid`, kept only while the
+    /// thread still runs the captured `stack` (innermost first): a `with`
+    /// opening a child span, or leaving it, changes the context as the code
+    /// runs. Checked from the outermost frame through the innermost app
+    /// frame, instruction and all: a span is entered and left by code (a
+    /// `with` in the handler) whose frame then moves; a library's frames
+    /// deeper may run on.
+    fn checked_span(
+        &mut self,
+        tid: u32,
+        stack: &[(u64, u64)],
+        span: Result<SpanRead, String>,
+    ) -> TraceFound {
+        let still = matches!(span, Ok(SpanRead::Span { .. })) && {
+            let outer = self.through_app_frame(stack);
+            self.tstate_of(tid)
+                .is_some_and(|ts| self.routes.runs_captured(ts, &outer).unwrap_or(false))
+        };
+        log::debug!("tid {tid}: span still the stall's: {still}");
+        TraceFound::checked(span, still)
     }
 
     /// The captured `stack` (innermost first) from its innermost app frame

@@ -783,6 +783,9 @@ pub struct Stall {
     /// The asyncio task running when the stall began.
     #[serde(default)]
     pub task: Option<Task>,
+    /// With no task: the span of the thread's own context (issue 36).
+    #[serde(default)]
+    pub thread_context: Option<ContextTrace>,
     /// The ASGI request the stall served.
     #[serde(default)]
     pub route: Option<Route>,
@@ -811,11 +814,27 @@ pub struct Task {
     pub trace_unreadable: Option<String>,
 }
 
+/// stalls.json `thread_context`: the span of the thread's own context.
+#[derive(Debug, Deserialize, Clone)]
+pub struct ContextTrace {
+    #[serde(default)]
+    pub trace: Option<SpanIds>,
+    #[serde(default)]
+    pub trace_unreadable: Option<String>,
+}
+
 /// stalls.json `task.trace`: W3C hex ids.
 #[derive(Debug, Deserialize, Clone, PartialEq, Eq)]
 pub struct SpanIds {
     pub trace_id: String,
     pub span_id: String,
+}
+
+impl SpanIds {
+    /// (trace id, span id).
+    pub fn pair(&self) -> (&str, &str) {
+        (&self.trace_id, &self.span_id)
+    }
 }
 
 /// A part's `gil_holder`: the thread that held the GIL, and its Python

@@ -1386,6 +1386,14 @@ pub fn check_tasks_unreadable(test: &str, py: &'static Python) {
 /// (in stalls.json), the two routes must be under the summary's `by
 /// route`, and no stall that served a request may go without its route
 /// (no `asgi_route_*` counter).
+/// The span a victim's log record names: (trace id, span id).
+fn logged_span(r: &serde_json::Value) -> (&str, &str) {
+    (
+        r["trace_id"].as_str().unwrap_or_default(),
+        r["span_id"].as_str().unwrap_or_default(),
+    )
+}
+
 pub fn check_routes(test: &str, py: &'static Python) {
     let Some(run) = record(test, py, "py_asgi_routes.py", &[]) else {
         return;
@@ -1418,14 +1426,9 @@ pub fn check_routes(test: &str, py: &'static Python) {
         });
         // The span current in the request's task, as the victim's
         // OpenTelemetry-shaped context holds it.
-        let want_ids = (
-            call["trace_id"].as_str().unwrap_or_default(),
-            call["span_id"].as_str().unwrap_or_default(),
-        );
+        let want_ids = logged_span(call);
         let task = s.task.as_ref();
-        let ids = task
-            .and_then(|t| t.trace.as_ref())
-            .map(|t| (t.trace_id.as_str(), t.span_id.as_str()));
+        let ids = task.and_then(|t| t.trace.as_ref()).map(SpanIds::pair);
         c.check(ids == Some(want_ids), || {
             format!(
                 "{who}: the stall's span is {ids:?} (unreadable: {:?}), the victim's is {want_ids:?}",
@@ -1442,6 +1445,34 @@ pub fn check_routes(test: &str, py: &'static Python) {
     c.check(misses.is_empty(), || {
         format!("stalls that served a request without their route or span: {misses:?}")
     });
+    // Issue 36: a callback the request scheduled (`call_later`) runs with
+    // no task, under the request's context: its stall's span is the
+    // thread's own context's.
+    let callbacks = run.records("callback");
+    c.check(!callbacks.is_empty(), || {
+        "the victim logged no callback".into()
+    });
+    for cb in &callbacks {
+        let (t0, t1) = (num(cb, "start_ns"), num(cb, "end_ns"));
+        let who = format!("later_callback [{t0} .. {t1}]");
+        c.check(cb["running_task"] == false, || {
+            format!("{who}: the victim ran it inside a task")
+        });
+        let Some(s) = run.only_stall(&mut c, &who, t0, t1) else {
+            continue;
+        };
+        let want = logged_span(cb);
+        let thread = s.thread_context.as_ref();
+        let ids = thread.and_then(|t| t.trace.as_ref()).map(SpanIds::pair);
+        c.check(s.task.is_none() && ids == Some(want), || {
+            format!(
+                "{who}: the stall's task {:?}, thread span {ids:?} (unreadable: {:?}), the \
+                 victim's {want:?}",
+                s.task.as_ref().map(|t| &t.name),
+                thread.and_then(|t| t.trace_unreadable.as_deref())
+            )
+        });
+    }
     let by_route = summary_section(&run.output, "by route (");
     for r in &routes {
         c.check(

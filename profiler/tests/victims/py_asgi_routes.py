@@ -12,6 +12,12 @@ with the standard library only, so they run on every CPython 3.10-3.15
                        3.11+), WideRoute 40 (a dict of its own)
     nap, crunch        async endpoints that block the loop: time.sleep
                        (off-CPU) and a pure-Python loop (on-CPU)
+    later              an async endpoint that blocks nothing itself: it
+                       schedules later_callback with loop.call_later, which
+                       runs LATER_S after the request's task (a busy period
+                       of its own), with no task running, under the context
+                       call_later copied (the request's span in it), and
+                       sleeps there (issue 36: the thread's own context)
     Tracing            an OpenTelemetry-style middleware, as opentelemetry-api
                        keeps the current span: a ContextVar named
                        "current_context" holding a Context (a dict) whose
@@ -29,6 +35,8 @@ Log (JSON lines, flushed per line; times are time.monotonic_ns()):
     {"kind":"call","func":"nap"|"crunch","method":"GET","route":"/nap/{n}",
      "path":"/nap/1","tid":T,"start_ns":..,"end_ns":..,
      "trace_id":"<32 hex>","span_id":"<16 hex>"}
+    {"kind":"callback","func":"later_callback","tid":T,"start_ns":..,
+     "end_ns":..,"trace_id":"<32 hex>","span_id":"<16 hex>"}
     {"kind":"done"}
 `method` and `route` are the scope's, as the endpoint sees them.
 """
@@ -45,6 +53,7 @@ import uuid
 
 BLOCK_S = 0.09
 GAP_S = 0.2
+LATER_S = 0.03
 LOG = None
 
 
@@ -119,6 +128,18 @@ async def crunch(scope):
     record("crunch", scope, start)
 
 
+async def later(scope):
+    asyncio.get_running_loop().call_later(LATER_S, later_callback)
+
+
+def later_callback():
+    start = time.monotonic_ns()
+    time.sleep(BLOCK_S)
+    log(kind="callback", func="later_callback", tid=threading.get_native_id(),
+        start_ns=start, end_ns=time.monotonic_ns(), running_task=asyncio.current_task() is not None,
+        **current_span_ids())
+
+
 class Route:
     def __init__(self, path, methods, endpoint):
         self.path = path
@@ -173,6 +194,7 @@ class Cycle:
 APP = Tracing(Middleware(Router([
     Route("/nap/{n}", {"GET"}, nap),
     WideRoute("/crunch/{job_id}", {"POST"}, crunch),
+    Route("/later/{n}", {"GET"}, later),
 ])))
 
 
@@ -182,7 +204,7 @@ async def main(rounds):
     await asyncio.sleep(0.6)
     loop = asyncio.get_running_loop()
     for i in range(rounds):
-        for method, path in (("GET", f"/nap/{i}"), ("POST", f"/crunch/{i}")):
+        for method, path in (("GET", f"/nap/{i}"), ("POST", f"/crunch/{i}"), ("GET", f"/later/{i}")):
             scope = {"type": "http", "asgi": {"version": "3.0"}, "method": method,
                      "path": path, "headers": []}
             await loop.create_task(Cycle(scope).run_asgi(APP))

@@ -1,6 +1,7 @@
 //! The live reads of a stack event's busy period, for the engine: each
 //! stack event with Python frames of an open period reads the period's
-//! asyncio task and its ASGI request's route from the running target,
+//! asyncio task (with none, its thread's context's span) and its ASGI
+//! request's route from the running target,
 //! while the stall is still going on; a finished stall takes what they
 //! found (or, replayed, what the recording saved).
 //!
@@ -13,7 +14,7 @@ use log::debug;
 
 use crate::{
     kernel::event::Event,
-    model::{HeldUp, NotRead, NotReadReason, Route, Task},
+    model::{ContextTrace, HeldUp, NotRead, NotReadReason, Route, Task},
     pipeline::{
         control::Control,
         counters::Counter,
@@ -28,6 +29,8 @@ use super::{Engine, Symbols};
 /// What the live reads found for a finished stall.
 pub(super) struct StallReads {
     pub task: Option<Task>,
+    /// With no task, the span of the thread's own context.
+    pub thread_context: Option<ContextTrace>,
     /// Why it has no task (live only).
     pub miss: Option<TaskMiss>,
     pub route: Option<Route>,
@@ -114,10 +117,21 @@ impl Engine {
         {
             debug!("pid {tgid} tid {}: asyncio task unreadable: {why}", key.0);
         }
+        // No task runs (a plain callback, another loop): the span is the
+        // thread's own context's.
+        let thread = match found {
+            Err(TaskRead::NoTask) => reader.thread_trace(tgid, key.0, python),
+            _ => None,
+        };
         let tracker = &self.kept.tracker;
         self.kept
             .reads
             .task_read(key, found, now, || tracker.open_periods());
+        if let Some(thread) = thread {
+            self.kept
+                .reads
+                .thread_read(key, thread, || tracker.open_periods());
+        }
     }
 
     /// Read what the loop of period `key` of `tgid` holds up now: its
@@ -230,16 +244,23 @@ impl Engine {
     /// it has no task.
     pub(super) fn stall_reads(&mut self, tgid: u32, key: Period, end_ns: u64) -> StallReads {
         let saved_key = format!("{}:{}", key.0, key.1);
-        let task = self.kept.reads.finish_task(key).map(|found| {
-            if found.span_unverified {
-                self.counters.add(Counter::OtelSpanUnverified, 1);
-            }
-            found.task
-        });
+        let task = self.kept.reads.finish_task(key);
+        // The thread's context is the stall's only when no task was read.
+        let thread = self.kept.reads.finish_thread(key).filter(|_| task.is_err());
+        let span_unverified = match &task {
+            Ok(found) => found.span_unverified,
+            Err(_) => thread.as_ref().is_some_and(|t| t.span_unverified),
+        };
+        if span_unverified {
+            self.counters.add(Counter::OtelSpanUnverified, 1);
+        }
+        let task = task.map(|found| found.task);
+        let thread_context = thread.map(|t| t.trace).filter(|t| !t.is_empty());
         let queues = self.kept.reads.finish_queues(tgid, key, end_ns);
         match &mut self.symbols {
             Symbols::Saved(table) => StallReads {
                 task: table.tasks.get(&saved_key).cloned(),
+                thread_context: table.thread_contexts.get(&saved_key).cloned(),
                 miss: None,
                 route: table.routes.get(&saved_key).cloned(),
                 held_up: table.held_up.get(&saved_key).cloned(),
@@ -271,6 +292,9 @@ impl Engine {
                     if let Ok(t) = &task {
                         table.tasks.insert(saved_key.clone(), t.clone());
                     }
+                    if let Some(t) = &thread_context {
+                        table.thread_contexts.insert(saved_key.clone(), t.clone());
+                    }
                     if let Some(r) = &route {
                         table.routes.insert(saved_key.clone(), r.clone());
                     }
@@ -282,6 +306,7 @@ impl Engine {
                 };
                 StallReads {
                     task,
+                    thread_context,
                     miss,
                     route,
                     held_up: Some(held_up),

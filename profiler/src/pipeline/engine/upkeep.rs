@@ -105,7 +105,7 @@ impl Engine {
             match a {
                 Answer::Python(pid, r) => {
                     if let Some(w) = self.python.get_mut(&pid) {
-                        w.found(pid, r, probes);
+                        w.found(pid, *r, probes);
                     }
                 }
                 Answer::Tokio(pid, points) => {

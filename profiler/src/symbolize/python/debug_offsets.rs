@@ -15,8 +15,10 @@
 //!   and whole sections; 3.15 adds six thread-state fields and two
 //!   type-object fields);
 //! - the frame owners that mark a shim (`FRAME_OWNED_BY_*`), the
-//!   `_PyStackRef` tag bits on `f_executable`, the line-table format, and
-//!   `_PyRuntimeState.interpreters.main` (right after `.head`).
+//!   `_PyStackRef` tag bits on `f_executable`, the line-table format,
+//!   `_PyRuntimeState.interpreters.main` (right after `.head`), and
+//!   `PyThreadState.context` (checked to lie inside the target's thread
+//!   state).
 //!
 //! Provenance of the positions: CPython's
 //! `Include/internal/pycore_debug_offsets.h` (3.13 and 3.14 field lists),
@@ -109,6 +111,15 @@ struct Version {
     /// `_PyStackRef` (`Py_TAG_BITS` = 3 covers the refcount and int tags;
     /// seen live: code objects untagged, `Py_None` with bit 0 set).
     code_tag_mask: u64,
+    /// `PyThreadState.context` (`_Py_DebugOffsets` has no such field):
+    /// gdb on pyenv 3.13.0 (`print &((PyThreadState*)0)->context`), and on
+    /// each build (pyenv 3.13.0, Debian's 3.13.15, 3.14.8, 3.15.0) a live
+    /// interpreter scanning its own thread state
+    /// (`ctypes.pythonapi.PyThreadState_Get()`, 1200 bytes) inside
+    /// `ctx.run(...)` of a fresh `contextvars.Context` for the word equal to
+    /// `id(ctx)`: exactly one word, this one, for two contexts in turn, and
+    /// none once `run` returned. 3.15's thread state grew before it (232).
+    tstate_context: u32,
 }
 
 /// 3.13: `pycore_debug_offsets.h` v3.13.0; 73 u64s (584 bytes).
@@ -154,6 +165,7 @@ const V3_13: Version = Version {
     },
     owner_shim_min: 3,
     code_tag_mask: 0,
+    tstate_context: 208,
 };
 
 /// 3.14: interpreter state gains `threads_main` (after `threads_head`) and
@@ -202,6 +214,7 @@ const V3_14: Version = Version {
     },
     owner_shim_min: 3,
     code_tag_mask: 3,
+    tstate_context: 208,
 };
 
 /// 3.15: the thread-state section has 17 fields (`thread_id` 9th,
@@ -239,6 +252,7 @@ const V3_15: Version = Version {
     },
     owner_shim_min: 3,
     code_tag_mask: 3,
+    tstate_context: 232,
 };
 
 const VERSIONS: &[Version] = &[V3_13, V3_14, V3_15];
@@ -417,6 +431,13 @@ pub fn layout(buf: &[u8], py_version: u32) -> Result<Layout, PythonError> {
             return Err(mismatch(field, size, off));
         }
     }
+    if u64::from(v.tstate_context) + 8 > word(a.tstate_size) {
+        return Err(mismatch(
+            "thread_state.size (holding context)",
+            u64::from(v.tstate_context) + 8,
+            word(a.tstate_size),
+        ));
+    }
     // Code resolution reads object headers at fixed offsets: the target's
     // must be those.
     let fixed: &[(&'static str, usize, u64)] = &[
@@ -492,6 +513,7 @@ pub fn layout(buf: &[u8], py_version: u32) -> Result<Layout, PythonError> {
             "thread_state.native_thread_id",
             word(a.tstate_native_thread_id),
         )?),
+        tstate_context: v.tstate_context,
         code_filename: u32_of("code_object.filename", word(a.code_filename))?,
         code_name: u32_of("code_object.name", word(a.code_name))?,
         code_qualname: Some(u32_of("code_object.qualname", word(a.code_qualname))?),
@@ -919,6 +941,11 @@ mod tests {
             (936, 7264)
         );
         assert_eq!((l15.unicode_ascii_data, l15.unicode_compact_data), (40, 56));
+        // The thread's context: not in _Py_DebugOffsets (the table's).
+        assert_eq!(
+            (l13.tstate_context, l14.tstate_context, l15.tstate_context),
+            (208, 208, 232)
+        );
     }
 
     #[test]

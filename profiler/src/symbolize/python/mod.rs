@@ -43,7 +43,7 @@ pub use discover::is_interpreter_file;
 pub use linetable::{LineRange, LineTableFormat};
 pub use loop_queues::{QueueReader, Queues, QueuesMiss};
 pub use offsets::{GilFields, Layout};
-pub use otel::{SpanRead, SpanReader};
+pub use otel::{SpanRead, SpanReader, TraceFound};
 pub use profiler_common::python::{PY_MAX_FRAMES, PyFrame, PyOffsets};
 pub use tasks::{Captured, TaskFound, TaskRead, TaskReader};
 

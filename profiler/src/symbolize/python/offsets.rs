@@ -13,7 +13,11 @@
 //! long)&((T*)0)->field'` / `ptype /o T` on
 //! `/root/.pyenv/versions/X.Y.Z/lib/libpythonX.Y.so.1.0` (full DWARF), run
 //! while writing this table; "runtime" = the root integration test
-//! `tests/python_frames.rs` walking a live victim of that build.
+//! `tests/python_frames.rs` walking a live victim of that build. For
+//! `tstate_context`, "runtime" = a live interpreter of that build scanning
+//! its own thread state (`ctypes.pythonapi.PyThreadState_Get()`) inside
+//! `ctx.run(...)` of a fresh `contextvars.Context` for the word equal to
+//! `id(ctx)`: one word, at the gdb offset, for two contexts in turn.
 
 use profiler_common::python::{
     PY_FRAME_MODEL_FRAME_OBJECT, PY_FRAME_MODEL_INTERPRETER_FRAME, PY_OFFSET_NONE, PY_OWNER_NONE,
@@ -53,6 +57,10 @@ pub struct Layout {
     /// `PyThreadState.native_thread_id` (3.11+); 3.10 maps `thread_id`
     /// through glibc's `struct pthread` instead.
     pub tstate_native_thread_id: Option<u32>,
+    /// `PyThreadState.context`: the thread's current `contextvars.Context`
+    /// (a `PyContext*`, NULL until the thread first used one; asyncio runs
+    /// each callback under its handle's context there).
+    pub tstate_context: u32,
 
     /// `PyCodeObject` fields.
     pub code_filename: u32,
@@ -137,6 +145,7 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
             tstate_next: 8,
             tstate_thread_id: 176,
             tstate_native_thread_id: None,
+            tstate_context: 240, // gdb 3.10.13; runtime 3.10.13
             code_filename: 104,
             code_name: 112,
             code_qualname: None,
@@ -177,6 +186,7 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
             tstate_next: 8,
             tstate_thread_id: 152,
             tstate_native_thread_id: Some(160),
+            tstate_context: 224, // gdb 3.11.7; runtime 3.11.7
             code_filename: 112,
             code_name: 120,
             code_qualname: Some(128),
@@ -214,6 +224,7 @@ pub fn layout(major: u8, minor: u8) -> Option<Layout> {
             tstate_next: 8,
             tstate_thread_id: 136,
             tstate_native_thread_id: Some(144),
+            tstate_context: 208, // gdb 3.12.1; runtime 3.12.1
             code_filename: 112,
             code_name: 120,
             code_qualname: Some(128),
@@ -282,6 +293,7 @@ pub fn gdb_3_13() -> Layout {
         tstate_next: 8,
         tstate_thread_id: 152,
         tstate_native_thread_id: Some(160),
+        tstate_context: 208,
         code_filename: 112,
         code_name: 120,
         code_qualname: Some(128),

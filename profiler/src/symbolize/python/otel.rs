@@ -2,9 +2,12 @@
 //! process: the trace id and span id the service's own SDK reports for the
 //! request a stall served, read without the SDK's help.
 //!
-//! In: a `PyContext*` (an asyncio Task's `task_context`,
-//! [`super::TaskReader`]). Out: a [`SpanRead`]: the span's ids, or that the
-//! context holds no span, or why it could not be read.
+//! In: a `PyContext*`: an asyncio Task's `task_context`
+//! ([`super::TaskReader`]), or, when no task runs, the thread's own current
+//! context (`PyThreadState.context`, [`SpanReader::in_thread`]: asyncio's
+//! `Handle._run` runs a plain callback under `self._context.run(...)`, the
+//! context copied when it was scheduled). Out: a [`SpanRead`]: the span's
+//! ids, or that the context holds no span, or why it could not be read.
 //!
 //! Where the span is (opentelemetry-api 1.x, checked on 1.45):
 //! - the current OTel `Context` is the value of a `ContextVar` named
@@ -30,6 +33,7 @@
 
 use super::PythonError;
 use super::objects::{Objects, TPFLAGS_DICT_SUBCLASS};
+use crate::model::{ContextTrace, SpanIds};
 use crate::os::memory::{ReadMemory, le_u64};
 
 /// HAMT nodes visited in one context (a context holds a handful of
@@ -79,6 +83,66 @@ impl SpanReader {
     /// it could not be read.
     pub fn read(&self, ctx: u64) -> Result<SpanRead, String> {
         span_in_context(&self.obj, ctx).map_err(|e| e.to_string())
+    }
+
+    /// The span active in the current context of thread state `tstate`
+    /// (`PyThreadState.context`; NULL, a thread that never entered one: no
+    /// span), or why it could not be read.
+    pub fn in_thread(&self, tstate: u64) -> Result<SpanRead, String> {
+        let at = tstate + u64::from(self.obj.layout.tstate_context);
+        let ctx =
+            self.obj.mem.read_u64(at).map_err(|e| {
+                format!("the thread's context (PyThreadState.context at {at:#x}): {e}")
+            })?;
+        self.read(ctx)
+    }
+}
+
+/// A span read from a context and checked against the stall's stack: what
+/// the stall keeps (the model's [`ContextTrace`]) and whether the span is
+/// still unverified — the context held one, but the thread had moved on
+/// from the captured stack when it was read, so it may not be the stall's
+/// (a later read of the stall may verify one; `pipeline/reads.rs` keeps
+/// the flag, the model never sees it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TraceFound {
+    pub trace: ContextTrace,
+    pub span_unverified: bool,
+}
+
+impl TraceFound {
+    /// What `read` found, kept as the stall's when `still` (the thread
+    /// still ran the captured stack at the read).
+    pub fn checked(read: Result<SpanRead, String>, still: bool) -> TraceFound {
+        let (trace, trace_unreadable, span_unverified) = match read {
+            Ok(SpanRead::Span { trace_id, span_id }) if still => {
+                (Some(SpanIds::new(trace_id, span_id)), None, false)
+            }
+            Ok(SpanRead::Span { .. }) => (None, None, true),
+            Ok(SpanRead::NoSpan) => (None, None, false),
+            Err(why) => (None, Some(why), false),
+        };
+        TraceFound {
+            trace: ContextTrace {
+                trace,
+                trace_unreadable,
+            },
+            span_unverified,
+        }
+    }
+
+    /// Whether `self`, a later read of the same task or thread, replaces
+    /// `old` as the stall's: a verified span wins (the span at a later
+    /// capture: the stall's blocking call may run in a child span opened
+    /// after the first), and any verified read wins over an unverified one.
+    pub fn replaces(&self, old: &TraceFound) -> bool {
+        self.trace.trace.is_some() || (old.span_unverified && !self.span_unverified)
+    }
+
+    /// Whether the stall's later stack events should read it again: a span
+    /// unverified, or one found (a later capture's may be a child span).
+    pub fn wants_more(&self) -> bool {
+        self.span_unverified || self.trace.trace.is_some()
     }
 }
 
@@ -187,4 +251,42 @@ fn span_ids(objs: &Objects, span: u64) -> Result<SpanRead, PythonError> {
         return Ok(SpanRead::NoSpan);
     }
     Ok(SpanRead::Span { trace_id, span_id })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPAN: SpanRead = SpanRead::Span {
+        trace_id: 0x2a59,
+        span_id: 0x86ab,
+    };
+
+    #[test]
+    fn a_span_is_kept_only_while_the_thread_runs_the_captured_stack() {
+        let kept = TraceFound::checked(Ok(SPAN), true);
+        assert_eq!(kept.trace.trace, Some(SpanIds::new(0x2a59, 0x86ab)));
+        assert!(!kept.span_unverified);
+        let moved = TraceFound::checked(Ok(SPAN), false);
+        assert!(moved.trace.is_empty() && moved.span_unverified);
+        let none = TraceFound::checked(Ok(SpanRead::NoSpan), false);
+        assert!(none.trace.is_empty() && !none.span_unverified);
+        let bad = TraceFound::checked(Err("torn".into()), true);
+        assert_eq!(bad.trace.trace_unreadable.as_deref(), Some("torn"));
+    }
+
+    /// A verified span replaces any earlier read (a later capture's span
+    /// may be a child span); a verified read of no span replaces only an
+    /// unverified one; an unverified read replaces nothing.
+    #[test]
+    fn later_verified_reads_win() {
+        let kept = TraceFound::checked(Ok(SPAN), true);
+        let moved = TraceFound::checked(Ok(SPAN), false);
+        let none = TraceFound::checked(Ok(SpanRead::NoSpan), true);
+        assert!(kept.replaces(&moved) && kept.replaces(&kept));
+        assert!(none.replaces(&moved));
+        assert!(!none.replaces(&kept));
+        assert!(!moved.replaces(&none) && !moved.replaces(&kept));
+        assert!(kept.wants_more() && moved.wants_more() && !none.wants_more());
+    }
 }

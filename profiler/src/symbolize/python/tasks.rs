@@ -95,6 +95,19 @@ pub struct TaskFound {
     pub span_unverified: bool,
 }
 
+impl TaskFound {
+    /// Its span read, as [`super::TraceFound`] weighs one against another.
+    pub fn span(&self) -> super::TraceFound {
+        super::TraceFound {
+            trace: crate::model::ContextTrace {
+                trace: self.task.trace.clone(),
+                trace_unreadable: self.task.trace_unreadable.clone(),
+            },
+            span_unverified: self.span_unverified,
+        }
+    }
+}
+
 /// What one read found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskRead {
