@@ -413,7 +413,8 @@ impl BusyReads {
             {
                 old.task.trace = t.task.trace;
                 old.task.trace_unreadable = t.task.trace_unreadable;
-                old.span_unverified = false;
+                old.span_unverified = t.span_unverified;
+                old.span_pending = t.span_pending;
             }
             let reads = self.make_room(key, open);
             reads.trace_reads += 1;

@@ -187,14 +187,14 @@ impl PyResolver {
         stack: &[(u64, u64)],
         captured: &Captured,
     ) -> Result<TaskFound, TaskRead> {
-        let tstate = if self.interp.version().1 >= 14 {
-            self.tstate_of(tid)
-        } else {
-            None
-        };
         let ts = self.tstate_of(tid);
-        let live_innermost = ts.and_then(|ts| self.routes.innermost_frame(ts).ok().flatten());
-        let mut read = self.tasks.current(tstate, stack, captured, live_innermost);
+        // The running task hangs off the thread state from 3.14.
+        let tstate = ts.filter(|_| self.interp.version().1 >= 14);
+        // Read only when a task's coroutine body is the captured innermost
+        // frame (about 3 reads).
+        let routes = &self.routes;
+        let live_innermost = || ts.and_then(|ts| routes.innermost_frame(ts).ok().flatten());
+        let mut read = self.tasks.current(tstate, stack, captured, &live_innermost);
         // A stack cut short of its outermost frames (over the kernel's 64
         // Python frames: a deep framework and client stack) lacks the
         // task's coroutine frame. While the thread is still inside the
@@ -213,7 +213,7 @@ impl PyResolver {
             if let Ok(Some(live)) = live
                 && live.len() > captured_frames
             {
-                read = self.tasks.current(tstate, &live, captured, live_innermost);
+                read = self.tasks.current(tstate, &live, captured, &live_innermost);
             }
         }
         match read {
@@ -236,6 +236,7 @@ impl PyResolver {
                         trace_unreadable: found.trace.trace_unreadable,
                     },
                     span_unverified: found.span_unverified,
+                    span_pending: found.span_pending,
                 })
             }
             other => Err(other),

@@ -60,6 +60,11 @@ const SPAN_KEY: &str = "current-span-";
 pub enum SpanRead {
     /// The active span's ids: 128-bit trace id, 64-bit span id.
     Span { trace_id: u128, span_id: u64 },
+    /// The context is OpenTelemetry's (its `current_context` variable is
+    /// set) but holds no span now: a request's task before its server span
+    /// opens (the framework's routing, the instrumentation's own code) or
+    /// after it closes. A later capture of the stall may be inside one.
+    Empty,
     /// The context holds no OpenTelemetry span (no SDK, or no span active).
     NoSpan,
 }
@@ -108,18 +113,23 @@ impl SpanReader {
 pub struct TraceFound {
     pub trace: ContextTrace,
     pub span_unverified: bool,
+    /// The context was OpenTelemetry's with no span in it when read
+    /// ([`SpanRead::Empty`]): read again at the stall's later stack
+    /// events, not counted as a miss.
+    pub span_pending: bool,
 }
 
 impl TraceFound {
     /// What `read` found, kept as the stall's when `still` (the thread
     /// still ran the captured stack at the read).
     pub fn checked(read: Result<SpanRead, String>, still: bool) -> TraceFound {
+        let span_pending = read == Ok(SpanRead::Empty);
         let (trace, trace_unreadable, span_unverified) = match read {
             Ok(SpanRead::Span { trace_id, span_id }) if still => {
                 (Some(SpanIds::new(trace_id, span_id)), None, false)
             }
             Ok(SpanRead::Span { .. }) => (None, None, true),
-            Ok(SpanRead::NoSpan) => (None, None, false),
+            Ok(SpanRead::NoSpan | SpanRead::Empty) => (None, None, false),
             Err(why) => (None, Some(why), false),
         };
         TraceFound {
@@ -128,21 +138,28 @@ impl TraceFound {
                 trace_unreadable,
             },
             span_unverified,
+            span_pending,
         }
     }
 
     /// Whether `self`, a later read of the same task or thread, replaces
     /// `old` as the stall's: a verified span wins (the span at a later
     /// capture: the stall's blocking call may run in a child span opened
-    /// after the first), and any verified read wins over an unverified one.
+    /// after the first), any verified read wins over an unverified one, and
+    /// an unverified span over a context that held none yet (so it is
+    /// counted).
     pub fn replaces(&self, old: &TraceFound) -> bool {
-        self.trace.trace.is_some() || (old.span_unverified && !self.span_unverified)
+        self.trace.trace.is_some()
+            || (old.span_unverified && !self.span_unverified)
+            || (old.span_pending && self.span_unverified)
     }
 
     /// Whether the stall's later stack events should read it again: a span
-    /// unverified, or one found (a later capture's may be a child span).
+    /// unverified, or one found (a later capture's may be a child span), or
+    /// an OpenTelemetry context with no span yet (the first capture may
+    /// precede the request's span).
     pub fn wants_more(&self) -> bool {
-        self.span_unverified || self.trace.trace.is_some()
+        self.span_unverified || self.span_pending || self.trace.trace.is_some()
     }
 }
 
@@ -168,7 +185,7 @@ fn span_in_context(objs: &Objects, ctx: u64) -> Result<SpanRead, PythonError> {
         .find(|&(k, _)| is_span_key(objs, k).unwrap_or(false))
         .map(|(_, v)| v);
     let Some(span) = span else {
-        return Ok(SpanRead::NoSpan);
+        return Ok(SpanRead::Empty);
     };
     span_ids(objs, span)
 }
@@ -288,5 +305,21 @@ mod tests {
         assert!(!none.replaces(&kept));
         assert!(!moved.replaces(&none) && !moved.replaces(&kept));
         assert!(kept.wants_more() && moved.wants_more() && !none.wants_more());
+    }
+
+    /// A request's task read before its server span opened (the first
+    /// capture of a stall in FastAPI's routing): read again, not counted;
+    /// the span of a later capture replaces it, verified or not (then it
+    /// is counted as unverified).
+    #[test]
+    fn a_context_with_no_span_yet_is_read_again() {
+        let empty = TraceFound::checked(Ok(SpanRead::Empty), true);
+        assert!(empty.trace.is_empty() && !empty.span_unverified && empty.span_pending);
+        assert!(empty.wants_more());
+        let kept = TraceFound::checked(Ok(SPAN), true);
+        let moved = TraceFound::checked(Ok(SPAN), false);
+        assert!(kept.replaces(&empty) && moved.replaces(&empty));
+        assert!(!empty.replaces(&kept));
+        assert!(!TraceFound::checked(Ok(SpanRead::NoSpan), true).span_pending);
     }
 }

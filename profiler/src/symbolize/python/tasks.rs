@@ -93,6 +93,9 @@ impl CapturedRead for MemoryRead {
 pub struct TaskFound {
     pub task: crate::model::Task,
     pub span_unverified: bool,
+    /// Its context was OpenTelemetry's with no span yet
+    /// ([`super::TraceFound::span_pending`]).
+    pub span_pending: bool,
 }
 
 impl TaskFound {
@@ -104,6 +107,7 @@ impl TaskFound {
                 trace_unreadable: self.task.trace_unreadable.clone(),
             },
             span_unverified: self.span_unverified,
+            span_pending: self.span_pending,
         }
     }
 }
@@ -278,7 +282,7 @@ impl TaskReader {
         tstate: Option<u64>,
         stack: &[(u64, u64)],
         captured: &Captured,
-        live_innermost: Option<u64>,
+        live_innermost: &dyn Fn() -> Option<u64>,
     ) -> TaskRead {
         if !self.found() {
             return self.not_found();
@@ -493,7 +497,7 @@ impl TaskReader {
         tstate: Option<u64>,
         stack: &[(u64, u64)],
         captured: &Captured,
-        live_innermost: Option<u64>,
+        live_innermost: &dyn Fn() -> Option<u64>,
     ) -> Result<TaskRead, PythonError> {
         let Some(fields) = self.fields else {
             return Ok(TaskRead::NoTask);
@@ -530,6 +534,8 @@ impl TaskReader {
             return Ok(TaskRead::NoTask);
         }
         let innermost = stack.iter().find(|f| f.0 != 0).map(|f| f.0);
+        // The thread's innermost frame now, read once, when first needed.
+        let mut live_frame: Option<Option<u64>> = None;
         for task in candidates {
             let t = mem.read_bytes(task, fields.size as usize)?;
             let coro = le_u64(&t, fields.coro as usize);
@@ -541,7 +547,9 @@ impl TaskReader {
             // function share it), its frame must be the thread's innermost
             // still.
             let on_stack = stack.contains(&(code, instr))
-                || (code != 0 && innermost == Some(code) && live_innermost == Some(frame))
+                || (code != 0
+                    && innermost == Some(code)
+                    && *live_frame.get_or_insert_with(live_innermost) == Some(frame))
                 || (with_stack && code != 0 && stack.iter().any(|f| f.0 == code));
             if !on_stack {
                 continue;
