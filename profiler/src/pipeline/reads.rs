@@ -289,7 +289,11 @@ impl BusyReads {
             Some(c) if c.task == task => c.memory,
             _ => Vec::new(),
         };
-        Captured { task, memory }
+        Captured {
+            task,
+            memory,
+            on_cpu: false,
+        }
     }
 
     /// Thread `tid` exited: its captured task goes.

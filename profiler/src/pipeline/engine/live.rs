@@ -53,6 +53,7 @@ impl Engine {
                 let captured = Captured {
                     task: *task,
                     memory: memory.clone(),
+                    on_cpu: false,
                 };
                 self.kept.reads.capture(*tid, captured);
                 return;
@@ -73,7 +74,10 @@ impl Engine {
             } if !stack.python.is_empty() => (*tgid, *tid, &stack.python, *task),
             _ => return,
         };
-        let captured = self.kept.reads.take_captured(tid, task);
+        let captured = Captured {
+            on_cpu: matches!(ev, Event::Sample { .. }),
+            ..self.kept.reads.take_captured(tid, task)
+        };
         let Some(start) = self.kept.tracker.open_period(tid) else {
             return;
         };

@@ -70,6 +70,10 @@ const RETRY_MAX: Duration = Duration::from_secs(16);
 pub struct Captured {
     pub task: u64,
     pub memory: Vec<MemoryRead>,
+    /// The stack was taken on the CPU (a sample), not as the thread
+    /// blocked (a switch-out): only then may its innermost frame have run
+    /// on within its own code by the read.
+    pub on_cpu: bool,
 }
 
 /// What BPF read with the stack is served in place of the live memory
@@ -545,9 +549,14 @@ impl TaskReader {
             // The coroutine body itself ran bytecode (its instruction
             // moves): the same code is not enough (tasks of one coroutine
             // function share it), its frame must be the thread's innermost
-            // still.
+            // still. Only for a stack taken on the CPU: a thread that
+            // blocked stays at its instruction while the stall lasts, so a
+            // task of that code found running elsewhere in its body is
+            // another's, after the stall (seen: a sleep in Task-6's body
+            // named Task-8, whose own block was running by the read).
             let on_stack = stack.contains(&(code, instr))
-                || (code != 0
+                || (captured.on_cpu
+                    && code != 0
                     && innermost == Some(code)
                     && *live_frame.get_or_insert_with(live_innermost) == Some(frame))
                 || (with_stack && code != 0 && stack.iter().any(|f| f.0 == code));
