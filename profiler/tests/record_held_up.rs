@@ -26,6 +26,12 @@
 //! set and `_ready` deque read instead of asyncio's heap and deque (its
 //! `loop.time()` counts whole milliseconds: within the same bounds).
 //!
+//! Node (the host's Node 20, tests/victims/node_timers.js): the same
+//! checks, each stream a `setInterval` and each block in a `setTimeout`
+//! callback; its timers read from V8's heap (`timerListQueue`'s lists of
+//! `Timeout`s), their clock anchored on libuv's; the worst lateness within
+//! 10 ms at the 90th percentile.
+//!
 //! Needs root (see tests/common/mod.rs for STALLPROF_SKIP_ROOT_TESTS).
 
 mod common;
@@ -78,24 +84,41 @@ fn held_up_uvloop_venv_3_11() {
     let Some(run) = record(test, &asgi_python(), &["--uvloop"]) else {
         return;
     };
-    check_loop_run(test, run, "uvloop");
+    check_loop_run(test, run, "uvloop", 5 * MS);
+}
+
+/// Node's timers (Node 20, the host's): the same checks, each stream a
+/// `setInterval` (tests/victims/node_timers.js), the blocks in a
+/// `setTimeout` callback (a timer pass, the loop's timer clock anchored
+/// from `processTimers`' argument); the worst lateness within 10 ms at the
+/// 90th percentile, as the issue asks of Node.
+#[test]
+fn held_up_node_timers() {
+    let test = "held_up_node_timers";
+    let Some(run) = record_victim(test, "node".as_ref(), "node_timers.js", &[]) else {
+        return;
+    };
+    check_loop_run(test, run, "node", 10 * MS);
 }
 
 fn check_asyncio(test: &str, python: &Path) {
     let Some(run) = record(test, python, &[]) else {
         return;
     };
-    check_loop_run(test, run, "asyncio");
+    check_loop_run(test, run, "asyncio", 5 * MS);
 }
 
 fn check_asyncio_in_container(test: &str, python: &str) {
     let Some(run) = record_in_container(test, python) else {
         return;
     };
-    check_loop_run(test, run, "asyncio");
+    check_loop_run(test, run, "asyncio", 5 * MS);
 }
 
-fn check_loop_run(test: &str, run: Run, want_loop: &str) {
+/// The checks of one recording of a timers victim; `worst_within`: how far
+/// stallprof's worst lateness of a stall may be from the victim's at the
+/// 90th percentile.
+fn check_loop_run(test: &str, run: Run, want_loop: &str, worst_within: u64) {
     let mut c = Checks::new(run.context());
     check_probes(&mut c, &run.rec["probes"]);
     c.check(run.ready["loop"] == want_loop, || {
@@ -202,12 +225,13 @@ fn check_loop_run(test: &str, run: Run, want_loop: &str) {
     }
     worst_diffs.sort_unstable();
     let p90 = nearest_rank(&worst_diffs, 0.90);
-    c.check(!worst_diffs.is_empty() && p90 <= 5 * MS, || {
+    c.check(!worst_diffs.is_empty() && p90 <= worst_within, || {
         format!(
             "stallprof's worst timer lateness differs from the victim's by {:.1} ms at the 90th percentile \
-             over {} stalls (want at most 5 ms): {:?} ms",
+             over {} stalls (want at most {:.0} ms): {:?} ms",
             ms(p90),
             worst_diffs.len(),
+            ms(worst_within),
             worst_diffs.iter().map(|&d| ms(d)).collect::<Vec<_>>()
         )
     });
@@ -327,6 +351,17 @@ impl Run {
 }
 
 fn record(test: &str, python: &Path, args: &[&str]) -> Option<Run> {
+    record_victim(test, python.as_os_str(), "py_timers.py", args)
+}
+
+/// `stallprof record -- RUNTIME VICTIM LOG ARGS…` of a victim of
+/// tests/victims, and its log.
+fn record_victim(
+    test: &str,
+    runtime: &std::ffi::OsStr,
+    victim: &str,
+    args: &[&str],
+) -> Option<Run> {
     if !require_root_and_bpf(test) {
         return None;
     }
@@ -341,16 +376,16 @@ fn record(test: &str, python: &Path, args: &[&str]) -> Option<Run> {
         "-o".into(),
         out.clone().into(),
         "--".into(),
-        python.into(),
-        victims_dir().join("py_timers.py").into(),
+        runtime.into(),
+        victims_dir().join(victim).into(),
         log_path.clone().into(),
     ];
     argv.extend(args.iter().map(Into::into));
     let run = run_stallprof(&argv, Duration::from_secs(90));
     assert!(
         run.status.success(),
-        "stallprof record -- {} py_timers.py failed:\n{}",
-        python.display(),
+        "stallprof record -- {} {victim} failed:\n{}",
+        runtime.to_string_lossy(),
         run.describe()
     );
     Some(Run::read(dir, &log_path, &out, run.stdout))

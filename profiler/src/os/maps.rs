@@ -172,6 +172,16 @@ pub fn mapped_file(pid: u32, m: &Mapping) -> Option<PathBuf> {
     is_mapped(&host).then_some(host)
 }
 
+/// Load bias = runtime address - link-time address, from the mapping that
+/// covers the file offset of the lowest PT_LOAD segment. 0 for non-PIE
+/// executables.
+pub fn load_bias(maps: &[&Mapping], segments: &[(u64, u64)]) -> Option<u64> {
+    const PAGE: u64 = 4096;
+    let &(vaddr, offset) = segments.iter().min_by_key(|(vaddr, _)| *vaddr)?;
+    let m = maps.iter().find(|m| m.offset == offset & !(PAGE - 1))?;
+    Some(m.start.wrapping_sub(vaddr & !(PAGE - 1)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,5 +300,25 @@ garbage line
             ..other
         };
         assert_eq!(mapped_file(pid, &gone), None);
+    }
+
+    #[test]
+    fn load_bias_of_pie_and_non_pie() {
+        let m = |start, offset| Mapping {
+            start,
+            end: start + 0x1000,
+            perms: *b"r-xp",
+            offset,
+            dev: (0, 0),
+            inode: 0,
+            path: String::new(),
+        };
+        let (a, b) = (m(0x7f00_0000_0000, 0), m(0x7f00_0000_5000, 0x5000));
+        assert_eq!(
+            load_bias(&[&a, &b], &[(0x5000, 0x5000), (0, 0)]),
+            Some(0x7f00_0000_0000)
+        );
+        let exe = m(0x400000, 0);
+        assert_eq!(load_bias(&[&exe], &[(0x400000, 0)]), Some(0));
     }
 }

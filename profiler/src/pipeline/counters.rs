@@ -192,7 +192,7 @@ impl Counter {
                  end's deadline): the local outputs have the stall"
             }
             Counter::HeldUpUnread => {
-                "a Python loop's stall whose timers and callbacks were not read in time: what it held up is not said"
+                "a Python or Node loop's stall whose timers and callbacks were not read in time, or could not be: what it held up is not said"
             }
             Counter::SwitchInsMissed => {
                 "a thread ran with its switch-in unseen: its off-CPU time ends at that sample"

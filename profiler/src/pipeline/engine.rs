@@ -387,6 +387,7 @@ impl Engine {
                 self.unwind_user(&mut ev, bytes);
                 // JavaScript frames are known once unwound.
                 self.read_js_route(&ev);
+                self.read_js_queues(&ev);
                 self.handle(ev, probes);
             }
             Err(e) => {

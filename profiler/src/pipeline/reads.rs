@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use crate::model::{Delayed, HeldUp, NotRead, NotReadReason, Route, RuntimeProblem};
 use crate::pipeline::counters::Counter;
-use crate::symbolize::python::{Captured, Queues, QueuesMiss, TaskFound, TaskRead, TraceFound};
+use crate::symbolize::python::{Captured, TaskFound, TaskRead, TraceFound};
+use crate::symbolize::queues::{Queues, QueuesMiss};
 use crate::symbolize::request::RouteRead;
 
 /// A busy period: (tid, start).
@@ -626,13 +627,14 @@ impl BusyReads {
             .map(|(&pid, why)| RuntimeProblem {
                 pid,
                 runtime: runtime(pid),
-                what: "asyncio loop queues unavailable: stalls do not say which timers and \
+                what: "loop queues unavailable: stalls do not say which timers and \
                        callbacks they held up (drops: held_up_unread)"
                     .into(),
                 why: why.clone(),
-                remedy: "report it with the output of `python -VV`; stalls and their frames \
-                     are still measured"
-                    .into(),
+                remedy: format!(
+                    "report it with the output of {}; stalls and their frames are still measured",
+                    runtime_of(pid).1
+                ),
             });
         tasks.chain(routes).chain(queues).collect()
     }

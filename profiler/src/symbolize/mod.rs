@@ -17,6 +17,7 @@
 
 pub mod pyframes;
 pub mod python;
+pub mod queues;
 pub mod request;
 pub mod v8;
 use std::{
@@ -543,19 +544,19 @@ impl RuntimeReader {
 
     /// What the asyncio loop of thread `tid` of `pid` has waiting now (see
     /// [`python::QueueReader`]). Live processes only; a process that is not
-    /// a readable CPython is [`python::QueuesMiss::Unsupported`].
+    /// a readable CPython is [`queues::QueuesMiss::Unsupported`].
     pub fn loop_queues(
         &mut self,
         pid: u32,
         tid: u32,
-    ) -> Result<python::Queues, python::QueuesMiss> {
+    ) -> Result<queues::Queues, queues::QueuesMiss> {
         let resolver = self
             .python
             .entry(pid)
             .or_insert_with(|| PyResolver::for_pid(pid));
         match resolver.as_mut() {
             Some(r) => r.loop_queues(tid),
-            None => Err(python::QueuesMiss::Unsupported("not CPython".into())),
+            None => Err(queues::QueuesMiss::Unsupported("not CPython".into())),
         }
     }
 
@@ -589,6 +590,31 @@ impl RuntimeReader {
             Some(r) => r.express_route(slots),
             None => Err(request::RouteRead::NoRequest),
         }
+    }
+
+    /// What the loop of thread `tid` of Node process `pid` has waiting now
+    /// (its timers and immediates), from `slots`, the JavaScript frames of
+    /// one of its stack events (see [`v8::JsResolver::node_timers`]). Live
+    /// processes only.
+    pub fn node_timers(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        slots: &[JsSlot],
+    ) -> Result<queues::Queues, queues::QueuesMiss> {
+        match self.v8.entry(pid).or_default().get(pid) {
+            Some(r) => r.node_timers(tid == pid, slots),
+            None => Err(queues::QueuesMiss::Unsupported(
+                "V8 is not read in this process".into(),
+            )),
+        }
+    }
+
+    /// Whether `pid` is a Node process whose V8 is read.
+    pub fn is_node(&self, pid: u32) -> bool {
+        self.v8
+            .get(&pid)
+            .is_some_and(|w| matches!(w.state, Some(Ok(_))))
     }
 
     /// Forget everything read from a process (it exited or exec'd; its pid

@@ -11,9 +11,10 @@ use crate::{
     classify::{is_eval_frame, is_gc_frame},
     model::{Frame, Route, Task},
     symbolize::python::{
-        Captured, CodeResolver, Interpreter, PyFrameInfo, QueueReader, Queues, QueuesMiss,
-        RouteReader, SpanRead, SpanReader, TaskFound, TaskRead, TaskReader, TraceFound,
+        Captured, CodeResolver, Interpreter, PyFrameInfo, QueueReader, RouteReader, SpanRead,
+        SpanReader, TaskFound, TaskRead, TaskReader, TraceFound,
     },
+    symbolize::queues::{Queues, QueuesMiss},
     symbolize::request::RouteRead,
 };
 use profiler_common::python::TaskLayout;

@@ -57,6 +57,7 @@ use std::{
 
 mod express;
 mod objects;
+mod timers;
 
 use crate::{
     kernel::event::JsSlot,
@@ -326,16 +327,50 @@ pub struct V8Meta {
     /// Where objects keep their properties (a request's route); Err: why
     /// this binary's metadata does not say (frames are read all the same).
     objects: Result<objects::ObjectMeta, String>,
+    /// What Node's timers are read with ([`timers`]); Err: why this
+    /// binary's metadata does not say.
+    timers: Result<timers::TimerMeta, String>,
+    /// libuv's default loop and Node's timer callback at their link-time
+    /// addresses (None: not in the binary's symbols), and the binary's
+    /// PT_LOAD segments, for [`discover`] to place them.
+    uv_link: Option<UvSymbols>,
+    load_segments: Vec<(u64, u64)>,
+    /// The same at their addresses in the target, once [`discover`] has
+    /// placed them.
+    pub uv: Option<UvSymbols>,
 }
+
+/// libuv's default loop (`default_loop_struct`, the loop of Node's main
+/// thread) and `node::Environment::RunTimers` (the callback of the one
+/// libuv timer Node's JavaScript timers share).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UvSymbols {
+    pub default_loop: u64,
+    pub run_timers: u64,
+}
+
+const UV_DEFAULT_LOOP: &str = "default_loop_struct";
+const NODE_RUN_TIMERS: &str = "_ZN4node11Environment9RunTimersEP10uv_timer_s";
 
 /// Why a binary's metadata cannot be used.
 #[derive(Debug)]
 pub struct MetaError(pub String);
 
-/// Symbol values of an ELF file: each `int` held by a defined symbol
-/// whose name starts with one of `prefixes` (the first of a name, from
-/// `.dynsym` before `.symtab`).
-fn symbol_values(path: &Path, prefixes: &[&str]) -> Result<HashMap<String, i64>, String> {
+/// What discovery reads of an ELF file's symbols.
+struct FileSymbols {
+    /// The `int` held by each defined symbol whose name starts with one of
+    /// the prefixes asked for (the first of a name, from `.dynsym` before
+    /// `.symtab`).
+    values: HashMap<String, i64>,
+    /// The link-time address of each symbol named exactly as asked.
+    addrs: HashMap<String, u64>,
+    /// (p_vaddr, p_offset) of its PT_LOAD segments.
+    load_segments: Vec<(u64, u64)>,
+}
+
+/// The symbols of the ELF file at `path` that start with one of `prefixes`
+/// (their values) or are named one of `exact` (their addresses).
+fn file_symbols(path: &Path, prefixes: &[&str], exact: &[&str]) -> Result<FileSymbols, String> {
     let file = crate::os::limits::open_elf(path)
         .map_err(|e| format!("opening {}: {e}", path.display()))?;
     let elf = ElfSymbols::open(&file).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -345,13 +380,25 @@ fn symbol_values(path: &Path, prefixes: &[&str]) -> Result<HashMap<String, i64>,
             path.display()
         ));
     }
+    let needles: Vec<&str> = prefixes.iter().chain(exact).copied().collect();
     let found = elf
-        .find(prefixes, &|n| prefixes.iter().any(|p| n.starts_with(p)))
+        .find(&needles, &|n| {
+            prefixes.iter().any(|p| n.starts_with(p)) || exact.contains(&n)
+        })
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(found
-        .iter()
-        .filter_map(|sym| Some((sym.name.clone(), i64::from(elf.read_i32(sym)?))))
-        .collect())
+    Ok(FileSymbols {
+        values: found
+            .iter()
+            .filter(|sym| prefixes.iter().any(|p| sym.name.starts_with(p)))
+            .filter_map(|sym| Some((sym.name.clone(), i64::from(elf.read_i32(sym)?))))
+            .collect(),
+        addrs: found
+            .iter()
+            .filter(|sym| exact.contains(&sym.name.as_str()) && sym.value != 0)
+            .map(|sym| (sym.name.clone(), sym.value))
+            .collect(),
+        load_segments: elf.load_segments().to_vec(),
+    })
 }
 
 /// The `v8dbg_*` values of a binary, asked for by name; the first name of
@@ -395,8 +442,13 @@ impl V8Meta {
     /// Reads the metadata from `file` (opened as `mapped_as` in the
     /// target). `Ok(None)`: the file has no V8 metadata at all.
     pub fn read(file: &Path, mapped_as: &str) -> Result<Option<V8Meta>, MetaError> {
-        let vals =
-            symbol_values(file, &["v8dbg_", "_ZN2v88internal7Version6"]).map_err(MetaError)?;
+        let syms = file_symbols(
+            file,
+            &["v8dbg_", "_ZN2v88internal7Version6"],
+            &[UV_DEFAULT_LOOP, NODE_RUN_TIMERS],
+        )
+        .map_err(MetaError)?;
+        let vals = syms.values;
         if !vals.keys().any(|k| k.starts_with("v8dbg_")) {
             return Ok(None);
         }
@@ -528,6 +580,19 @@ impl V8Meta {
             scope_first_vars,
             scope_ncontextlocals,
             objects: objects::ObjectMeta::read(&vals),
+            timers: timers::TimerMeta::read(&vals),
+            uv_link: match (
+                syms.addrs.get(UV_DEFAULT_LOOP),
+                syms.addrs.get(NODE_RUN_TIMERS),
+            ) {
+                (Some(&default_loop), Some(&run_timers)) => Some(UvSymbols {
+                    default_loop,
+                    run_timers,
+                }),
+                _ => None,
+            },
+            load_segments: syms.load_segments,
+            uv: None,
         }))
     }
 }
@@ -565,7 +630,19 @@ pub fn discover(pid: u32) -> Result<Option<V8Meta>, MetaError> {
                 m.path
             )));
         };
-        if let Some(meta) = V8Meta::read(&file, &m.path)? {
+        if let Some(mut meta) = V8Meta::read(&file, &m.path)? {
+            let of_file: Vec<&Mapping> = maps
+                .iter()
+                .filter(|x| x.inode == m.inode && x.dev == m.dev)
+                .collect();
+            if let (Some(link), Some(bias)) =
+                (meta.uv_link, maps::load_bias(&of_file, &meta.load_segments))
+            {
+                meta.uv = Some(UvSymbols {
+                    default_loop: link.default_loop.wrapping_add(bias),
+                    run_timers: link.run_timers.wrapping_add(bias),
+                });
+            }
             return Ok(Some(meta));
         }
     }
@@ -628,6 +705,8 @@ pub struct JsResolver {
     /// is ~5 reads of the target; a drain of them took 0.5 ms a stack).
     warmed: HashSet<(u64, u64)>,
     warmed_in: u64,
+    /// What reads of the process's timers keep ([`timers`]).
+    timers: timers::TimerState,
 }
 
 fn untag(meta: &V8Meta, v: u64) -> Option<u64> {
@@ -672,6 +751,7 @@ impl JsResolver {
             bytecodes: HashMap::new(),
             warmed: HashSet::new(),
             warmed_in: 0,
+            timers: timers::TimerState::default(),
         })
     }
 
@@ -1466,5 +1546,13 @@ mod tests {
         assert_eq!(m.layout.fp_function, -16);
         assert_eq!(m.layout.heap_tag_mask, 3);
         assert!(m.version >= (9, 6, 0));
+        // What Node's timers are read with: the metadata, and libuv's
+        // default loop and the timer callback from its symbols.
+        assert!(m.objects.is_ok(), "{:?}", m.objects);
+        assert!(m.timers.is_ok(), "{:?}", m.timers);
+        let uv = m
+            .uv_link
+            .expect("default_loop_struct and RunTimers in node's symbols");
+        assert!(uv.default_loop != 0 && uv.run_timers != 0);
     }
 }

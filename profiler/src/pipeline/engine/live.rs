@@ -13,14 +13,15 @@ use std::time::Instant;
 use log::debug;
 
 use crate::{
-    kernel::event::Event,
+    kernel::event::{Event, JsSlot},
     model::{ContextTrace, HeldUp, NotRead, NotReadReason, Route, Task},
     pipeline::{
         control::Control,
         counters::Counter,
         reads::{Period, TaskMiss, Want},
     },
-    symbolize::python::{Captured, QueuesMiss, TaskRead},
+    symbolize::python::{Captured, TaskRead},
+    symbolize::queues::QueuesMiss,
     symbolize::request::RouteRead,
 };
 
@@ -167,12 +168,9 @@ impl Engine {
             .queues_read(key, read, after_ns, || tracker.open_periods());
     }
 
-    /// Read the express route of a stack event's busy period from its
-    /// JavaScript frames, now, when the period wants one: the objects are
-    /// found through the stack copy's words (the request moves with the
-    /// young generation; the next stack event has its new address), so a
-    /// read is never held back for later.
-    pub(super) fn read_js_route(&mut self, ev: &Event) {
+    /// A stack event with JavaScript frames of an open busy period: its
+    /// process, thread, frames and period.
+    fn js_stack<'e>(&self, ev: &'e Event) -> Option<(u32, u32, &'e [JsSlot], Period)> {
         let (Event::Sample {
             tgid, tid, stack, ..
         }
@@ -180,15 +178,24 @@ impl Engine {
             tgid, tid, stack, ..
         }) = ev
         else {
-            return;
+            return None;
         };
         if stack.js.is_empty() {
-            return;
+            return None;
         }
-        let Some(start) = self.kept.tracker.open_period(*tid) else {
+        let start = self.kept.tracker.open_period(*tid)?;
+        Some((*tgid, *tid, &stack.js, (*tid, start)))
+    }
+
+    /// Read the express route of a stack event's busy period from its
+    /// JavaScript frames, now, when the period wants one: the objects are
+    /// found through the stack copy's words (the request moves with the
+    /// young generation; the next stack event has its new address), so a
+    /// read is never held back for later.
+    pub(super) fn read_js_route(&mut self, ev: &Event) {
+        let Some((tgid, tid, js, key)) = self.js_stack(ev) else {
             return;
         };
-        let key = (*tid, start);
         let now = Instant::now();
         if self.kept.reads.wants_route(key, now) != Want::Now {
             return;
@@ -196,7 +203,7 @@ impl Engine {
         let Some(reader) = self.symbols.live() else {
             return;
         };
-        let read = reader.express_route(*tgid, &stack.js);
+        let read = reader.express_route(tgid, js);
         match &read {
             Ok(r) => debug!(
                 "pid {tgid} tid {tid}: express route {} {}",
@@ -211,6 +218,40 @@ impl Engine {
         self.kept
             .reads
             .route_read(key, read, now, || tracker.open_periods());
+    }
+
+    /// Read what the Node loop of a stack event's busy period holds up
+    /// (its timers and immediates), when the period wants it read: from
+    /// its JavaScript frames, the way into the heap.
+    pub(super) fn read_js_queues(&mut self, ev: &Event) {
+        let Some((tgid, tid, js, key)) = self.js_stack(ev) else {
+            return;
+        };
+        if !self.kept.reads.wants_queues(key) {
+            return;
+        }
+        let Some(reader) = self.symbols.live() else {
+            return;
+        };
+        let before_ns = crate::os::clock::monotonic_ns();
+        let read = reader.node_timers(tgid, tid, js);
+        let after_ns = crate::os::clock::monotonic_ns();
+        match &read {
+            Ok(q) => debug!(
+                "pid {tgid} tid {tid}: node timers read in {} µs: {} timers, {} immediates",
+                (after_ns - before_ns) / 1000,
+                q.timers_when_ns.len(),
+                q.ready_handles
+            ),
+            Err(QueuesMiss::Unreadable(why)) => {
+                debug!("pid {tgid} tid {tid}: node timers unreadable: {why}")
+            }
+            Err(e) => debug!("pid {tgid} tid {tid}: node timers not read: {e:?}"),
+        }
+        let tracker = &self.kept.tracker;
+        self.kept
+            .reads
+            .queues_read(key, read, after_ns, || tracker.open_periods());
     }
 
     /// The route reads held back that are due now.
@@ -261,6 +302,7 @@ impl Engine {
         let task = task.map(|found| found.task);
         let thread_context = thread.map(|t| t.trace).filter(|t| !t.is_empty());
         let queues = self.kept.reads.finish_queues(tgid, key, end_ns);
+        let is_node = self.symbols.live().is_some_and(|r| r.is_node(tgid));
         match &mut self.symbols {
             Symbols::Saved(table) => StallReads {
                 task: table.tasks.get(&saved_key).cloned(),
@@ -275,9 +317,10 @@ impl Engine {
                     self.counters.add(c, 1);
                 }
                 let held_up = queues.unwrap_or_else(|| {
-                    // A Python loop's stall whose stacks came too late for
-                    // a read; any other runtime's queues are not read.
-                    let reason = if self.python.contains_key(&tgid) {
+                    // A Python or Node loop's stall whose stacks came too
+                    // late for a read; any other runtime's queues are not
+                    // read.
+                    let reason = if self.python.contains_key(&tgid) || is_node {
                         NotReadReason::NoRead
                     } else {
                         NotReadReason::Runtime

@@ -21,7 +21,7 @@ use super::PythonError;
 use crate::os::{
     elf_symbols::ElfSymbols,
     lacking,
-    maps::{self, Mapping, mapped_file},
+    maps::{self, Mapping, load_bias, mapped_file},
 };
 
 /// `libpython3.12.so.1.0`, `libpython3.13t.so`, `python3.11`, ... -> (3, minor).
@@ -221,16 +221,6 @@ pub(crate) fn elf_section(
     Ok(section.data().ok().map(<[u8]>::to_vec))
 }
 
-/// Load bias = runtime address - link-time address, from the mapping that
-/// covers the file offset of the lowest PT_LOAD segment. 0 for non-PIE
-/// executables.
-fn load_bias(maps: &[&Mapping], segments: &[(u64, u64)]) -> Option<u64> {
-    const PAGE: u64 = 4096;
-    let &(vaddr, offset) = segments.iter().min_by_key(|(vaddr, _)| *vaddr)?;
-    let m = maps.iter().find(|m| m.offset == offset & !(PAGE - 1))?;
-    Some(m.start.wrapping_sub(vaddr & !(PAGE - 1)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,25 +252,5 @@ mod tests {
         assert_eq!(version_from_name("/x/libpython3.13t.so"), Some((3, 13)));
         assert_eq!(version_from_name("/usr/bin/python3"), None);
         assert_eq!(version_from_name("/usr/bin/node"), None);
-    }
-
-    #[test]
-    fn load_bias_of_pie_and_non_pie() {
-        let m = |start, offset| Mapping {
-            start,
-            end: start + 0x1000,
-            perms: *b"r-xp",
-            offset,
-            dev: (0, 0),
-            inode: 0,
-            path: String::new(),
-        };
-        let (a, b) = (m(0x7f00_0000_0000, 0), m(0x7f00_0000_5000, 0x5000));
-        assert_eq!(
-            load_bias(&[&a, &b], &[(0x5000, 0x5000), (0, 0)]),
-            Some(0x7f00_0000_0000)
-        );
-        let exe = m(0x400000, 0);
-        assert_eq!(load_bias(&[&exe], &[(0x400000, 0)]), Some(0));
     }
 }

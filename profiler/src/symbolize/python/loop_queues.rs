@@ -43,9 +43,8 @@ use super::objects::{
 };
 use super::offsets::{Layout, OB_TYPE, VAR_OB_SIZE};
 use crate::os::memory::{ProcessMemory, ReadMemory, le_u64};
+use crate::symbolize::queues::{MAX_HANDLES, Queues, QueuesMiss};
 
-/// Handles read from each queue; past this the read is `truncated`.
-pub const MAX_HANDLES: usize = 4096;
 /// `PyMemberDef` entries looked at per type.
 pub const MAX_MEMBERS: u64 = 64;
 /// Types followed up `tp_base` for a handle's members.
@@ -70,30 +69,6 @@ const FLOAT_OB_FVAL: u64 = 16;
 /// `True`), 3.12+ `lv_tag` (`ndigits << 3 | sign`: 8 for `True`, 1 for
 /// `False`).
 const BOOL_WORD: u64 = 16;
-
-/// What one read of a loop found.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Queues {
-    /// The due time (`_when`, CLOCK_MONOTONIC ns) of each live timer in
-    /// the scheduled heap and in the ready queue.
-    pub timers_when_ns: Vec<u64>,
-    /// Other live handles in the ready queue (callbacks, task steps).
-    pub ready_handles: u32,
-    /// A queue held more than [`MAX_HANDLES`]: only that many were read.
-    pub truncated: bool,
-}
-
-/// Why a loop's queues were not read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum QueuesMiss {
-    /// The loop is not asyncio's own `BaseEventLoop` (uvloop's `Loop`):
-    /// its type's name.
-    Unsupported(String),
-    /// The thread's loop is not known (why).
-    NoLoop(&'static str),
-    /// The loop or its queues could not be read (why).
-    Unreadable(String),
-}
 
 /// What a handle's type says of its instances.
 #[derive(Clone, Copy, Debug)]

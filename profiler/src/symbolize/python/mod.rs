@@ -41,7 +41,7 @@ pub use asgi::RouteReader;
 pub use code::{CodeResolver, PyFrameInfo};
 pub use discover::is_interpreter_file;
 pub use linetable::{LineRange, LineTableFormat};
-pub use loop_queues::{QueueReader, Queues, QueuesMiss};
+pub use loop_queues::QueueReader;
 pub use offsets::{GilFields, Layout};
 pub use otel::{SpanRead, SpanReader, TraceFound};
 pub use profiler_common::python::{PY_MAX_FRAMES, PyFrame, PyOffsets};

@@ -66,6 +66,8 @@ pub struct ObjectMeta {
     t_map: u16,
     t_js_object: u16,
     t_property_array: u16,
+    t_symbol: u16,
+    symbol_name: u64,
 }
 
 impl ObjectMeta {
@@ -113,6 +115,12 @@ impl ObjectMeta {
             t_map: get(&["type_Map__MAP_TYPE"]) as u16,
             t_js_object: get(&["type_JSObject__JS_OBJECT_TYPE"]) as u16,
             t_property_array: get(&["type_PropertyArray__PROPERTY_ARRAY_TYPE"]) as u16,
+            t_symbol: get(&["type_Symbol__SYMBOL_TYPE"]) as u16,
+            symbol_name: get(&[
+                "class_Symbol__name__Object",
+                "class_Symbol__description__Object",
+                "class_Symbol__description__Tagged_Object_",
+            ]) as u64,
         };
         values
             .done()
@@ -139,14 +147,50 @@ pub enum Property {
     Accessor,
 }
 
+/// Where the objects of one (fast) map keep a property: found once from
+/// the map's descriptors, then read from each object of that map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// Field `index` (in the object, or past its in-object fields in its
+    /// `PropertyArray`).
+    Field(u64),
+    /// A constant kept in the descriptor: the value.
+    Const(u64),
+    Absent,
+    Accessor,
+}
+
+/// Words of an object read at once by [`JsResolver::properties`]: its
+/// header and in-object fields (a `Timeout` has 15).
+const OBJECT_WORDS: usize = 32;
+
+/// What one read has learnt of the maps it met (a map's address may hold
+/// another map after a GC: kept for one read only): for each plain
+/// object's fast map, its in-object layout and the slots of the names
+/// looked up.
+#[derive(Default)]
+pub struct Shapes {
+    maps: HashMap<u64, Shape>,
+}
+
+/// Maps a read learns, at most.
+const MAX_SHAPES: usize = 64;
+
+struct Shape {
+    /// `instance_size_in_words` and the first in-object field's word.
+    size: u64,
+    start: u64,
+    slots: Vec<(&'static str, Slot)>,
+}
+
 impl JsResolver {
-    fn object_meta(&self) -> Result<&ObjectMeta, String> {
+    pub(super) fn object_meta(&self) -> Result<&ObjectMeta, String> {
         self.meta.objects.as_ref().map_err(Clone::clone)
     }
 
     /// The `JS_OBJECT_TYPE` object at tagged `v` (a plain object or a
     /// class's instance): its address and its map's address.
-    fn js_object(&self, v: u64) -> Result<(u64, u64), String> {
+    pub(super) fn js_object(&self, v: u64) -> Result<(u64, u64), String> {
         let m = &self.meta;
         let o = self.object_meta()?;
         let (addr, t) = self
@@ -165,18 +209,122 @@ impl JsResolver {
     /// Own property `name` of the plain JS object at tagged `obj`.
     pub fn own_property(&self, obj: u64, name: &str) -> Result<Property, String> {
         let (addr, map) = self.js_object(obj)?;
+        match self.map_slot(map, name)? {
+            Some(slot) => self.slot_value(addr, map, slot),
+            None => self.dictionary_property(addr, name),
+        }
+    }
+
+    /// Own properties `names` of the plain JS object at tagged `obj`, as
+    /// [`Self::own_property`] reads them, for many objects of a few maps
+    /// (a list of timers): the object is read once, and what its map says
+    /// is learnt once per read (`shapes`).
+    pub fn properties<const N: usize>(
+        &self,
+        obj: u64,
+        names: [&'static str; N],
+        shapes: &mut Shapes,
+    ) -> Result<[Property; N], String> {
+        let m = &self.meta;
+        let addr = untag(m, obj).ok_or_else(|| format!("{obj:#x} is not an object"))?;
+        let mut words = [0u8; OBJECT_WORDS * 8];
+        super::read_in_page(&self.mem, addr, &mut words)
+            .ok_or_else(|| format!("no object at {obj:#x}"))?;
+        let word = |i: u64| {
+            (i < OBJECT_WORDS as u64)
+                .then(|| u64::from_le_bytes(words[i as usize * 8..][..8].try_into().unwrap()))
+        };
+        let map_word = word(m.map / 8).unwrap_or(0);
+        let Some(map) = untag(m, map_word) else {
+            // Moved (a forwarding address) or not an object: the slow way.
+            let mut out = [Property::Absent; N];
+            for (o, name) in out.iter_mut().zip(names) {
+                *o = self.own_property(obj, name)?;
+            }
+            return Ok(out);
+        };
+        if !shapes.maps.contains_key(&map) {
+            let (_, t) = self
+                .typed(obj)
+                .ok_or_else(|| format!("no object at {obj:#x}"))?;
+            let o = self.object_meta()?;
+            if t != o.t_js_object {
+                return Err(format!("{obj:#x} is not a plain object (type {t:#x})"));
+            }
+            let mut b = [0u8; 24];
+            self.mem
+                .read_into(map, &mut b)
+                .map_err(|e| format!("its map: {e}"))?;
+            let bf3 = u32::from_le_bytes(b[o.map_bit_field3 as usize..][..4].try_into().unwrap());
+            if bf3 >> o.dictionary_shift & 1 == 1 {
+                let mut out = [Property::Absent; N];
+                for (o, name) in out.iter_mut().zip(names) {
+                    *o = self.dictionary_property(addr, name)?;
+                }
+                return Ok(out);
+            }
+            if shapes.maps.len() >= MAX_SHAPES {
+                shapes.maps.clear();
+            }
+            shapes.maps.insert(
+                map,
+                Shape {
+                    size: u64::from(b[o.map_instance_size_words as usize]),
+                    start: u64::from(b[o.map_inobject_start as usize]),
+                    slots: Vec::new(),
+                },
+            );
+        }
+        let mut out = [Property::Absent; N];
+        for (o, name) in out.iter_mut().zip(names) {
+            let shape = &shapes.maps[&map];
+            let slot = match shape.slots.iter().find(|(n, _)| *n == name) {
+                Some(&(_, s)) => s,
+                None => {
+                    let s = self
+                        .map_slot(map, name)?
+                        .ok_or("its map became a dictionary map")?;
+                    if let Some(shape) = shapes.maps.get_mut(&map) {
+                        shape.slots.push((name, s));
+                    }
+                    s
+                }
+            };
+            let shape = &shapes.maps[&map];
+            *o = match slot {
+                Slot::Field(i) if i < shape.size.saturating_sub(shape.start) => Property::Value(
+                    word(shape.start + i).ok_or("an in-object field past the words read")?,
+                ),
+                s => self.slot_value(addr, map, s)?,
+            };
+        }
+        Ok(out)
+    }
+
+    /// Where objects of `map` keep property `name`; None: a dictionary
+    /// map (each object has its own table).
+    fn map_slot(&self, map: u64, name: &str) -> Result<Option<Slot>, String> {
         let o = self.object_meta()?;
         let mut b = [0u8; 4];
         self.mem
             .read_into(map + o.map_bit_field3, &mut b)
-            .map_err(|e| format!("{obj:#x}: its map: {e}"))?;
+            .map_err(|e| format!("its map {map:#x}: {e}"))?;
         let bf3 = u32::from_le_bytes(b);
         if bf3 >> o.dictionary_shift & 1 == 1 {
-            self.dictionary_property(addr, name)
-        } else {
-            let own = u64::from((bf3 & o.own_descriptors_mask) >> o.own_descriptors_shift);
-            self.fast_property(addr, map, own, name)
+            return Ok(None);
         }
+        let own = u64::from((bf3 & o.own_descriptors_mask) >> o.own_descriptors_shift);
+        self.fast_slot(map, own, name).map(Some)
+    }
+
+    /// The value in `slot` of the object at `addr` with map `map`.
+    fn slot_value(&self, addr: u64, map: u64, slot: Slot) -> Result<Property, String> {
+        Ok(match slot {
+            Slot::Field(index) => Property::Value(self.field(addr, map, index)?),
+            Slot::Const(v) => Property::Value(v),
+            Slot::Absent => Property::Absent,
+            Slot::Accessor => Property::Accessor,
+        })
     }
 
     /// A string property's text (`Absent` and non-strings are `None`).
@@ -187,19 +335,36 @@ impl JsResolver {
         }
     }
 
+    /// Is property key `key` named `name`? A key is an internalized
+    /// string, or a symbol: a class's private field (`#heap`) is a private
+    /// symbol whose description is its name, and only a `#name` is looked
+    /// for among symbols.
     fn key_is(&self, key: u64, name: &str) -> bool {
-        // Keys are internalized strings (or symbols, which fail the read).
-        untag(&self.meta, key).is_some()
-            && self
+        if untag(&self.meta, key).is_none() {
+            return false;
+        }
+        if !name.starts_with('#') {
+            return self
                 .string(key, name.len() as u32, MAX_STRING_DEPTH)
-                .is_some_and(|k| k == name)
+                .is_some_and(|k| k == name);
+        }
+        let Ok(o) = self.object_meta() else {
+            return false;
+        };
+        match self.typed(key) {
+            Some((addr, t)) if t == o.t_symbol => self
+                .u64_at(addr + o.symbol_name)
+                .and_then(|d| self.string(d, name.len() as u32, MAX_STRING_DEPTH))
+                .is_some_and(|k| k == name),
+            _ => false,
+        }
     }
 
-    fn fast_property(&self, addr: u64, map: u64, own: u64, name: &str) -> Result<Property, String> {
+    fn fast_slot(&self, map: u64, own: u64, name: &str) -> Result<Slot, String> {
         let m = &self.meta;
         let o = self.object_meta()?;
         if own == 0 {
-            return Ok(Property::Absent);
+            return Ok(Slot::Absent);
         }
         if own > MAX_DESCRIPTORS {
             return Err(format!("{own} properties, over the {MAX_DESCRIPTORS} read"));
@@ -222,15 +387,14 @@ impl JsResolver {
             let details =
                 smi(word(e + o.desc_details)).ok_or("a property's details are not a Smi")? as u64;
             if details & o.kind_mask != o.kind_data {
-                return Ok(Property::Accessor);
+                return Ok(Slot::Accessor);
             }
             if details & o.location_mask != o.location_field {
-                return Ok(Property::Value(word(e + o.desc_value)));
+                return Ok(Slot::Const(word(e + o.desc_value)));
             }
-            let index = (details & o.index_mask) >> o.index_shift;
-            return self.field(addr, map, index).map(Property::Value);
+            return Ok(Slot::Field((details & o.index_mask) >> o.index_shift));
         }
-        Ok(Property::Absent)
+        Ok(Slot::Absent)
     }
 
     /// Field `index` of the object at `addr` with map `map`: in the object,
