@@ -101,6 +101,22 @@ fn held_up_node_timers() {
     check_loop_run(test, run, "node", 10 * MS);
 }
 
+/// Node 24 as Debian ships it, in the container sandbox (`libnode.so.137`
+/// on a shared `libuv.so.1` whose static symbols are stripped: the default
+/// loop is found through `uv_default_loop`'s code), attached by host pid.
+#[test]
+fn held_up_node_timers_container_24() {
+    let test = "held_up_node_timers_container_24";
+    let Some(run) = record_victim_in_container(test, "node", || {
+        ContainerVictim::spawn_shell(test, "node_timers.js", |dir| {
+            format!("node /victims/node_timers.js {dir}/victim.jsonl")
+        })
+    }) else {
+        return;
+    };
+    check_loop_run(test, run, "node", 10 * MS);
+}
+
 fn check_asyncio(test: &str, python: &Path) {
     let Some(run) = record(test, python, &[]) else {
         return;
@@ -394,13 +410,25 @@ fn record_victim(
 /// [`record`] of the victim in the container sandbox (its own PID and
 /// mount namespaces, Debian testing's `python`), attached by host pid.
 fn record_in_container(test: &str, python: &str) -> Option<Run> {
+    record_victim_in_container(test, python, || {
+        ContainerVictim::spawn_python(test, python, "py_timers.py", &[])
+    })
+}
+
+/// [`record`] of a victim `spawn` starts in the container sandbox (running
+/// `runtime`), attached by host pid.
+fn record_victim_in_container(
+    test: &str,
+    runtime: &str,
+    spawn: impl FnOnce() -> ContainerVictim,
+) -> Option<Run> {
     if !require_root_and_bpf(test) {
         return None;
     }
     let _serial = serial();
     let dir = Scratch::new(test);
     let out = dir.join("out");
-    let mut victim = ContainerVictim::spawn_python(test, python, "py_timers.py", &[]);
+    let mut victim = spawn();
     let mut prof = Profiler::spawn(&[
         "record".to_string(),
         "--pid".into(),
@@ -416,7 +444,7 @@ fn record_in_container(test: &str, python: &str) -> Option<Run> {
     victim.wait(Duration::from_secs(10));
     assert!(
         run.status.success(),
-        "stallprof record --pid (the sandbox's {python} py_timers.py) failed:\n{}",
+        "stallprof record --pid (the sandbox's {runtime} victim) failed:\n{}",
         run.describe()
     );
     Some(Run::read(dir, &victim.log, &out, run.stdout))

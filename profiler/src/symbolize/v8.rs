@@ -330,23 +330,39 @@ pub struct V8Meta {
     /// What Node's timers are read with ([`timers`]); Err: why this
     /// binary's metadata does not say.
     timers: Result<timers::TimerMeta, String>,
-    /// libuv's default loop and Node's timer callback at their link-time
+    /// libuv's default loop (`default_loop_struct`, in a binary that
+    /// links libuv in) and Node's timer callback at their link-time
     /// addresses (None: not in the binary's symbols), and the binary's
     /// PT_LOAD segments, for [`discover`] to place them.
-    uv_link: Option<UvSymbols>,
+    default_loop_link: Option<u64>,
+    run_timers_link: Option<u64>,
     load_segments: Vec<(u64, u64)>,
     /// The same at their addresses in the target, once [`discover`] has
-    /// placed them.
+    /// placed them (the loop found in a shared libuv when the binary has
+    /// none); None: not found.
     pub uv: Option<UvSymbols>,
 }
 
-/// libuv's default loop (`default_loop_struct`, the loop of Node's main
-/// thread) and `node::Environment::RunTimers` (the callback of the one
-/// libuv timer Node's JavaScript timers share).
+/// libuv's default loop (the loop of Node's main thread) and
+/// `node::Environment::RunTimers` (the callback of the one libuv timer
+/// Node's JavaScript timers share), in the target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UvSymbols {
-    pub default_loop: u64,
+    pub default_loop: LoopAt,
     pub run_timers: u64,
+}
+
+/// Where libuv's default loop is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoopAt {
+    /// `default_loop_struct`, linked into Node's binary (nodejs.org's
+    /// builds).
+    Struct(u64),
+    /// The address of `default_loop_ptr`, the pointer a shared libuv sets
+    /// when the loop is first asked for (Debian's `libuv.so.1`, whose
+    /// static symbols are stripped): found in `uv_default_loop`'s first
+    /// instruction ([`loop_pointer_of`]).
+    Pointer(u64),
 }
 
 const UV_DEFAULT_LOOP: &str = "default_loop_struct";
@@ -581,16 +597,8 @@ impl V8Meta {
             scope_ncontextlocals,
             objects: objects::ObjectMeta::read(&vals),
             timers: timers::TimerMeta::read(&vals),
-            uv_link: match (
-                syms.addrs.get(UV_DEFAULT_LOOP),
-                syms.addrs.get(NODE_RUN_TIMERS),
-            ) {
-                (Some(&default_loop), Some(&run_timers)) => Some(UvSymbols {
-                    default_loop,
-                    run_timers,
-                }),
-                _ => None,
-            },
+            default_loop_link: syms.addrs.get(UV_DEFAULT_LOOP).copied(),
+            run_timers_link: syms.addrs.get(NODE_RUN_TIMERS).copied(),
             load_segments: syms.load_segments,
             uv: None,
         }))
@@ -631,22 +639,81 @@ pub fn discover(pid: u32) -> Result<Option<V8Meta>, MetaError> {
             )));
         };
         if let Some(mut meta) = V8Meta::read(&file, &m.path)? {
-            let of_file: Vec<&Mapping> = maps
-                .iter()
-                .filter(|x| x.inode == m.inode && x.dev == m.dev)
-                .collect();
-            if let (Some(link), Some(bias)) =
-                (meta.uv_link, maps::load_bias(&of_file, &meta.load_segments))
-            {
-                meta.uv = Some(UvSymbols {
-                    default_loop: link.default_loop.wrapping_add(bias),
-                    run_timers: link.run_timers.wrapping_add(bias),
-                });
-            }
+            meta.uv = place_uv(pid, &maps, m, &meta);
             return Ok(Some(meta));
         }
     }
     Ok(None)
+}
+
+/// The mappings of the file `m` maps.
+fn mappings_of<'a>(maps: &'a [Mapping], m: &Mapping) -> Vec<&'a Mapping> {
+    maps.iter()
+        .filter(|x| x.inode == m.inode && x.dev == m.dev)
+        .collect()
+}
+
+/// libuv's default loop and `RunTimers` in process `pid`, whose V8 binary
+/// `node` (`meta` read from it) maps as `node`: the loop from the binary's
+/// own symbols, else from a shared `libuv.so.N` it maps.
+fn place_uv(pid: u32, maps: &[Mapping], node: &Mapping, meta: &V8Meta) -> Option<UvSymbols> {
+    let bias = maps::load_bias(&mappings_of(maps, node), &meta.load_segments)?;
+    let run_timers = meta.run_timers_link?.wrapping_add(bias);
+    let default_loop = match meta.default_loop_link {
+        Some(l) => LoopAt::Struct(l.wrapping_add(bias)),
+        None => {
+            let uv = maps.iter().find(|m| {
+                m.is_file()
+                    && m.path
+                        .rsplit('/')
+                        .next()
+                        .is_some_and(|b| b.starts_with("libuv.so"))
+            })?;
+            let file = mapped_file(pid, uv)?;
+            let syms = file_symbols(&file, &[], &["uv_default_loop"]).ok()?;
+            let code = read_symbol_code(&file, "uv_default_loop")?;
+            let ptr = loop_pointer_of(syms.addrs.get("uv_default_loop").copied()?, &code)?;
+            let bias = maps::load_bias(&mappings_of(maps, uv), &syms.load_segments)?;
+            LoopAt::Pointer(ptr.wrapping_add(bias))
+        }
+    };
+    Some(UvSymbols {
+        default_loop,
+        run_timers,
+    })
+}
+
+/// The first 16 bytes of function `name`'s code in the ELF file at `path`.
+fn read_symbol_code(path: &Path, name: &str) -> Option<[u8; 16]> {
+    use std::os::unix::fs::FileExt;
+    let file = crate::os::limits::open_elf(path).ok()?;
+    let elf = ElfSymbols::open(&file).ok()?;
+    let sym = elf.find(&[name], &|n| n == name).ok()?.into_iter().next()?;
+    let at = elf.file_offset(&sym, 16)?;
+    let mut b = [0u8; 16];
+    file.read_exact_at(&mut b, at).ok()?;
+    Some(b)
+}
+
+/// `default_loop_ptr`'s link-time address, from `uv_default_loop`'s first
+/// instruction (at link-time address `func`): libuv's x86-64 build
+/// begins it (after an `endbr64`) with `mov reg, [rip + disp32]`, the load
+/// of that pointer. None: other code (checked again at each read: the
+/// loop found must hold `RunTimers`' timer, which names it).
+fn loop_pointer_of(func: u64, code: &[u8; 16]) -> Option<u64> {
+    let start = if code[..4] == [0xf3, 0x0f, 0x1e, 0xfa] {
+        4
+    } else {
+        0
+    };
+    let i = &code[start..];
+    // REX.W (any register), MOV r64, r/m64, ModRM mod 00 r/m 101: RIP + disp32.
+    if i[0] & 0xf8 != 0x48 || i[1] != 0x8b || i[2] & 0xc7 != 0x05 {
+        return None;
+    }
+    let disp = i32::from_le_bytes(i[3..7].try_into().unwrap());
+    let next = func + start as u64 + 7;
+    Some(next.wrapping_add(disp as i64 as u64))
 }
 
 /// A script's file name and line ends (positions of its line breaks).
@@ -1550,9 +1617,27 @@ mod tests {
         // default loop and the timer callback from its symbols.
         assert!(m.objects.is_ok(), "{:?}", m.objects);
         assert!(m.timers.is_ok(), "{:?}", m.timers);
-        let uv = m
-            .uv_link
-            .expect("default_loop_struct and RunTimers in node's symbols");
-        assert!(uv.default_loop != 0 && uv.run_timers != 0);
+        assert!(
+            m.default_loop_link.is_some() && m.run_timers_link.is_some(),
+            "default_loop_struct and RunTimers in node's symbols"
+        );
+    }
+
+    #[test]
+    fn the_loop_pointer_from_uv_default_loops_first_instruction() {
+        // Debian's libuv.so.1 (1.51): endbr64; mov 0x27c4d(%rip),%rdx.
+        let code = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8b, 0x15, 0x4d, 0x7c, 0x02, 0x00, 0x48, 0x85, 0xd2,
+            0x74, 0x08,
+        ];
+        assert_eq!(loop_pointer_of(0x11fb0, &code), Some(0x39c08));
+        // Without endbr64, to %rax.
+        let mut plain = [0u8; 16];
+        plain[..7].copy_from_slice(&[0x48, 0x8b, 0x05, 0x10, 0x00, 0x00, 0x00]);
+        assert_eq!(loop_pointer_of(0x1000, &plain), Some(0x1017));
+        // Other code: no answer.
+        let mut other = code;
+        other[5] = 0x8d; // lea, not a load
+        assert_eq!(loop_pointer_of(0x11fb0, &other), None);
     }
 }

@@ -6,7 +6,8 @@
 //! In: the JavaScript frames of one stack event of the stall (a way into
 //! the heap, and `processTimers`' argument when the stall is in a timer),
 //! and libuv's default loop and Node's `Environment::RunTimers` from the
-//! binary's symbols. Out: [`Queues`], each timer's due time on
+//! binary's symbols (a shared libuv's loop through `uv_default_loop`'s
+//! code, [`super::LoopAt`]). Out: [`Queues`], each timer's due time on
 //! CLOCK_MONOTONIC, or why not ([`QueuesMiss`]).
 //!
 //! How (Node's `lib/internal/timers.js`, the same in Node 18-24; every V8
@@ -64,7 +65,7 @@
 use std::collections::HashMap;
 
 use super::objects::{Property, Shapes};
-use super::{JsResolver, smi, untag};
+use super::{JsResolver, LoopAt, smi, untag};
 use crate::kernel::event::JsSlot;
 use crate::os::memory::ReadMemory;
 use crate::symbolize::queues::{MAX_HANDLES, Queues, QueuesMiss};
@@ -199,8 +200,9 @@ impl JsResolver {
         }
         let uv = self.meta.uv.ok_or_else(|| {
             QueuesMiss::Unsupported(format!(
-                "node: {} has no symbol for libuv's default loop (default_loop_struct) or \
-                 node::Environment::RunTimers (a stripped binary)",
+                "node: libuv's default loop (default_loop_struct in {}, or a shared libuv's \
+                 uv_default_loop) or node::Environment::RunTimers was not found in the symbols \
+                 (a stripped binary)",
                 self.meta.path
             ))
         })?;
@@ -208,7 +210,14 @@ impl JsResolver {
         self.object_meta()
             .map_err(|e| QueuesMiss::Unsupported(format!("node: {e}")))?;
         let module = self.timers_module(&tm, slots)?;
-        let handle = self.timer_handle(uv.default_loop, uv.run_timers)?;
+        let lp = match uv.default_loop {
+            LoopAt::Struct(a) => a,
+            LoopAt::Pointer(p) => self
+                .u64_at(p)
+                .filter(|&a| a != 0)
+                .ok_or_else(|| unreadable("libuv's default_loop_ptr is not set"))?,
+        };
+        let handle = self.timer_handle(lp, uv.run_timers)?;
         // The clock's anchors.
         let mut anchors = Vec::with_capacity(2);
         let word = |r: &Self, a: u64| r.u64_at(a).ok_or_else(|| unreadable("libuv's timer"));
@@ -230,7 +239,7 @@ impl JsResolver {
         {
             anchors.push(c);
         }
-        let clock = word(self, uv.default_loop + UV_LOOP_TIME)?;
+        let clock = word(self, lp + UV_LOOP_TIME)?;
         if let Some(now) = self.pass_began(&tm, slots)
             && let Some(c) = clock.checked_sub(now)
         {
