@@ -339,8 +339,8 @@ pub struct V8Meta {
     load_segments: Vec<(u64, u64)>,
     /// The same at their addresses in the target, once [`discover`] has
     /// placed them (the loop found in a shared libuv when the binary has
-    /// none); None: not found.
-    pub uv: Option<UvSymbols>,
+    /// none); Err: why not.
+    pub uv: Result<UvSymbols, String>,
 }
 
 /// libuv's default loop (the loop of Node's main thread) and
@@ -600,7 +600,7 @@ impl V8Meta {
             default_loop_link: syms.addrs.get(UV_DEFAULT_LOOP).copied(),
             run_timers_link: syms.addrs.get(NODE_RUN_TIMERS).copied(),
             load_segments: syms.load_segments,
-            uv: None,
+            uv: Err("not looked for".into()),
         }))
     }
 }
@@ -654,30 +654,60 @@ fn mappings_of<'a>(maps: &'a [Mapping], m: &Mapping) -> Vec<&'a Mapping> {
 }
 
 /// libuv's default loop and `RunTimers` in process `pid`, whose V8 binary
-/// `node` (`meta` read from it) maps as `node`: the loop from the binary's
-/// own symbols, else from a shared `libuv.so.N` it maps.
-fn place_uv(pid: u32, maps: &[Mapping], node: &Mapping, meta: &V8Meta) -> Option<UvSymbols> {
-    let bias = maps::load_bias(&mappings_of(maps, node), &meta.load_segments)?;
-    let run_timers = meta.run_timers_link?.wrapping_add(bias);
+/// (`meta` read from it) maps as `node`: the loop from the binary's own
+/// symbols, else from a shared `libuv.so.N` it maps. Err: why not.
+fn place_uv(
+    pid: u32,
+    maps: &[Mapping],
+    node: &Mapping,
+    meta: &V8Meta,
+) -> Result<UvSymbols, String> {
+    let bias = maps::load_bias(&mappings_of(maps, node), &meta.load_segments)
+        .ok_or_else(|| format!("{}: no mapping of its first PT_LOAD segment", node.path))?;
+    let run_timers = meta
+        .run_timers_link
+        .ok_or_else(|| format!("{} has no symbol node::Environment::RunTimers", node.path))?
+        .wrapping_add(bias);
     let default_loop = match meta.default_loop_link {
         Some(l) => LoopAt::Struct(l.wrapping_add(bias)),
         None => {
-            let uv = maps.iter().find(|m| {
-                m.is_file()
-                    && m.path
-                        .rsplit('/')
-                        .next()
-                        .is_some_and(|b| b.starts_with("libuv.so"))
-            })?;
-            let file = mapped_file(pid, uv)?;
-            let syms = file_symbols(&file, &[], &["uv_default_loop"]).ok()?;
-            let code = read_symbol_code(&file, "uv_default_loop")?;
-            let ptr = loop_pointer_of(syms.addrs.get("uv_default_loop").copied()?, &code)?;
-            let bias = maps::load_bias(&mappings_of(maps, uv), &syms.load_segments)?;
+            let uv = maps
+                .iter()
+                .find(|m| {
+                    m.is_file()
+                        && m.path
+                            .rsplit('/')
+                            .next()
+                            .is_some_and(|b| b.starts_with("libuv.so"))
+                })
+                .ok_or_else(|| {
+                    format!(
+                        "{} has no default_loop_struct symbol and no shared libuv is mapped",
+                        node.path
+                    )
+                })?;
+            let file = mapped_file(pid, uv)
+                .ok_or_else(|| format!("{} cannot be opened as mapped", uv.path))?;
+            let syms = file_symbols(&file, &[], &["uv_default_loop"])?;
+            let func = syms
+                .addrs
+                .get("uv_default_loop")
+                .copied()
+                .ok_or_else(|| format!("{} has no uv_default_loop", uv.path))?;
+            let ptr = read_symbol_code(&file, "uv_default_loop")
+                .and_then(|code| loop_pointer_of(func, &code))
+                .ok_or_else(|| {
+                    format!(
+                        "{}: uv_default_loop does not begin with the load of its loop pointer",
+                        uv.path
+                    )
+                })?;
+            let bias = maps::load_bias(&mappings_of(maps, uv), &syms.load_segments)
+                .ok_or_else(|| format!("{}: no mapping of its first PT_LOAD segment", uv.path))?;
             LoopAt::Pointer(ptr.wrapping_add(bias))
         }
     };
-    Some(UvSymbols {
+    Ok(UvSymbols {
         default_loop,
         run_timers,
     })

@@ -255,7 +255,11 @@ impl JsResolver {
             self.mem
                 .read_into(map, &mut b)
                 .map_err(|e| format!("its map: {e}"))?;
-            let bf3 = u32::from_le_bytes(b[o.map_bit_field3 as usize..][..4].try_into().unwrap());
+            let byte = |off: u64| b.get(off as usize).copied().map(u64::from);
+            let bf3 = b
+                .get(o.map_bit_field3 as usize..o.map_bit_field3 as usize + 4)
+                .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+                .ok_or("its map's bit field 3 is past the bytes read")?;
             if bf3 >> o.dictionary_shift & 1 == 1 {
                 let mut out = [Property::Absent; N];
                 for (o, name) in out.iter_mut().zip(names) {
@@ -269,8 +273,8 @@ impl JsResolver {
             shapes.maps.insert(
                 map,
                 Shape {
-                    size: u64::from(b[o.map_instance_size_words as usize]),
-                    start: u64::from(b[o.map_inobject_start as usize]),
+                    size: byte(o.map_instance_size_words).unwrap_or(0),
+                    start: byte(o.map_inobject_start).unwrap_or(0),
                     slots: Vec::new(),
                 },
             );
@@ -291,11 +295,16 @@ impl JsResolver {
                 }
             };
             let shape = &shapes.maps[&map];
-            *o = match slot {
-                Slot::Field(i) if i < shape.size.saturating_sub(shape.start) => Property::Value(
-                    word(shape.start + i).ok_or("an in-object field past the words read")?,
-                ),
-                s => self.slot_value(addr, map, s)?,
+            let inobject = match slot {
+                Slot::Field(i) if i < shape.size.saturating_sub(shape.start) => {
+                    word(shape.start + i)
+                }
+                _ => None,
+            };
+            *o = match inobject {
+                Some(v) => Property::Value(v),
+                // Out of the object, or past the words read.
+                None => self.slot_value(addr, map, slot)?,
             };
         }
         Ok(out)

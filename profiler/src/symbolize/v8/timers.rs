@@ -37,24 +37,36 @@
 //!      handle, found in the default loop's handle queue) was armed for
 //!      base + `nextExpiry` (both set together, by `insert` and by the
 //!      return of `processTimers`; for later only when the loop clock had
-//!      moved on), read twice and kept when both readings agree and
-//!      `nextExpiry` is finite (it is `Infinity` while a timer pass runs);
+//!      moved on). Taken only when no update is half done: the timer armed
+//!      (a timer pass stops it, and `processTimers` sets `nextExpiry`
+//!      before `RunTimers` arms it again), `nextExpiry` finite and not
+//!      after the queue's first list's `expiry` (`insert` queues a new list
+//!      and arms the timer before it sets `nextExpiry`), both read twice
+//!      and the same;
 //!    - in a timer pass, `processTimers(now)`'s `now` (from the stack copy)
 //!      was the loop clock less the base when the pass began, and the loop
 //!      clock (`uv_loop_t.time`) never goes back: clock − now ≥ base, equal
 //!      unless a repeating timer ran earlier in that pass (its
-//!      `getLibuvNow()` moves the clock to the time it began).
+//!      `getLibuvNow()` moves the clock to the time it began). Taken only
+//!      when the timer that began the pass (stopped since) brackets it from
+//!      below within [`MAX_BRACKET_MS`]: it was due at base + E, E ≤ now,
+//!      so base ≥ its due time − now (a pass that began late, or ran long
+//!      before the stall, gives no anchor: said, never guessed).
 //!
-//!    libuv's clock is CLOCK_MONOTONIC in whole milliseconds, BPF's clock.
+//!    libuv's clock is CLOCK_MONOTONIC, or CLOCK_MONOTONIC_COARSE when its
+//!    resolution is 1 ms or finer, in whole milliseconds: a due time is up
+//!    to ~1 ms before BPF's clock would put it, a lateness up to ~1 ms
+//!    over.
 //! 4. **Ready work.** The `setImmediate` callbacks queued:
 //!    `immediateQueue`'s list (`head`, `_idleNext`).
 //!
 //! Only the main thread's loop (libuv's default loop) is read: a worker
 //! thread's stall says so. libuv's layout (x86-64, libuv 1.44-1.51: the
 //! handle queue at [`UV_LOOP_HANDLE_QUEUE`], the clock at
-//! [`UV_LOOP_TIME`], a timer's callback and due time) is checked on every
-//! read: the handle must name the loop, be a timer and run `RunTimers`,
-//! and the loop's timer heap must hold nothing but the loop's timers.
+//! [`UV_LOOP_TIME`], a timer's flags, callback and due time) is checked:
+//! on every read, the handle must name the loop, be a timer and run
+//! `RunTimers`; when it is found, the loop's timer heap must hold a timer
+//! of the loop where the clock's neighbour is.
 //! Every object is type-checked, every list bounded ([`MAX_HANDLES`]).
 //!
 //! Cost, per stall: the module is found once per process (~2 ms, most of
@@ -80,6 +92,10 @@ pub const UV_LOOP_TIME: u64 = 544;
 const UV_HANDLE_LOOP: u64 = 8;
 const UV_HANDLE_TYPE: u64 = 16;
 const UV_HANDLE_QUEUE: u64 = 32;
+/// `uv_handle_t.flags` (unix: after `next_closing`) and its
+/// `UV_HANDLE_ACTIVE` bit.
+const UV_HANDLE_FLAGS: u64 = 88;
+const UV_HANDLE_ACTIVE: u32 = 0x4;
 /// `uv_timer_t` after the handle's fields: `timer_cb`, its heap node,
 /// `timeout`.
 const UV_TIMER_CB: u64 = 96;
@@ -98,6 +114,8 @@ const MAX_LOCALS: u64 = 128;
 const MAX_IMPORTS: usize = 64;
 /// Most contexts followed from a function's to its native context.
 const MAX_SCOPES: usize = 64;
+/// Widest bracket of the timer base a timer pass's anchor is taken with.
+const MAX_BRACKET_MS: u64 = 2;
 /// Most timer lists (one per duration).
 const MAX_LISTS: u64 = 1024;
 
@@ -116,6 +134,7 @@ pub struct TimerMeta {
     heap_number_value: u64,
     t_js_array: u16,
     elements: u64,
+    t_oddball: u16,
 }
 
 impl TimerMeta {
@@ -145,6 +164,7 @@ impl TimerMeta {
                 "class_JSObject__elements__Object",
                 "class_JSObject__elements__Tagged_FixedArrayBase_",
             ]) as u64,
+            t_oddball: get(&["type_Oddball__ODDBALL_TYPE"]) as u16,
         };
         values
             .done()
@@ -165,6 +185,15 @@ struct Module {
     immediates: u64,
 }
 
+/// The timer lists as read.
+#[derive(Debug, Default)]
+struct Lists {
+    /// Each timer's due time, ms from the timer base.
+    due_ms: Vec<f64>,
+    /// The queue's first list's `expiry` (the earliest).
+    head_expiry: Option<f64>,
+}
+
 /// What the reads of one process's timers keep.
 #[derive(Debug, Default)]
 pub struct TimerState {
@@ -177,6 +206,15 @@ pub struct TimerState {
 }
 
 type Miss = QueuesMiss;
+
+/// A libuv timer as read: armed or not, its callback, when it is (or was
+/// last) due on the loop clock (ms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct UvTimer {
+    active: bool,
+    cb: u64,
+    timeout: u64,
+}
 
 fn unreadable(why: impl Into<String>) -> Miss {
     QueuesMiss::Unreadable(why.into())
@@ -198,14 +236,10 @@ impl JsResolver {
                 "a worker thread: only the main thread's loop (libuv's default loop) is read",
             ));
         }
-        let uv = self.meta.uv.ok_or_else(|| {
-            QueuesMiss::Unsupported(format!(
-                "node: libuv's default loop (default_loop_struct in {}, or a shared libuv's \
-                 uv_default_loop) or node::Environment::RunTimers was not found in the symbols \
-                 (a stripped binary)",
-                self.meta.path
-            ))
-        })?;
+        let uv =
+            self.meta.uv.clone().map_err(|why| {
+                QueuesMiss::Unsupported(format!("node: libuv's default loop: {why}"))
+            })?;
         let tm = self.timer_meta()?;
         self.object_meta()
             .map_err(|e| QueuesMiss::Unsupported(format!("node: {e}")))?;
@@ -218,49 +252,69 @@ impl JsResolver {
                 .ok_or_else(|| unreadable("libuv's default_loop_ptr is not set"))?,
         };
         let handle = self.timer_handle(lp, uv.run_timers)?;
-        // The clock's anchors.
+        let mut q = Queues::default();
+        let mut shapes = Shapes::default();
+        let lists = self.timer_lists(&tm, module, &mut shapes, &mut q.truncated)?;
+        q.ready_handles = self.immediates(&tm, module, &mut shapes, &mut q.truncated)?;
+        if lists.due_ms.is_empty() {
+            // No timer pending: nothing to place on the clock.
+            return Ok(q);
+        }
+        let timer = |r: &Self| {
+            r.uv_timer(lp, handle)
+                .ok_or_else(|| unreadable("libuv's timer moved"))
+        };
+        let clock = self
+            .u64_at(lp.wrapping_add(UV_LOOP_TIME))
+            .ok_or_else(|| unreadable("libuv's loop clock"))?;
+        // The clock's anchors, each at least the base (see the module's doc).
         let mut anchors = Vec::with_capacity(2);
-        let word = |r: &Self, a: u64| r.u64_at(a).ok_or_else(|| unreadable("libuv's timer"));
-        // Read twice: kept when both readings agree (a `nextExpiry` that is
-        // a mutable HeapNumber may change in place: its value is compared).
+        // (1) The armed timer and `nextExpiry`, read twice (kept when both
+        // readings agree; a mutable HeapNumber may change in place: its
+        // value is compared), never mid-update: armed (a timer pass has it
+        // stopped, its `nextExpiry` set before `RunTimers` arms it again),
+        // and not after the queue's first list (`insert` puts a new list in
+        // the queue, arms the timer, then sets `nextExpiry`).
         let next_expiry = |r: &Self| {
             r.slot_of(module.context, module.next_expiry)
                 .and_then(|n| r.number(&tm, n))
                 .map(f64::to_bits)
         };
-        let (t1, n1) = (word(self, handle + UV_TIMER_TIMEOUT)?, next_expiry(self));
-        let (t2, n2) = (word(self, handle + UV_TIMER_TIMEOUT)?, next_expiry(self));
+        let (t1, n1) = (timer(self)?, next_expiry(self));
+        let (t2, n2) = (timer(self)?, next_expiry(self));
         if t1 == t2
             && n1 == n2
+            && t1.active
             && let Some(next) = n1
                 .map(f64::from_bits)
                 .filter(|n| n.is_finite() && *n >= 0.0)
-            && let Some(c) = t1.checked_sub(next as u64)
+            && lists.head_expiry.is_some_and(|h| next <= h)
+            && let Some(c) = t1.timeout.checked_sub(next as u64)
         {
             anchors.push(c);
         }
-        let clock = word(self, lp + UV_LOOP_TIME)?;
+        // (2) In a timer pass: the loop clock less `processTimers`' `now`,
+        // taken when the timer that began the pass (stopped, not armed
+        // again since) brackets the base within MAX_BRACKET_MS from below:
+        // it was due at base + E with E <= now.
         if let Some(now) = self.pass_began(&tm, slots)
-            && let Some(c) = clock.checked_sub(now)
+            && !t2.active
+            && let (Some(upper), Some(lower)) =
+                (clock.checked_sub(now), t2.timeout.checked_sub(now))
+            && upper >= lower
+            && upper - lower <= MAX_BRACKET_MS
         {
-            anchors.push(c);
+            anchors.push(upper);
         }
         let state = &mut self.timers;
         for c in anchors {
             state.base_ms = Some(state.base_ms.map_or(c, |b| b.min(c)));
         }
-        let mut q = Queues::default();
-        let mut shapes = Shapes::default();
-        let due_ms = self.timer_lists(&tm, module, &mut shapes, &mut q.truncated)?;
-        q.ready_handles = self.immediates(module, &mut shapes, &mut q.truncated)?;
-        if due_ms.is_empty() {
-            // No timer pending: nothing to place on the clock.
-            return Ok(q);
-        }
         let Some(base) = self.timers.base_ms else {
             return Err(unreadable(
                 "Node's timer clock is not anchored yet: its timers were read while no \
-                 timer was armed and outside a timer pass (the next stalls are read)",
+                 timer was armed and outside a timer pass that began on time (the next \
+                 stalls are read)",
             ));
         };
         if base > clock {
@@ -269,17 +323,20 @@ impl JsResolver {
                 "Node's timer clock anchor ({base} ms) is past the loop's clock ({clock} ms)"
             )));
         }
-        q.timers_when_ns = due_ms
+        q.timers_when_ns = lists
+            .due_ms
             .into_iter()
             .map(|d| ((base as f64 + d) * 1e6) as u64)
             .collect();
         Ok(q)
     }
 
-    /// The value in slot `i` of the context at tagged `ctx`.
+    /// The value in slot `i` of the context at tagged `ctx` (where it is
+    /// now, if the GC moved it).
     fn slot_of(&self, ctx: u64, i: u64) -> Option<u64> {
         let m = &self.meta;
-        self.u64_at(untag(m, ctx)? + m.fixed_data + 8 * i)
+        let (addr, _) = self.typed(ctx)?;
+        self.u64_at(addr.wrapping_add(m.fixed_data).wrapping_add(8 * i))
     }
 
     /// A number (a Smi or a `HeapNumber`).
@@ -297,7 +354,16 @@ impl JsResolver {
     /// `lib/internal/timers.js`'s scope: kept, or found from `slots`.
     fn timers_module(&mut self, tm: &TimerMeta, slots: &[JsSlot]) -> Result<Module, Miss> {
         if let Some(m) = self.timers.module {
-            if self.is_context(tm, m.context) && self.slot_of(m.context, 0) == Some(m.scope_info) {
+            // Still there: a context at the same address (not moved: a
+            // forwarded copy is found again from the stack), its scope the
+            // same.
+            let unmoved = self
+                .typed(m.context)
+                .is_some_and(|(a, _)| Some(a) == untag(&self.meta, m.context));
+            if unmoved
+                && self.is_context(tm, m.context)
+                && self.slot_of(m.context, 0) == Some(m.scope_info)
+            {
                 return Ok(m);
             }
             self.timers.module = None;
@@ -443,7 +509,9 @@ impl JsResolver {
     /// The function the global object's property `name` holds.
     fn global_function(&self, tm: &TimerMeta, global: u64, name: &str) -> Result<u64, Miss> {
         let m = &self.meta;
-        let g = untag(m, global).ok_or_else(|| unreadable("the global object"))?;
+        let (g, _) = self
+            .typed(global)
+            .ok_or_else(|| unreadable("the global object"))?;
         let (dict, _) = self
             .u64_at(g + tm.global_dictionary)
             .and_then(|d| self.typed(d))
@@ -487,20 +555,12 @@ impl JsResolver {
     /// `RunTimers`' libuv timer handle: kept, or found in the loop's
     /// handle queue; checked either way.
     fn timer_handle(&mut self, lp: u64, run_timers: u64) -> Result<u64, Miss> {
-        let is_it = |r: &Self, h: u64| {
-            let Ok(b) = r.mem.read_bytes(h, (UV_TIMER_CB + 8) as usize) else {
-                return false;
-            };
-            let w = |o: u64| u64::from_le_bytes(b[o as usize..][..8].try_into().unwrap());
-            w(UV_HANDLE_LOOP) == lp
-                && w(UV_HANDLE_TYPE) as u32 == UV_TIMER
-                && w(UV_TIMER_CB) == run_timers
-        };
+        let is_it = |r: &Self, h: u64| r.uv_timer(lp, h).is_some_and(|t| t.cb == run_timers);
         if let Some(h) = self.timers.handle.filter(|&h| is_it(self, h)) {
             return Ok(h);
         }
         self.timers.handle = None;
-        let head = lp + UV_LOOP_HANDLE_QUEUE;
+        let head = lp.wrapping_add(UV_LOOP_HANDLE_QUEUE);
         let mut node = self
             .u64_at(head)
             .ok_or_else(|| unreadable("libuv's default loop is unreadable"))?;
@@ -525,11 +585,15 @@ impl JsResolver {
             ))
         })?;
         // The loop's timer heap holds the loop's timers only: the clock
-        // next to it is where it is read.
+        // next to it is where it is read (checked when the handle is found).
         let min = self
-            .u64_at(lp + UV_LOOP_TIMER_HEAP)
+            .u64_at(lp.wrapping_add(UV_LOOP_TIMER_HEAP))
             .ok_or_else(|| unreadable("libuv's timer heap"))?;
-        if min != 0 && !self.is_loop_timer(lp, min.wrapping_sub(UV_TIMER_HEAP_NODE)) {
+        if min != 0
+            && self
+                .uv_timer(lp, min.wrapping_sub(UV_TIMER_HEAP_NODE))
+                .is_none()
+        {
             return Err(QueuesMiss::Unsupported(
                 "node: libuv's default loop has no timer heap where libuv 1.44-1.51 keeps it"
                     .into(),
@@ -539,10 +603,17 @@ impl JsResolver {
         Ok(h)
     }
 
-    fn is_loop_timer(&self, lp: u64, h: u64) -> bool {
-        self.mem.read_bytes(h + UV_HANDLE_LOOP, 16).is_ok_and(|b| {
-            u64::from_le_bytes(b[..8].try_into().unwrap()) == lp
-                && u32::from_le_bytes(b[8..12].try_into().unwrap()) == UV_TIMER
+    /// The libuv timer at `h`, if it is a timer of loop `lp`.
+    fn uv_timer(&self, lp: u64, h: u64) -> Option<UvTimer> {
+        let b = self
+            .mem
+            .read_bytes(h, (UV_TIMER_TIMEOUT + 8) as usize)
+            .ok()?;
+        let w = |o: u64| u64::from_le_bytes(b[o as usize..][..8].try_into().unwrap());
+        (w(UV_HANDLE_LOOP) == lp && w(UV_HANDLE_TYPE) as u32 == UV_TIMER).then(|| UvTimer {
+            active: w(UV_HANDLE_FLAGS) as u32 & UV_HANDLE_ACTIVE != 0,
+            cb: w(UV_TIMER_CB),
+            timeout: w(UV_TIMER_TIMEOUT),
         })
     }
 
@@ -593,8 +664,8 @@ impl JsResolver {
         module: Module,
         shapes: &mut Shapes,
         truncated: &mut bool,
-    ) -> Result<Vec<f64>, Miss> {
-        let mut due_ms = Vec::new();
+    ) -> Result<Lists, Miss> {
+        let mut out = Lists::default();
         let m = &self.meta;
         let queue = self
             .slot_of(module.context, module.queue)
@@ -615,10 +686,15 @@ impl JsResolver {
         if t != tm.t_js_array {
             return Err(unreadable("timerListQueue's #heap is not an array"));
         }
-        let (elems, _) = self
+        let (elems, et) = self
             .u64_at(arr + tm.elements)
             .and_then(|e| self.typed(e))
             .ok_or_else(|| unreadable("#heap's elements"))?;
+        if et != m.t_fixed_array {
+            return Err(unreadable(format!(
+                "#heap's elements are not a FixedArray (type {et:#x})"
+            )));
+        }
         let len = self
             .u64_at(elems + m.fixed_length)
             .and_then(smi)
@@ -630,33 +706,38 @@ impl JsResolver {
             .mem
             .read_bytes(elems + m.fixed_data + 8, 8 * size as usize)
             .map_err(|e| unreadable(format!("#heap: {e}")))?;
-        for c in lists.chunks_exact(8) {
+        for (i, c) in lists.chunks_exact(8).enumerate() {
             let list = u64::from_le_bytes(c.try_into().unwrap());
-            let [msecs, mut t] = self.values(list, ["msecs", "_idleNext"], shapes)?;
+            let [msecs, expiry, mut t] =
+                self.values(list, ["msecs", "expiry", "_idleNext"], shapes)?;
             let msecs = self
                 .number(tm, msecs)
                 .filter(|v| v.is_finite() && *v >= 0.0)
                 .ok_or_else(|| unreadable("a timer list's msecs"))?;
+            if i == 0 {
+                out.head_expiry = self.number(tm, expiry).filter(|v| v.is_finite());
+            }
             while t != list {
-                if due_ms.len() >= MAX_HANDLES {
+                if out.due_ms.len() >= MAX_HANDLES {
                     *truncated = true;
-                    return Ok(due_ms);
+                    return Ok(out);
                 }
                 let [start, next] = self.values(t, ["_idleStart", "_idleNext"], shapes)?;
                 let start = self
                     .number(tm, start)
                     .filter(|v| v.is_finite() && *v >= 0.0)
                     .ok_or_else(|| unreadable("a Timeout's _idleStart"))?;
-                due_ms.push(start + msecs);
+                out.due_ms.push(start + msecs);
                 t = next;
             }
         }
-        Ok(due_ms)
+        Ok(out)
     }
 
     /// How many `setImmediate` callbacks are queued.
     fn immediates(
         &self,
+        tm: &TimerMeta,
         module: Module,
         shapes: &mut Shapes,
         truncated: &mut bool,
@@ -666,8 +747,13 @@ impl JsResolver {
             .ok_or_else(|| unreadable("immediateQueue"))?;
         let mut n = 0u32;
         let [mut item] = self.values(queue, ["head"], shapes)?;
-        // The list ends at `null` (no plain object).
-        while self.js_object(item).is_ok() {
+        // The list ends at `null`; anything else but an Immediate is said.
+        loop {
+            match self.typed(item) {
+                Some((_, t)) if t == tm.t_oddball => break,
+                Some(_) if self.js_object(item).is_ok() => {}
+                _ => return Err(unreadable("an item of immediateQueue is not an object")),
+            }
             if n as usize >= MAX_HANDLES {
                 *truncated = true;
                 break;
