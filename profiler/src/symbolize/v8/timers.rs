@@ -49,9 +49,11 @@
 //!      unless a repeating timer ran earlier in that pass (its
 //!      `getLibuvNow()` moves the clock to the time it began). Taken only
 //!      when the timer that began the pass (stopped since) brackets it from
-//!      below within [`MAX_BRACKET_MS`]: it was due at base + E, E ≤ now,
-//!      so base ≥ its due time − now (a pass that began late, or ran long
-//!      before the stall, gives no anchor: said, never guessed).
+//!      below within [`MAX_BRACKET_MS`]: it was due at base + E, with E ≤
+//!      now and E ≤ the queue's first list's expiry, so base ≥ its due
+//!      time less either (a pass that began late and ran another list
+//!      first, or ran long before the stall, gives no anchor: said, never
+//!      guessed).
 //!
 //!    libuv's clock is CLOCK_MONOTONIC, or CLOCK_MONOTONIC_COARSE when its
 //!    resolution is 1 ms or finer, in whole milliseconds: a due time is up
@@ -114,8 +116,10 @@ const MAX_LOCALS: u64 = 128;
 const MAX_IMPORTS: usize = 64;
 /// Most contexts followed from a function's to its native context.
 const MAX_SCOPES: usize = 64;
+/// Walks of the timer lists made for one read when one is torn.
+const READ_TRIES: u32 = 3;
 /// Widest bracket of the timer base a timer pass's anchor is taken with.
-const MAX_BRACKET_MS: u64 = 2;
+const MAX_BRACKET_MS: u64 = 3;
 /// Most timer lists (one per duration).
 const MAX_LISTS: u64 = 1024;
 
@@ -252,10 +256,27 @@ impl JsResolver {
                 .ok_or_else(|| unreadable("libuv's default_loop_ptr is not set"))?,
         };
         let handle = self.timer_handle(lp, uv.run_timers)?;
-        let mut q = Queues::default();
-        let mut shapes = Shapes::default();
-        let lists = self.timer_lists(&tm, module, &mut shapes, &mut q.truncated)?;
-        q.ready_handles = self.immediates(&tm, module, &mut shapes, &mut q.truncated)?;
+        // The target runs on (a stall in JavaScript allocates, and a
+        // scavenge moves young objects under the walk): a torn walk is read
+        // again, up to READ_TRIES times in all.
+        let mut tries = 0;
+        let (mut q, lists) = loop {
+            tries += 1;
+            let mut q = Queues::default();
+            let mut shapes = Shapes::default();
+            let read = self
+                .timer_lists(&tm, module, &mut shapes, &mut q.truncated)
+                .and_then(|lists| {
+                    q.ready_handles =
+                        self.immediates(&tm, module, &mut shapes, &mut q.truncated)?;
+                    Ok(lists)
+                });
+            match read {
+                Ok(lists) => break (q, lists),
+                Err(QueuesMiss::Unreadable(_)) if tries < READ_TRIES => {}
+                Err(e) => return Err(e),
+            }
+        };
         if lists.due_ms.is_empty() {
             // No timer pending: nothing to place on the clock.
             return Ok(q);
@@ -294,21 +315,43 @@ impl JsResolver {
             anchors.push(c);
         }
         // (2) In a timer pass: the loop clock less `processTimers`' `now`,
-        // taken when the timer that began the pass (stopped, not armed
-        // again since) brackets the base within MAX_BRACKET_MS from below:
-        // it was due at base + E with E <= now.
+        // taken when the base is bracketed from below within
+        // MAX_BRACKET_MS. The timer that began the pass (stopped, not
+        // armed again since) was due at base + E, where E was the least
+        // expiry of any list then: E <= now (it had come due) and E <= the
+        // queue's first list's expiry now (lists added since expire later,
+        // lists run in this pass left or expire after now). So
+        // base >= due - now and base >= due - first expiry.
         if let Some(now) = self.pass_began(&tm, slots)
             && !t2.active
-            && let (Some(upper), Some(lower)) =
-                (clock.checked_sub(now), t2.timeout.checked_sub(now))
-            && upper >= lower
-            && upper - lower <= MAX_BRACKET_MS
+            && let Some(upper) = clock.checked_sub(now)
         {
-            anchors.push(upper);
+            let lower = [
+                t2.timeout.checked_sub(now),
+                lists
+                    .head_expiry
+                    .and_then(|h| t2.timeout.checked_sub(h as u64)),
+            ]
+            .into_iter()
+            .flatten()
+            .max();
+            if let Some(lower) = lower
+                && upper >= lower
+                && upper - lower <= MAX_BRACKET_MS
+            {
+                anchors.push(upper);
+            }
         }
         let state = &mut self.timers;
         for c in anchors {
-            state.base_ms = Some(state.base_ms.map_or(c, |b| b.min(c)));
+            let least = state.base_ms.map_or(c, |b| b.min(c));
+            if state.base_ms != Some(least) {
+                log::debug!(
+                    "node timers: the timer base anchored at {least} ms (was {:?})",
+                    state.base_ms
+                );
+            }
+            state.base_ms = Some(least);
         }
         let Some(base) = self.timers.base_ms else {
             return Err(unreadable(
@@ -717,10 +760,17 @@ impl JsResolver {
             if i == 0 {
                 out.head_expiry = self.number(tm, expiry).filter(|v| v.is_finite());
             }
+            // The list is circular: it ends back at the list, which a
+            // scavenge during the read may have moved (its old address then
+            // forwards to where `_idleNext` points now).
+            let list_now = self.typed(list).map(|(a, _)| a);
             while t != list {
                 if out.due_ms.len() >= MAX_HANDLES {
                     *truncated = true;
                     return Ok(out);
+                }
+                if self.typed(t).map(|(a, _)| a) == list_now {
+                    break;
                 }
                 let [start, next] = self.values(t, ["_idleStart", "_idleNext"], shapes)?;
                 let start = self
