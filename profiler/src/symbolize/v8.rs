@@ -380,6 +380,9 @@ struct FileSymbols {
     values: HashMap<String, i64>,
     /// The link-time address of each symbol named exactly as asked.
     addrs: HashMap<String, u64>,
+    /// The first 16 bytes of each of those the file holds (a function's
+    /// first instructions).
+    code: HashMap<String, [u8; 16]>,
     /// (p_vaddr, p_offset) of its PT_LOAD segments.
     load_segments: Vec<(u64, u64)>,
 }
@@ -412,6 +415,16 @@ fn file_symbols(path: &Path, prefixes: &[&str], exact: &[&str]) -> Result<FileSy
             .iter()
             .filter(|sym| exact.contains(&sym.name.as_str()) && sym.value != 0)
             .map(|sym| (sym.name.clone(), sym.value))
+            .collect(),
+        code: found
+            .iter()
+            .filter(|sym| exact.contains(&sym.name.as_str()))
+            .filter_map(|sym| {
+                use std::os::unix::fs::FileExt;
+                let mut b = [0u8; 16];
+                file.read_exact_at(&mut b, elf.file_offset(sym, 16)?).ok()?;
+                Some((sym.name.clone(), b))
+            })
             .collect(),
         load_segments: elf.load_segments().to_vec(),
     })
@@ -694,8 +707,10 @@ fn place_uv(
                 .get("uv_default_loop")
                 .copied()
                 .ok_or_else(|| format!("{} has no uv_default_loop", uv.path))?;
-            let ptr = read_symbol_code(&file, "uv_default_loop")
-                .and_then(|code| loop_pointer_of(func, &code))
+            let ptr = syms
+                .code
+                .get("uv_default_loop")
+                .and_then(|code| loop_pointer_of(func, code))
                 .ok_or_else(|| {
                     format!(
                         "{}: uv_default_loop does not begin with the load of its loop pointer",
@@ -711,18 +726,6 @@ fn place_uv(
         default_loop,
         run_timers,
     })
-}
-
-/// The first 16 bytes of function `name`'s code in the ELF file at `path`.
-fn read_symbol_code(path: &Path, name: &str) -> Option<[u8; 16]> {
-    use std::os::unix::fs::FileExt;
-    let file = crate::os::limits::open_elf(path).ok()?;
-    let elf = ElfSymbols::open(&file).ok()?;
-    let sym = elf.find(&[name], &|n| n == name).ok()?.into_iter().next()?;
-    let at = elf.file_offset(&sym, 16)?;
-    let mut b = [0u8; 16];
-    file.read_exact_at(&mut b, at).ok()?;
-    Some(b)
 }
 
 /// `default_loop_ptr`'s link-time address, from `uv_default_loop`'s first
