@@ -450,6 +450,62 @@ fn record_aiohttp_stalls_carry_their_routes() {
     c.finish();
 }
 
+/// The loop thread owns a second thread state: it created a
+/// sub-interpreter (CPython's `_xxsubinterpreters`, as a plugin host does)
+/// before serving, the same aiohttp service as above. A thread's own state
+/// is its oldest; reading the route, task and queues through the other (an
+/// empty state) found nothing for every stall of a CI run, where a thread
+/// being started made the second state for a few milliseconds.
+#[test]
+fn record_aiohttp_loop_with_a_subinterpreter() {
+    let test = "record_aiohttp_loop_with_a_subinterpreter";
+    const AIOHTTP: HandlerApp = HandlerApp {
+        label: "aiohttp",
+        file: "py_aiohttp.py",
+        handlers: &["render", "lookup_user", "health"],
+        share_points: 5.0,
+    };
+    let Some(AppRecording {
+        run,
+        entries,
+        truth,
+        rec,
+        raw,
+        checks: mut c,
+        ..
+    }) = record_app(test, &AIOHTTP, "py_aiohttp.py", &["--subinterpreter"])
+    else {
+        return;
+    };
+    AIOHTTP.check_calls_and_routes(&mut c, &entries, &truth, &rec, &raw, &run.stdout);
+    check_no_route_misses(&mut c, &rec);
+    // The task and the loop's queues are read through the thread's state
+    // too: each handler's stall names its task and says what it held up.
+    for t in &truth {
+        let Some(s) = rec.stalls.iter().find(|s| {
+            s.start_ns < t.end_ns
+                && t.start_ns < s.end_ns
+                && u64::from(s.ns_tid.unwrap_or(s.tid)) == t.tid
+        }) else {
+            continue; // said by check_calls_and_routes
+        };
+        let who = t.who();
+        c.check(s.task.is_some(), || {
+            format!("{who}: the stall names no task")
+        });
+        c.check(
+            matches!(s.held_up, Some(stallprof::model::HeldUp::Read(_))),
+            || {
+                format!(
+                    "{who}: what the stall held up was not read: {:?}",
+                    s.held_up
+                )
+            },
+        );
+    }
+    c.finish();
+}
+
 #[test]
 fn asgi_routes_pyenv_3_10() {
     pyrecord::check_routes("asgi_routes_pyenv_3_10", pyrecord::found_python(10));

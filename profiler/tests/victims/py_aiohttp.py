@@ -11,7 +11,14 @@ Each handler logs time.monotonic_ns() (CLOCK_MONOTONIC) around its blocking
 call, the request's method and the route template aiohttp matched
 (`request.match_info.route.resource.canonical`): what stallprof reads.
 
-Usage: python py_aiohttp.py LOG_PATH [--rounds N]
+Usage: python py_aiohttp.py LOG_PATH [--rounds N] [--subinterpreter]
+
+--subinterpreter: before the loop starts, the loop thread creates a
+sub-interpreter (CPython's own _xxsubinterpreters, as a plugin host does)
+and runs a line in it; the sub-interpreter lives on, and with it a second
+thread state stamped with the loop thread's id: which of a thread's states
+is its own is what stallprof must tell apart (the same happens for a few
+milliseconds each time CPython 3.10/3.11 start a thread).
 
 Timeline: the server starts on 127.0.0.1 (a port of its own choosing),
 ~600 ms idle, then a client thread of this process sends N rounds
@@ -119,4 +126,9 @@ async def main():
 
 
 if __name__ == "__main__":
+    if "--subinterpreter" in sys.argv:
+        import _xxsubinterpreters as subinterpreters
+
+        PLUGIN = subinterpreters.create()
+        subinterpreters.run_string(PLUGIN, "plugin_ready = True")
     asyncio.run(main())

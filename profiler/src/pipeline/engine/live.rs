@@ -160,7 +160,7 @@ impl Engine {
             Err(QueuesMiss::Unreadable(why)) => {
                 debug!("pid {tgid} tid {}: loop queues unreadable: {why}", key.0);
             }
-            Err(_) => {}
+            Err(e) => debug!("pid {tgid} tid {}: loop queues not read: {e:?}", key.0),
         }
         let tracker = &self.kept.tracker;
         self.kept
@@ -274,8 +274,12 @@ impl Engine {
             return;
         };
         let read = reader.asgi_route(tgid, tid, python);
-        if let Err(RouteRead::Unreadable(why)) = &read {
-            debug!("pid {tgid} tid {tid}: ASGI route unreadable: {why}");
+        match &read {
+            Ok(r) => debug!("pid {tgid} tid {tid}: route {} {}", r.method, r.template),
+            Err(RouteRead::Unreadable(why)) => {
+                debug!("pid {tgid} tid {tid}: ASGI route unreadable: {why}")
+            }
+            Err(e) => debug!("pid {tgid} tid {tid}: route not read: {e:?}"),
         }
         let tracker = &self.kept.tracker;
         self.kept

@@ -343,13 +343,26 @@ impl Interpreter {
         &self.mem
     }
 
-    /// `(TID, PyThreadState*)` of every thread state of every interpreter,
-    /// whose thread is alive. Call again as threads come and go.
+    /// `(TID, PyThreadState*)` of every live thread, one thread state each.
+    /// Call again as threads come and go.
+    ///
+    /// A thread may own several thread states at once, and then the oldest
+    /// is its own: CPython 3.10 and 3.11 create a new thread's state in the
+    /// thread that starts it, stamped with the *starter's* ids and pushed
+    /// at the head of the list, until the new thread runs and stamps its
+    /// own (under load, milliseconds); `PyThreadState_New` called by an
+    /// extension on a thread that has a state adds another, never run. The
+    /// list runs newest first, interpreters too, so the last state seen for
+    /// a thread is kept. (Keeping any other once named the service's loop
+    /// by a starting worker's empty state: no route, no task, no queues
+    /// for a whole recording; CI, 2026-12-05.)
     pub fn thread_states(&self) -> Result<Vec<(u32, u64)>, PythonError> {
         let l = &self.layout;
         let mem = &self.mem;
         let live = self.live_tids()?;
         let (mut seen, mut out, mut unmapped) = (0usize, Vec::new(), Vec::new());
+        let mut index: HashMap<u32, usize> = HashMap::new();
+        let mut shadowed = 0usize;
         let head = mem.read_u64(self.runtime + u64::from(l.runtime_interpreters_head))?;
         let interps = follow_list(head, MAX_INTERPRETERS, |i| {
             mem.read_u64(i + u64::from(l.interp_next))
@@ -363,7 +376,17 @@ impl Interpreter {
                 seen += 1;
                 let tid = self.tid_of(ts)?;
                 if let Some(&host_tid) = live.get(&tid) {
-                    out.push((host_tid, ts));
+                    match index.get(&host_tid) {
+                        // An older state of the same thread: it is the one.
+                        Some(&i) => {
+                            out[i] = (host_tid, ts);
+                            shadowed += 1;
+                        }
+                        None => {
+                            index.insert(host_tid, out.len());
+                            out.push((host_tid, ts));
+                        }
+                    }
                 } else {
                     unmapped.push(tid); // exited thread, or a wrong mapping (checked below)
                 }
@@ -371,6 +394,13 @@ impl Interpreter {
             if seen >= MAX_THREADS {
                 break;
             }
+        }
+        if shadowed > 0 {
+            log::trace!(
+                "pid {}: {shadowed} newer thread state(s) share a thread with an older one \
+                 (a thread being started, or an extension's extra state): the oldest kept",
+                self.pid
+            );
         }
         if seen > 0 && out.is_empty() {
             return Err(PythonError::ThreadMapping {
