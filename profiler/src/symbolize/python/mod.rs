@@ -353,9 +353,9 @@ impl Interpreter {
     /// own (under load, milliseconds); `PyThreadState_New` called by an
     /// extension on a thread that has a state adds another, never run. The
     /// list runs newest first, interpreters too, so the last state seen for
-    /// a thread is kept. (Keeping any other once named the service's loop
-    /// by a starting worker's empty state: no route, no task, no queues
-    /// for a whole recording; CI, 2026-12-05.)
+    /// a thread is kept. (Keeping any other once read a service's loop
+    /// through a started thread's state: no route and no loop queues for
+    /// a whole recording; CI, 2026-12-05.)
     pub fn thread_states(&self) -> Result<Vec<(u32, u64)>, PythonError> {
         let l = &self.layout;
         let mem = &self.mem;
