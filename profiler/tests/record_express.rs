@@ -177,7 +177,7 @@ fn record_express_culprits_are_the_apps_handlers() {
     });
 
     APP.check_calls_and_routes(&mut c, &entries, &truth, &rec, &raw, &run.stdout);
-    check_no_route_misses(&mut c, &rec);
+    check_no_route_misses(&mut c, &rec, &truth);
     APP.check_summary(&mut c, &run.stdout);
 
     // JavaScript frames read: per stack part, as the outputs show them.
@@ -305,7 +305,7 @@ fn record_express_traced_says_its_trace_is_not_read() {
     let raw = read_stalls_json(&out.join("stalls.json"));
     let mut c = Checks::new(format!("{}\nsummary:\n{}", truth_table(&truth), run.stdout));
     TRACED.check_calls_and_routes(&mut c, &entries, &truth, &rec, &raw, &run.stdout);
-    check_no_route_misses(&mut c, &rec);
+    check_no_route_misses(&mut c, &rec, &truth);
     TRACED.check_summary(&mut c, &run.stdout);
     let spans = call_fields(&entries, &["trace_id", "span_id"]);
     c.check(

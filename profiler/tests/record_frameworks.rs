@@ -445,7 +445,7 @@ fn record_aiohttp_stalls_carry_their_routes() {
         return;
     };
     AIOHTTP.check_calls_and_routes(&mut c, &entries, &truth, &rec, &raw, &run.stdout);
-    check_no_route_misses(&mut c, &rec);
+    check_no_route_misses(&mut c, &rec, &truth);
     AIOHTTP.check_summary(&mut c, &run.stdout);
     c.finish();
 }
@@ -478,7 +478,7 @@ fn record_aiohttp_loop_with_a_subinterpreter() {
         return;
     };
     AIOHTTP.check_calls_and_routes(&mut c, &entries, &truth, &rec, &raw, &run.stdout);
-    check_no_route_misses(&mut c, &rec);
+    check_no_route_misses(&mut c, &rec, &truth);
     // The task and the loop's queues are read through the thread's state
     // too: each handler's stall names its task and says what it held up.
     for t in &truth {

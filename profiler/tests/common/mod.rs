@@ -700,15 +700,46 @@ pub fn is_thread_entry(name: &str) -> bool {
 
 /// No stall that served a request lacks its route (no `asgi_route_*`
 /// miss counted).
-pub fn check_no_route_misses(c: &mut Checks, rec: &stallprof::model::Recording) {
+/// No route miss belongs to a victim's call. `check_calls_and_routes`
+/// already says each call's stall carries its route; a miss counted here
+/// must be a stall outside the calls, which may rightly have none: a cold
+/// first request stalling in a middleware before routing
+/// (`asgi_route_unrouted`, docs/asgi.md; CI met one, 22.9 ms in
+/// express.json on a first request), or one whose frames moved before the
+/// read (`asgi_route_unverified`). So the misses are at most those
+/// stalls, and none is a reader that failed (`asgi_route_unreadable`).
+pub fn check_no_route_misses(c: &mut Checks, rec: &stallprof::model::Recording, truth: &[Truth]) {
     let misses: Vec<(&String, &u64)> = rec
         .drops
         .iter()
         .filter(|(k, _)| k.starts_with("asgi_route_"))
         .collect();
-    c.check(misses.is_empty(), || {
-        format!("stalls that served a request without their route: {misses:?}")
-    });
+    let outside: Vec<&stallprof::model::Stall> = rec
+        .stalls
+        .iter()
+        .filter(|s| {
+            !truth.iter().any(|t| {
+                u64::from(s.ns_tid.unwrap_or(s.tid)) == t.tid
+                    && s.start_ns < t.end_ns
+                    && t.start_ns < s.end_ns
+            })
+        })
+        .collect();
+    let missed: u64 = misses.iter().map(|(_, n)| **n).sum();
+    c.check(
+        missed <= outside.len() as u64
+            && !misses
+                .iter()
+                .any(|(k, _)| k.as_str() == "asgi_route_unreadable"),
+        || {
+            format!(
+                "route misses {misses:?}, but only {} stall(s) outside the victim's calls \
+                 (routes there: {:?}), and none may be unreadable",
+                outside.len(),
+                outside.iter().map(|s| s.route.as_ref()).collect::<Vec<_>>()
+            )
+        },
+    );
 }
 
 pub fn call_fields(log: &[serde_json::Value], keys: &[&str]) -> Vec<Vec<String>> {
