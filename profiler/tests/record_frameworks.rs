@@ -416,36 +416,46 @@ fn record_callback_stalls_carry_the_threads_span() {
     c.finish();
 }
 
-/// Issue 36 item 1: the route beyond ASGI. tests/victims/py_aiohttp.py is
-/// an aiohttp service (aiohttp's own server and router, pinned) whose
-/// handlers block the loop (a CPU loop, time.sleep under a dynamic and
-/// under a plain resource). Each handler call is one stall whose culprit
-/// is the handler, carrying the method and route template aiohttp matched
-/// (the victim logs `request.match_info.route.resource.canonical`), in
-/// stalls.json and under the summary's by route; no route miss counted.
+/// tests/victims/py_aiohttp.py, an aiohttp service (aiohttp's own server
+/// and router, pinned) whose handlers block the loop.
+const AIOHTTP: HandlerApp = HandlerApp {
+    label: "aiohttp",
+    file: "py_aiohttp.py",
+    handlers: &["render", "lookup_user", "health"],
+    share_points: 5.0,
+};
+
+/// Records the aiohttp service (`args`: the victim's options) and checks
+/// each handler call's stall and route, and that no call's route was
+/// missed; the recording, for more checks.
+fn record_aiohttp(test: &str, args: &[&str]) -> Option<AppRecording> {
+    let mut r = record_app(test, &AIOHTTP, "py_aiohttp.py", args)?;
+    AIOHTTP.check_calls_and_routes(
+        &mut r.checks,
+        &r.entries,
+        &r.truth,
+        &r.rec,
+        &r.raw,
+        &r.run.stdout,
+    );
+    check_no_route_misses(&mut r.checks, &r.rec, &r.truth);
+    Some(r)
+}
+
+/// Issue 36 item 1: the route beyond ASGI. The aiohttp service's handlers
+/// block the loop (a CPU loop, time.sleep under a dynamic and under a
+/// plain resource). Each handler call is one stall whose culprit is the
+/// handler, carrying the method and route template aiohttp matched (the
+/// victim logs `request.match_info.route.resource.canonical`), in
+/// stalls.json and under the summary's by route; no call's route missed.
 #[test]
 fn record_aiohttp_stalls_carry_their_routes() {
-    let test = "record_aiohttp_stalls_carry_their_routes";
-    const AIOHTTP: HandlerApp = HandlerApp {
-        label: "aiohttp",
-        file: "py_aiohttp.py",
-        handlers: &["render", "lookup_user", "health"],
-        share_points: 5.0,
-    };
     let Some(AppRecording {
-        run,
-        entries,
-        truth,
-        rec,
-        raw,
-        checks: mut c,
-        ..
-    }) = record_app(test, &AIOHTTP, "py_aiohttp.py", &[])
+        run, checks: mut c, ..
+    }) = record_aiohttp("record_aiohttp_stalls_carry_their_routes", &[])
     else {
         return;
     };
-    AIOHTTP.check_calls_and_routes(&mut c, &entries, &truth, &rec, &raw, &run.stdout);
-    check_no_route_misses(&mut c, &rec, &truth);
     AIOHTTP.check_summary(&mut c, &run.stdout);
     c.finish();
 }
@@ -453,32 +463,23 @@ fn record_aiohttp_stalls_carry_their_routes() {
 /// The loop thread owns a second thread state: it created a
 /// sub-interpreter (CPython's `_xxsubinterpreters`, as a plugin host does)
 /// before serving, the same aiohttp service as above. A thread's own state
-/// is its oldest; reading the route, task and queues through the other (an
-/// empty state) found nothing for every stall of a CI run, where a thread
-/// being started made the second state for a few milliseconds.
+/// is its oldest; reading the route and queues through the other found
+/// nothing for every stall of a CI run, where a thread being started made
+/// the second state for a few milliseconds.
 #[test]
 fn record_aiohttp_loop_with_a_subinterpreter() {
-    let test = "record_aiohttp_loop_with_a_subinterpreter";
-    const AIOHTTP: HandlerApp = HandlerApp {
-        label: "aiohttp",
-        file: "py_aiohttp.py",
-        handlers: &["render", "lookup_user", "health"],
-        share_points: 5.0,
-    };
     let Some(AppRecording {
-        run,
-        entries,
         truth,
         rec,
-        raw,
         checks: mut c,
         ..
-    }) = record_app(test, &AIOHTTP, "py_aiohttp.py", &["--subinterpreter"])
+    }) = record_aiohttp(
+        "record_aiohttp_loop_with_a_subinterpreter",
+        &["--subinterpreter"],
+    )
     else {
         return;
     };
-    AIOHTTP.check_calls_and_routes(&mut c, &entries, &truth, &rec, &raw, &run.stdout);
-    check_no_route_misses(&mut c, &rec, &truth);
     // The task and the loop's queues are read through the thread's state
     // too: each handler's stall names its task and says what it held up.
     for t in &truth {
