@@ -483,11 +483,7 @@ fn record_aiohttp_loop_with_a_subinterpreter() {
     // The task and the loop's queues are read through the thread's state
     // too: each handler's stall names its task and says what it held up.
     for t in &truth {
-        let Some(s) = rec.stalls.iter().find(|s| {
-            s.start_ns < t.end_ns
-                && t.start_ns < s.end_ns
-                && u64::from(s.ns_tid.unwrap_or(s.tid)) == t.tid
-        }) else {
+        let Some(s) = rec.stalls.iter().find(|s| t.covers(s)) else {
             continue; // said by check_calls_and_routes
         };
         let who = t.who();

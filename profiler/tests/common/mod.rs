@@ -619,6 +619,14 @@ pub struct Truth {
 }
 
 impl Truth {
+    /// Whether stall `s` overlaps this call, on the call's thread (the
+    /// victim logs its own namespace's tid).
+    pub fn covers(&self, s: &stallprof::model::Stall) -> bool {
+        u64::from(s.ns_tid.unwrap_or(s.tid)) == self.tid
+            && s.start_ns < self.end_ns
+            && self.start_ns < s.end_ns
+    }
+
     pub fn duration_ns(&self) -> u64 {
         self.end_ns - self.start_ns
     }
@@ -698,8 +706,6 @@ pub fn is_thread_entry(name: &str) -> bool {
     )
 }
 
-/// No stall that served a request lacks its route (no `asgi_route_*`
-/// miss counted).
 /// No route miss belongs to a victim's call. `check_calls_and_routes`
 /// already says each call's stall carries its route; a miss counted here
 /// must be a stall outside the calls, which may rightly have none: a cold
@@ -717,13 +723,7 @@ pub fn check_no_route_misses(c: &mut Checks, rec: &stallprof::model::Recording, 
     let outside: Vec<&stallprof::model::Stall> = rec
         .stalls
         .iter()
-        .filter(|s| {
-            !truth.iter().any(|t| {
-                u64::from(s.ns_tid.unwrap_or(s.tid)) == t.tid
-                    && s.start_ns < t.end_ns
-                    && t.start_ns < s.end_ns
-            })
-        })
+        .filter(|s| !truth.iter().any(|t| t.covers(s)))
         .collect();
     let missed: u64 = misses.iter().map(|(_, n)| **n).sum();
     c.check(
@@ -2085,8 +2085,7 @@ impl HandlerApp<'_> {
             .stalls
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.start_ns < t.end_ns && t.start_ns < s.end_ns)
-            .filter(|(_, s)| u64::from(s.ns_tid.unwrap_or(s.tid)) == t.tid)
+            .filter(|(_, s)| t.covers(s))
             .collect();
         let [(index, s)] = found[..] else {
             c.fail(format!("{who}: {} overlapping stalls, want 1", found.len()));

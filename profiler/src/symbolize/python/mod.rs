@@ -360,8 +360,9 @@ impl Interpreter {
         let l = &self.layout;
         let mem = &self.mem;
         let live = self.live_tids()?;
-        let (mut seen, mut out, mut unmapped) = (0usize, Vec::new(), Vec::new());
-        let mut index: HashMap<u32, usize> = HashMap::new();
+        let (mut seen, mut unmapped) = (0usize, Vec::new());
+        // Thread -> its state; a later (older) state of a thread replaces.
+        let mut own: HashMap<u32, u64> = HashMap::new();
         let mut shadowed = 0usize;
         let head = mem.read_u64(self.runtime + u64::from(l.runtime_interpreters_head))?;
         let interps = follow_list(head, MAX_INTERPRETERS, |i| {
@@ -376,16 +377,8 @@ impl Interpreter {
                 seen += 1;
                 let tid = self.tid_of(ts)?;
                 if let Some(&host_tid) = live.get(&tid) {
-                    match index.get(&host_tid) {
-                        // An older state of the same thread: it is the one.
-                        Some(&i) => {
-                            out[i] = (host_tid, ts);
-                            shadowed += 1;
-                        }
-                        None => {
-                            index.insert(host_tid, out.len());
-                            out.push((host_tid, ts));
-                        }
+                    if own.insert(host_tid, ts).is_some() {
+                        shadowed += 1;
                     }
                 } else {
                     unmapped.push(tid); // exited thread, or a wrong mapping (checked below)
@@ -402,7 +395,7 @@ impl Interpreter {
                 self.pid
             );
         }
-        if seen > 0 && out.is_empty() {
+        if seen > 0 && own.is_empty() {
             return Err(PythonError::ThreadMapping {
                 pid: self.pid,
                 detail: format!(
@@ -410,7 +403,7 @@ impl Interpreter {
                 ),
             });
         }
-        Ok(out)
+        Ok(own.into_iter().collect())
     }
 
     /// The TID of the thread owning a thread state.
